@@ -1,0 +1,147 @@
+//! The traits a provider implements, one per service. Each takes and returns the protocol's
+//! own messages (re-exported as [`crate::proto`]) and fails with [`crate::Error`]; the SDK
+//! server validates requests before they reach these methods, answers Identity, paginates
+//! nothing behind your back, and maps errors to gRPC status in one place.
+
+use ccm_proto::v1::{
+    InstanceLookup, InstanceMetadata, InstanceState, InstancesCapabilities, LoadBalancerNode, LoadBalancerService,
+    LoadBalancerStatus, LoadBalancersCapabilities, Route, RouteTable, RouteTarget, RoutesCapabilities,
+};
+use std::collections::HashMap;
+
+use crate::error::Result;
+use crate::page::{Page, PageRequest};
+
+/// Whether the plugin can serve now (the answer of `Probe`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Readiness {
+    /// Ready.
+    Ready,
+    /// Not ready, and why.
+    NotReady(String),
+}
+
+/// Readiness of the whole plugin. The default is always ready.
+#[tonic::async_trait]
+pub trait Probe: Send + Sync + 'static {
+    /// Checks readiness cheaply (no rate-limited cloud call on every probe).
+    async fn probe(&self) -> Result<Readiness>;
+}
+
+/// InstancesService. Only [`Instances::instance_metadata`] and [`Instances::list_instances`]
+/// are required; the rest derive from them unless the cloud has something cheaper.
+#[tonic::async_trait]
+pub trait Instances: Send + Sync + 'static {
+    /// Optional features; advertise `batch_reads` only when
+    /// [`Instances::batch_instance_metadata`] is overridden with a real batch call.
+    fn capabilities(&self) -> InstancesCapabilities {
+        InstancesCapabilities::default()
+    }
+
+    /// The instance, or `Ok(None)` when the cloud positively says it is not there. Never
+    /// `Ok(None)` for a failure to ask. The lookup has a provider ID or a node name.
+    async fn instance_metadata(&self, lookup: &InstanceLookup) -> Result<Option<InstanceMetadata>>;
+
+    /// One page of the cluster's instances; see [`crate::page::paginate`].
+    async fn list_instances(&self, page: &PageRequest) -> Result<Page<InstanceMetadata>>;
+
+    /// Whether the instance exists; terminated instances do not.
+    async fn instance_exists(&self, lookup: &InstanceLookup) -> Result<bool> {
+        Ok(self.instance_metadata(lookup).await?.is_some_and(|m| m.state() != InstanceState::Terminated))
+    }
+
+    /// `None` when the instance does not exist, otherwise whether it is stopped.
+    async fn instance_shutdown(&self, lookup: &InstanceLookup) -> Result<Option<bool>> {
+        Ok(self
+            .instance_metadata(lookup)
+            .await?
+            .filter(|m| m.state() != InstanceState::Terminated)
+            .map(|m| m.state() == InstanceState::Stopped))
+    }
+
+    /// Many lookups at once, one result per lookup in order. The default reads one by one.
+    async fn batch_instance_metadata(&self, lookups: &[InstanceLookup]) -> Result<Vec<Result<Option<InstanceMetadata>>>> {
+        let mut out = Vec::with_capacity(lookups.len());
+        for lookup in lookups {
+            out.push(self.instance_metadata(lookup).await);
+        }
+        Ok(out)
+    }
+}
+
+/// TagsService.
+#[tonic::async_trait]
+pub trait Tags: Send + Sync + 'static {
+    /// The instance's tags, or `Ok(None)` when it does not exist.
+    async fn instance_tags(&self, lookup: &InstanceLookup) -> Result<Option<HashMap<String, String>>>;
+
+    /// Many lookups at once. The default reads one by one.
+    async fn batch_instance_tags(&self, lookups: &[InstanceLookup]) -> Result<Vec<Result<Option<HashMap<String, String>>>>> {
+        let mut out = Vec::with_capacity(lookups.len());
+        for lookup in lookups {
+            out.push(self.instance_tags(lookup).await);
+        }
+        Ok(out)
+    }
+}
+
+/// RoutesService. Names, CIDRs, targets and IPv6 support are validated before these run;
+/// the table is the provider's to check (unknown: `Error::invalid_argument_because(
+/// reason::UNKNOWN_ROUTE_TABLE, ..)`).
+#[tonic::async_trait]
+pub trait Routes: Send + Sync + 'static {
+    /// Optional features.
+    fn capabilities(&self) -> RoutesCapabilities {
+        RoutesCapabilities::default()
+    }
+
+    /// One page of route tables.
+    async fn list_route_tables(&self, page: &PageRequest) -> Result<Page<RouteTable>>;
+
+    /// One page of the cluster's routes in a table (`""` is the default table).
+    async fn list_routes(&self, cluster_name: &str, table_id: &str, page: &PageRequest) -> Result<Page<Route>>;
+
+    /// Creates the route; OK when it exists identically, ALREADY_EXISTS when it differs.
+    async fn create_route(&self, cluster_name: &str, route: Route) -> Result<Route>;
+
+    /// Deletes the route; OK when absent.
+    async fn delete_route(&self, cluster_name: &str, table_id: &str, name: &str) -> Result<()>;
+
+    /// The tables each target's routes go to. The default puts everything in the default
+    /// table; override it when advertising `multiple_tables`.
+    async fn resolve_route_tables(&self, targets: &[RouteTarget]) -> Result<Vec<Result<Vec<String>>>> {
+        let first = self.list_route_tables(&PageRequest::new(1, "")).await?;
+        let table = first.items.first().map(|t| t.id.clone()).unwrap_or_default();
+        Ok(targets.iter().map(|_| Ok(vec![table.clone()])).collect())
+    }
+}
+
+/// LoadBalancersService. The name, ports, source ranges and requested IP are validated
+/// (against [`LoadBalancers::capabilities`]) before these run.
+#[tonic::async_trait]
+pub trait LoadBalancers: Send + Sync + 'static {
+    /// Naming limits.
+    fn capabilities(&self) -> LoadBalancersCapabilities {
+        LoadBalancersCapabilities::default()
+    }
+
+    /// The load balancer's status, or `Ok(None)` when it does not exist.
+    async fn get_load_balancer(&self, service: &LoadBalancerService) -> Result<Option<LoadBalancerStatus>>;
+
+    /// Creates or updates the load balancer; idempotent.
+    async fn ensure_load_balancer(&self, service: &LoadBalancerService, nodes: &[LoadBalancerNode])
+    -> Result<LoadBalancerStatus>;
+
+    /// Replaces the backend nodes; NOT_FOUND when the load balancer does not exist.
+    async fn update_load_balancer_hosts(&self, service: &LoadBalancerService, nodes: &[LoadBalancerNode]) -> Result<()>;
+
+    /// Deletes the load balancer; OK when absent.
+    async fn ensure_load_balancer_deleted(&self, service: &LoadBalancerService) -> Result<()>;
+}
+
+/// NodeMetadataService, served by the kubelet-side plugin.
+#[tonic::async_trait]
+pub trait NodeMetadata: Send + Sync + 'static {
+    /// What the local instance metadata service says.
+    async fn node_metadata(&self) -> Result<InstanceMetadata>;
+}
