@@ -1,0 +1,189 @@
+//! The sim's admin interface, apart from cloudprovider.v1: JSON over HTTP on its own socket.
+//! Tests use it to change the cloud (add, stop, start, terminate instances), inject faults,
+//! and read call counters and state; `/metrics` serves Prometheus text.
+//!
+//! | method | path | body | does |
+//! |---|---|---|---|
+//! | GET | `/state` | | the true state of instances, routes and load balancers |
+//! | GET | `/calls` | | counters by method and code |
+//! | GET | `/calls/log` | | every call with its timestamp |
+//! | DELETE | `/calls` | | resets counters and log |
+//! | POST | `/instances` | an instance (as in the config file) | adds it |
+//! | POST | `/instances/{id}/{stop,start,terminate}` | | changes its state |
+//! | DELETE | `/instances/{id}` | | removes it from the account |
+//! | PUT | `/faults` | a list of faults | replaces the faults |
+//! | DELETE | `/faults` | | clears them |
+//! | PUT | `/rate-limit` | `{"rps":..,"burst":..}` or `null` | sets or removes it |
+//! | PUT | `/api` | `{"latency_ms":..,"jitter_ms":..,"consistency_delay_ms":..}` | sets latency and lag |
+//! | GET | `/metrics` | | Prometheus text |
+
+use std::sync::Arc;
+
+use axum::Json;
+use axum::extract::{Path, State};
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post, put};
+use ccm_provider_sdk::Listen;
+use prometheus_client::registry::Registry;
+use serde::{Deserialize, Serialize};
+
+use crate::calls::{CallCount, CallRecord, Calls};
+use crate::cloud::{Cloud, Snapshot};
+use crate::config::{ApiConfig, Fault, InstanceSpec, RateLimit, State as InstanceState};
+
+/// What the admin handlers share.
+pub struct Admin {
+    /// The cloud.
+    pub cloud: Arc<Cloud>,
+    /// Call counters.
+    pub calls: Arc<Calls>,
+    /// Prometheus registry.
+    pub registry: Registry,
+}
+
+/// The answer of `GET /calls`.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+pub struct CallsView {
+    /// Total calls counted.
+    pub total: u64,
+    /// Counters by method and code.
+    pub counts: Vec<CallCountView>,
+}
+
+/// One counter.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+pub struct CallCountView {
+    /// `Service/Method`.
+    pub method: String,
+    /// gRPC code name.
+    pub code: String,
+    /// How many.
+    pub count: u64,
+}
+
+impl From<CallCount> for CallCountView {
+    fn from(c: CallCount) -> Self {
+        Self { method: c.method, code: c.code, count: c.count }
+    }
+}
+
+struct AdminError(ccm_provider_sdk::Error);
+
+impl IntoResponse for AdminError {
+    fn into_response(self) -> Response {
+        let status = match self.0.code() {
+            tonic::Code::NotFound => StatusCode::NOT_FOUND,
+            tonic::Code::AlreadyExists => StatusCode::CONFLICT,
+            tonic::Code::InvalidArgument => StatusCode::BAD_REQUEST,
+            tonic::Code::FailedPrecondition => StatusCode::CONFLICT,
+            _ => StatusCode::INTERNAL_SERVER_ERROR,
+        };
+        (status, Json(serde_json::json!({ "error": self.0.to_string() }))).into_response()
+    }
+}
+
+type Shared = State<Arc<Admin>>;
+
+/// The admin router.
+pub fn router(admin: Arc<Admin>) -> axum::Router {
+    axum::Router::new()
+        .route("/healthz", get(|| async { "ok" }))
+        .route("/state", get(state))
+        .route("/calls", get(calls).delete(reset_calls))
+        .route("/calls/log", get(call_log))
+        .route("/instances", post(add_instance))
+        .route("/instances/{id}", axum::routing::delete(remove_instance))
+        .route("/instances/{id}/{action}", post(instance_action))
+        .route("/faults", put(set_faults).delete(clear_faults))
+        .route("/rate-limit", put(set_rate_limit))
+        .route("/api", put(set_api))
+        .route("/metrics", get(metrics))
+        .with_state(admin)
+}
+
+async fn state(State(a): Shared) -> Json<Snapshot> {
+    Json(a.cloud.snapshot())
+}
+
+async fn calls(State(a): Shared) -> Json<CallsView> {
+    let counts: Vec<CallCountView> = a.calls.counts().into_iter().map(Into::into).collect();
+    Json(CallsView { total: counts.iter().map(|c| c.count).sum(), counts })
+}
+
+async fn call_log(State(a): Shared) -> Json<Vec<CallRecord>> {
+    Json(a.calls.log())
+}
+
+async fn reset_calls(State(a): Shared) -> StatusCode {
+    a.calls.reset();
+    StatusCode::NO_CONTENT
+}
+
+async fn add_instance(State(a): Shared, Json(spec): Json<InstanceSpec>) -> Result<Json<serde_json::Value>, AdminError> {
+    let delay = std::time::Duration::from_millis(a.cloud.consistency_delay_ms());
+    let m = a.cloud.add_instance(spec, delay).map_err(AdminError)?;
+    Ok(Json(serde_json::json!({ "provider_id": m.provider_id, "addresses": m.addresses.iter().map(|a| a.address.clone()).collect::<Vec<_>>() })))
+}
+
+async fn instance_action(State(a): Shared, Path((id, action)): Path<(String, String)>) -> Result<StatusCode, AdminError> {
+    let state = match action.as_str() {
+        "stop" => InstanceState::Stopped,
+        "start" => InstanceState::Running,
+        "terminate" => InstanceState::Terminated,
+        other => return Err(AdminError(ccm_provider_sdk::Error::invalid_argument(format!("unknown action {other:?}")))),
+    };
+    a.cloud.set_instance_state(&id, state).map_err(AdminError)?;
+    Ok(StatusCode::NO_CONTENT)
+}
+
+async fn remove_instance(State(a): Shared, Path(id): Path<String>) -> Result<StatusCode, AdminError> {
+    a.cloud.remove_instance(&id).map_err(AdminError)?;
+    Ok(StatusCode::NO_CONTENT)
+}
+
+async fn set_faults(State(a): Shared, Json(faults): Json<Vec<Fault>>) -> StatusCode {
+    a.cloud.set_faults(faults);
+    StatusCode::NO_CONTENT
+}
+
+async fn clear_faults(State(a): Shared) -> StatusCode {
+    a.cloud.set_faults(Vec::new());
+    StatusCode::NO_CONTENT
+}
+
+async fn set_rate_limit(State(a): Shared, Json(limit): Json<Option<RateLimit>>) -> StatusCode {
+    a.cloud.set_rate_limit(limit);
+    StatusCode::NO_CONTENT
+}
+
+async fn set_api(State(a): Shared, Json(api): Json<ApiConfig>) -> StatusCode {
+    a.cloud.set_api(api.latency_ms, api.jitter_ms, api.consistency_delay_ms);
+    StatusCode::NO_CONTENT
+}
+
+async fn metrics(State(a): Shared) -> Response {
+    let mut text = String::new();
+    match prometheus_client::encoding::text::encode(&mut text, &a.registry) {
+        Ok(()) => ([(axum::http::header::CONTENT_TYPE, "application/openmetrics-text; version=1.0.0; charset=utf-8")], text).into_response(),
+        Err(e) => (StatusCode::INTERNAL_SERVER_ERROR, e.to_string()).into_response(),
+    }
+}
+
+/// Serves the admin API on `listen` until `shutdown` resolves.
+pub async fn serve(admin: Arc<Admin>, listen: &Listen, shutdown: impl Future<Output = ()> + Send + 'static) -> anyhow::Result<()> {
+    use anyhow::Context;
+    let app = router(admin);
+    match listen {
+        Listen::Unix(path) => {
+            let listener = ccm_provider_sdk::server::bind_unix(path, 0o600)?;
+            let result = axum::serve(listener, app).with_graceful_shutdown(shutdown).await;
+            let _ = std::fs::remove_file(path);
+            result.context("admin server failed")
+        }
+        Listen::Tcp(addr) => {
+            let listener = tokio::net::TcpListener::bind(addr).await.with_context(|| format!("binding admin listener {addr}"))?;
+            axum::serve(listener, app).with_graceful_shutdown(shutdown).await.context("admin server failed")
+        }
+    }
+}

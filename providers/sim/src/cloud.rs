@@ -1,0 +1,745 @@
+//! The simulated cloud: inventory, route tables, load balancers and address pool, behind an
+//! API gate that adds latency, rate limits and injected faults, with eventual consistency
+//! between writes and reads.
+
+use std::collections::{BTreeMap, HashMap};
+use std::net::{IpAddr, Ipv4Addr};
+use std::sync::Mutex;
+use std::time::Duration;
+
+use ccm_provider_sdk::error::reason;
+use ccm_provider_sdk::proto as pb;
+use ccm_provider_sdk::ratelimit::TokenBucket;
+use ccm_provider_sdk::{Error, Result};
+use ipnet::IpNet;
+use serde::{Deserialize, Serialize};
+use tokio::time::Instant;
+
+use crate::config::{Address, ApiConfig, Config, Fault, FaultCode, InstanceSpec, RateLimit, RouteTableSpec, State};
+
+/// The providerID scheme of the sim.
+pub const PROVIDER_ID_SCHEME: &str = "sim://";
+
+/// A value whose changes show in reads only after the consistency delay.
+#[derive(Debug, Clone)]
+struct Lagged<T> {
+    current: T,
+    previous: Option<(T, Instant)>,
+}
+
+impl<T: Clone> Lagged<T> {
+    fn new(value: T, before: T, delay: Duration) -> Self {
+        let mut l = Self { current: before, previous: None };
+        l.set(value, delay);
+        l
+    }
+
+    fn seen(&self) -> T {
+        match &self.previous {
+            Some((prev, until)) if Instant::now() < *until => prev.clone(),
+            _ => self.current.clone(),
+        }
+    }
+
+    fn set(&mut self, value: T, delay: Duration) {
+        self.previous = (!delay.is_zero()).then(|| (self.seen(), Instant::now() + delay));
+        self.current = value;
+    }
+
+    fn settled(&self) -> bool {
+        self.previous.as_ref().is_none_or(|(_, until)| Instant::now() >= *until)
+    }
+}
+
+#[derive(Debug, Clone)]
+struct Instance {
+    spec: InstanceSpec,
+    /// None: not there (before creation shows, or removed).
+    state: Lagged<Option<State>>,
+}
+
+impl Instance {
+    fn provider_id(&self) -> String {
+        format!("{PROVIDER_ID_SCHEME}{}/{}", self.spec.zone, self.spec.id)
+    }
+
+    fn metadata(&self, region: &str, state: State) -> pb::InstanceMetadata {
+        let addresses = self
+            .spec
+            .addresses
+            .iter()
+            .map(|a| pb::NodeAddress { r#type: address_type(&a.kind) as i32, address: a.address.clone() })
+            .collect();
+        pb::InstanceMetadata {
+            provider_id: self.provider_id(),
+            instance_id: self.spec.id.clone(),
+            instance_type: self.spec.instance_type.clone(),
+            zone: self.spec.zone.clone(),
+            region: region.to_string(),
+            addresses,
+            hostname: self.spec.name.clone(),
+            additional_labels: Default::default(),
+            state: instance_state(state) as i32,
+            node_name: self.spec.name.clone(),
+        }
+    }
+}
+
+fn address_type(kind: &str) -> pb::NodeAddressType {
+    match kind {
+        "Hostname" => pb::NodeAddressType::Hostname,
+        "InternalIP" => pb::NodeAddressType::InternalIp,
+        "ExternalIP" => pb::NodeAddressType::ExternalIp,
+        "InternalDNS" => pb::NodeAddressType::InternalDns,
+        "ExternalDNS" => pb::NodeAddressType::ExternalDns,
+        _ => pb::NodeAddressType::Unspecified,
+    }
+}
+
+fn instance_state(s: State) -> pb::InstanceState {
+    match s {
+        State::Pending => pb::InstanceState::Pending,
+        State::Running => pb::InstanceState::Running,
+        State::Stopped => pb::InstanceState::Stopped,
+        State::Terminated => pb::InstanceState::Terminated,
+    }
+}
+
+#[derive(Debug, Clone)]
+struct RouteRecord {
+    route: pb::Route,
+    exists: Lagged<bool>,
+}
+
+#[derive(Debug, Clone)]
+struct Table {
+    spec: RouteTableSpec,
+    /// Keyed by (cluster, route name).
+    routes: BTreeMap<(String, String), RouteRecord>,
+}
+
+#[derive(Debug, Clone)]
+struct LoadBalancer {
+    service: pb::LoadBalancerService,
+    nodes: Vec<String>,
+    ip: IpAddr,
+    exists: Lagged<bool>,
+}
+
+#[derive(Debug)]
+struct World {
+    instances: BTreeMap<String, Instance>,
+    tables: Vec<Table>,
+    load_balancers: BTreeMap<String, LoadBalancer>,
+    pool: Vec<IpNet>,
+    next_internal: u32,
+}
+
+#[derive(Debug)]
+struct Gate {
+    api: ApiConfig,
+    limiter: Option<TokenBucket>,
+    faults: Vec<Fault>,
+}
+
+/// The simulated cloud.
+#[derive(Debug)]
+pub struct Cloud {
+    region: String,
+    ipv6_routes: bool,
+    batch_reads: bool,
+    max_name_length: u32,
+    allowed_name_characters: String,
+    node_metadata_instance: Mutex<Option<String>>,
+    world: Mutex<World>,
+    gate: Mutex<Gate>,
+}
+
+/// A snapshot of the cloud for the admin API.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct Snapshot {
+    /// Every instance with its true state.
+    pub instances: Vec<InstanceView>,
+    /// Every table with its routes.
+    pub route_tables: Vec<TableView>,
+    /// Every load balancer.
+    pub load_balancers: Vec<LoadBalancerView>,
+}
+
+/// An instance in a snapshot.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct InstanceView {
+    /// Id.
+    pub id: String,
+    /// Name.
+    pub name: String,
+    /// providerID.
+    pub provider_id: String,
+    /// True state.
+    pub state: State,
+    /// Zone.
+    pub zone: String,
+}
+
+/// A route table in a snapshot.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct TableView {
+    /// Id.
+    pub id: String,
+    /// Quota.
+    pub max_routes: u32,
+    /// Routes that exist.
+    pub routes: Vec<RouteView>,
+}
+
+/// A route in a snapshot.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct RouteView {
+    /// Cluster.
+    pub cluster: String,
+    /// Name.
+    pub name: String,
+    /// Destination.
+    pub destination_cidr: String,
+    /// Target node.
+    pub node_name: String,
+    /// Target providerID.
+    pub provider_id: String,
+}
+
+/// A load balancer in a snapshot.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct LoadBalancerView {
+    /// Name.
+    pub name: String,
+    /// Service namespace/name.
+    pub service: String,
+    /// Its address.
+    pub ip: String,
+    /// Backend node names, sorted.
+    pub nodes: Vec<String>,
+    /// Ports.
+    pub ports: Vec<u32>,
+}
+
+impl Cloud {
+    /// A cloud with the configuration's inventory.
+    pub fn new(config: &Config) -> anyhow::Result<Self> {
+        let pool = config
+            .load_balancers
+            .address_pool
+            .iter()
+            .map(|c| c.parse::<IpNet>().map_err(|e| anyhow::anyhow!("address pool entry {c:?}: {e}")))
+            .collect::<anyhow::Result<Vec<_>>>()?;
+        if config.route_tables.is_empty() {
+            anyhow::bail!("at least one route table is required");
+        }
+        let limiter = config.api.rate_limit.map(|r| TokenBucket::new(r.rps, r.burst));
+        let cloud = Self {
+            region: config.region.clone(),
+            ipv6_routes: config.ipv6_routes,
+            batch_reads: config.batch_reads,
+            max_name_length: config.load_balancers.max_name_length,
+            allowed_name_characters: config.load_balancers.allowed_name_characters.clone(),
+            node_metadata_instance: Mutex::new(config.node_metadata_instance.clone()),
+            world: Mutex::new(World {
+                instances: BTreeMap::new(),
+                tables: config.route_tables.iter().map(|spec| Table { spec: spec.clone(), routes: BTreeMap::new() }).collect(),
+                load_balancers: BTreeMap::new(),
+                pool,
+                next_internal: 1,
+            }),
+            gate: Mutex::new(Gate { api: config.api.clone(), limiter, faults: config.faults.clone() }),
+        };
+        for spec in &config.instances {
+            cloud.add_instance(spec.clone(), Duration::ZERO).map_err(|e| anyhow::anyhow!("instance {}: {e}", spec.id))?;
+        }
+        Ok(cloud)
+    }
+
+    fn world(&self) -> std::sync::MutexGuard<'_, World> {
+        self.world.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn gate_lock(&self) -> std::sync::MutexGuard<'_, Gate> {
+        self.gate.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn delay(&self) -> Duration {
+        Duration::from_millis(self.consistency_delay_ms())
+    }
+
+    /// The configured consistency delay in milliseconds.
+    pub fn consistency_delay_ms(&self) -> u64 {
+        self.gate_lock().api.consistency_delay_ms
+    }
+
+    // === the API gate ===
+
+    /// Passes one cloud API call through the gate: a method that is down fails at once, the
+    /// rate limit answers RESOURCE_EXHAUSTED with the delay, then the call takes its latency
+    /// and may fail at the configured error rate.
+    pub async fn api_call(&self, method: &str) -> Result<()> {
+        let (latency, fault) = {
+            let gate = self.gate_lock();
+            let applies = |f: &&Fault| f.method == "*" || f.method == method;
+            if let Some(f) = gate.faults.iter().filter(applies).find(|f| f.down) {
+                return Err(fault_error(f.code, method));
+            }
+            if let Some(limiter) = &gate.limiter {
+                limiter.check()?;
+            }
+            let jitter = if gate.api.jitter_ms > 0 { rand::random_range(0..=gate.api.jitter_ms) } else { 0 };
+            let fault = gate.faults.iter().filter(applies).find(|f| f.error_rate > 0.0 && rand::random::<f64>() < f.error_rate);
+            (Duration::from_millis(gate.api.latency_ms + jitter), fault.map(|f| f.code))
+        };
+        if !latency.is_zero() {
+            tokio::time::sleep(latency).await;
+        }
+        match fault {
+            Some(code) => Err(fault_error(code, method)),
+            None => Ok(()),
+        }
+    }
+
+    /// Why the whole API is down (a `*` fault with `down`), if it is.
+    pub fn api_down(&self) -> Option<String> {
+        let gate = self.gate_lock();
+        gate.faults.iter().any(|f| f.method == "*" && f.down).then(|| "the cloud API is down".to_string())
+    }
+
+    /// Replaces the injected faults.
+    pub fn set_faults(&self, faults: Vec<Fault>) {
+        self.gate_lock().faults = faults;
+    }
+
+    /// Sets or removes the rate limit (a new limit starts with a full bucket).
+    pub fn set_rate_limit(&self, limit: Option<RateLimit>) {
+        let mut gate = self.gate_lock();
+        gate.api.rate_limit = limit;
+        gate.limiter = limit.map(|r| TokenBucket::new(r.rps, r.burst));
+    }
+
+    /// Sets latency, jitter and the consistency delay.
+    pub fn set_api(&self, latency_ms: u64, jitter_ms: u64, consistency_delay_ms: u64) {
+        let mut gate = self.gate_lock();
+        gate.api.latency_ms = latency_ms;
+        gate.api.jitter_ms = jitter_ms;
+        gate.api.consistency_delay_ms = consistency_delay_ms;
+    }
+
+    // === instances ===
+
+    /// Adds an instance (it shows in reads after the consistency delay).
+    pub fn add_instance(&self, mut spec: InstanceSpec, delay: Duration) -> Result<pb::InstanceMetadata> {
+        if spec.id.is_empty() || spec.name.is_empty() {
+            return Err(Error::invalid_argument("an instance needs an id and a name"));
+        }
+        let mut world = self.world();
+        if world.instances.get(&spec.id).is_some_and(|i| i.state.current.is_some()) {
+            return Err(Error::already_exists(format!("instance {} exists", spec.id)));
+        }
+        if spec.addresses.is_empty() {
+            let n = world.next_internal;
+            world.next_internal += 1;
+            let ip = Ipv4Addr::from(u32::from(Ipv4Addr::new(10, 0, 0, 0)) + n);
+            spec.addresses.push(Address { kind: "InternalIP".into(), address: ip.to_string() });
+        }
+        let state = spec.state;
+        let instance = Instance { spec, state: Lagged::new(Some(state), None, delay) };
+        let metadata = instance.metadata(&self.region, state);
+        world.instances.insert(instance.spec.id.clone(), instance);
+        Ok(metadata)
+    }
+
+    /// Changes an instance's state (stop, start, terminate); NOT_FOUND when unknown.
+    pub fn set_instance_state(&self, id: &str, state: State) -> Result<()> {
+        let delay = self.delay();
+        let mut world = self.world();
+        let instance = world
+            .instances
+            .get_mut(id)
+            .filter(|i| i.state.current.is_some())
+            .ok_or_else(|| Error::not_found(format!("instance {id}")))?;
+        if instance.state.current == Some(State::Terminated) && state != State::Terminated {
+            return Err(Error::failed_precondition(reason::FAILED_PRECONDITION, format!("instance {id} is terminated")));
+        }
+        instance.spec.state = state;
+        instance.state.set(Some(state), delay);
+        Ok(())
+    }
+
+    /// Removes an instance from the account altogether (as after a terminated instance ages out).
+    pub fn remove_instance(&self, id: &str) -> Result<()> {
+        let delay = self.delay();
+        let mut world = self.world();
+        let instance = world.instances.get_mut(id).ok_or_else(|| Error::not_found(format!("instance {id}")))?;
+        instance.state.set(None, delay);
+        Ok(())
+    }
+
+    fn find<'a>(&self, world: &'a World, lookup: &pb::InstanceLookup) -> Result<Option<(&'a Instance, State)>> {
+        let found = if !lookup.provider_id.is_empty() {
+            let rest = lookup.provider_id.strip_prefix(PROVIDER_ID_SCHEME).ok_or_else(|| {
+                Error::invalid_argument(format!("providerID {:?} is not a sim providerID (sim://zone/id)", lookup.provider_id))
+            })?;
+            let id = rest.rsplit('/').next().unwrap_or(rest);
+            world.instances.get(id)
+        } else {
+            world.instances.values().find(|i| i.spec.name == lookup.node_name)
+        };
+        Ok(found.and_then(|i| i.state.seen().map(|s| (i, s))))
+    }
+
+    /// What reads say of one instance, terminated ones included.
+    pub fn instance(&self, lookup: &pb::InstanceLookup) -> Result<Option<pb::InstanceMetadata>> {
+        let world = self.world();
+        Ok(self.find(&world, lookup)?.map(|(i, s)| i.metadata(&self.region, s)))
+    }
+
+    /// An instance's tags as reads show them.
+    pub fn instance_tags(&self, lookup: &pb::InstanceLookup) -> Result<Option<HashMap<String, String>>> {
+        let world = self.world();
+        Ok(self
+            .find(&world, lookup)?
+            .filter(|(_, s)| *s != State::Terminated)
+            .map(|(i, _)| i.spec.tags.iter().map(|(k, v)| (k.clone(), v.clone())).collect()))
+    }
+
+    /// Every instance reads show, terminated ones excluded.
+    pub fn instances(&self) -> Vec<pb::InstanceMetadata> {
+        let world = self.world();
+        world
+            .instances
+            .values()
+            .filter_map(|i| i.state.seen().filter(|s| *s != State::Terminated).map(|s| i.metadata(&self.region, s)))
+            .collect()
+    }
+
+    /// The instance NodeMetadataService describes.
+    pub fn node_metadata(&self) -> Result<pb::InstanceMetadata> {
+        let id = self.node_metadata_instance.lock().unwrap_or_else(|p| p.into_inner()).clone();
+        let id = id.ok_or_else(|| Error::unavailable("the metadata service has no instance configured"))?;
+        let world = self.world();
+        let instance = world.instances.get(&id).filter(|i| i.state.current.is_some());
+        // The metadata service runs on the instance itself: no lag, and nothing once it is gone.
+        let instance = instance.ok_or_else(|| Error::unavailable(format!("instance {id} is not there to answer")))?;
+        Ok(instance.metadata(&self.region, instance.spec.state))
+    }
+
+    /// Whether BatchInstanceMetadata is advertised.
+    pub fn batch_reads(&self) -> bool {
+        self.batch_reads
+    }
+
+    /// Whether a NodeMetadataService is configured.
+    pub fn serves_node_metadata(&self) -> bool {
+        self.node_metadata_instance.lock().unwrap_or_else(|p| p.into_inner()).is_some()
+    }
+
+    // === routes ===
+
+    /// Route capabilities.
+    pub fn route_capabilities(&self) -> pb::RoutesCapabilities {
+        let world = self.world();
+        let max = world.tables.iter().map(|t| t.spec.max_routes).filter(|m| *m > 0).min().unwrap_or(0);
+        pb::RoutesCapabilities { multiple_tables: world.tables.len() > 1, max_routes_per_table: max, ipv6: self.ipv6_routes }
+    }
+
+    /// Every route table.
+    pub fn route_tables(&self) -> Vec<pb::RouteTable> {
+        self.world()
+            .tables
+            .iter()
+            .map(|t| pb::RouteTable { id: t.spec.id.clone(), name: t.spec.name.clone(), max_routes: t.spec.max_routes })
+            .collect()
+    }
+
+    fn table_index(world: &World, table_id: &str) -> Result<usize> {
+        if table_id.is_empty() {
+            return Ok(0);
+        }
+        world.tables.iter().position(|t| t.spec.id == table_id).ok_or_else(|| {
+            Error::invalid_argument_because(reason::UNKNOWN_ROUTE_TABLE, format!("route table {table_id:?} does not exist"))
+        })
+    }
+
+    /// The cluster's routes in a table as reads show them, blackholed when their instance is gone.
+    pub fn routes(&self, cluster: &str, table_id: &str) -> Result<Vec<pb::Route>> {
+        let world = self.world();
+        let table = &world.tables[Self::table_index(&world, table_id)?];
+        Ok(table
+            .routes
+            .iter()
+            .filter(|((c, _), r)| (cluster.is_empty() || c == cluster) && r.exists.seen())
+            .map(|(_, r)| {
+                let mut route = r.route.clone();
+                let target = route.target.clone().unwrap_or_default();
+                let lookup = pb::InstanceLookup { provider_id: target.provider_id, node_name: target.node_name, ..Default::default() };
+                let alive = matches!(self.find(&world, &lookup), Ok(Some((_, s))) if s != State::Terminated);
+                route.blackhole = !alive;
+                route
+            })
+            .collect())
+    }
+
+    /// Creates a route: idempotent, quota-checked, one route per destination in a table.
+    pub fn create_route(&self, cluster: &str, mut route: pb::Route) -> Result<pb::Route> {
+        let delay = self.delay();
+        let mut world = self.world();
+        let index = Self::table_index(&world, &route.table_id)?;
+        let mut target = route.target.clone().unwrap_or_default();
+        // The target must be a live instance, by the cloud's true state.
+        let instance = if target.provider_id.is_empty() {
+            world.instances.values().find(|i| i.spec.name == target.node_name)
+        } else {
+            let id = target.provider_id.rsplit('/').next().unwrap_or_default();
+            world.instances.get(id).filter(|i| i.provider_id() == target.provider_id)
+        };
+        let Some(instance) = instance.filter(|i| matches!(i.state.current, Some(s) if s != State::Terminated)) else {
+            return Err(Error::failed_precondition(
+                "INSTANCE_NOT_FOUND",
+                format!("route target {} ({}) is not a live instance", target.node_name, target.provider_id),
+            ));
+        };
+        target.provider_id = instance.provider_id();
+        route.target = Some(target);
+        route.blackhole = false;
+        let table = &mut world.tables[index];
+        route.table_id = table.spec.id.clone();
+        let key = (cluster.to_string(), route.name.clone());
+        if let Some(existing) = table.routes.get(&key).filter(|r| r.exists.current) {
+            let same = existing.route.destination_cidr == route.destination_cidr
+                && existing.route.target.as_ref().map(|t| &t.provider_id) == route.target.as_ref().map(|t| &t.provider_id);
+            return if same {
+                Ok(existing.route.clone())
+            } else {
+                Err(Error::already_exists(format!("route {} exists with another destination or target", route.name)))
+            };
+        }
+        if let Some(((_, other), _)) =
+            table.routes.iter().find(|(_, r)| r.exists.current && r.route.destination_cidr == route.destination_cidr)
+        {
+            return Err(Error::already_exists(format!("destination {} is already routed by {other}", route.destination_cidr)));
+        }
+        let live = table.routes.values().filter(|r| r.exists.current).count();
+        if table.spec.max_routes > 0 && live >= table.spec.max_routes as usize {
+            return Err(Error::QuotaExceeded {
+                message: format!("route table {} holds at most {} routes", table.spec.id, table.spec.max_routes),
+            });
+        }
+        table.routes.retain(|_, r| r.exists.current || !r.exists.settled());
+        match table.routes.get_mut(&key) {
+            Some(record) => {
+                record.route = route.clone();
+                record.exists.set(true, delay);
+            }
+            None => {
+                table.routes.insert(key, RouteRecord { route: route.clone(), exists: Lagged::new(true, false, delay) });
+            }
+        }
+        Ok(route)
+    }
+
+    /// Deletes a route; absent is fine.
+    pub fn delete_route(&self, cluster: &str, table_id: &str, name: &str) -> Result<()> {
+        let delay = self.delay();
+        let mut world = self.world();
+        let index = Self::table_index(&world, table_id)?;
+        if let Some(record) = world.tables[index].routes.get_mut(&(cluster.to_string(), name.to_string()))
+            && record.exists.current
+        {
+            record.exists.set(false, delay);
+        }
+        Ok(())
+    }
+
+    /// The tables a target's routes go to: those listing its zone, or listing no zones.
+    pub fn tables_for(&self, target: &pb::RouteTarget) -> Result<Vec<String>> {
+        let world = self.world();
+        let lookup =
+            pb::InstanceLookup { provider_id: target.provider_id.clone(), node_name: target.node_name.clone(), ..Default::default() };
+        let (instance, _) = self
+            .find(&world, &lookup)?
+            .ok_or_else(|| Error::not_found(format!("instance of {} ({}) not found", target.node_name, target.provider_id)))?;
+        Ok(world
+            .tables
+            .iter()
+            .filter(|t| t.spec.zones.is_empty() || t.spec.zones.contains(&instance.spec.zone))
+            .map(|t| t.spec.id.clone())
+            .collect())
+    }
+
+    // === load balancers ===
+
+    /// Load balancer capabilities.
+    pub fn load_balancer_capabilities(&self) -> pb::LoadBalancersCapabilities {
+        pb::LoadBalancersCapabilities {
+            max_name_length: self.max_name_length,
+            allowed_name_characters: self.allowed_name_characters.clone(),
+        }
+    }
+
+    fn status(lb: &LoadBalancer) -> pb::LoadBalancerStatus {
+        let ports = lb
+            .service
+            .ports
+            .iter()
+            .map(|p| pb::PortStatus { port: p.port, protocol: p.protocol, error: String::new() })
+            .collect();
+        pb::LoadBalancerStatus {
+            ingress: vec![pb::LoadBalancerIngress {
+                ip: lb.ip.to_string(),
+                hostname: String::new(),
+                ip_mode: pb::IpMode::Vip as i32,
+                ports,
+            }],
+        }
+    }
+
+    /// A load balancer's status as reads show it.
+    pub fn load_balancer(&self, name: &str) -> Option<pb::LoadBalancerStatus> {
+        let world = self.world();
+        world.load_balancers.get(name).filter(|lb| lb.exists.seen()).map(Self::status)
+    }
+
+    fn allocate(world: &World, requested: &str, replacing: &str) -> Result<IpAddr> {
+        let taken: Vec<IpAddr> =
+            world.load_balancers.iter().filter(|(n, lb)| lb.exists.current && n.as_str() != replacing).map(|(_, lb)| lb.ip).collect();
+        if !requested.is_empty() {
+            let ip: IpAddr = requested.parse().map_err(|_| Error::invalid_argument(format!("{requested:?} is not an IP")))?;
+            if !world.pool.iter().any(|n| n.contains(&ip)) {
+                return Err(Error::failed_precondition("IP_NOT_IN_POOL", format!("{ip} is not one of this cloud's addresses")));
+            }
+            if taken.contains(&ip) {
+                return Err(Error::failed_precondition("IP_IN_USE", format!("{ip} is in use by another load balancer")));
+            }
+            return Ok(ip);
+        }
+        world
+            .pool
+            .iter()
+            .flat_map(|n| n.hosts())
+            .find(|ip| !taken.contains(ip))
+            .ok_or_else(|| Error::QuotaExceeded { message: "no load balancer address is left in the pool".into() })
+    }
+
+    /// Creates or updates a load balancer. Its address stays unless the requested IP changes.
+    pub fn ensure_load_balancer(&self, service: &pb::LoadBalancerService, nodes: &[pb::LoadBalancerNode]) -> Result<pb::LoadBalancerStatus> {
+        let delay = self.delay();
+        let mut world = self.world();
+        let mut node_names: Vec<String> = nodes.iter().map(|n| n.name.clone()).collect();
+        node_names.sort();
+        let name = &service.load_balancer_name;
+        let current_ip = world.load_balancers.get(name).filter(|lb| lb.exists.current).map(|lb| lb.ip);
+        let ip = match current_ip {
+            Some(ip) if service.requested_ip.is_empty() || service.requested_ip == ip.to_string() => ip,
+            _ => Self::allocate(&world, &service.requested_ip, name)?,
+        };
+        let lb = world.load_balancers.entry(name.clone()).or_insert_with(|| LoadBalancer {
+            service: service.clone(),
+            nodes: Vec::new(),
+            ip,
+            exists: Lagged::new(false, false, Duration::ZERO),
+        });
+        lb.service = service.clone();
+        lb.nodes = node_names;
+        lb.ip = ip;
+        if !lb.exists.current {
+            lb.exists.set(true, delay);
+        }
+        Ok(Self::status(lb))
+    }
+
+    /// Replaces a load balancer's backends; NOT_FOUND when it does not exist.
+    pub fn update_load_balancer_hosts(&self, name: &str, nodes: &[pb::LoadBalancerNode]) -> Result<()> {
+        let mut world = self.world();
+        let lb = world
+            .load_balancers
+            .get_mut(name)
+            .filter(|lb| lb.exists.current)
+            .ok_or_else(|| Error::not_found(format!("load balancer {name} does not exist")))?;
+        let mut node_names: Vec<String> = nodes.iter().map(|n| n.name.clone()).collect();
+        node_names.sort();
+        lb.nodes = node_names;
+        Ok(())
+    }
+
+    /// Deletes a load balancer and frees its address; absent is fine.
+    pub fn delete_load_balancer(&self, name: &str) {
+        let delay = self.delay();
+        let mut world = self.world();
+        if let Some(lb) = world.load_balancers.get_mut(name)
+            && lb.exists.current
+        {
+            lb.exists.set(false, delay);
+        }
+        world.load_balancers.retain(|_, lb| lb.exists.current || !lb.exists.settled());
+    }
+
+    // === admin ===
+
+    /// The true state of everything.
+    pub fn snapshot(&self) -> Snapshot {
+        let world = self.world();
+        Snapshot {
+            instances: world
+                .instances
+                .values()
+                .filter_map(|i| {
+                    i.state.current.map(|state| InstanceView {
+                        id: i.spec.id.clone(),
+                        name: i.spec.name.clone(),
+                        provider_id: i.provider_id(),
+                        state,
+                        zone: i.spec.zone.clone(),
+                    })
+                })
+                .collect(),
+            route_tables: world
+                .tables
+                .iter()
+                .map(|t| TableView {
+                    id: t.spec.id.clone(),
+                    max_routes: t.spec.max_routes,
+                    routes: t
+                        .routes
+                        .iter()
+                        .filter(|(_, r)| r.exists.current)
+                        .map(|((cluster, name), r)| {
+                            let target = r.route.target.clone().unwrap_or_default();
+                            RouteView {
+                                cluster: cluster.clone(),
+                                name: name.clone(),
+                                destination_cidr: r.route.destination_cidr.clone(),
+                                node_name: target.node_name,
+                                provider_id: target.provider_id,
+                            }
+                        })
+                        .collect(),
+                })
+                .collect(),
+            load_balancers: world
+                .load_balancers
+                .values()
+                .filter(|lb| lb.exists.current)
+                .map(|lb| LoadBalancerView {
+                    name: lb.service.load_balancer_name.clone(),
+                    service: format!("{}/{}", lb.service.namespace, lb.service.name),
+                    ip: lb.ip.to_string(),
+                    nodes: lb.nodes.clone(),
+                    ports: lb.service.ports.iter().map(|p| p.port).collect(),
+                })
+                .collect(),
+        }
+    }
+}
+
+fn fault_error(code: FaultCode, method: &str) -> Error {
+    match code {
+        FaultCode::Unavailable => Error::Unavailable { message: format!("{method}: injected fault"), retry_after: None },
+        FaultCode::Internal => Error::internal(format!("{method}: injected fault")),
+        FaultCode::RateLimited => Error::RateLimited { retry_after: Duration::from_secs(1) },
+        FaultCode::DeadlineExceeded => Error::DeadlineExceeded { message: format!("{method}: injected fault") },
+    }
+}

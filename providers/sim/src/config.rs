@@ -1,0 +1,252 @@
+//! The sim's configuration file (TOML): initial inventory, API behaviour and faults.
+
+use std::collections::BTreeMap;
+use std::path::Path;
+
+use serde::{Deserialize, Serialize};
+
+/// The whole configuration. Every field has a default, so an empty file is a working cloud
+/// with no instances, one route table and a load balancer address pool.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(default, deny_unknown_fields)]
+pub struct Config {
+    /// The plugin name served by Identity.
+    pub plugin_name: String,
+    /// The region every instance is in.
+    pub region: String,
+    /// How the cloud's API behaves.
+    pub api: ApiConfig,
+    /// Faults injected from the start.
+    pub faults: Vec<Fault>,
+    /// The instances that exist at start.
+    pub instances: Vec<InstanceSpec>,
+    /// The route tables; one table means the provider does not advertise multiple tables.
+    pub route_tables: Vec<RouteTableSpec>,
+    /// Whether IPv6 routes are supported.
+    pub ipv6_routes: bool,
+    /// Load balancer behaviour.
+    pub load_balancers: LoadBalancerConfig,
+    /// The instance whose metadata NodeMetadataService serves; unset means the sim does not
+    /// serve NodeMetadataService.
+    pub node_metadata_instance: Option<String>,
+    /// Whether BatchInstanceMetadata is advertised as one cloud call.
+    pub batch_reads: bool,
+}
+
+impl Default for Config {
+    fn default() -> Self {
+        Self {
+            plugin_name: "sim.cloudprovider.dev".into(),
+            region: "sim-region-1".into(),
+            api: ApiConfig::default(),
+            faults: Vec::new(),
+            instances: Vec::new(),
+            route_tables: vec![RouteTableSpec { id: "rt-main".into(), name: "main".into(), max_routes: 200, zones: Vec::new() }],
+            ipv6_routes: true,
+            load_balancers: LoadBalancerConfig::default(),
+            node_metadata_instance: None,
+            batch_reads: true,
+        }
+    }
+}
+
+impl Config {
+    /// Reads a TOML file.
+    pub fn load(path: &Path) -> anyhow::Result<Self> {
+        use anyhow::Context;
+        let text = std::fs::read_to_string(path).with_context(|| format!("reading sim config {}", path.display()))?;
+        toml::from_str(&text).with_context(|| format!("parsing sim config {}", path.display()))
+    }
+}
+
+/// Latency, rate limit and consistency of the cloud's API.
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
+#[serde(default, deny_unknown_fields)]
+pub struct ApiConfig {
+    /// Fixed latency of every call, in milliseconds.
+    pub latency_ms: u64,
+    /// Extra latency, uniformly random between 0 and this, in milliseconds.
+    pub jitter_ms: u64,
+    /// Account-wide rate limit; unset means unlimited.
+    pub rate_limit: Option<RateLimit>,
+    /// How long a write takes to show in reads, in milliseconds (eventual consistency).
+    pub consistency_delay_ms: u64,
+}
+
+/// A token-bucket rate limit over all cloud calls.
+#[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct RateLimit {
+    /// Calls per second.
+    pub rps: f64,
+    /// Calls that may burst above the rate.
+    pub burst: u32,
+}
+
+/// An injected fault.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct Fault {
+    /// The method, as in `CreateRoute`, or `*` for every cloud call.
+    pub method: String,
+    /// The share of calls that fail, 0.0 to 1.0 (ignored when `down`).
+    #[serde(default)]
+    pub error_rate: f64,
+    /// Every call fails.
+    #[serde(default)]
+    pub down: bool,
+    /// The error answered.
+    #[serde(default)]
+    pub code: FaultCode,
+}
+
+/// The error an injected fault answers.
+#[derive(Debug, Clone, Copy, Default, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "snake_case")]
+pub enum FaultCode {
+    /// UNAVAILABLE.
+    #[default]
+    Unavailable,
+    /// INTERNAL.
+    Internal,
+    /// RESOURCE_EXHAUSTED with RetryInfo (throttling).
+    RateLimited,
+    /// DEADLINE_EXCEEDED.
+    DeadlineExceeded,
+}
+
+/// One instance.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct InstanceSpec {
+    /// The cloud's id, like `i-0001`.
+    pub id: String,
+    /// The name the instance is known by in the cluster (its host name).
+    pub name: String,
+    /// The zone.
+    #[serde(default = "default_zone")]
+    pub zone: String,
+    /// The instance type.
+    #[serde(default = "default_type")]
+    pub instance_type: String,
+    /// running, stopped, terminated or pending.
+    #[serde(default)]
+    pub state: State,
+    /// Addresses; empty means an InternalIP is assigned from 10.0.0.0/16.
+    #[serde(default)]
+    pub addresses: Vec<Address>,
+    /// Tags.
+    #[serde(default)]
+    pub tags: BTreeMap<String, String>,
+}
+
+fn default_zone() -> String {
+    "sim-region-1a".into()
+}
+
+fn default_type() -> String {
+    "sim.standard".into()
+}
+
+/// An instance's state.
+#[derive(Debug, Clone, Copy, Default, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "snake_case")]
+pub enum State {
+    /// Being created.
+    Pending,
+    /// Running.
+    #[default]
+    Running,
+    /// Stopped.
+    Stopped,
+    /// Terminated.
+    Terminated,
+}
+
+/// An address.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(deny_unknown_fields)]
+pub struct Address {
+    /// InternalIP, ExternalIP, Hostname, InternalDNS or ExternalDNS.
+    #[serde(rename = "type")]
+    pub kind: String,
+    /// The address.
+    pub address: String,
+}
+
+/// One route table.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct RouteTableSpec {
+    /// Its id.
+    pub id: String,
+    /// Its name.
+    #[serde(default)]
+    pub name: String,
+    /// Its quota; 0 means unlimited.
+    #[serde(default)]
+    pub max_routes: u32,
+    /// The zones whose nodes' routes go into this table; empty means every zone.
+    #[serde(default)]
+    pub zones: Vec<String>,
+}
+
+/// Load balancer behaviour.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(default, deny_unknown_fields)]
+pub struct LoadBalancerConfig {
+    /// The CIDRs load balancer addresses come from.
+    pub address_pool: Vec<String>,
+    /// The longest name accepted.
+    pub max_name_length: u32,
+    /// The characters a name may contain; empty means lowercase letters, digits and '-'.
+    pub allowed_name_characters: String,
+}
+
+impl Default for LoadBalancerConfig {
+    fn default() -> Self {
+        Self { address_pool: vec!["203.0.113.0/24".into()], max_name_length: 32, allowed_name_characters: String::new() }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn empty_file_is_a_working_default() {
+        let c: Config = toml::from_str("").expect("parse");
+        assert_eq!(c, Config::default());
+    }
+
+    #[test]
+    fn full_file_parses_and_typos_are_rejected() {
+        let text = r#"
+            region = "eu-1"
+            [api]
+            latency_ms = 5
+            jitter_ms = 2
+            rate_limit = { rps = 20.0, burst = 40 }
+            consistency_delay_ms = 100
+            [[faults]]
+            method = "CreateRoute"
+            error_rate = 0.5
+            code = "internal"
+            [[instances]]
+            id = "i-1"
+            name = "node-1"
+            state = "stopped"
+            addresses = [{ type = "InternalIP", address = "10.0.0.5" }]
+            tags = { team = "a" }
+            [[route_tables]]
+            id = "rt-a"
+            max_routes = 3
+            zones = ["eu-1a"]
+        "#;
+        let c: Config = toml::from_str(text).expect("parse");
+        assert_eq!(c.api.rate_limit, Some(RateLimit { rps: 20.0, burst: 40 }));
+        assert_eq!(c.instances[0].state, State::Stopped);
+        assert_eq!(c.faults[0].code, FaultCode::Internal);
+        assert!(toml::from_str::<Config>("[api]\nlatency = 5").is_err());
+    }
+}

@@ -1,0 +1,155 @@
+//! cloudprovider.v1 over the simulated cloud: each method is one cloud API call through the
+//! gate (latency, rate limit, faults), batch reads included.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use ccm_provider_sdk::proto as pb;
+use ccm_provider_sdk::{Page, PageRequest, Readiness, Result, paginate};
+
+use crate::cloud::Cloud;
+
+/// The sim's implementation of every provider trait.
+#[derive(Debug, Clone)]
+pub struct SimProvider {
+    cloud: Arc<Cloud>,
+}
+
+impl SimProvider {
+    /// A provider over `cloud`.
+    pub fn new(cloud: Arc<Cloud>) -> Self {
+        Self { cloud }
+    }
+}
+
+#[tonic::async_trait]
+impl ccm_provider_sdk::Probe for SimProvider {
+    async fn probe(&self) -> Result<Readiness> {
+        // Ready unless the whole API is down; a probe is not a rate-limited cloud call.
+        match self.cloud.api_down() {
+            Some(why) => Ok(Readiness::NotReady(why)),
+            None => Ok(Readiness::Ready),
+        }
+    }
+}
+
+#[tonic::async_trait]
+impl ccm_provider_sdk::Instances for SimProvider {
+    fn capabilities(&self) -> pb::InstancesCapabilities {
+        pb::InstancesCapabilities { batch_reads: self.cloud.batch_reads() }
+    }
+
+    async fn instance_metadata(&self, lookup: &pb::InstanceLookup) -> Result<Option<pb::InstanceMetadata>> {
+        self.cloud.api_call("InstanceMetadata").await?;
+        self.cloud.instance(lookup)
+    }
+
+    async fn list_instances(&self, page: &PageRequest) -> Result<Page<pb::InstanceMetadata>> {
+        self.cloud.api_call("ListInstances").await?;
+        paginate(self.cloud.instances(), |i| i.instance_id.as_str(), page)
+    }
+
+    async fn instance_exists(&self, lookup: &pb::InstanceLookup) -> Result<bool> {
+        self.cloud.api_call("InstanceExists").await?;
+        Ok(self.cloud.instance(lookup)?.is_some_and(|m| m.state() != pb::InstanceState::Terminated))
+    }
+
+    async fn instance_shutdown(&self, lookup: &pb::InstanceLookup) -> Result<Option<bool>> {
+        self.cloud.api_call("InstanceShutdown").await?;
+        Ok(self
+            .cloud
+            .instance(lookup)?
+            .filter(|m| m.state() != pb::InstanceState::Terminated)
+            .map(|m| m.state() == pb::InstanceState::Stopped))
+    }
+
+    async fn batch_instance_metadata(&self, lookups: &[pb::InstanceLookup]) -> Result<Vec<Result<Option<pb::InstanceMetadata>>>> {
+        self.cloud.api_call("BatchInstanceMetadata").await?;
+        Ok(lookups.iter().map(|l| self.cloud.instance(l)).collect())
+    }
+}
+
+#[tonic::async_trait]
+impl ccm_provider_sdk::Tags for SimProvider {
+    async fn instance_tags(&self, lookup: &pb::InstanceLookup) -> Result<Option<HashMap<String, String>>> {
+        self.cloud.api_call("GetInstanceTags").await?;
+        self.cloud.instance_tags(lookup)
+    }
+
+    async fn batch_instance_tags(&self, lookups: &[pb::InstanceLookup]) -> Result<Vec<Result<Option<HashMap<String, String>>>>> {
+        self.cloud.api_call("BatchGetInstanceTags").await?;
+        Ok(lookups.iter().map(|l| self.cloud.instance_tags(l)).collect())
+    }
+}
+
+#[tonic::async_trait]
+impl ccm_provider_sdk::Routes for SimProvider {
+    fn capabilities(&self) -> pb::RoutesCapabilities {
+        self.cloud.route_capabilities()
+    }
+
+    async fn list_route_tables(&self, page: &PageRequest) -> Result<Page<pb::RouteTable>> {
+        self.cloud.api_call("ListRouteTables").await?;
+        paginate(self.cloud.route_tables(), |t| t.id.as_str(), page)
+    }
+
+    async fn list_routes(&self, cluster_name: &str, table_id: &str, page: &PageRequest) -> Result<Page<pb::Route>> {
+        self.cloud.api_call("ListRoutes").await?;
+        paginate(self.cloud.routes(cluster_name, table_id)?, |r| r.name.as_str(), page)
+    }
+
+    async fn create_route(&self, cluster_name: &str, route: pb::Route) -> Result<pb::Route> {
+        self.cloud.api_call("CreateRoute").await?;
+        self.cloud.create_route(cluster_name, route)
+    }
+
+    async fn delete_route(&self, cluster_name: &str, table_id: &str, name: &str) -> Result<()> {
+        self.cloud.api_call("DeleteRoute").await?;
+        self.cloud.delete_route(cluster_name, table_id, name)
+    }
+
+    async fn resolve_route_tables(&self, targets: &[pb::RouteTarget]) -> Result<Vec<Result<Vec<String>>>> {
+        self.cloud.api_call("ResolveRouteTables").await?;
+        Ok(targets.iter().map(|t| self.cloud.tables_for(t)).collect())
+    }
+}
+
+#[tonic::async_trait]
+impl ccm_provider_sdk::LoadBalancers for SimProvider {
+    fn capabilities(&self) -> pb::LoadBalancersCapabilities {
+        self.cloud.load_balancer_capabilities()
+    }
+
+    async fn get_load_balancer(&self, service: &pb::LoadBalancerService) -> Result<Option<pb::LoadBalancerStatus>> {
+        self.cloud.api_call("GetLoadBalancer").await?;
+        Ok(self.cloud.load_balancer(&service.load_balancer_name))
+    }
+
+    async fn ensure_load_balancer(
+        &self,
+        service: &pb::LoadBalancerService,
+        nodes: &[pb::LoadBalancerNode],
+    ) -> Result<pb::LoadBalancerStatus> {
+        self.cloud.api_call("EnsureLoadBalancer").await?;
+        self.cloud.ensure_load_balancer(service, nodes)
+    }
+
+    async fn update_load_balancer_hosts(&self, service: &pb::LoadBalancerService, nodes: &[pb::LoadBalancerNode]) -> Result<()> {
+        self.cloud.api_call("UpdateLoadBalancerHosts").await?;
+        self.cloud.update_load_balancer_hosts(&service.load_balancer_name, nodes)
+    }
+
+    async fn ensure_load_balancer_deleted(&self, service: &pb::LoadBalancerService) -> Result<()> {
+        self.cloud.api_call("EnsureLoadBalancerDeleted").await?;
+        self.cloud.delete_load_balancer(&service.load_balancer_name);
+        Ok(())
+    }
+}
+
+#[tonic::async_trait]
+impl ccm_provider_sdk::NodeMetadata for SimProvider {
+    async fn node_metadata(&self) -> Result<pb::InstanceMetadata> {
+        // The link-local metadata service: not the cloud API, so no rate limit or latency.
+        self.cloud.node_metadata()
+    }
+}
