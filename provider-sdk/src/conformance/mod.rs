@@ -1,1 +1,118 @@
-pub fn placeholder() {}
+//! The conformance suite: checks any cloudprovider.v1 endpoint, in any language, over the
+//! wire. It reads the plugin's capabilities, skips what is not advertised, creates only
+//! objects named after its own run id (in a cluster of its own), cleans them up, and reports
+//! one result per check.
+//!
+//! Use it as a library ([`run`]) or as the `ccm-conformance` binary.
+
+mod checks;
+
+use std::fmt;
+use std::time::Duration;
+
+/// How to run the suite.
+#[derive(Debug, Clone)]
+pub struct Options {
+    /// The endpoint: `unix:///path/provider.sock` or `http://host:port`.
+    pub endpoint: String,
+    /// The deadline of each call.
+    pub call_timeout: Duration,
+    /// How long to wait for a write to show in reads (eventually consistent clouds).
+    pub consistency_timeout: Duration,
+    /// Run the quota check when a table holds at most this many routes (it fills the table).
+    pub max_quota_to_fill: u32,
+}
+
+impl Options {
+    /// Defaults for `endpoint`: 10 s per call, 10 s for consistency, quotas up to 64 filled.
+    pub fn new(endpoint: impl Into<String>) -> Self {
+        Self {
+            endpoint: endpoint.into(),
+            call_timeout: Duration::from_secs(10),
+            consistency_timeout: Duration::from_secs(10),
+            max_quota_to_fill: 64,
+        }
+    }
+}
+
+/// The outcome of one check.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Outcome {
+    /// It held.
+    Pass,
+    /// It did not, and why.
+    Fail(String),
+    /// It did not apply, and why.
+    Skip(String),
+}
+
+/// One check's result.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CheckResult {
+    /// The check's name, like `instances.exists-unknown`.
+    pub name: String,
+    /// What happened.
+    pub outcome: Outcome,
+}
+
+impl fmt::Display for CheckResult {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match &self.outcome {
+            Outcome::Pass => write!(f, "PASS {}", self.name),
+            Outcome::Fail(why) => write!(f, "FAIL {}: {why}", self.name),
+            Outcome::Skip(why) => write!(f, "SKIP {}: {why}", self.name),
+        }
+    }
+}
+
+/// All results of a run.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Report {
+    /// In the order run.
+    pub results: Vec<CheckResult>,
+}
+
+impl Report {
+    /// How many passed.
+    pub fn passed(&self) -> usize {
+        self.results.iter().filter(|r| r.outcome == Outcome::Pass).count()
+    }
+
+    /// How many failed.
+    pub fn failed(&self) -> usize {
+        self.results.iter().filter(|r| matches!(r.outcome, Outcome::Fail(_))).count()
+    }
+
+    /// How many were skipped.
+    pub fn skipped(&self) -> usize {
+        self.results.iter().filter(|r| matches!(r.outcome, Outcome::Skip(_))).count()
+    }
+
+    /// The outcome of a check by name.
+    pub fn outcome(&self, name: &str) -> Option<&Outcome> {
+        self.results.iter().find(|r| r.name == name).map(|r| &r.outcome)
+    }
+
+    /// The summary line: `N passed, M failed` and `, K skipped` when some were.
+    pub fn summary(&self) -> String {
+        let mut line = format!("{} passed, {} failed", self.passed(), self.failed());
+        if self.skipped() > 0 {
+            line.push_str(&format!(", {} skipped", self.skipped()));
+        }
+        line
+    }
+}
+
+/// Errors that stop the suite before any check can run.
+#[derive(Debug, thiserror::Error)]
+pub enum RunError {
+    /// The endpoint cannot be reached.
+    #[error(transparent)]
+    Connect(#[from] crate::client::ClientError),
+}
+
+/// Runs every check against `options.endpoint`, calling `on_result` as each finishes.
+pub async fn run(options: &Options, on_result: impl FnMut(&CheckResult)) -> Result<Report, RunError> {
+    let channel = crate::client::connect(&options.endpoint).await?;
+    Ok(checks::Suite::new(channel, options.clone(), on_result).run().await)
+}

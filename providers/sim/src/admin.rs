@@ -123,7 +123,9 @@ async fn reset_calls(State(a): Shared) -> StatusCode {
 async fn add_instance(State(a): Shared, Json(spec): Json<InstanceSpec>) -> Result<Json<serde_json::Value>, AdminError> {
     let delay = std::time::Duration::from_millis(a.cloud.consistency_delay_ms());
     let m = a.cloud.add_instance(spec, delay).map_err(AdminError)?;
-    Ok(Json(serde_json::json!({ "provider_id": m.provider_id, "addresses": m.addresses.iter().map(|a| a.address.clone()).collect::<Vec<_>>() })))
+    Ok(Json(
+        serde_json::json!({ "provider_id": m.provider_id, "addresses": m.addresses.iter().map(|a| a.address.clone()).collect::<Vec<_>>() }),
+    ))
 }
 
 async fn instance_action(State(a): Shared, Path((id, action)): Path<(String, String)>) -> Result<StatusCode, AdminError> {
@@ -165,13 +167,18 @@ async fn set_api(State(a): Shared, Json(api): Json<ApiConfig>) -> StatusCode {
 async fn metrics(State(a): Shared) -> Response {
     let mut text = String::new();
     match prometheus_client::encoding::text::encode(&mut text, &a.registry) {
-        Ok(()) => ([(axum::http::header::CONTENT_TYPE, "application/openmetrics-text; version=1.0.0; charset=utf-8")], text).into_response(),
+        Ok(()) => ([(axum::http::header::CONTENT_TYPE, "application/openmetrics-text; version=1.0.0; charset=utf-8")], text)
+            .into_response(),
         Err(e) => (StatusCode::INTERNAL_SERVER_ERROR, e.to_string()).into_response(),
     }
 }
 
 /// Serves the admin API on `listen` until `shutdown` resolves.
-pub async fn serve(admin: Arc<Admin>, listen: &Listen, shutdown: impl Future<Output = ()> + Send + 'static) -> anyhow::Result<()> {
+pub async fn serve(
+    admin: Arc<Admin>,
+    listen: &Listen,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> anyhow::Result<()> {
     use anyhow::Context;
     let app = router(admin);
     match listen {

@@ -47,7 +47,11 @@ impl Calls {
     /// The counters, sorted by method and code.
     pub fn counts(&self) -> Vec<CallCount> {
         let inner = self.inner.lock().unwrap_or_else(|p| p.into_inner());
-        inner.0.iter().map(|((method, code), count)| CallCount { method: method.clone(), code: code.clone(), count: *count }).collect()
+        inner
+            .0
+            .iter()
+            .map(|((method, code), count)| CallCount { method: method.clone(), code: code.clone(), count: *count })
+            .collect()
     }
 
     /// The logged calls, oldest first.

@@ -32,11 +32,13 @@ impl AdminClient {
             .header("content-type", "application/json")
             .body(Full::new(Bytes::from(body)))?;
         let response = if let Some(socket) = self.address.strip_prefix("unix://") {
-            let stream = tokio::net::UnixStream::connect(socket).await.with_context(|| format!("connecting to {}", self.address))?;
+            let stream =
+                tokio::net::UnixStream::connect(socket).await.with_context(|| format!("connecting to {}", self.address))?;
             send(stream, request).await?
         } else {
             let hostport = self.address.trim_start_matches("http://").trim_start_matches("tcp://");
-            let stream = tokio::net::TcpStream::connect(hostport).await.with_context(|| format!("connecting to {}", self.address))?;
+            let stream =
+                tokio::net::TcpStream::connect(hostport).await.with_context(|| format!("connecting to {}", self.address))?;
             send(stream, request).await?
         };
         let status = response.status();

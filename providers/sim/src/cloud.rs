@@ -475,7 +475,8 @@ impl Cloud {
             .map(|(_, r)| {
                 let mut route = r.route.clone();
                 let target = route.target.clone().unwrap_or_default();
-                let lookup = pb::InstanceLookup { provider_id: target.provider_id, node_name: target.node_name, ..Default::default() };
+                let lookup =
+                    pb::InstanceLookup { provider_id: target.provider_id, node_name: target.node_name, ..Default::default() };
                 let alive = matches!(self.find(&world, &lookup), Ok(Some((_, s))) if s != State::Terminated);
                 route.blackhole = !alive;
                 route
@@ -557,8 +558,11 @@ impl Cloud {
     /// The tables a target's routes go to: those listing its zone, or listing no zones.
     pub fn tables_for(&self, target: &pb::RouteTarget) -> Result<Vec<String>> {
         let world = self.world();
-        let lookup =
-            pb::InstanceLookup { provider_id: target.provider_id.clone(), node_name: target.node_name.clone(), ..Default::default() };
+        let lookup = pb::InstanceLookup {
+            provider_id: target.provider_id.clone(),
+            node_name: target.node_name.clone(),
+            ..Default::default()
+        };
         let (instance, _) = self
             .find(&world, &lookup)?
             .ok_or_else(|| Error::not_found(format!("instance of {} ({}) not found", target.node_name, target.provider_id)))?;
@@ -604,8 +608,12 @@ impl Cloud {
     }
 
     fn allocate(world: &World, requested: &str, replacing: &str) -> Result<IpAddr> {
-        let taken: Vec<IpAddr> =
-            world.load_balancers.iter().filter(|(n, lb)| lb.exists.current && n.as_str() != replacing).map(|(_, lb)| lb.ip).collect();
+        let taken: Vec<IpAddr> = world
+            .load_balancers
+            .iter()
+            .filter(|(n, lb)| lb.exists.current && n.as_str() != replacing)
+            .map(|(_, lb)| lb.ip)
+            .collect();
         if !requested.is_empty() {
             let ip: IpAddr = requested.parse().map_err(|_| Error::invalid_argument(format!("{requested:?} is not an IP")))?;
             if !world.pool.iter().any(|n| n.contains(&ip)) {
@@ -625,7 +633,11 @@ impl Cloud {
     }
 
     /// Creates or updates a load balancer. Its address stays unless the requested IP changes.
-    pub fn ensure_load_balancer(&self, service: &pb::LoadBalancerService, nodes: &[pb::LoadBalancerNode]) -> Result<pb::LoadBalancerStatus> {
+    pub fn ensure_load_balancer(
+        &self,
+        service: &pb::LoadBalancerService,
+        nodes: &[pb::LoadBalancerNode],
+    ) -> Result<pb::LoadBalancerStatus> {
         let delay = self.delay();
         let mut world = self.world();
         let mut node_names: Vec<String> = nodes.iter().map(|n| n.name.clone()).collect();
