@@ -26,10 +26,13 @@ pub struct CallRecord {
     pub micros: u64,
 }
 
+/// Counters by (method, code), and the log.
+type Tally = (BTreeMap<(String, String), u64>, VecDeque<CallRecord>);
+
 /// Counters and log of calls.
 #[derive(Debug, Default)]
 pub struct Calls {
-    inner: Mutex<(BTreeMap<(String, String), u64>, VecDeque<CallRecord>)>,
+    inner: Mutex<Tally>,
 }
 
 /// Counters as the admin API shows them.

@@ -755,3 +755,99 @@ fn fault_error(code: FaultCode, method: &str) -> Error {
         FaultCode::DeadlineExceeded => Error::DeadlineExceeded { message: format!("{method}: injected fault") },
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::LoadBalancerConfig;
+
+    fn cloud(max_routes: u32, pool: &str) -> Cloud {
+        let mut config = Config::default();
+        config.route_tables[0].max_routes = max_routes;
+        config.load_balancers = LoadBalancerConfig { address_pool: vec![pool.into()], ..Default::default() };
+        for i in 1..=3 {
+            config.instances.push(InstanceSpec {
+                id: format!("i-{i}"),
+                name: format!("node-{i}"),
+                zone: "z".into(),
+                instance_type: "t".into(),
+                state: State::Running,
+                addresses: Vec::new(),
+                tags: Default::default(),
+            });
+        }
+        Cloud::new(&config).expect("cloud")
+    }
+
+    fn route(name: &str, node: &str, cidr: &str) -> pb::Route {
+        pb::Route {
+            name: name.into(),
+            target: Some(pb::RouteTarget { node_name: node.into(), provider_id: String::new() }),
+            destination_cidr: cidr.into(),
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn route_quota_is_a_quota_not_a_rate_limit() {
+        let c = cloud(2, "203.0.113.0/30");
+        c.create_route("k", route("a", "node-1", "10.244.1.0/24")).expect("a");
+        c.create_route("k", route("b", "node-2", "10.244.2.0/24")).expect("b");
+        let err = c.create_route("k", route("c", "node-3", "10.244.3.0/24")).expect_err("full");
+        assert!(matches!(err, Error::QuotaExceeded { .. }), "{err:?}");
+        // Deleting frees room.
+        c.delete_route("k", "", "a").expect("delete");
+        c.create_route("k", route("c", "node-3", "10.244.3.0/24")).expect("c fits now");
+    }
+
+    #[test]
+    fn routes_to_gone_instances_are_blackholes_and_targets_must_live() {
+        let c = cloud(0, "203.0.113.0/30");
+        c.create_route("k", route("a", "node-1", "10.244.1.0/24")).expect("a");
+        c.set_instance_state("i-1", State::Terminated).expect("terminate");
+        let routes = c.routes("k", "").expect("list");
+        assert!(routes[0].blackhole);
+        let err = c.create_route("k", route("b", "node-1", "10.244.9.0/24")).expect_err("dead target");
+        assert_eq!(err.code(), tonic::Code::FailedPrecondition);
+        // Other clusters' listings never show it.
+        assert!(c.routes("other", "").expect("list").is_empty());
+    }
+
+    #[test]
+    fn one_route_per_destination() {
+        let c = cloud(0, "203.0.113.0/30");
+        c.create_route("k", route("a", "node-1", "10.244.1.0/24")).expect("a");
+        let err = c.create_route("other", route("x", "node-2", "10.244.1.0/24")).expect_err("same destination");
+        assert_eq!(err.code(), tonic::Code::AlreadyExists);
+    }
+
+    fn service(name: &str, requested_ip: &str) -> pb::LoadBalancerService {
+        pb::LoadBalancerService {
+            namespace: "ns".into(),
+            name: name.into(),
+            load_balancer_name: format!("lb-{name}"),
+            requested_ip: requested_ip.into(),
+            ports: vec![pb::ServicePort { port: 80, protocol: pb::Protocol::Tcp as i32, ..Default::default() }],
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn load_balancer_addresses_come_from_the_pool() {
+        // A /30 has two usable hosts.
+        let c = cloud(0, "203.0.113.0/30");
+        let a = c.ensure_load_balancer(&service("a", ""), &[]).expect("a");
+        assert_eq!(a.ingress[0].ip, "203.0.113.1");
+        c.ensure_load_balancer(&service("b", "203.0.113.2"), &[]).expect("requested");
+        let err = c.ensure_load_balancer(&service("c", ""), &[]).expect_err("pool empty");
+        assert!(matches!(err, Error::QuotaExceeded { .. }));
+        let err = c.ensure_load_balancer(&service("d", "198.51.100.1"), &[]).expect_err("not ours");
+        assert_eq!(err.code(), tonic::Code::FailedPrecondition);
+        // Ensure again keeps the address; delete frees it.
+        assert_eq!(c.ensure_load_balancer(&service("a", ""), &[]).expect("again").ingress[0].ip, "203.0.113.1");
+        c.delete_load_balancer("lb-a");
+        assert_eq!(c.ensure_load_balancer(&service("c", ""), &[]).expect("c").ingress[0].ip, "203.0.113.1");
+        let err = c.update_load_balancer_hosts("lb-a", &[]).expect_err("gone");
+        assert_eq!(err.code(), tonic::Code::NotFound);
+    }
+}
