@@ -22,9 +22,9 @@ pub mod server;
 pub mod validate;
 
 pub use ccm_proto::v1 as proto;
-/// The attribute for implementing the provider traits: `#[ccm_provider_sdk::async_trait]`.
-pub use tonic::async_trait;
 pub use error::{Error, Result, reason};
 pub use page::{Page, PageRequest, paginate};
 pub use provider::{Instances, LoadBalancers, NodeMetadata, Probe, Readiness, Routes, Tags};
 pub use server::{CallObserver, Listen, ProviderServer};
+/// The attribute for implementing the provider traits: `#[ccm_provider_sdk::async_trait]`.
+pub use tonic::async_trait;

@@ -42,9 +42,16 @@ echo "setup.sh: building kube-apiserver, etcd and kubectl $version into $out (se
 (
   cd "$here"
   export GOTOOLCHAIN=local CGO_ENABLED=0 GOFLAGS=-mod=mod
+  # Stamp the release into the binaries, as the release build does (otherwise they report
+  # v0.0.0-master to clients).
+  minor=$(echo "$version" | cut -d. -f2)
+  ldflags="-s -w"
+  for pkg in k8s.io/component-base/version k8s.io/client-go/pkg/version; do
+    ldflags="$ldflags -X $pkg.gitVersion=$version -X $pkg.gitMajor=1 -X $pkg.gitMinor=$minor -X $pkg.gitTreeState=clean"
+  done
   for b in kube-apiserver etcd kubectl; do
     start=$(date +%s)
-    go build -trimpath -ldflags="-s -w" -o "$out.partial/$b" "./cmd/$b"
+    go build -trimpath -ldflags="$ldflags" -o "$out.partial/$b" "./cmd/$b"
     echo "setup.sh: built $b in $(( $(date +%s) - start ))s" >&2
   done
 )

@@ -1,0 +1,55 @@
+//! Finding the control plane binaries: envtest's variables first, else the binaries that
+//! `envtest/setup.sh` builds from Go modules and caches outside the repository.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use anyhow::{Context, bail};
+
+/// The binaries a control plane needs.
+#[derive(Debug, Clone)]
+pub struct Assets {
+    /// kube-apiserver.
+    pub kube_apiserver: PathBuf,
+    /// etcd.
+    pub etcd: PathBuf,
+    /// kubectl.
+    pub kubectl: PathBuf,
+}
+
+impl Assets {
+    /// Finds the binaries: `TEST_ASSET_KUBE_APISERVER`, `TEST_ASSET_ETCD` and
+    /// `TEST_ASSET_KUBECTL` when all are set, else `KUBEBUILDER_ASSETS`, else the directory
+    /// `tests/envtest/setup.sh` prints (building the binaries on first use).
+    pub fn find() -> anyhow::Result<Self> {
+        let var = |name: &str| std::env::var_os(name).filter(|v| !v.is_empty()).map(PathBuf::from);
+        if let (Some(kube_apiserver), Some(etcd), Some(kubectl)) =
+            (var("TEST_ASSET_KUBE_APISERVER"), var("TEST_ASSET_ETCD"), var("TEST_ASSET_KUBECTL"))
+        {
+            return Self { kube_apiserver, etcd, kubectl }.checked();
+        }
+        if let Some(dir) = var("KUBEBUILDER_ASSETS") {
+            return Self::in_dir(&dir).checked();
+        }
+        let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("envtest/setup.sh");
+        let out = Command::new("bash").arg(&script).output().with_context(|| format!("running {}", script.display()))?;
+        if !out.status.success() {
+            bail!("{} failed: {}", script.display(), String::from_utf8_lossy(&out.stderr));
+        }
+        let dir = String::from_utf8(out.stdout).context("setup.sh printed a non-UTF-8 path")?;
+        Self::in_dir(Path::new(dir.trim())).checked()
+    }
+
+    fn in_dir(dir: &Path) -> Self {
+        Self { kube_apiserver: dir.join("kube-apiserver"), etcd: dir.join("etcd"), kubectl: dir.join("kubectl") }
+    }
+
+    fn checked(self) -> anyhow::Result<Self> {
+        for path in [&self.kube_apiserver, &self.etcd, &self.kubectl] {
+            if !path.is_file() {
+                bail!("control plane binary {} does not exist", path.display());
+            }
+        }
+        Ok(self)
+    }
+}

@@ -1,0 +1,275 @@
+//! A real etcd and kube-apiserver on loopback, started from the binaries [`Assets`] finds.
+//!
+//! Everything lives in one temporary directory (data, certificates, logs, kubeconfig) that
+//! goes away with the processes. [`ControlPlane`] stops both processes when dropped, also on
+//! a panic; and a watchdog process stops them and removes the directory when the test process
+//! itself dies without dropping it (as a `static` shared control plane never is).
+
+use std::net::TcpListener;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, bail};
+use kube::config::{KubeConfigOptions, Kubeconfig};
+
+use crate::assets::Assets;
+use crate::pki::{Ca, Pem, service_account_key};
+
+/// The service CIDR the API server allocates ClusterIPs from.
+pub const SERVICE_CLUSTER_IP_RANGE: &str = "10.96.0.0/16";
+
+/// A running etcd and kube-apiserver.
+pub struct ControlPlane {
+    dir: tempfile::TempDir,
+    etcd: Child,
+    apiserver: Child,
+    watchdog: Option<Child>,
+    ca: Ca,
+    server: String,
+    kubeconfig: PathBuf,
+    kubectl: PathBuf,
+    /// How long start-up took, for the record.
+    pub startup: Duration,
+}
+
+fn free_port() -> anyhow::Result<u16> {
+    Ok(TcpListener::bind("127.0.0.1:0").context("finding a free port")?.local_addr()?.port())
+}
+
+/// The log's error and fatal lines (klog's `E`/`F` prefixes, or etcd's `"level":"error"`),
+/// else its last lines: what a reader needs to see why a process died.
+fn tail(path: &Path, lines: usize) -> String {
+    let text = std::fs::read_to_string(path).unwrap_or_default();
+    let all: Vec<&str> = text.lines().collect();
+    let errors: Vec<&str> = all
+        .iter()
+        .copied()
+        .filter(|l| {
+            l.starts_with('E') || l.starts_with('F') || l.contains("\"level\":\"error\"") || l.contains("\"level\":\"fatal\"")
+        })
+        .collect();
+    let chosen = if errors.is_empty() { &all } else { &errors };
+    chosen[chosen.len().saturating_sub(lines)..].join("\n")
+}
+
+fn kubeconfig_yaml(server: &str, ca: &str, client: &Pem, user: &str) -> String {
+    use base64::Engine as _;
+    let b64 = |bytes: &[u8]| base64::engine::general_purpose::STANDARD.encode(bytes);
+    format!(
+        "apiVersion: v1\nkind: Config\nclusters:\n- name: e2e\n  cluster:\n    server: {server}\n    certificate-authority-data: {}\n\
+         users:\n- name: {user}\n  user:\n    client-certificate-data: {}\n    client-key-data: {}\n\
+         contexts:\n- name: e2e\n  context:\n    cluster: e2e\n    user: {user}\ncurrent-context: e2e\n",
+        b64(ca.as_bytes()),
+        b64(client.cert.as_bytes()),
+        b64(client.key.as_bytes()),
+    )
+}
+
+impl ControlPlane {
+    /// Starts etcd and kube-apiserver on free loopback ports and waits until `/readyz` is ok.
+    pub fn start() -> anyhow::Result<Self> {
+        let assets = Assets::find()?;
+        let mut last = None;
+        // A free port can be taken between finding and binding it: retry with new ports.
+        for _ in 0..3 {
+            match Self::try_start(&assets) {
+                Ok(cp) => return Ok(cp),
+                Err(e) => last = Some(e),
+            }
+        }
+        Err(last.unwrap_or_else(|| anyhow::anyhow!("control plane did not start")))
+    }
+
+    fn try_start(assets: &Assets) -> anyhow::Result<Self> {
+        let begin = Instant::now();
+        let dir = tempfile::Builder::new().prefix("ccm-e2e-").tempdir().context("creating the control plane directory")?;
+        let path = |name: &str| dir.path().join(name);
+        let write = |name: &str, text: &str| std::fs::write(path(name), text).with_context(|| format!("writing {name}"));
+
+        let ca = Ca::new()?;
+        let serving = ca.serving()?;
+        let admin = ca.client("ccm-e2e-admin", Some("system:masters"))?;
+        write("ca.crt", ca.cert_pem())?;
+        write("apiserver.crt", &serving.cert)?;
+        write("apiserver.key", &serving.key)?;
+        let (sa_key, sa_pub) = service_account_key()?;
+        write("sa.key", &sa_key)?;
+        write("sa.pub", &sa_pub)?;
+
+        let (etcd_port, peer_port, api_port) = (free_port()?, free_port()?, free_port()?);
+        let etcd_url = format!("http://127.0.0.1:{etcd_port}");
+        let peer_url = format!("http://127.0.0.1:{peer_port}");
+        let etcd_log = std::fs::File::create(path("etcd.log"))?;
+        let etcd = Command::new(&assets.etcd)
+            .args(["--name", "e2e", "--data-dir"])
+            .arg(path("etcd"))
+            .args(["--listen-client-urls", &etcd_url, "--advertise-client-urls", &etcd_url])
+            .args(["--listen-peer-urls", &peer_url, "--initial-advertise-peer-urls", &peer_url])
+            .args(["--initial-cluster", &format!("e2e={peer_url}")])
+            .args(["--unsafe-no-fsync", "--log-level", "warn", "--quota-backend-bytes", "4294967296"])
+            .stdin(Stdio::null())
+            .stdout(etcd_log.try_clone()?)
+            .stderr(etcd_log)
+            .spawn()
+            .with_context(|| format!("starting {}", assets.etcd.display()))?;
+
+        let api_log = std::fs::File::create(path("kube-apiserver.log"))?;
+        let apiserver = Command::new(&assets.kube_apiserver)
+            .args(["--etcd-servers", &etcd_url])
+            .arg(format!("--cert-dir={}", path("certs").display()))
+            .arg(format!("--secure-port={api_port}"))
+            // No kubelets and no real "kubernetes" Service endpoints: loopback only.
+            .args(["--bind-address=127.0.0.1", "--advertise-address=127.0.0.1", "--endpoint-reconciler-type=none"])
+            .arg(format!("--service-cluster-ip-range={SERVICE_CLUSTER_IP_RANGE}"))
+            .arg("--authorization-mode=RBAC")
+            .arg("--service-account-issuer=https://kubernetes.default.svc.cluster.local")
+            .arg(format!("--service-account-key-file={}", path("sa.pub").display()))
+            .arg(format!("--service-account-signing-key-file={}", path("sa.key").display()))
+            .arg(format!("--client-ca-file={}", path("ca.crt").display()))
+            .arg(format!("--tls-cert-file={}", path("apiserver.crt").display()))
+            .arg(format!("--tls-private-key-file={}", path("apiserver.key").display()))
+            .arg("--disable-admission-plugins=ServiceAccount")
+            .arg("--allow-privileged=true")
+            .arg("--v=0")
+            .stdin(Stdio::null())
+            .stdout(api_log.try_clone()?)
+            .stderr(api_log)
+            .spawn()
+            .with_context(|| format!("starting {}", assets.kube_apiserver.display()))?;
+
+        let server = format!("https://127.0.0.1:{api_port}");
+        let kubeconfig = path("admin.kubeconfig");
+        write("admin.kubeconfig", &kubeconfig_yaml(&server, ca.cert_pem(), &admin, "ccm-e2e-admin"))?;
+
+        let watchdog = Self::watchdog(&[etcd.id(), apiserver.id()], dir.path()).ok();
+        let mut cp = Self {
+            dir,
+            etcd,
+            apiserver,
+            watchdog,
+            ca,
+            server,
+            kubeconfig,
+            kubectl: assets.kubectl.clone(),
+            startup: Duration::ZERO,
+        };
+        cp.wait_ready(Duration::from_secs(90))?;
+        cp.startup = begin.elapsed();
+        Ok(cp)
+    }
+
+    /// A shell that outlives this process only to stop its control plane: it polls this
+    /// process and, once it is gone, kills etcd and kube-apiserver and removes the directory.
+    fn watchdog(pids: &[u32], dir: &Path) -> anyhow::Result<Child> {
+        let pids = pids.iter().map(u32::to_string).collect::<Vec<_>>().join(" ");
+        let script = format!(
+            "while kill -0 {me} 2>/dev/null; do sleep 1; done; kill -TERM {pids} 2>/dev/null; sleep 2; kill -KILL {pids} 2>/dev/null; rm -rf '{dir}'",
+            me = std::process::id(),
+            dir = dir.display()
+        );
+        Command::new("sh")
+            .args(["-c", &script])
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .context("starting the control plane watchdog")
+    }
+
+    fn wait_ready(&mut self, timeout: Duration) -> anyhow::Result<()> {
+        let deadline = Instant::now() + timeout;
+        loop {
+            if let Some(status) = self.etcd.try_wait()? {
+                bail!("etcd exited with {status}:\n{}", tail(&self.dir.path().join("etcd.log"), 20));
+            }
+            if let Some(status) = self.apiserver.try_wait()? {
+                bail!("kube-apiserver exited with {status}:\n{}", tail(&self.dir.path().join("kube-apiserver.log"), 30));
+            }
+            let out = self.kubectl(&["get", "--raw", "/readyz"]).output()?;
+            if out.status.success() && String::from_utf8_lossy(&out.stdout).trim() == "ok" {
+                return Ok(());
+            }
+            if Instant::now() >= deadline {
+                bail!(
+                    "kube-apiserver not ready after {timeout:?}: {}\n{}",
+                    String::from_utf8_lossy(&out.stderr),
+                    tail(&self.dir.path().join("kube-apiserver.log"), 30)
+                );
+            }
+            std::thread::sleep(Duration::from_millis(250));
+        }
+    }
+
+    /// A `kubectl` command using the admin kubeconfig.
+    pub fn kubectl(&self, args: &[&str]) -> Command {
+        let mut cmd = Command::new(&self.kubectl);
+        cmd.arg("--kubeconfig").arg(&self.kubeconfig).args(args);
+        cmd
+    }
+
+    /// The API server's URL.
+    pub fn server(&self) -> &str {
+        &self.server
+    }
+
+    /// The admin kubeconfig (user `ccm-e2e-admin` in `system:masters`).
+    pub fn kubeconfig_path(&self) -> &Path {
+        &self.kubeconfig
+    }
+
+    /// The directory holding data, certificates and logs.
+    pub fn dir(&self) -> &Path {
+        self.dir.path()
+    }
+
+    /// An admin client. Make one per test: a client belongs to the tokio runtime it was made in.
+    pub async fn client(&self) -> anyhow::Result<kube::Client> {
+        Self::client_from(&self.kubeconfig).await
+    }
+
+    /// Writes a kubeconfig for `user` (in `group`, if any) and returns its path. The user has
+    /// no permissions until a test binds a Role or ClusterRole to it: the way to prove least
+    /// privilege.
+    pub fn kubeconfig_for(&self, user: &str, group: Option<&str>) -> anyhow::Result<PathBuf> {
+        let pem = self.ca.client(user, group)?;
+        let file: String = user.chars().map(|c| if c.is_ascii_alphanumeric() || c == '-' { c } else { '_' }).collect();
+        let path = self.dir.path().join(format!("{file}.kubeconfig"));
+        std::fs::write(&path, kubeconfig_yaml(&self.server, self.ca.cert_pem(), &pem, user))?;
+        Ok(path)
+    }
+
+    /// A client acting as `user` (in `group`, if any), with no permissions of its own.
+    pub async fn client_as(&self, user: &str, group: Option<&str>) -> anyhow::Result<kube::Client> {
+        Self::client_from(&self.kubeconfig_for(user, group)?).await
+    }
+
+    async fn client_from(path: &Path) -> anyhow::Result<kube::Client> {
+        let kubeconfig = Kubeconfig::read_from(path).with_context(|| format!("reading {}", path.display()))?;
+        let config = kube::Config::from_custom_kubeconfig(kubeconfig, &KubeConfigOptions::default()).await?;
+        Ok(kube::Client::try_from(config)?)
+    }
+
+    /// The process ids of etcd and kube-apiserver.
+    pub fn pids(&self) -> [u32; 2] {
+        [self.etcd.id(), self.apiserver.id()]
+    }
+
+    /// Stops both processes now (also done on drop).
+    pub fn stop(&mut self) {
+        for child in [&mut self.apiserver, &mut self.etcd] {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+        if let Some(mut w) = self.watchdog.take() {
+            let _ = w.kill();
+            let _ = w.wait();
+        }
+    }
+}
+
+impl Drop for ControlPlane {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}

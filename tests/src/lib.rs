@@ -1,0 +1,27 @@
+//! # ccm-e2e: end-to-end test support
+//!
+//! Starts a real etcd and kube-apiserver on loopback ([`ControlPlane`]), built from Go modules
+//! by `envtest/setup.sh` or taken from envtest's variables ([`Assets`]), and emulates a
+//! cluster without kubelets ([`cluster`]).
+//!
+//! One control plane is shared by all tests of a test binary ([`shared`]): measured here, a
+//! start costs seconds, so one per test would dominate the run; tests isolate themselves with
+//! a namespace and a Node-name prefix each ([`cluster::TestEnv`]).
+
+pub mod assets;
+pub mod cluster;
+pub mod control_plane;
+pub mod pki;
+
+use std::sync::OnceLock;
+
+pub use assets::Assets;
+pub use control_plane::ControlPlane;
+
+static SHARED: OnceLock<Result<ControlPlane, String>> = OnceLock::new();
+
+/// The control plane shared by every test in this process, started on first use. It is never
+/// dropped: its watchdog stops it and removes its directory when the process exits.
+pub fn shared() -> anyhow::Result<&'static ControlPlane> {
+    SHARED.get_or_init(|| ControlPlane::start().map_err(|e| format!("{e:#}"))).as_ref().map_err(|e| anyhow::anyhow!("{e}"))
+}

@@ -1,0 +1,6 @@
+//! End-to-end tests against a real kube-apiserver and etcd. One test binary (each binary
+//! links kube, tonic and the rest: minutes on 2 cores) with a module per area; one control
+//! plane shared by all its tests, each isolated by namespace and Node-name prefix.
+
+mod harness;
+mod smoke;
