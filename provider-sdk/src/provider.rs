@@ -38,6 +38,12 @@ pub trait Instances: Send + Sync + 'static {
         InstancesCapabilities::default()
     }
 
+    /// How long the core may trust metadata, tags of instances and listings before asking
+    /// again (the `cache_ttl` hint of every Instances answer). `None`: no hint.
+    fn cache_ttl(&self) -> Option<std::time::Duration> {
+        None
+    }
+
     /// The instance, or `Ok(None)` when the cloud positively says it is not there. Never
     /// `Ok(None)` for a failure to ask. The lookup has a provider ID or a node name.
     async fn instance_metadata(&self, lookup: &InstanceLookup) -> Result<Option<InstanceMetadata>>;
@@ -72,6 +78,11 @@ pub trait Instances: Send + Sync + 'static {
 /// TagsService.
 #[tonic::async_trait]
 pub trait Tags: Send + Sync + 'static {
+    /// How long the core may trust an instance's tags (the `cache_ttl` hint). `None`: no hint.
+    fn cache_ttl(&self) -> Option<std::time::Duration> {
+        None
+    }
+
     /// The instance's tags, or `Ok(None)` when it does not exist.
     async fn instance_tags(&self, lookup: &InstanceLookup) -> Result<Option<HashMap<String, String>>>;
 
@@ -93,6 +104,11 @@ pub trait Routes: Send + Sync + 'static {
     /// Optional features.
     fn capabilities(&self) -> RoutesCapabilities {
         RoutesCapabilities::default()
+    }
+
+    /// How long the core may trust a ListRoutes answer (the `cache_ttl` hint). `None`: no hint.
+    fn cache_ttl(&self) -> Option<std::time::Duration> {
+        None
     }
 
     /// One page of route tables.

@@ -138,6 +138,10 @@ pub trait CallObserver: Send + Sync + 'static {
     fn observe(&self, method: &'static str, code: Code, elapsed: Duration);
 }
 
+fn cache_hint(ttl: Option<Duration>) -> Option<prost_types::Duration> {
+    ttl.and_then(|d| prost_types::Duration::try_from(d).ok())
+}
+
 /// Checks a plugin name: 1 to 63 of `[a-z0-9.-]`, starting with a letter, ending with a
 /// letter or digit.
 pub fn valid_plugin_name(name: &str) -> bool {
@@ -332,16 +336,19 @@ impl ProviderServer {
             tonic::transport::Server::builder().add_service(health_service).add_service(IdentityServiceServer::new(identity));
         if let Some(inner) = self.instances {
             health.set_serving::<InstancesServiceServer<InstancesAdapter>>().await;
-            router = router.add_service(InstancesServiceServer::new(InstancesAdapter { inner, obs: obs.clone() }));
+            let ttl = cache_hint(inner.cache_ttl());
+            router = router.add_service(InstancesServiceServer::new(InstancesAdapter { inner, ttl, obs: obs.clone() }));
         }
         if let Some(inner) = self.tags {
             health.set_serving::<TagsServiceServer<TagsAdapter>>().await;
-            router = router.add_service(TagsServiceServer::new(TagsAdapter { inner, obs: obs.clone() }));
+            let ttl = cache_hint(inner.cache_ttl());
+            router = router.add_service(TagsServiceServer::new(TagsAdapter { inner, ttl, obs: obs.clone() }));
         }
         if let Some(inner) = self.routes {
             health.set_serving::<RoutesServiceServer<RoutesAdapter>>().await;
             let ipv6 = inner.capabilities().ipv6;
-            router = router.add_service(RoutesServiceServer::new(RoutesAdapter { inner, ipv6, obs: obs.clone() }));
+            let ttl = cache_hint(inner.cache_ttl());
+            router = router.add_service(RoutesServiceServer::new(RoutesAdapter { inner, ipv6, ttl, obs: obs.clone() }));
         }
         if let Some(inner) = self.load_balancers {
             health.set_serving::<LoadBalancersServiceServer<LoadBalancersAdapter>>().await;
@@ -402,6 +409,7 @@ impl IdentityService for IdentityAdapter {
 
 struct InstancesAdapter {
     inner: Arc<dyn Instances>,
+    ttl: Option<prost_types::Duration>,
     obs: Observers,
 }
 
@@ -450,7 +458,7 @@ impl InstancesService for InstancesAdapter {
             .call("InstancesService/InstanceMetadata", async {
                 let lookup = validate::lookup(req.instance.as_ref())?;
                 let metadata = existing(self.inner.instance_metadata(lookup).await?);
-                Ok(pb::InstanceMetadataResponse { exists: metadata.is_some(), metadata, cache_ttl: None })
+                Ok(pb::InstanceMetadataResponse { exists: metadata.is_some(), metadata, cache_ttl: self.ttl })
             })
             .await
     }
@@ -481,7 +489,7 @@ impl InstancesService for InstancesAdapter {
                         Err(e) => pb::InstanceMetadataResult { exists: false, metadata: None, error: Some(e.to_item_error()) },
                     })
                     .collect();
-                Ok(pb::BatchInstanceMetadataResponse { results, cache_ttl: None })
+                Ok(pb::BatchInstanceMetadataResponse { results, cache_ttl: self.ttl })
             })
             .await
     }
@@ -496,7 +504,11 @@ impl InstancesService for InstancesAdapter {
                 let page = PageRequest::new(req.page_size, req.page_token);
                 page.after()?;
                 let page = self.inner.list_instances(&page).await?;
-                Ok(pb::ListInstancesResponse { instances: page.items, next_page_token: page.next_page_token, cache_ttl: None })
+                Ok(pb::ListInstancesResponse {
+                    instances: page.items,
+                    next_page_token: page.next_page_token,
+                    cache_ttl: self.ttl,
+                })
             })
             .await
     }
@@ -506,6 +518,7 @@ impl InstancesService for InstancesAdapter {
 
 struct TagsAdapter {
     inner: Arc<dyn Tags>,
+    ttl: Option<prost_types::Duration>,
     obs: Observers,
 }
 
@@ -520,7 +533,7 @@ impl TagsService for TagsAdapter {
             .call("TagsService/GetInstanceTags", async {
                 let lookup = validate::lookup(req.instance.as_ref())?;
                 let tags = self.inner.instance_tags(lookup).await?;
-                Ok(pb::GetInstanceTagsResponse { exists: tags.is_some(), tags: tags.unwrap_or_default(), cache_ttl: None })
+                Ok(pb::GetInstanceTagsResponse { exists: tags.is_some(), tags: tags.unwrap_or_default(), cache_ttl: self.ttl })
             })
             .await
     }
@@ -551,7 +564,7 @@ impl TagsService for TagsAdapter {
                         }
                     })
                     .collect();
-                Ok(pb::BatchGetInstanceTagsResponse { results, cache_ttl: None })
+                Ok(pb::BatchGetInstanceTagsResponse { results, cache_ttl: self.ttl })
             })
             .await
     }
@@ -562,6 +575,7 @@ impl TagsService for TagsAdapter {
 struct RoutesAdapter {
     inner: Arc<dyn Routes>,
     ipv6: bool,
+    ttl: Option<prost_types::Duration>,
     obs: Observers,
 }
 
@@ -592,7 +606,7 @@ impl RoutesService for RoutesAdapter {
                 let page = PageRequest::new(req.page_size, req.page_token);
                 page.after()?;
                 let page = self.inner.list_routes(&req.cluster_name, &req.table_id, &page).await?;
-                Ok(pb::ListRoutesResponse { routes: page.items, next_page_token: page.next_page_token, cache_ttl: None })
+                Ok(pb::ListRoutesResponse { routes: page.items, next_page_token: page.next_page_token, cache_ttl: self.ttl })
             })
             .await
     }

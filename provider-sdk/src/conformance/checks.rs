@@ -181,6 +181,7 @@ impl<F: FnMut(&CheckResult)> Suite<F> {
         gated!(instances, why, "instances.metadata-by-node-name", self.metadata_by_node_name());
         gated!(instances, why, "instances.metadata-unknown", self.metadata_unknown());
         gated!(instances, why, "instances.metadata-empty-lookup", self.metadata_empty_lookup());
+        gated!(instances, why, "instances.cache-hint", self.cache_hint());
         gated!(instances, why, "instances.batch-mixed", self.batch_mixed());
         gated!(instances, why, "instances.batch-matches-single", self.batch_matches_single());
         gated!(instances, why, "instances.batch-too-large", self.batch_too_large());
@@ -582,6 +583,22 @@ impl<F: FnMut(&CheckResult)> Suite<F> {
     async fn metadata_empty_lookup(&mut self) -> Check {
         let r = self.instances.clone().instance_metadata(self.req(pb::InstanceMetadataRequest { instance: None })).await;
         expect_code(r, Code::InvalidArgument, "InstanceMetadata without a lookup")
+    }
+
+    async fn cache_hint(&mut self) -> Check {
+        let known = self.first_known()?;
+        let r = self
+            .instances
+            .clone()
+            .instance_metadata(self.req(pb::InstanceMetadataRequest { instance: Some(by_provider_id(&known)) }))
+            .await
+            .ctx("InstanceMetadata")?;
+        match r.cache_ttl {
+            None => Ok(()),
+            Some(ttl) => ensure(ttl.seconds >= 0 && ttl.nanos >= 0 && ttl.seconds <= 86_400, || {
+                format!("cache_ttl {ttl:?} is negative or longer than a day")
+            }),
+        }
     }
 
     async fn batch_mixed(&mut self) -> Check {

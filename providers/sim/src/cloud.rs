@@ -148,6 +148,7 @@ pub struct Cloud {
     region: String,
     ipv6_routes: bool,
     batch_reads: bool,
+    cache_ttl: Option<Duration>,
     max_name_length: u32,
     allowed_name_characters: String,
     node_metadata_instance: Mutex<Option<String>>,
@@ -239,6 +240,7 @@ impl Cloud {
             region: config.region.clone(),
             ipv6_routes: config.ipv6_routes,
             batch_reads: config.batch_reads,
+            cache_ttl: (config.cache_ttl_seconds > 0).then(|| Duration::from_secs(config.cache_ttl_seconds)),
             max_name_length: config.load_balancers.max_name_length,
             allowed_name_characters: config.load_balancers.allowed_name_characters.clone(),
             node_metadata_instance: Mutex::new(config.node_metadata_instance.clone()),
@@ -430,6 +432,11 @@ impl Cloud {
     /// Whether BatchInstanceMetadata is advertised.
     pub fn batch_reads(&self) -> bool {
         self.batch_reads
+    }
+
+    /// The cache hint of read answers.
+    pub fn cache_ttl(&self) -> Option<Duration> {
+        self.cache_ttl
     }
 
     /// Whether a NodeMetadataService is configured.

@@ -31,6 +31,8 @@ pub struct Config {
     pub node_metadata_instance: Option<String>,
     /// Whether BatchInstanceMetadata is advertised as one cloud call.
     pub batch_reads: bool,
+    /// The cache hint on instance, tag and route answers, in seconds; 0 sends none.
+    pub cache_ttl_seconds: u64,
 }
 
 impl Default for Config {
@@ -46,6 +48,7 @@ impl Default for Config {
             load_balancers: LoadBalancerConfig::default(),
             node_metadata_instance: None,
             batch_reads: true,
+            cache_ttl_seconds: 0,
         }
     }
 }

@@ -35,6 +35,10 @@ impl ccm_provider_sdk::Probe for SimProvider {
 
 #[tonic::async_trait]
 impl ccm_provider_sdk::Instances for SimProvider {
+    fn cache_ttl(&self) -> Option<std::time::Duration> {
+        self.cloud.cache_ttl()
+    }
+
     fn capabilities(&self) -> pb::InstancesCapabilities {
         pb::InstancesCapabilities { batch_reads: self.cloud.batch_reads() }
     }
@@ -71,6 +75,10 @@ impl ccm_provider_sdk::Instances for SimProvider {
 
 #[tonic::async_trait]
 impl ccm_provider_sdk::Tags for SimProvider {
+    fn cache_ttl(&self) -> Option<std::time::Duration> {
+        self.cloud.cache_ttl()
+    }
+
     async fn instance_tags(&self, lookup: &pb::InstanceLookup) -> Result<Option<HashMap<String, String>>> {
         self.cloud.api_call("GetInstanceTags").await?;
         self.cloud.instance_tags(lookup)
@@ -86,6 +94,10 @@ impl ccm_provider_sdk::Tags for SimProvider {
 impl ccm_provider_sdk::Routes for SimProvider {
     fn capabilities(&self) -> pb::RoutesCapabilities {
         self.cloud.route_capabilities()
+    }
+
+    fn cache_ttl(&self) -> Option<std::time::Duration> {
+        self.cloud.cache_ttl()
     }
 
     async fn list_route_tables(&self, page: &PageRequest) -> Result<Page<pb::RouteTable>> {

@@ -1,0 +1,6 @@
+//! # ccm-core
+//!
+//! The generic cloud-controller-manager: it knows Kubernetes and the `cloudprovider.v1`
+//! protocol, and no cloud.
+
+pub mod queue;

@@ -1,0 +1,442 @@
+//! A work queue of keys (never objects) with per-key exponential backoff that triggers cannot
+//! bypass, de-duplication, and an overall rate limit.
+//!
+//! ## The backoff rule
+//!
+//! A key whose last reconcile failed is *in backoff* until its retry is due. While it is:
+//!
+//! - a trigger without news ([`WorkQueue::add`] from a resync, or an update of fields the
+//!   controller does not act on) is ignored: the retry is already scheduled;
+//! - a trigger carrying a fingerprint of the fields the controller acts on
+//!   ([`WorkQueue::add_changed`]) makes the key ready at once only when that fingerprint
+//!   differs from the one recorded at the failure: the user changed something that may fix
+//!   it. The failure count is kept, so a key that fails again keeps backing off.
+//!
+//! This is the opposite of kube-runtime's scheduler and client-go's resync, where any event
+//! pre-empts a pending backoff (see ../shared/FIELD-NOTES.md) and a failing key is retried on
+//! every resync.
+//!
+//! The delay after the n-th consecutive failure is `base * 2^(n-1)`, capped at `max`, and
+//! never shorter than a `RetryInfo` delay the provider asked for.
+
+use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
+use std::hash::Hash;
+use std::sync::Mutex;
+use std::time::Duration;
+
+use ccm_provider_sdk::ratelimit::TokenBucket;
+use tokio::sync::Notify;
+use tokio::time::Instant;
+
+/// Queue settings.
+#[derive(Debug, Clone, Copy)]
+pub struct QueueConfig {
+    /// Delay after the first failure.
+    pub base_delay: Duration,
+    /// Longest delay.
+    pub max_delay: Duration,
+    /// Overall dequeues per second across all keys.
+    pub qps: f64,
+    /// Dequeues allowed in a burst.
+    pub burst: u32,
+}
+
+impl Default for QueueConfig {
+    fn default() -> Self {
+        Self { base_delay: Duration::from_secs(5), max_delay: Duration::from_secs(300), qps: 10.0, burst: 100 }
+    }
+}
+
+/// How a reconcile ended.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Outcome {
+    /// Done; forget any failures.
+    Success,
+    /// Failed; retry after the backoff (or `retry_after`, if longer). `fingerprint` is of the
+    /// fields the controller acts on, as they were when it failed.
+    Retry {
+        /// Fingerprint of the acted-on fields.
+        fingerprint: Option<u64>,
+        /// A delay the provider asked for.
+        retry_after: Option<Duration>,
+    },
+    /// Succeeded, and wants another look after this delay (periodic work).
+    RequeueAfter(Duration),
+}
+
+#[derive(Debug)]
+struct Failure {
+    count: u32,
+    fingerprint: Option<u64>,
+}
+
+#[derive(Debug)]
+struct State<K> {
+    ready: VecDeque<K>,
+    queued: HashSet<K>,
+    processing: HashSet<K>,
+    /// Added while processing: re-added when done (with the newest fingerprint, if any).
+    dirty: HashMap<K, Option<u64>>,
+    /// Delayed keys by due time.
+    waiting: BTreeMap<(Instant, u64), K>,
+    due: HashMap<K, (Instant, u64)>,
+    failures: HashMap<K, Failure>,
+    seq: u64,
+    shutdown: bool,
+}
+
+/// Counters a queue keeps, for metrics.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct QueueStats {
+    /// Keys ready or being processed.
+    pub depth: usize,
+    /// Keys waiting for a delay (backoff or requeue).
+    pub waiting: usize,
+    /// Keys currently failing.
+    pub failing: usize,
+}
+
+/// The work queue.
+#[derive(Debug)]
+pub struct WorkQueue<K> {
+    config: QueueConfig,
+    limiter: TokenBucket,
+    state: Mutex<State<K>>,
+    notify: Notify,
+}
+
+impl<K: Clone + Eq + Hash> WorkQueue<K> {
+    /// An empty queue.
+    pub fn new(config: QueueConfig) -> Self {
+        Self {
+            config,
+            limiter: TokenBucket::new(config.qps, config.burst),
+            state: Mutex::new(State {
+                ready: VecDeque::new(),
+                queued: HashSet::new(),
+                processing: HashSet::new(),
+                dirty: HashMap::new(),
+                waiting: BTreeMap::new(),
+                due: HashMap::new(),
+                failures: HashMap::new(),
+                seq: 0,
+                shutdown: false,
+            }),
+            notify: Notify::new(),
+        }
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, State<K>> {
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// The delay after `count` consecutive failures.
+    pub fn backoff(&self, count: u32) -> Duration {
+        let factor = 2u32.saturating_pow(count.saturating_sub(1).min(30));
+        self.config.base_delay.saturating_mul(factor).min(self.config.max_delay)
+    }
+
+    /// A trigger without news (resync, unrelated update): ignored while the key is in backoff.
+    pub fn add(&self, key: K) {
+        self.trigger(key, None);
+    }
+
+    /// A trigger with a fingerprint of the fields the controller acts on: makes a key in
+    /// backoff ready only if the fingerprint differs from the one at its failure.
+    pub fn add_changed(&self, key: K, fingerprint: u64) {
+        self.trigger(key, Some(fingerprint));
+    }
+
+    fn trigger(&self, key: K, fingerprint: Option<u64>) {
+        let mut s = self.lock();
+        if s.shutdown {
+            return;
+        }
+        if s.processing.contains(&key) {
+            let entry = s.dirty.entry(key).or_insert(None);
+            if fingerprint.is_some() {
+                *entry = fingerprint;
+            }
+            return;
+        }
+        if let Some(failure) = s.failures.get(&key)
+            && s.due.contains_key(&key)
+        {
+            let news = matches!((fingerprint, failure.fingerprint), (Some(now), Some(then)) if now != then)
+                || (fingerprint.is_some() && failure.fingerprint.is_none());
+            if !news {
+                return;
+            }
+            if let Some(at) = s.due.remove(&key) {
+                s.waiting.remove(&at);
+            }
+        }
+        Self::make_ready(&mut s, key);
+        drop(s);
+        self.notify.notify_one();
+    }
+
+    fn make_ready(s: &mut State<K>, key: K) {
+        if let Some(at) = s.due.remove(&key) {
+            s.waiting.remove(&at);
+        }
+        if s.queued.insert(key.clone()) {
+            s.ready.push_back(key);
+        }
+    }
+
+    /// Adds a key after `delay`, unless it is ready or due sooner already.
+    pub fn add_after(&self, key: K, delay: Duration) {
+        let mut s = self.lock();
+        if s.shutdown || s.queued.contains(&key) {
+            return;
+        }
+        Self::schedule(&mut s, key, Instant::now() + delay, false);
+        drop(s);
+        self.notify.notify_one();
+    }
+
+    fn schedule(s: &mut State<K>, key: K, at: Instant, replace_later: bool) {
+        if let Some(&(current, seq)) = s.due.get(&key) {
+            if current <= at && !replace_later {
+                return;
+            }
+            s.waiting.remove(&(current, seq));
+        }
+        s.seq += 1;
+        let slot = (at, s.seq);
+        s.waiting.insert(slot, key.clone());
+        s.due.insert(key, slot);
+    }
+
+    /// The next key to process; waits for one. `None` after [`WorkQueue::shutdown`].
+    pub async fn next(&self) -> Option<K> {
+        loop {
+            let notified = self.notify.notified();
+            tokio::pin!(notified);
+            notified.as_mut().enable();
+            let wake_at = {
+                let mut s = self.lock();
+                if s.shutdown {
+                    return None;
+                }
+                let now = Instant::now();
+                while let Some((&(at, seq), _)) = s.waiting.first_key_value() {
+                    if at > now {
+                        break;
+                    }
+                    if let Some(key) = s.waiting.remove(&(at, seq)) {
+                        s.due.remove(&key);
+                        if !s.processing.contains(&key) && s.queued.insert(key.clone()) {
+                            s.ready.push_back(key);
+                        }
+                    }
+                }
+                if !s.ready.is_empty() {
+                    match self.limiter.try_acquire() {
+                        Ok(()) => {
+                            let key = s.ready.pop_front();
+                            if let Some(key) = &key {
+                                s.queued.remove(key);
+                                s.processing.insert(key.clone());
+                            }
+                            return key;
+                        }
+                        Err(wait) => Some(now + wait),
+                    }
+                } else {
+                    s.waiting.first_key_value().map(|((at, _), _)| *at)
+                }
+            };
+            match wake_at {
+                Some(at) => {
+                    tokio::select! {
+                        _ = &mut notified => {}
+                        _ = tokio::time::sleep_until(at) => {}
+                    }
+                }
+                None => notified.await,
+            }
+        }
+    }
+
+    /// Reports how processing `key` ended.
+    pub fn done(&self, key: &K, outcome: Outcome) {
+        let mut s = self.lock();
+        s.processing.remove(key);
+        let dirty = s.dirty.remove(key);
+        match outcome {
+            Outcome::Success | Outcome::RequeueAfter(_) => {
+                s.failures.remove(key);
+                if dirty.is_some() {
+                    Self::make_ready(&mut s, key.clone());
+                } else if let Outcome::RequeueAfter(delay) = outcome {
+                    Self::schedule(&mut s, key.clone(), Instant::now() + delay, false);
+                }
+            }
+            Outcome::Retry { fingerprint, retry_after } => {
+                let count = s.failures.get(key).map_or(0, |f| f.count) + 1;
+                let delay = self.backoff(count).max(retry_after.unwrap_or_default());
+                s.failures.insert(key.clone(), Failure { count, fingerprint });
+                match dirty {
+                    // Something the controller acts on changed while it failed: try now.
+                    Some(Some(now)) if Some(now) != fingerprint => Self::make_ready(&mut s, key.clone()),
+                    _ => Self::schedule(&mut s, key.clone(), Instant::now() + delay, true),
+                }
+            }
+        }
+        drop(s);
+        self.notify.notify_one();
+    }
+
+    /// Forgets a key entirely (its object is gone).
+    pub fn forget(&self, key: &K) {
+        let mut s = self.lock();
+        s.failures.remove(key);
+        if let Some(at) = s.due.remove(key) {
+            s.waiting.remove(&at);
+        }
+        if s.queued.remove(key) {
+            s.ready.retain(|k| k != key);
+        }
+    }
+
+    /// How many consecutive failures a key has.
+    pub fn failures(&self, key: &K) -> u32 {
+        self.lock().failures.get(key).map_or(0, |f| f.count)
+    }
+
+    /// Current counters.
+    pub fn stats(&self) -> QueueStats {
+        let s = self.lock();
+        QueueStats { depth: s.ready.len() + s.processing.len(), waiting: s.waiting.len(), failing: s.failures.len() }
+    }
+
+    /// Stops the queue: `next` returns `None` from now on.
+    pub fn shutdown(&self) {
+        self.lock().shutdown = true;
+        self.notify.notify_waiters();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn queue() -> WorkQueue<&'static str> {
+        WorkQueue::new(QueueConfig {
+            base_delay: Duration::from_secs(5),
+            max_delay: Duration::from_secs(300),
+            qps: 1000.0,
+            burst: 1000,
+        })
+    }
+
+    async fn next_within(q: &WorkQueue<&'static str>, d: Duration) -> Option<&'static str> {
+        tokio::time::timeout(d, q.next()).await.ok().flatten()
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn deduplicates_keys() {
+        let q = queue();
+        q.add("a");
+        q.add("a");
+        q.add("b");
+        assert_eq!(q.next().await, Some("a"));
+        assert_eq!(q.next().await, Some("b"));
+        assert_eq!(next_within(&q, Duration::from_secs(1)).await, None);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn an_add_while_processing_runs_again_after() {
+        let q = queue();
+        q.add("a");
+        assert_eq!(q.next().await, Some("a"));
+        q.add("a");
+        assert_eq!(next_within(&q, Duration::from_millis(10)).await, None, "not twice at once");
+        q.done(&"a", Outcome::Success);
+        assert_eq!(q.next().await, Some("a"));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn failures_back_off_exponentially_and_resyncs_do_not_bypass() {
+        let q = queue();
+        q.add("a");
+        let mut last = Instant::now();
+        let mut gaps = Vec::new();
+        for _ in 0..5 {
+            assert_eq!(q.next().await, Some("a"));
+            gaps.push(Instant::now() - last);
+            last = Instant::now();
+            q.done(&"a", Outcome::Retry { fingerprint: Some(1), retry_after: None });
+            // Resyncs and same-fingerprint updates keep arriving during the backoff.
+            for _ in 0..3 {
+                q.add("a");
+                q.add_changed("a", 1);
+            }
+        }
+        let secs: Vec<u64> = gaps.iter().skip(1).map(|d| d.as_secs()).collect();
+        assert_eq!(secs, vec![5, 10, 20, 40]);
+        assert_eq!(q.failures(&"a"), 5);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_relevant_change_retries_at_once() {
+        let q = queue();
+        q.add("a");
+        assert_eq!(q.next().await, Some("a"));
+        q.done(&"a", Outcome::Retry { fingerprint: Some(1), retry_after: None });
+        q.add_changed("a", 2);
+        assert_eq!(next_within(&q, Duration::from_millis(10)).await, Some("a"));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn retry_info_lengthens_the_backoff_and_success_resets_it() {
+        let q = queue();
+        q.add("a");
+        assert_eq!(q.next().await, Some("a"));
+        let start = Instant::now();
+        q.done(&"a", Outcome::Retry { fingerprint: None, retry_after: Some(Duration::from_secs(42)) });
+        assert_eq!(q.next().await, Some("a"));
+        assert_eq!((Instant::now() - start).as_secs(), 42);
+        q.done(&"a", Outcome::Success);
+        assert_eq!(q.failures(&"a"), 0);
+        assert_eq!(q.backoff(1), Duration::from_secs(5));
+        assert_eq!(q.backoff(20), Duration::from_secs(300));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn requeue_after_and_forget() {
+        let q = queue();
+        q.add("a");
+        assert_eq!(q.next().await, Some("a"));
+        q.done(&"a", Outcome::RequeueAfter(Duration::from_secs(60)));
+        assert_eq!(next_within(&q, Duration::from_secs(59)).await, None);
+        assert_eq!(next_within(&q, Duration::from_secs(2)).await, Some("a"));
+        q.done(&"a", Outcome::RequeueAfter(Duration::from_secs(60)));
+        q.forget(&"a");
+        assert_eq!(next_within(&q, Duration::from_secs(120)).await, None);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn the_overall_rate_limit_spaces_dequeues() {
+        let q: WorkQueue<u32> = WorkQueue::new(QueueConfig { qps: 10.0, burst: 2, ..Default::default() });
+        for i in 0..5 {
+            q.add(i);
+        }
+        let start = Instant::now();
+        for _ in 0..5 {
+            let k = q.next().await.expect("key");
+            q.done(&k, Outcome::Success);
+        }
+        // Two at once, then one every 100 ms.
+        assert_eq!((Instant::now() - start).as_millis(), 300);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn shutdown_ends_next() {
+        let q = queue();
+        q.shutdown();
+        assert_eq!(q.next().await, None);
+    }
+}
