@@ -3,4 +3,8 @@
 //! The generic cloud-controller-manager: it knows Kubernetes and the `cloudprovider.v1`
 //! protocol, and no cloud.
 
+pub mod informer;
+pub mod metrics;
+pub mod options;
+pub mod provider;
 pub mod queue;

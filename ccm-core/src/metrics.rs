@@ -1,0 +1,131 @@
+//! Prometheus metrics of the core: provider calls, work queues, reconciles, leadership.
+
+use std::sync::Arc;
+use std::sync::atomic::AtomicI64;
+use std::time::Duration;
+
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
+use prometheus_client::registry::Registry;
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct CallLabels {
+    method: String,
+    code: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct MethodLabels {
+    method: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ControllerLabels {
+    controller: String,
+}
+
+fn latency_histogram() -> Histogram {
+    Histogram::new(exponential_buckets(0.001, 2.0, 16))
+}
+
+/// Every metric the core exports; cheap to clone.
+#[derive(Clone)]
+pub struct Metrics {
+    registry: Arc<Registry>,
+    provider_calls: Family<CallLabels, Counter>,
+    provider_latency: Family<MethodLabels, Histogram, fn() -> Histogram>,
+    queue_depth: Family<ControllerLabels, Gauge>,
+    queue_adds: Family<ControllerLabels, Counter>,
+    queue_retries: Family<ControllerLabels, Counter>,
+    reconcile_latency: Family<ControllerLabels, Histogram, fn() -> Histogram>,
+    reconcile_errors: Family<ControllerLabels, Counter>,
+    leader: Gauge<i64, AtomicI64>,
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl Metrics {
+    /// All metrics, registered.
+    pub fn new() -> Self {
+        let mut registry = Registry::default();
+        let provider_calls = Family::<CallLabels, Counter>::default();
+        let provider_latency = Family::<MethodLabels, Histogram, fn() -> Histogram>::new_with_constructor(latency_histogram);
+        let queue_depth = Family::<ControllerLabels, Gauge>::default();
+        let queue_adds = Family::<ControllerLabels, Counter>::default();
+        let queue_retries = Family::<ControllerLabels, Counter>::default();
+        let reconcile_latency = Family::<ControllerLabels, Histogram, fn() -> Histogram>::new_with_constructor(latency_histogram);
+        let reconcile_errors = Family::<ControllerLabels, Counter>::default();
+        let leader = Gauge::<i64, AtomicI64>::default();
+        registry.register("ccm_provider_calls", "Calls to the provider, by method and gRPC code", provider_calls.clone());
+        registry.register("ccm_provider_call_duration_seconds", "Latency of provider calls, by method", provider_latency.clone());
+        registry.register("ccm_workqueue_depth", "Keys ready or in process, by controller", queue_depth.clone());
+        registry.register("ccm_workqueue_adds", "Keys added to the queue, by controller", queue_adds.clone());
+        registry.register(
+            "ccm_workqueue_retries",
+            "Reconciles scheduled for retry after a failure, by controller",
+            queue_retries.clone(),
+        );
+        registry.register("ccm_reconcile_duration_seconds", "Reconcile latency, by controller", reconcile_latency.clone());
+        registry.register("ccm_reconcile_errors", "Failed reconciles, by controller", reconcile_errors.clone());
+        registry.register("ccm_leader_is_leader", "1 while this process holds the leader lease", leader.clone());
+        Self {
+            registry: Arc::new(registry),
+            provider_calls,
+            provider_latency,
+            queue_depth,
+            queue_adds,
+            queue_retries,
+            reconcile_latency,
+            reconcile_errors,
+            leader,
+        }
+    }
+
+    /// One provider call attempt.
+    pub fn provider_call(&self, method: &str, code: tonic::Code, elapsed: Duration) {
+        let code = ccm_provider_sdk::metrics::code_name(code).to_string();
+        self.provider_calls.get_or_create(&CallLabels { method: method.to_string(), code }).inc();
+        self.provider_latency.get_or_create(&MethodLabels { method: method.to_string() }).observe(elapsed.as_secs_f64());
+    }
+
+    /// A queue's depth.
+    pub fn queue_depth(&self, controller: &str, depth: usize) {
+        self.queue_depth.get_or_create(&ControllerLabels { controller: controller.into() }).set(depth as i64);
+    }
+
+    /// A key added.
+    pub fn queue_add(&self, controller: &str) {
+        self.queue_adds.get_or_create(&ControllerLabels { controller: controller.into() }).inc();
+    }
+
+    /// One reconcile, and whether it failed.
+    pub fn reconcile(&self, controller: &str, elapsed: Duration, failed: bool) {
+        let labels = ControllerLabels { controller: controller.into() };
+        self.reconcile_latency.get_or_create(&labels).observe(elapsed.as_secs_f64());
+        if failed {
+            self.reconcile_errors.get_or_create(&labels).inc();
+            self.queue_retries.get_or_create(&labels).inc();
+        }
+    }
+
+    /// Leadership.
+    pub fn set_leader(&self, leading: bool) {
+        self.leader.set(i64::from(leading));
+    }
+
+    /// The Prometheus text exposition.
+    pub fn encode(&self) -> String {
+        let mut text = String::new();
+        if let Err(e) = prometheus_client::encoding::text::encode(&mut text, &self.registry) {
+            tracing::warn!(error = %e, "encoding metrics failed");
+        }
+        text
+    }
+}

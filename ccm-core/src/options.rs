@@ -1,0 +1,235 @@
+//! Command-line flags, named as in the upstream cloud-controller-manager where a user would
+//! look for them. No provider-specific flag: a provider's settings belong to its sidecar.
+
+use std::collections::BTreeSet;
+use std::net::IpAddr;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use clap::Parser;
+
+/// Controller names, with the aliases upstream accepts.
+pub const CONTROLLERS: &[(&str, &str)] = &[
+    ("cloud-node-controller", "cloud-node"),
+    ("cloud-node-lifecycle-controller", "cloud-node-lifecycle"),
+    ("node-route-controller", "route"),
+    ("service-lb-controller", "service"),
+];
+
+/// The controllers this build implements (the others are accepted and reported as missing).
+pub const IMPLEMENTED: &[&str] = &["cloud-node-controller", "cloud-node-lifecycle-controller"];
+
+/// Parses a duration such as `300ms`, `10s`, `5m`, `1h30m` or `1h 30m`.
+pub fn parse_duration(text: &str) -> Result<Duration, String> {
+    humantime::parse_duration(text).map_err(|e| format!("{text:?} is not a duration (like 10s, 5m, 1h30m): {e}"))
+}
+
+/// The generic cloud-controller-manager.
+#[derive(Debug, Clone, Parser)]
+#[command(name = "cloud-controller-manager", version, about, long_about = None)]
+pub struct Options {
+    /// Path to a kubeconfig; in-cluster configuration when unset.
+    #[arg(long, value_name = "PATH")]
+    pub kubeconfig: Option<PathBuf>,
+
+    /// The provider sidecar's endpoint: unix:///path/provider.sock or http://host:port.
+    #[arg(long, value_name = "ENDPOINT", default_value = "unix:///var/run/ccm/provider.sock")]
+    pub provider_endpoint: String,
+
+    /// Deadline of each provider call.
+    #[arg(long, value_name = "DURATION", default_value = "10s", value_parser = parse_duration)]
+    pub provider_call_timeout: Duration,
+
+    /// Most provider calls in flight at once.
+    #[arg(long, value_name = "N", default_value_t = 16)]
+    pub provider_max_concurrency: usize,
+
+    /// The cluster's name, passed to the provider to tag what it creates.
+    #[arg(long, default_value = "kubernetes")]
+    pub cluster_name: String,
+
+    /// Controllers to run: `*` for all, `name` to enable, `-name` to disable
+    /// (cloud-node-controller, cloud-node-lifecycle-controller, node-route-controller,
+    /// service-lb-controller, or their short names cloud-node, cloud-node-lifecycle, route, service).
+    #[arg(long, value_delimiter = ',', default_value = "*")]
+    pub controllers: Vec<String>,
+
+    /// Nodes the node controllers initialise concurrently (batched into one provider call
+    /// when the provider supports batch reads).
+    #[arg(long, default_value_t = 4)]
+    pub concurrent_node_syncs: usize,
+
+    /// How often Node addresses are refreshed from the provider (batched reads).
+    #[arg(long, value_name = "DURATION", default_value = "5m", value_parser = parse_duration)]
+    pub node_status_update_frequency: Duration,
+
+    /// How often the lifecycle controller checks NotReady Nodes' instances.
+    #[arg(long, value_name = "DURATION", default_value = "5s", value_parser = parse_duration)]
+    pub node_monitor_period: Duration,
+
+    /// Label selector of Nodes the node controllers leave alone (for example virtual-kubelet
+    /// nodes: `type=virtual-kubelet`).
+    #[arg(long, value_name = "SELECTOR")]
+    pub node_exclude_selector: Option<String>,
+
+    /// Prefix under which instance tags become Node labels (`<prefix>/<tag>`); empty disables.
+    #[arg(long, default_value = "tags.cloudprovider.dev")]
+    pub node_tag_label_prefix: String,
+
+    /// Delay after a reconcile's first failure; doubles per failure.
+    #[arg(long, value_name = "DURATION", default_value = "5s", value_parser = parse_duration)]
+    pub reconcile_backoff_base: Duration,
+
+    /// Longest delay between retries of a failing reconcile.
+    #[arg(long, value_name = "DURATION", default_value = "5m", value_parser = parse_duration)]
+    pub reconcile_backoff_max: Duration,
+
+    /// Queries per second to the Kubernetes API.
+    #[arg(long, default_value_t = 20.0)]
+    pub kube_api_qps: f32,
+
+    /// Burst of queries to the Kubernetes API.
+    #[arg(long, default_value_t = 30)]
+    pub kube_api_burst: u32,
+
+    /// Run controllers only while holding the leader lease.
+    #[arg(long, default_value_t = true, action = clap::ArgAction::Set)]
+    pub leader_elect: bool,
+
+    /// How long a lease is held without renewal.
+    #[arg(long, value_name = "DURATION", default_value = "15s", value_parser = parse_duration)]
+    pub leader_elect_lease_duration: Duration,
+
+    /// How long the leader keeps trying to renew before it gives up (and the process stops).
+    #[arg(long, value_name = "DURATION", default_value = "10s", value_parser = parse_duration)]
+    pub leader_elect_renew_deadline: Duration,
+
+    /// How often to try to acquire or renew the lease.
+    #[arg(long, value_name = "DURATION", default_value = "2s", value_parser = parse_duration)]
+    pub leader_elect_retry_period: Duration,
+
+    /// The Lease's name.
+    #[arg(long, default_value = "cloud-controller-manager")]
+    pub leader_elect_resource_name: String,
+
+    /// The Lease's namespace.
+    #[arg(long, default_value = "kube-system")]
+    pub leader_elect_resource_namespace: String,
+
+    /// Port of the HTTPS server for /healthz, /livez, /readyz and /metrics; 0 disables it.
+    #[arg(long, default_value_t = 10258)]
+    pub secure_port: u16,
+
+    /// Address the server binds.
+    #[arg(long, default_value = "0.0.0.0")]
+    pub bind_address: IpAddr,
+
+    /// Serve plain HTTP on --secure-port instead of HTTPS (local runs and tests only).
+    #[arg(long)]
+    pub insecure_serving: bool,
+
+    /// Run each controller with its own service account's credentials.
+    #[arg(long)]
+    pub use_service_account_credentials: bool,
+
+    /// Feature gates, `Name=true,Other=false` (none are defined yet; unknown ones are errors).
+    #[arg(long, value_delimiter = ',')]
+    pub feature_gates: Vec<String>,
+
+    /// Log format: text or json.
+    #[arg(long, default_value = "text", value_parser = ["text", "json"])]
+    pub log_format: String,
+
+    /// Log filter, as RUST_LOG (for example `info,ccm_core=debug`).
+    #[arg(long, default_value = "info")]
+    pub log_level: String,
+}
+
+impl Options {
+    /// The controllers to run, by full name, from `--controllers`.
+    pub fn enabled_controllers(&self) -> Result<BTreeSet<&'static str>, String> {
+        let resolve = |name: &str| {
+            CONTROLLERS.iter().find(|(full, short)| *full == name || *short == name).map(|(full, _)| *full).ok_or_else(|| {
+                let known: Vec<&str> = CONTROLLERS.iter().map(|(f, _)| *f).collect();
+                format!("unknown controller {name:?} in --controllers (known: {})", known.join(", "))
+            })
+        };
+        let mut enabled = BTreeSet::new();
+        let mut disabled = BTreeSet::new();
+        let mut star = false;
+        for entry in self.controllers.iter().map(|c| c.trim()).filter(|c| !c.is_empty()) {
+            if entry == "*" {
+                star = true;
+            } else if let Some(name) = entry.strip_prefix('-') {
+                disabled.insert(resolve(name)?);
+            } else {
+                enabled.insert(resolve(entry)?);
+            }
+        }
+        if star {
+            enabled.extend(CONTROLLERS.iter().map(|(full, _)| *full));
+        }
+        Ok(enabled.difference(&disabled).copied().collect())
+    }
+
+    /// Checks flag combinations that clap cannot.
+    pub fn validate(&self) -> Result<(), String> {
+        self.enabled_controllers()?;
+        if let Some(gate) = self.feature_gates.iter().find(|g| !g.trim().is_empty()) {
+            return Err(format!("unknown feature gate {gate:?}: this version defines none"));
+        }
+        if self.leader_elect && self.leader_elect_renew_deadline >= self.leader_elect_lease_duration {
+            return Err("--leader-elect-renew-deadline must be shorter than --leader-elect-lease-duration".into());
+        }
+        if self.concurrent_node_syncs == 0 || self.provider_max_concurrency == 0 {
+            return Err("--concurrent-node-syncs and --provider-max-concurrency must be at least 1".into());
+        }
+        if self.reconcile_backoff_base > self.reconcile_backoff_max {
+            return Err("--reconcile-backoff-base must not exceed --reconcile-backoff-max".into());
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse(args: &[&str]) -> Options {
+        Options::try_parse_from(std::iter::once("cloud-controller-manager").chain(args.iter().copied())).expect("parse")
+    }
+
+    #[test]
+    fn upstream_defaults() {
+        let o = parse(&[]);
+        assert_eq!(o.secure_port, 10258);
+        assert_eq!(o.node_status_update_frequency, Duration::from_secs(300));
+        assert_eq!(o.node_monitor_period, Duration::from_secs(5));
+        assert_eq!((o.kube_api_qps, o.kube_api_burst), (20.0, 30));
+        assert_eq!(o.leader_elect_resource_name, "cloud-controller-manager");
+        assert_eq!(o.leader_elect_resource_namespace, "kube-system");
+        assert!(o.leader_elect);
+        assert_eq!(o.enabled_controllers().expect("controllers").len(), 4);
+    }
+
+    #[test]
+    fn controller_selection() {
+        let o = parse(&["--controllers=*,-route,-service-lb-controller"]);
+        let enabled: Vec<&str> = o.enabled_controllers().expect("ok").into_iter().collect();
+        assert_eq!(enabled, vec!["cloud-node-controller", "cloud-node-lifecycle-controller"]);
+        let o = parse(&["--controllers", "cloud-node"]);
+        assert_eq!(o.enabled_controllers().expect("ok").into_iter().collect::<Vec<_>>(), vec!["cloud-node-controller"]);
+        assert!(parse(&["--controllers=nodes"]).enabled_controllers().is_err());
+    }
+
+    #[test]
+    fn durations_and_validation() {
+        let o = parse(&["--node-monitor-period=1m30s", "--leader-elect=false"]);
+        assert_eq!(o.node_monitor_period, Duration::from_secs(90));
+        assert!(!o.leader_elect);
+        assert!(Options::try_parse_from(["x", "--node-monitor-period=soon"]).is_err());
+        assert!(parse(&["--leader-elect-renew-deadline=20s"]).validate().is_err());
+        assert!(parse(&["--feature-gates=Foo=true"]).validate().is_err());
+        assert!(parse(&[]).validate().is_ok());
+    }
+}

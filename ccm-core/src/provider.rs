@@ -1,0 +1,209 @@
+//! The client of the provider sidecar: a lazily connected channel that reconnects by itself,
+//! the plugin's identity and capabilities read at start and after every reconnect, readiness
+//! from Probe, a deadline on every call, retries of retryable codes honouring RetryInfo, a
+//! client-side concurrency limit, and metrics by method, code and latency.
+
+use std::sync::{Arc, RwLock};
+use std::time::Duration;
+
+use ccm_proto::v1::identity_service_client::IdentityServiceClient;
+use ccm_proto::v1::{self as pb, ServiceType};
+use ccm_provider_sdk::Error;
+use tokio::sync::Semaphore;
+use tokio::time::Instant;
+use tonic::transport::Channel;
+use tonic::{Request, Response, Status};
+
+use crate::metrics::Metrics;
+
+/// Retries of a transient error inside one call, before the error goes to the work queue.
+const ATTEMPTS: u32 = 3;
+/// A RetryInfo delay longer than this is not waited out inside a call: the caller's queue
+/// backs off instead, so a worker is not held.
+const MAX_INLINE_WAIT: Duration = Duration::from_secs(2);
+
+/// What the plugin said about itself.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Identity {
+    /// Plugin name.
+    pub name: String,
+    /// Plugin version.
+    pub vendor_version: String,
+    /// Capabilities.
+    pub capabilities: pb::GetPluginCapabilitiesResponse,
+}
+
+impl Identity {
+    /// Whether a service is advertised.
+    pub fn serves(&self, service: ServiceType) -> bool {
+        self.capabilities.services.contains(&(service as i32))
+    }
+
+    /// Whether batch instance reads are advertised.
+    pub fn batch_reads(&self) -> bool {
+        self.capabilities.instances.as_ref().is_some_and(|c| c.batch_reads)
+    }
+}
+
+/// The provider client; cheap to clone.
+#[derive(Clone)]
+pub struct Provider {
+    channel: Channel,
+    endpoint: String,
+    timeout: Duration,
+    limit: Arc<Semaphore>,
+    metrics: Metrics,
+    state: Arc<RwLock<State>>,
+}
+
+#[derive(Debug, Default)]
+struct State {
+    identity: Option<Identity>,
+    ready: bool,
+    reason: String,
+}
+
+impl Provider {
+    /// A client of `endpoint`; nothing is dialled until the first call.
+    pub fn new(endpoint: &str, timeout: Duration, concurrency: usize, metrics: Metrics) -> anyhow::Result<Self> {
+        let channel = ccm_provider_sdk::client::connect_lazy(endpoint)?;
+        Ok(Self {
+            channel,
+            endpoint: endpoint.to_string(),
+            timeout,
+            limit: Arc::new(Semaphore::new(concurrency.max(1))),
+            metrics,
+            state: Arc::new(RwLock::new(State { reason: "provider not contacted yet".into(), ..Default::default() })),
+        })
+    }
+
+    /// The endpoint.
+    pub fn endpoint(&self) -> &str {
+        &self.endpoint
+    }
+
+    /// The identity read at the last (re)connect, if any.
+    pub fn identity(&self) -> Option<Identity> {
+        self.state.read().unwrap_or_else(|p| p.into_inner()).identity.clone()
+    }
+
+    /// Whether the provider is ready, and why not.
+    pub fn readiness(&self) -> (bool, String) {
+        let s = self.state.read().unwrap_or_else(|p| p.into_inner());
+        (s.ready && s.identity.is_some(), s.reason.clone())
+    }
+
+    fn set_state(&self, ready: bool, reason: String, identity: Option<Option<Identity>>) {
+        let mut s = self.state.write().unwrap_or_else(|p| p.into_inner());
+        s.ready = ready;
+        s.reason = reason;
+        if let Some(identity) = identity {
+            s.identity = identity;
+        }
+    }
+
+    /// Calls the provider: a deadline on every attempt, up to three attempts for transient
+    /// codes, waiting out RetryInfo delays up to 2 s (longer ones are returned, for the
+    /// caller's queue to back off), never retrying UNIMPLEMENTED or other final codes.
+    pub async fn call<M: Clone, T>(
+        &self,
+        method: &'static str,
+        message: M,
+        rpc: impl AsyncFn(Channel, Request<M>) -> Result<Response<T>, Status>,
+    ) -> Result<T, Error> {
+        let mut attempt = 0;
+        loop {
+            attempt += 1;
+            let mut request = Request::new(message.clone());
+            request.set_timeout(self.timeout);
+            let started = Instant::now();
+            let result = {
+                let _permit = self.limit.acquire().await.map_err(|_| Error::unavailable("provider client closed"))?;
+                tokio::time::timeout(self.timeout + Duration::from_secs(1), rpc(self.channel.clone(), request)).await
+            };
+            let result =
+                result.unwrap_or_else(|_| Err(Status::deadline_exceeded(format!("{method}: no answer within the deadline"))));
+            let code = result.as_ref().map_or_else(Status::code, |_| tonic::Code::Ok);
+            self.metrics.provider_call(method, code, started.elapsed());
+            let status = match result {
+                Ok(response) => return Ok(response.into_inner()),
+                Err(status) => status,
+            };
+            let error = Error::from_status(&status);
+            if status.code() == tonic::Code::Unavailable && status.message().contains("transport") {
+                // The connection broke: the identity is re-read when it comes back.
+                self.set_state(false, format!("provider unreachable: {}", status.message()), None);
+            }
+            let wait = error.retry_after().unwrap_or(Duration::from_millis(100 * u64::from(attempt)));
+            if !error.is_transient() || attempt >= ATTEMPTS || wait > MAX_INLINE_WAIT {
+                tracing::debug!(method, %error, attempt, "provider call failed");
+                return Err(error);
+            }
+            tokio::time::sleep(wait).await;
+        }
+    }
+
+    /// Reads the plugin's info and capabilities and probes it; updates readiness.
+    pub async fn refresh(&self) -> Result<Identity, Error> {
+        let info = self
+            .call("IdentityService/GetPluginInfo", pb::GetPluginInfoRequest {}, async |ch, r| {
+                IdentityServiceClient::new(ch).get_plugin_info(r).await
+            })
+            .await;
+        let info = match info {
+            Ok(info) => info,
+            Err(e) => {
+                self.set_state(false, format!("provider unreachable: {e}"), None);
+                return Err(e);
+            }
+        };
+        let capabilities = self
+            .call("IdentityService/GetPluginCapabilities", pb::GetPluginCapabilitiesRequest {}, async |ch, r| {
+                IdentityServiceClient::new(ch).get_plugin_capabilities(r).await
+            })
+            .await?;
+        let identity = Identity { name: info.name, vendor_version: info.vendor_version, capabilities };
+        let probe = self
+            .call("IdentityService/Probe", pb::ProbeRequest {}, async |ch, r| IdentityServiceClient::new(ch).probe(r).await)
+            .await;
+        match probe {
+            Ok(p) if p.ready => self.set_state(true, String::new(), Some(Some(identity.clone()))),
+            Ok(p) => self.set_state(false, format!("provider not ready: {}", p.message), Some(Some(identity.clone()))),
+            Err(e) => self.set_state(false, format!("provider probe failed: {e}"), Some(Some(identity.clone()))),
+        }
+        Ok(identity)
+    }
+
+    /// Probes the provider every `period` until `stop`; re-reads its identity whenever it was
+    /// unreachable or had none (a reconnect), and logs when capabilities change.
+    pub async fn watch(self, period: Duration, mut stop: tokio::sync::watch::Receiver<bool>) {
+        loop {
+            let had = self.identity();
+            let (ready, _) = self.readiness();
+            if !ready || had.is_none() {
+                match self.refresh().await {
+                    Ok(identity) if had.as_ref() != Some(&identity) => {
+                        tracing::info!(plugin = %identity.name, version = %identity.vendor_version, "provider identity read");
+                    }
+                    Ok(_) => {}
+                    Err(error) => tracing::warn!(endpoint = %self.endpoint, %error, "provider not reachable"),
+                }
+            } else {
+                let probe = self
+                    .call("IdentityService/Probe", pb::ProbeRequest {}, async |ch, r| {
+                        IdentityServiceClient::new(ch).probe(r).await
+                    })
+                    .await;
+                match probe {
+                    Ok(p) if p.ready => self.set_state(true, String::new(), None),
+                    Ok(p) => self.set_state(false, format!("provider not ready: {}", p.message), None),
+                    Err(e) => self.set_state(false, format!("provider probe failed: {e}"), None),
+                }
+            }
+            tokio::select! {
+                _ = tokio::time::sleep(period) => {}
+                _ = stop.wait_for(|s| *s) => return,
+            }
+        }
+    }
+}
