@@ -3,8 +3,10 @@
 //! The generic cloud-controller-manager: it knows Kubernetes and the `cloudprovider.v1`
 //! protocol, and no cloud.
 
+pub mod controllers;
 pub mod informer;
 pub mod metrics;
+pub mod node_util;
 pub mod options;
 pub mod provider;
 pub mod queue;

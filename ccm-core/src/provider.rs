@@ -29,6 +29,8 @@ pub struct Identity {
     pub name: String,
     /// Plugin version.
     pub vendor_version: String,
+    /// The scheme of its providerIDs; empty when it does not say.
+    pub provider_id_scheme: String,
     /// Capabilities.
     pub capabilities: pb::GetPluginCapabilitiesResponse,
 }
@@ -37,6 +39,12 @@ impl Identity {
     /// Whether a service is advertised.
     pub fn serves(&self, service: ServiceType) -> bool {
         self.capabilities.services.contains(&(service as i32))
+    }
+
+    /// Whether a providerID is this provider's (always, when it advertises no scheme).
+    pub fn owns(&self, provider_id: &str) -> bool {
+        self.provider_id_scheme.is_empty()
+            || provider_id.strip_prefix(self.provider_id_scheme.as_str()).is_some_and(|rest| rest.starts_with("://"))
     }
 
     /// Whether batch instance reads are advertised.
@@ -162,7 +170,12 @@ impl Provider {
                 IdentityServiceClient::new(ch).get_plugin_capabilities(r).await
             })
             .await?;
-        let identity = Identity { name: info.name, vendor_version: info.vendor_version, capabilities };
+        let identity = Identity {
+            name: info.name,
+            vendor_version: info.vendor_version,
+            provider_id_scheme: info.provider_id_scheme,
+            capabilities,
+        };
         let probe = self
             .call("IdentityService/Probe", pb::ProbeRequest {}, async |ch, r| IdentityServiceClient::new(ch).probe(r).await)
             .await;

@@ -260,6 +260,21 @@ impl<K: Clone + Eq + Hash> WorkQueue<K> {
         }
     }
 
+    /// Up to `max` keys at once: waits for the first, then takes whatever else is ready.
+    /// One overall rate-limit token is spent per batch, since a batch costs one provider call.
+    pub async fn next_batch(&self, max: usize) -> Vec<K> {
+        let Some(first) = self.next().await else { return Vec::new() };
+        let mut out = vec![first];
+        let mut s = self.lock();
+        while out.len() < max {
+            let Some(key) = s.ready.pop_front() else { break };
+            s.queued.remove(&key);
+            s.processing.insert(key.clone());
+            out.push(key);
+        }
+        out
+    }
+
     /// Reports how processing `key` ended.
     pub fn done(&self, key: &K, outcome: Outcome) {
         let mut s = self.lock();
@@ -431,6 +446,18 @@ mod tests {
         }
         // Two at once, then one every 100 ms.
         assert_eq!((Instant::now() - start).as_millis(), 300);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn batches_take_what_is_ready() {
+        let q = queue();
+        for k in ["a", "b", "c"] {
+            q.add(k);
+        }
+        assert_eq!(q.next_batch(2).await, vec!["a", "b"]);
+        assert_eq!(q.next_batch(10).await, vec!["c"]);
+        q.add("a");
+        assert_eq!(next_within(&q, Duration::from_millis(10)).await, None, "a is still in process");
     }
 
     #[tokio::test(start_paused = true)]

@@ -177,6 +177,7 @@ pub struct ProviderServer {
     name: String,
     vendor_version: String,
     manifest: std::collections::HashMap<String, String>,
+    provider_id_scheme: String,
     instances: Option<Arc<dyn Instances>>,
     tags: Option<Arc<dyn Tags>>,
     routes: Option<Arc<dyn Routes>>,
@@ -194,6 +195,7 @@ impl ProviderServer {
             name: name.into(),
             vendor_version: vendor_version.into(),
             manifest: Default::default(),
+            provider_id_scheme: String::new(),
             instances: None,
             tags: None,
             routes: None,
@@ -203,6 +205,13 @@ impl ProviderServer {
             observers: Vec::new(),
             socket_mode: 0o600,
         }
+    }
+
+    /// The scheme of the providerIDs this provider issues (`"sim"` for `sim://…`), so the core
+    /// can leave other providers' Nodes alone.
+    pub fn provider_id_scheme(mut self, scheme: impl Into<String>) -> Self {
+        self.provider_id_scheme = scheme.into();
+        self
     }
 
     /// Adds a manifest entry to GetPluginInfo.
@@ -326,7 +335,12 @@ impl ProviderServer {
         let (health, health_service) = tonic_health::server::health_reporter();
         health.set_service_status("", tonic_health::ServingStatus::Serving).await;
         let identity = IdentityAdapter {
-            info: pb::GetPluginInfoResponse { name: self.name, vendor_version: self.vendor_version, manifest: self.manifest },
+            info: pb::GetPluginInfoResponse {
+                name: self.name,
+                vendor_version: self.vendor_version,
+                manifest: self.manifest,
+                provider_id_scheme: self.provider_id_scheme,
+            },
             caps,
             probe: self.probe,
             obs: obs.clone(),

@@ -389,7 +389,12 @@ impl<F: FnMut(&CheckResult)> Suite<F> {
 
     async fn list_instances(&mut self) -> Check {
         let all = self.list_all_instances(0).await?;
+        let info = self.identity.clone().get_plugin_info(self.req(pb::GetPluginInfoRequest {})).await.ctx("GetPluginInfo")?;
         for i in &all {
+            let scheme = &info.provider_id_scheme;
+            ensure(scheme.is_empty() || i.provider_id.starts_with(&format!("{scheme}://")), || {
+                format!("providerID {} lacks the advertised scheme {scheme}://", i.provider_id)
+            })?;
             ensure(!i.provider_id.is_empty() && !i.instance_id.is_empty(), || format!("listed instance without ids: {i:?}"))?;
             ensure(i.state() != pb::InstanceState::Terminated, || format!("terminated instance {} is listed", i.provider_id))?;
             for a in &i.addresses {

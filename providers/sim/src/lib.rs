@@ -42,6 +42,7 @@ pub async fn run(
 
     let mut server = ProviderServer::new(config.plugin_name.clone(), VERSION)
         .manifest("cloud", "sim")
+        .provider_id_scheme(cloud::PROVIDER_ID_SCHEME.trim_end_matches("://"))
         .instances(provider.clone())
         .tags(provider.clone())
         .routes(provider.clone())

@@ -1,0 +1,99 @@
+//! The controllers, and what they share.
+
+pub mod node;
+pub mod node_lifecycle;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use ccm_provider_sdk::ratelimit::TokenBucket;
+use k8s_openapi::api::core::v1::Node;
+use kube::Resource;
+use kube::runtime::events::{Event, EventType, Recorder, Reporter};
+
+use crate::informer::Informer;
+use crate::metrics::Metrics;
+use crate::node_util::{self, Op};
+use crate::options::Options;
+use crate::provider::Provider;
+
+/// What every controller gets.
+#[derive(Clone)]
+pub struct Context {
+    /// Kubernetes client.
+    pub client: kube::Client,
+    /// The provider.
+    pub provider: Provider,
+    /// The shared Node watch.
+    pub nodes: Informer<Node>,
+    /// Metrics.
+    pub metrics: Metrics,
+    /// Flags.
+    pub options: Arc<Options>,
+    /// `--node-exclude-selector`, parsed.
+    pub exclude: Option<Arc<Vec<(String, Op)>>>,
+    kube_writes: Arc<TokenBucket>,
+}
+
+impl Context {
+    /// The shared context.
+    pub fn new(
+        client: kube::Client,
+        provider: Provider,
+        nodes: Informer<Node>,
+        metrics: Metrics,
+        options: Arc<Options>,
+    ) -> anyhow::Result<Self> {
+        let exclude = match &options.node_exclude_selector {
+            Some(s) => Some(Arc::new(node_util::parse_selector(s).map_err(|e| anyhow::anyhow!("--node-exclude-selector: {e}"))?)),
+            None => None,
+        };
+        let kube_writes = Arc::new(TokenBucket::new(f64::from(options.kube_api_qps), options.kube_api_burst));
+        Ok(Self { client, provider, nodes, metrics, options, exclude, kube_writes })
+    }
+
+    /// Waits for a token of `--kube-api-qps`/`--kube-api-burst` before a write to the API.
+    pub async fn kube_write_permit(&self) {
+        while let Err(wait) = self.kube_writes.try_acquire() {
+            tokio::time::sleep(wait).await;
+        }
+    }
+
+    /// Whether the node controllers leave this Node alone: excluded by the operator's selector,
+    /// or carrying another provider's providerID.
+    pub fn ignores(&self, node: &Node) -> bool {
+        if let Some(terms) = &self.exclude
+            && node_util::selector_matches(terms, node.metadata.labels.as_ref().unwrap_or(&Default::default()))
+        {
+            return true;
+        }
+        match (node_util::provider_id(node), self.provider.identity()) {
+            (Some(id), Some(identity)) => !identity.owns(id),
+            _ => false,
+        }
+    }
+
+    /// Records an Event on a Node (best effort: a failure is logged, never fatal).
+    pub async fn event(&self, controller: &str, node: &Node, warning: bool, reason: &str, note: String) {
+        self.kube_write_permit().await;
+        let recorder = Recorder::new(self.client.clone(), Reporter { controller: controller.into(), instance: None });
+        let event = Event {
+            type_: if warning { EventType::Warning } else { EventType::Normal },
+            reason: reason.into(),
+            note: Some(note),
+            action: reason.into(),
+            secondary: None,
+        };
+        if let Err(error) = recorder.publish(&event, &node.object_ref(&())).await {
+            tracing::warn!(node = node_util::name(node), %error, reason, "recording an event failed");
+        }
+    }
+}
+
+/// Sleeps `period`, or returns false when `stop` fires first.
+pub async fn sleep_or_stop(period: Duration, stop: &mut tokio::sync::watch::Receiver<bool>) -> bool {
+    tokio::select! {
+        _ = tokio::time::sleep(period) => true,
+        _ = stop.wait_for(|s| *s) => false,
+    }
+}

@@ -1,0 +1,405 @@
+//! The node controller (`cloud-node-controller`): initialises Nodes that carry the
+//! `uninitialized` taint from the provider's facts, then removes the taint; and refreshes the
+//! addresses of initialised Nodes periodically with batched reads.
+//!
+//! - One initialisation per Node in flight: keys are de-duplicated by the queue, and a Node
+//!   this controller just initialised is not initialised again while the cache still shows
+//!   the version from before its own write.
+//! - Concurrent initialisations share one BatchInstanceMetadata (and one
+//!   BatchGetInstanceTags) call when the provider advertises batch reads: each worker takes
+//!   every ready key at once.
+//! - Two writes per Node: its status (addresses), then labels, providerID and taints together,
+//!   guarded by the resourceVersion read.
+
+use std::collections::{BTreeMap, HashMap};
+use std::hash::{Hash, Hasher};
+use std::sync::{Arc, Mutex};
+
+use ccm_proto::v1::instances_service_client::InstancesServiceClient;
+use ccm_proto::v1::tags_service_client::TagsServiceClient;
+use ccm_proto::v1::{self as pb, ServiceType};
+use ccm_provider_sdk::Error;
+use ccm_provider_sdk::validate::MAX_BATCH;
+use futures::future::join_all;
+use k8s_openapi::api::core::v1::Node;
+use kube::Api;
+use kube::api::{Patch, PatchParams};
+use kube::runtime::reflector::ObjectRef;
+use tokio::sync::broadcast::error::RecvError;
+
+use super::{Context, sleep_or_stop};
+use crate::informer::Change;
+use crate::node_util::{self, TAINT_UNINITIALIZED};
+use crate::queue::{Outcome, QueueConfig, WorkQueue};
+
+/// The controller's name, in Events, metrics and logs.
+pub const NAME: &str = "cloud-node-controller";
+
+/// Whether a Node waits for initialisation by this controller.
+pub fn needs_init(ctx: &Context, node: &Node) -> bool {
+    node_util::has_taint(node, TAINT_UNINITIALIZED) && !ctx.ignores(node) && node.metadata.deletion_timestamp.is_none()
+}
+
+/// What initialisation acts on; a change of it retries a failing Node at once.
+fn fingerprint(node: &Node) -> u64 {
+    let mut h = std::collections::hash_map::DefaultHasher::new();
+    node_util::provider_id(node).hash(&mut h);
+    node.metadata.annotations.as_ref().and_then(|a| a.get(node_util::ANNOTATION_PROVIDED_NODE_IP)).hash(&mut h);
+    node_util::has_taint(node, TAINT_UNINITIALIZED).hash(&mut h);
+    h.finish()
+}
+
+fn resource_version(node: &Node) -> u64 {
+    node.metadata.resource_version.as_deref().and_then(|v| v.parse().ok()).unwrap_or(0)
+}
+
+/// Looks many Nodes' instances up: one call per 500 when the provider batches, else one call
+/// per Node. Per-Node results, in order.
+pub async fn metadata_for(ctx: &Context, lookups: Vec<pb::InstanceLookup>) -> Vec<Result<Option<pb::InstanceMetadata>, Error>> {
+    let batch = ctx.provider.identity().is_some_and(|i| i.batch_reads());
+    if batch {
+        let mut out = Vec::with_capacity(lookups.len());
+        for chunk in lookups.chunks(MAX_BATCH) {
+            let request = pb::BatchInstanceMetadataRequest { instances: chunk.to_vec() };
+            let answer = ctx
+                .provider
+                .call("InstancesService/BatchInstanceMetadata", request, async |ch, r| {
+                    InstancesServiceClient::new(ch).batch_instance_metadata(r).await
+                })
+                .await;
+            match answer {
+                Ok(a) if a.results.len() == chunk.len() => out.extend(a.results.into_iter().map(|r| match r.error {
+                    Some(e) => Err(Error::from_item_error(&e)),
+                    None => Ok(r.metadata.filter(|_| r.exists)),
+                })),
+                Ok(a) => {
+                    let e = Error::internal(format!("provider answered {} of {} lookups", a.results.len(), chunk.len()));
+                    out.extend(chunk.iter().map(|_| Err(e.clone())));
+                }
+                Err(e) => out.extend(chunk.iter().map(|_| Err(e.clone()))),
+            }
+        }
+        return out;
+    }
+    join_all(lookups.into_iter().map(|lookup| async move {
+        let request = pb::InstanceMetadataRequest { instance: Some(lookup) };
+        ctx.provider
+            .call("InstancesService/InstanceMetadata", request, async |ch, r| {
+                InstancesServiceClient::new(ch).instance_metadata(r).await
+            })
+            .await
+            .map(|a| a.metadata.filter(|_| a.exists))
+    }))
+    .await
+}
+
+async fn tags_for(ctx: &Context, lookups: Vec<pb::InstanceLookup>) -> Vec<Result<BTreeMap<String, String>, Error>> {
+    let mut out = Vec::with_capacity(lookups.len());
+    for chunk in lookups.chunks(MAX_BATCH) {
+        let request = pb::BatchGetInstanceTagsRequest { instances: chunk.to_vec() };
+        let answer = ctx
+            .provider
+            .call("TagsService/BatchGetInstanceTags", request, async |ch, r| {
+                TagsServiceClient::new(ch).batch_get_instance_tags(r).await
+            })
+            .await;
+        match answer {
+            Ok(a) if a.results.len() == chunk.len() => out.extend(a.results.into_iter().map(|r| match r.error {
+                Some(e) => Err(Error::from_item_error(&e)),
+                None => Ok(r.tags.into_iter().collect()),
+            })),
+            Ok(_) => out.extend(chunk.iter().map(|_| Err(Error::internal("provider answered the wrong number of tag lookups")))),
+            Err(e) => out.extend(chunk.iter().map(|_| Err(e.clone()))),
+        }
+    }
+    out
+}
+
+/// The node controller.
+pub struct NodeController {
+    ctx: Context,
+    queue: Arc<WorkQueue<String>>,
+    /// Nodes this controller initialised, with the resourceVersion its write produced: until
+    /// the cache shows that version, the cached Node is stale and must not be initialised again.
+    written: Arc<Mutex<HashMap<String, u64>>>,
+}
+
+impl NodeController {
+    /// A controller over `ctx`.
+    pub fn new(ctx: Context) -> Self {
+        let o = &ctx.options;
+        let config =
+            QueueConfig { base_delay: o.reconcile_backoff_base, max_delay: o.reconcile_backoff_max, ..Default::default() };
+        Self { ctx, queue: Arc::new(WorkQueue::new(config)), written: Default::default() }
+    }
+
+    /// Runs until `stop`: the event feed, the workers and the periodic address refresh.
+    pub async fn run(self, stop: tokio::sync::watch::Receiver<bool>) {
+        let this = Arc::new(self);
+        let mut tasks = Vec::new();
+        tasks.push(tokio::spawn(this.clone().feed(stop.clone())));
+        for _ in 0..this.ctx.options.concurrent_node_syncs {
+            tasks.push(tokio::spawn(this.clone().worker()));
+        }
+        tasks.push(tokio::spawn(this.clone().refresh_loop(stop.clone())));
+        let mut stop = stop;
+        let _ = stop.wait_for(|s| *s).await;
+        this.queue.shutdown();
+        for t in tasks {
+            let _ = t.await;
+        }
+    }
+
+    fn enqueue(&self, node: &Node) {
+        if needs_init(&self.ctx, node) {
+            self.ctx.metrics.queue_add(NAME);
+            self.queue.add_changed(node_util::name(node).to_string(), fingerprint(node));
+        }
+    }
+
+    async fn feed(self: Arc<Self>, mut stop: tokio::sync::watch::Receiver<bool>) {
+        let mut changes = self.ctx.nodes.subscribe();
+        self.ctx.nodes.wait_synced().await;
+        for node in self.ctx.nodes.store().state() {
+            self.enqueue(&node);
+        }
+        loop {
+            let change = tokio::select! {
+                c = changes.recv() => c,
+                _ = stop.wait_for(|s| *s) => return,
+            };
+            match change {
+                Ok(Change::Applied { new, .. }) => self.enqueue(&new),
+                Ok(Change::Deleted(node)) => {
+                    let name = node_util::name(&node).to_string();
+                    self.queue.forget(&name);
+                    self.written.lock().unwrap_or_else(|p| p.into_inner()).remove(&name);
+                }
+                Err(RecvError::Lagged(n)) => {
+                    tracing::warn!(missed = n, "node events lagged; re-reading the cache");
+                    for node in self.ctx.nodes.store().state() {
+                        self.enqueue(&node);
+                    }
+                }
+                Err(RecvError::Closed) => return,
+            }
+            self.ctx.metrics.queue_depth(NAME, self.queue.stats().depth);
+        }
+    }
+
+    async fn worker(self: Arc<Self>) {
+        loop {
+            let keys = self.queue.next_batch(MAX_BATCH).await;
+            if keys.is_empty() {
+                return;
+            }
+            let started = tokio::time::Instant::now();
+            let outcomes = self.initialise(&keys).await;
+            for (key, outcome) in keys.iter().zip(outcomes) {
+                let failed = matches!(outcome, Outcome::Retry { .. });
+                self.ctx.metrics.reconcile(NAME, started.elapsed(), failed);
+                self.queue.done(key, outcome);
+            }
+            self.ctx.metrics.queue_depth(NAME, self.queue.stats().depth);
+        }
+    }
+
+    /// Initialises the Nodes named `keys`; one outcome per key.
+    async fn initialise(&self, keys: &[String]) -> Vec<Outcome> {
+        let mut outcomes = vec![Outcome::Success; keys.len()];
+        // Read the newest Node from the cache, never a copy from before a failure.
+        let mut todo: Vec<(usize, Arc<Node>)> = Vec::new();
+        for (i, key) in keys.iter().enumerate() {
+            let Some(node) = self.ctx.nodes.store().get(&ObjectRef::new(key)) else { continue };
+            if !needs_init(&self.ctx, &node) {
+                continue;
+            }
+            let stale =
+                self.written.lock().unwrap_or_else(|p| p.into_inner()).get(key).is_some_and(|rv| resource_version(&node) < *rv);
+            if stale {
+                continue;
+            }
+            todo.push((i, node));
+        }
+        if todo.is_empty() {
+            return outcomes;
+        }
+        let Some(identity) = self.ctx.provider.identity() else {
+            for (i, node) in &todo {
+                outcomes[*i] = Outcome::Retry { fingerprint: Some(fingerprint(node)), retry_after: None };
+            }
+            tracing::info!(nodes = todo.len(), "provider not ready; node initialisation waits");
+            return outcomes;
+        };
+        let lookups: Vec<pb::InstanceLookup> = todo.iter().map(|(_, n)| node_util::lookup(n)).collect();
+        let metadata = metadata_for(&self.ctx, lookups.clone()).await;
+        let want_tags = identity.serves(ServiceType::Tags) && !self.ctx.options.node_tag_label_prefix.is_empty();
+        let tags = if want_tags { Some(tags_for(&self.ctx, lookups).await) } else { None };
+        let results = join_all(todo.iter().zip(metadata).enumerate().map(|(j, ((_, node), meta))| {
+            let tags = tags.as_ref().map(|t| t[j].clone());
+            self.initialise_one(node.clone(), meta, tags)
+        }))
+        .await;
+        for ((i, _), outcome) in todo.iter().zip(results) {
+            outcomes[*i] = outcome;
+        }
+        outcomes
+    }
+
+    async fn initialise_one(
+        &self,
+        node: Arc<Node>,
+        meta: Result<Option<pb::InstanceMetadata>, Error>,
+        tags: Option<Result<BTreeMap<String, String>, Error>>,
+    ) -> Outcome {
+        let name = node_util::name(&node).to_string();
+        let retry = |error: &Error| Outcome::Retry { fingerprint: Some(fingerprint(&node)), retry_after: error.retry_after() };
+        let meta = match meta {
+            Ok(Some(m)) => m,
+            Ok(None) => {
+                // Not (yet) an instance the cloud knows: keep the taint and look again later;
+                // the lifecycle controller decides about deleting it.
+                tracing::info!(node = %name, "no instance found for node; will retry");
+                return Outcome::Retry { fingerprint: Some(fingerprint(&node)), retry_after: None };
+            }
+            Err(error) => {
+                tracing::warn!(node = %name, %error, "instance lookup failed");
+                return retry(&error);
+            }
+        };
+        match self.apply(&node, &meta, tags).await {
+            Ok(rv) => {
+                self.written.lock().unwrap_or_else(|p| p.into_inner()).insert(name.clone(), rv);
+                tracing::info!(node = %name, provider_id = %meta.provider_id, "node initialised");
+                self.ctx.event(NAME, &node, false, "Synced", "Node synced successfully".into()).await;
+                Outcome::Success
+            }
+            Err(InitError::Invalid(why)) => {
+                tracing::warn!(node = %name, %why, "node cannot be initialised");
+                self.ctx.event(NAME, &node, true, "NodeInitializationFailed", why).await;
+                Outcome::Retry { fingerprint: Some(fingerprint(&node)), retry_after: None }
+            }
+            Err(InitError::Kube(error)) => {
+                tracing::warn!(node = %name, %error, "writing the node failed");
+                Outcome::Retry { fingerprint: Some(fingerprint(&node)), retry_after: None }
+            }
+        }
+    }
+
+    /// Writes what the cloud says onto the Node: status first, then labels, providerID and
+    /// taints in one patch. Returns the resourceVersion of the last write.
+    async fn apply(
+        &self,
+        node: &Node,
+        meta: &pb::InstanceMetadata,
+        tags: Option<Result<BTreeMap<String, String>, Error>>,
+    ) -> Result<u64, InitError> {
+        let name = node_util::name(node);
+        let api: Api<Node> = Api::all(self.ctx.client.clone());
+        let addresses = node_util::desired_addresses(node, &meta.addresses).map_err(InitError::Invalid)?;
+        if addresses.is_empty() {
+            return Err(InitError::Invalid(format!("the provider reported no addresses for {}", meta.provider_id)));
+        }
+        let current = node.metadata.labels.clone().unwrap_or_default();
+        let mut labels = BTreeMap::new();
+        let mut offer = |key: String, value: &str| {
+            if !value.is_empty() && !current.contains_key(&key) {
+                labels.insert(key, value.to_string());
+            }
+        };
+        offer(node_util::LABEL_ZONE.into(), &meta.zone);
+        offer(node_util::LABEL_REGION.into(), &meta.region);
+        offer(node_util::LABEL_INSTANCE_TYPE.into(), &meta.instance_type);
+        for (k, v) in &meta.additional_labels {
+            if !node_util::reserved_label_domain(k) && node_util::valid_label_key(k) && node_util::valid_label_value(v) {
+                offer(k.clone(), v);
+            }
+        }
+        let mut skipped = Vec::new();
+        match tags {
+            Some(Ok(tags)) => {
+                let prefix = &self.ctx.options.node_tag_label_prefix;
+                for (k, v) in tags {
+                    let key = format!("{prefix}/{k}");
+                    if node_util::valid_label_key(&key) && node_util::valid_label_value(&v) {
+                        offer(key, &v);
+                    } else {
+                        skipped.push(k);
+                    }
+                }
+            }
+            Some(Err(error)) => return Err(InitError::Invalid(format!("reading the instance's tags failed: {error}"))),
+            None => {}
+        }
+
+        if node_util::addresses(node) != addresses {
+            self.ctx.kube_write_permit().await;
+            let patch = serde_json::json!({ "status": { "addresses": addresses } });
+            api.patch_status(name, &PatchParams::default(), &Patch::Merge(&patch)).await.map_err(InitError::Kube)?;
+        }
+        let mut spec = serde_json::json!({ "taints": node_util::taints_without(node, TAINT_UNINITIALIZED) });
+        if node_util::provider_id(node).is_none() {
+            spec["providerID"] = serde_json::Value::String(meta.provider_id.clone());
+        }
+        let patch = serde_json::json!({
+            "metadata": { "labels": labels, "resourceVersion": node.metadata.resource_version },
+            "spec": spec,
+        });
+        self.ctx.kube_write_permit().await;
+        let written = api.patch(name, &PatchParams::default(), &Patch::Merge(&patch)).await.map_err(InitError::Kube)?;
+        if !skipped.is_empty() {
+            let note = format!("instance tags that are not valid label keys or values were not copied: {}", skipped.join(", "));
+            self.ctx.event(NAME, node, true, "InvalidInstanceTags", note).await;
+        }
+        Ok(resource_version(&written))
+    }
+
+    async fn refresh_loop(self: Arc<Self>, mut stop: tokio::sync::watch::Receiver<bool>) {
+        self.ctx.nodes.wait_synced().await;
+        while sleep_or_stop(self.ctx.options.node_status_update_frequency, &mut stop).await {
+            if let Err(error) = self.refresh_addresses().await {
+                tracing::warn!(%error, "address refresh failed");
+            }
+        }
+    }
+
+    /// Refreshes every initialised Node's addresses: one batch call per 500 Nodes when the
+    /// provider batches; a status patch only where something changed.
+    pub async fn refresh_addresses(&self) -> anyhow::Result<usize> {
+        if self.ctx.provider.identity().is_none() {
+            return Ok(0);
+        }
+        let nodes: Vec<Arc<Node>> = self
+            .ctx
+            .nodes
+            .store()
+            .state()
+            .into_iter()
+            .filter(|n| {
+                node_util::provider_id(n).is_some() && !node_util::has_taint(n, TAINT_UNINITIALIZED) && !self.ctx.ignores(n)
+            })
+            .collect();
+        let lookups = nodes.iter().map(|n| node_util::lookup(n)).collect();
+        let results = metadata_for(&self.ctx, lookups).await;
+        let api: Api<Node> = Api::all(self.ctx.client.clone());
+        let mut patched = 0;
+        for (node, result) in nodes.iter().zip(results) {
+            let Ok(Some(meta)) = result else { continue };
+            let Ok(addresses) = node_util::desired_addresses(node, &meta.addresses) else { continue };
+            if addresses.is_empty() || node_util::addresses(node) == addresses {
+                continue;
+            }
+            self.ctx.kube_write_permit().await;
+            let patch = serde_json::json!({ "status": { "addresses": addresses } });
+            api.patch_status(node_util::name(node), &PatchParams::default(), &Patch::Merge(&patch)).await?;
+            patched += 1;
+        }
+        Ok(patched)
+    }
+}
+
+#[derive(Debug)]
+enum InitError {
+    Invalid(String),
+    Kube(kube::Error),
+}
