@@ -4,9 +4,11 @@
 //! protocol, and no cloud.
 
 pub mod controllers;
+pub mod http;
 pub mod informer;
 pub mod metrics;
 pub mod node_util;
 pub mod options;
 pub mod provider;
 pub mod queue;
+pub mod runtime;

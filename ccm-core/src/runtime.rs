@@ -1,0 +1,194 @@
+//! Wires the process together: Kubernetes client, provider client, shared Node watch, health
+//! server, leader election and the enabled controllers; stops gracefully on SIGTERM and
+//! fail-stops when the leader lease is lost.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::{Context as _, bail};
+use k8s_openapi::api::core::v1::Node;
+use kube::Api;
+use kube::runtime::watcher;
+use tokio::sync::watch;
+
+use crate::controllers::Context;
+use crate::controllers::node::NodeController;
+use crate::controllers::node_lifecycle::NodeLifecycleController;
+use crate::http::{self, Readiness};
+use crate::informer::{Informer, slim_node};
+use crate::metrics::Metrics;
+use crate::options::{IMPLEMENTED, Options};
+use crate::provider::Provider;
+
+/// How often the provider is probed (Probe is answered by the sidecar, not the cloud API).
+pub const PROBE_PERIOD: Duration = Duration::from_secs(10);
+
+struct Ready {
+    provider: Provider,
+    nodes: Informer<Node>,
+}
+
+impl Readiness for Ready {
+    fn ready(&self) -> Result<(), Vec<String>> {
+        let mut reasons = Vec::new();
+        let (ok, why) = self.provider.readiness();
+        if !ok {
+            reasons.push(format!("provider {}: {why}", self.provider.endpoint()));
+        }
+        if !self.nodes.synced() {
+            reasons.push("node cache not synced".into());
+        }
+        if reasons.is_empty() { Ok(()) } else { Err(reasons) }
+    }
+}
+
+async fn kube_client(options: &Options) -> anyhow::Result<kube::Client> {
+    let config = match &options.kubeconfig {
+        Some(path) => {
+            let kubeconfig =
+                kube::config::Kubeconfig::read_from(path).with_context(|| format!("reading --kubeconfig {}", path.display()))?;
+            kube::Config::from_custom_kubeconfig(kubeconfig, &Default::default()).await.context("loading --kubeconfig")?
+        }
+        None => kube::Config::incluster().context("no --kubeconfig given and not running in a cluster")?,
+    };
+    kube::Client::try_from(config).context("building the Kubernetes client")
+}
+
+/// Runs the cloud-controller-manager until SIGTERM or SIGINT (Ok) or until it must stop (Err).
+pub async fn run(options: Options) -> anyhow::Result<()> {
+    run_until(options, ccm_provider_sdk::server::shutdown_signal()).await
+}
+
+/// Runs the cloud-controller-manager until `shutdown` resolves (Ok) or until it must stop,
+/// such as after losing the leader lease (Err).
+pub async fn run_until(options: Options, shutdown: impl Future<Output = ()> + Send + 'static) -> anyhow::Result<()> {
+    options.validate().map_err(|e| anyhow::anyhow!(e))?;
+    let options = Arc::new(options);
+    let enabled = options.enabled_controllers().map_err(|e| anyhow::anyhow!(e))?;
+    for name in enabled.iter().filter(|n| !IMPLEMENTED.contains(n)) {
+        tracing::warn!(controller = name, "controller is not available in this build; skipped");
+    }
+    let client = kube_client(&options).await?;
+    let metrics = Metrics::new();
+    let provider = Provider::new(
+        &options.provider_endpoint,
+        options.provider_call_timeout,
+        options.provider_max_concurrency,
+        metrics.clone(),
+    )
+    .with_context(|| format!("--provider-endpoint {}", options.provider_endpoint))?;
+
+    let (stop_tx, stop) = watch::channel(false);
+    let (shutdown_tx, shutdown_rx) = watch::channel(false);
+    tokio::spawn(async move {
+        shutdown.await;
+        let _ = shutdown_tx.send(true);
+    });
+    tokio::spawn(provider.clone().watch(PROBE_PERIOD, stop.clone()));
+    let nodes =
+        Informer::start(Api::<Node>::all(client.clone()), watcher::Config::default().page_size(500), slim_node, stop.clone());
+
+    if options.secure_port != 0 {
+        let ready = Arc::new(Ready { provider: provider.clone(), nodes: nodes.clone() });
+        let app = http::router(metrics.clone(), ready);
+        let addr = SocketAddr::new(options.bind_address, options.secure_port);
+        let bound = http::serve(addr, options.insecure_serving, app, stop.clone()).await?;
+        tracing::info!(address = %bound, tls = !options.insecure_serving, "serving /healthz, /readyz and /metrics");
+    }
+
+    let ctx = Context::new(client.clone(), provider, nodes, metrics.clone(), options.clone())?;
+    let result = if options.leader_elect {
+        lead_then_run(&options, client, ctx, &enabled, shutdown_rx).await
+    } else {
+        run_controllers(ctx, &enabled, shutdown_rx, None).await
+    };
+    let _ = stop_tx.send(true);
+    // Give tasks a moment to finish their writes.
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    result
+}
+
+async fn lead_then_run(
+    options: &Options,
+    client: kube::Client,
+    ctx: Context,
+    enabled: &std::collections::BTreeSet<&'static str>,
+    mut shutdown: watch::Receiver<bool>,
+) -> anyhow::Result<()> {
+    let host = std::env::var("HOSTNAME").unwrap_or_else(|_| "localhost".into());
+    let nanos = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.subsec_nanos());
+    let identity = format!("{host}_{}_{nanos:08x}", std::process::id());
+    let duration = options.leader_elect_lease_duration.as_secs().max(2);
+    let grace = duration.saturating_sub(options.leader_elect_renew_deadline.as_secs()).clamp(1, duration - 1);
+    let manager = kube_lease_manager::LeaseManagerBuilder::new(client, &options.leader_elect_resource_name)
+        .with_namespace(&options.leader_elect_resource_namespace)
+        .with_identity(&identity)
+        .with_duration(duration)
+        .with_grace(grace)
+        .build()
+        .await
+        .context("setting up leader election")?;
+    let (mut leading, handle) = manager.watch().await;
+    tracing::info!(%identity, lease = %options.leader_elect_resource_name, "waiting to acquire the leader lease");
+    let acquired = tokio::select! {
+        r = leading.wait_for(|l| *l) => { r.map(|_| true).context("leader election stopped")? }
+        _ = shutdown.wait_for(|s| *s) => false,
+    };
+    if !acquired {
+        drop(leading);
+        let _ = handle.await;
+        return Ok(());
+    }
+    tracing::info!(%identity, "acquired the leader lease; starting controllers");
+    ctx.metrics.set_leader(true);
+    let metrics = ctx.metrics.clone();
+    let result = run_controllers(ctx, enabled, shutdown, Some(leading)).await;
+    metrics.set_leader(false);
+    // Dropping the receiver makes the manager release the lease.
+    let _ = handle.await;
+    result
+}
+
+/// Runs the enabled controllers until SIGTERM, or until leadership is lost (an error: the
+/// process exits so that a restart rejoins the election cleanly).
+async fn run_controllers(
+    ctx: Context,
+    enabled: &std::collections::BTreeSet<&'static str>,
+    stop: watch::Receiver<bool>,
+    leading: Option<watch::Receiver<bool>>,
+) -> anyhow::Result<()> {
+    let (ctl_stop_tx, ctl_stop) = watch::channel(false);
+    let mut tasks = Vec::new();
+    if enabled.contains(crate::controllers::node::NAME) {
+        tasks.push(tokio::spawn(NodeController::new(ctx.clone()).run(ctl_stop.clone())));
+    }
+    if enabled.contains(crate::controllers::node_lifecycle::NAME) {
+        tasks.push(tokio::spawn(NodeLifecycleController::new(ctx.clone()).run(ctl_stop.clone())));
+    }
+    let lost = async {
+        match leading {
+            Some(mut l) => {
+                let _ = l.wait_for(|l| !*l).await;
+                drop(l);
+            }
+            None => std::future::pending::<()>().await,
+        }
+    };
+    let mut stop = stop;
+    let outcome = tokio::select! {
+        _ = stop.wait_for(|s| *s) => Ok(()),
+        _ = lost => Err(()),
+    };
+    let _ = ctl_stop_tx.send(true);
+    for t in tasks {
+        let _ = tokio::time::timeout(Duration::from_secs(5), t).await;
+    }
+    match outcome {
+        Ok(()) => {
+            tracing::info!("stopped");
+            Ok(())
+        }
+        Err(()) => bail!("lost the leader lease; exiting so that a restart rejoins the election"),
+    }
+}

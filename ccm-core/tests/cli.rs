@@ -1,0 +1,46 @@
+//! The binary answers `--version` and `--help` with no cluster and no provider, and rejects
+//! bad flags with a clear message.
+
+use std::process::Command;
+
+fn ccm(args: &[&str]) -> std::process::Output {
+    Command::new(env!("CARGO_BIN_EXE_cloud-controller-manager"))
+        .args(args)
+        .env_remove("KUBECONFIG")
+        .env_remove("KUBERNETES_SERVICE_HOST")
+        .output()
+        .expect("run the binary")
+}
+
+#[test]
+fn version_and_help_need_no_cluster() {
+    let out = ccm(&["--version"]);
+    assert!(out.status.success());
+    assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), format!("cloud-controller-manager {}", env!("CARGO_PKG_VERSION")));
+    let out = ccm(&["--help"]);
+    assert!(out.status.success());
+    let help = String::from_utf8_lossy(&out.stdout);
+    for flag in
+        ["--provider-endpoint", "--cluster-name", "--controllers", "--leader-elect", "--secure-port", "--node-monitor-period"]
+    {
+        assert!(help.contains(flag), "--help lacks {flag}");
+    }
+}
+
+#[test]
+fn bad_flags_are_clear_errors() {
+    let out = ccm(&["--node-monitor-period", "soon"]);
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("not a duration"));
+    let out = ccm(&["--controllers", "nodes", "--kubeconfig", "/nonexistent"]);
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("unknown controller \"nodes\""));
+    // Outside a cluster without --kubeconfig: says so, does not hang.
+    let out = ccm(&[]);
+    assert!(!out.status.success());
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("not running in a cluster"),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
