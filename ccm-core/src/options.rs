@@ -68,9 +68,9 @@ pub struct Options {
     pub node_monitor_period: Duration,
 
     /// Label selector of Nodes the node controllers leave alone (for example virtual-kubelet
-    /// nodes: `type=virtual-kubelet`).
+    /// nodes: `type=virtual-kubelet`). Repeatable: a Node matching any of them is left alone.
     #[arg(long, value_name = "SELECTOR")]
-    pub node_exclude_selector: Option<String>,
+    pub node_exclude_selector: Vec<String>,
 
     /// Prefix under which instance tags become Node labels (`<prefix>/<tag>`); empty disables.
     #[arg(long, default_value = "tags.cloudprovider.dev")]

@@ -70,6 +70,7 @@ impl TestEnv {
 pub struct NodeBuilder {
     name: String,
     labels: BTreeMap<String, String>,
+    annotations: BTreeMap<String, String>,
     taints: Vec<Taint>,
     pod_cidrs: Vec<String>,
     provider_id: Option<String>,
@@ -105,6 +106,12 @@ impl NodeBuilder {
         self
     }
 
+    /// Adds an annotation.
+    pub fn annotation(mut self, key: &str, value: &str) -> Self {
+        self.annotations.insert(key.into(), value.into());
+        self
+    }
+
     /// Adds a podCIDR (the first becomes `spec.podCIDR`).
     pub fn pod_cidr(mut self, cidr: &str) -> Self {
         self.pod_cidrs.push(cidr.into());
@@ -127,7 +134,12 @@ impl NodeBuilder {
     pub async fn create(self, client: &kube::Client) -> anyhow::Result<Node> {
         let api: Api<Node> = Api::all(client.clone());
         let node = Node {
-            metadata: ObjectMeta { name: Some(self.name.clone()), labels: Some(self.labels), ..Default::default() },
+            metadata: ObjectMeta {
+                name: Some(self.name.clone()),
+                labels: Some(self.labels),
+                annotations: Some(self.annotations),
+                ..Default::default()
+            },
             spec: Some(NodeSpec {
                 pod_cidr: self.pod_cidrs.first().cloned(),
                 pod_cidrs: (!self.pod_cidrs.is_empty()).then_some(self.pod_cidrs),

@@ -30,8 +30,8 @@ pub struct Context {
     pub metrics: Metrics,
     /// Flags.
     pub options: Arc<Options>,
-    /// `--node-exclude-selector`, parsed.
-    pub exclude: Option<Arc<Vec<(String, Op)>>>,
+    /// `--node-exclude-selector`s, parsed.
+    pub exclude: Arc<Vec<Vec<(String, Op)>>>,
     kube_writes: Arc<TokenBucket>,
 }
 
@@ -44,10 +44,12 @@ impl Context {
         metrics: Metrics,
         options: Arc<Options>,
     ) -> anyhow::Result<Self> {
-        let exclude = match &options.node_exclude_selector {
-            Some(s) => Some(Arc::new(node_util::parse_selector(s).map_err(|e| anyhow::anyhow!("--node-exclude-selector: {e}"))?)),
-            None => None,
-        };
+        let exclude = options
+            .node_exclude_selector
+            .iter()
+            .map(|s| node_util::parse_selector(s).map_err(|e| anyhow::anyhow!("--node-exclude-selector: {e}")))
+            .collect::<anyhow::Result<Vec<_>>>()?;
+        let exclude = Arc::new(exclude);
         let kube_writes = Arc::new(TokenBucket::new(f64::from(options.kube_api_qps), options.kube_api_burst));
         Ok(Self { client, provider, nodes, metrics, options, exclude, kube_writes })
     }
@@ -62,9 +64,8 @@ impl Context {
     /// Whether the node controllers leave this Node alone: excluded by the operator's selector,
     /// or carrying another provider's providerID.
     pub fn ignores(&self, node: &Node) -> bool {
-        if let Some(terms) = &self.exclude
-            && node_util::selector_matches(terms, node.metadata.labels.as_ref().unwrap_or(&Default::default()))
-        {
+        let labels = node.metadata.labels.clone().unwrap_or_default();
+        if self.exclude.iter().any(|terms| node_util::selector_matches(terms, &labels)) {
             return true;
         }
         match (node_util::provider_id(node), self.provider.identity()) {

@@ -279,6 +279,10 @@ impl NodeController {
                 self.ctx.event(NAME, &node, true, "NodeInitializationFailed", why).await;
                 Outcome::Retry { fingerprint: Some(fingerprint(&node)), retry_after: None }
             }
+            Err(InitError::Provider(error)) => {
+                tracing::warn!(node = %name, %error, "reading the instance's tags failed");
+                retry(&error)
+            }
             Err(InitError::Kube(error)) => {
                 tracing::warn!(node = %name, %error, "writing the node failed");
                 Outcome::Retry { fingerprint: Some(fingerprint(&node)), retry_after: None }
@@ -328,30 +332,61 @@ impl NodeController {
                     }
                 }
             }
-            Some(Err(error)) => return Err(InitError::Invalid(format!("reading the instance's tags failed: {error}"))),
+            Some(Err(error)) => return Err(InitError::Provider(error)),
             None => {}
         }
 
-        if node_util::addresses(node) != addresses {
-            self.ctx.kube_write_permit().await;
-            let patch = serde_json::json!({ "status": { "addresses": addresses } });
-            api.patch_status(name, &PatchParams::default(), &Patch::Merge(&patch)).await.map_err(InitError::Kube)?;
-        }
-        let mut spec = serde_json::json!({ "taints": node_util::taints_without(node, TAINT_UNINITIALIZED) });
-        if node_util::provider_id(node).is_none() {
-            spec["providerID"] = serde_json::Value::String(meta.provider_id.clone());
-        }
-        let patch = serde_json::json!({
-            "metadata": { "labels": labels, "resourceVersion": node.metadata.resource_version },
-            "spec": spec,
-        });
-        self.ctx.kube_write_permit().await;
-        let written = api.patch(name, &PatchParams::default(), &Patch::Merge(&patch)).await.map_err(InitError::Kube)?;
+        // Two writes, each guarded by the resourceVersion it builds on. A conflict (someone
+        // else wrote the Node meanwhile) re-reads the Node and tries again with the same cloud
+        // answer: no second provider call.
+        let mut node = node.clone();
+        let mut attempt = 0;
+        let written = loop {
+            attempt += 1;
+            match self.write(&api, &node, &addresses, &labels, &meta.provider_id).await {
+                Ok(written) => break written,
+                Err(kube::Error::Api(s)) if s.code == 409 && attempt < 5 => {
+                    node = api.get(name).await.map_err(InitError::Kube)?;
+                    if !node_util::has_taint(&node, TAINT_UNINITIALIZED) {
+                        return Ok(resource_version(&node));
+                    }
+                }
+                Err(e) => return Err(InitError::Kube(e)),
+            }
+        };
         if !skipped.is_empty() {
             let note = format!("instance tags that are not valid label keys or values were not copied: {}", skipped.join(", "));
-            self.ctx.event(NAME, node, true, "InvalidInstanceTags", note).await;
+            self.ctx.event(NAME, &node, true, "InvalidInstanceTags", note).await;
         }
         Ok(resource_version(&written))
+    }
+
+    /// The status write (only when addresses change), then labels, providerID and taints.
+    async fn write(
+        &self,
+        api: &Api<Node>,
+        node: &Node,
+        addresses: &[k8s_openapi::api::core::v1::NodeAddress],
+        labels: &BTreeMap<String, String>,
+        provider_id: &str,
+    ) -> Result<Node, kube::Error> {
+        let name = node_util::name(node);
+        let mut version = node.metadata.resource_version.clone();
+        if node_util::addresses(node) != addresses {
+            self.ctx.kube_write_permit().await;
+            let patch = serde_json::json!({ "metadata": { "resourceVersion": version }, "status": { "addresses": addresses } });
+            let after = api.patch_status(name, &PatchParams::default(), &Patch::Merge(&patch)).await?;
+            version = after.metadata.resource_version;
+        }
+        let current = node.metadata.labels.clone().unwrap_or_default();
+        let labels: BTreeMap<&String, &String> = labels.iter().filter(|(k, _)| !current.contains_key(*k)).collect();
+        let mut spec = serde_json::json!({ "taints": node_util::taints_without(node, TAINT_UNINITIALIZED) });
+        if node_util::provider_id(node).is_none() {
+            spec["providerID"] = serde_json::Value::String(provider_id.to_string());
+        }
+        let patch = serde_json::json!({ "metadata": { "labels": labels, "resourceVersion": version }, "spec": spec });
+        self.ctx.kube_write_permit().await;
+        api.patch(name, &PatchParams::default(), &Patch::Merge(&patch)).await
     }
 
     async fn refresh_loop(self: Arc<Self>, mut stop: tokio::sync::watch::Receiver<bool>) {
@@ -401,5 +436,6 @@ impl NodeController {
 #[derive(Debug)]
 enum InitError {
     Invalid(String),
+    Provider(Error),
     Kube(kube::Error),
 }

@@ -3,4 +3,6 @@
 //! plane shared by all its tests, each isolated by namespace and Node-name prefix.
 
 mod harness;
+mod nodes;
 mod smoke;
+mod support;

@@ -1,0 +1,312 @@
+//! The node and node lifecycle controllers, end to end: the real API server, the core, and
+//! the sim provider over a real unix socket.
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use ccm_e2e::cluster::{NodeBuilder, TestEnv, UNINITIALIZED_TAINT, set_ready};
+use ccm_provider_sim::Config;
+use ccm_provider_sim::config::{Address, Fault, FaultCode};
+use k8s_openapi::api::core::v1::{Event, Node};
+use kube::Api;
+use kube::api::{ListParams, Patch, PatchParams};
+
+use crate::support::{Core, Sim, TEST_LABEL, eventually, free_port, http_get, instance};
+
+const SHUTDOWN_TAINT: &str = "node.cloudprovider.kubernetes.io/shutdown";
+
+fn taints(node: &Node) -> Vec<String> {
+    node.spec.as_ref().and_then(|s| s.taints.clone()).unwrap_or_default().into_iter().map(|t| t.key).collect()
+}
+
+fn labels(node: &Node) -> BTreeMap<String, String> {
+    node.metadata.labels.clone().unwrap_or_default()
+}
+
+async fn initialised(env: &TestEnv, name: &str) -> Option<Node> {
+    let node = env.nodes().get_opt(name).await.ok().flatten()?;
+    (!taints(&node).iter().any(|t| t == UNINITIALIZED_TAINT)).then_some(node)
+}
+
+async fn event_reasons(env: &TestEnv, node: &str) -> Vec<String> {
+    let events: Api<Event> = Api::all(env.client.clone());
+    let list = events.list(&ListParams::default().fields(&format!("involvedObject.name={node}"))).await.expect("events");
+    list.items.into_iter().filter_map(|e| e.reason).collect()
+}
+
+async fn calls(sim: &Sim, methods: &[&str]) -> u64 {
+    let mut n = 0;
+    for m in methods {
+        n += sim.admin.call_count(m).await.expect("calls");
+    }
+    n
+}
+
+const METADATA_CALLS: &[&str] = &["InstancesService/BatchInstanceMetadata", "InstancesService/InstanceMetadata"];
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_is_initialised_from_the_cloud() {
+    let cp = ccm_e2e::shared().expect("control plane");
+    let env = TestEnv::new(cp.client().await.expect("client"), "init").await.expect("env");
+    let name = env.node_name("a");
+    let bad = env.node_name("bad-ip");
+    let mut config = Config::default();
+    let mut spec = instance("i-a", &name, "sim-region-1a");
+    spec.addresses = vec![
+        Address { kind: "InternalIP".into(), address: "10.1.0.5".into() },
+        Address { kind: "InternalIP".into(), address: "10.1.0.6".into() },
+        Address { kind: "ExternalIP".into(), address: "198.51.100.5".into() },
+    ];
+    spec.tags = BTreeMap::from([
+        ("team".to_string(), "payments".to_string()),
+        ("bad key!".to_string(), "x".to_string()),
+        ("owner".to_string(), "has space".to_string()),
+    ]);
+    config.instances.push(spec);
+    config.instances.push(instance("i-bad", &bad, "sim-region-1a"));
+    let sim = Sim::start(config).await;
+
+    NodeBuilder::new(&name)
+        .uninitialized()
+        .label(TEST_LABEL, &env.prefix)
+        .label("node.kubernetes.io/instance-type", "user-chosen")
+        .annotation("alpha.kubernetes.io/provided-node-ip", "10.1.0.6")
+        .address("Hostname", &name)
+        .create(&env.client)
+        .await
+        .expect("node");
+    // A provided node IP the instance does not have: the sync fails and the taint stays.
+    NodeBuilder::new(&bad)
+        .uninitialized()
+        .label(TEST_LABEL, &env.prefix)
+        .annotation("alpha.kubernetes.io/provided-node-ip", "10.250.0.1")
+        .create(&env.client)
+        .await
+        .expect("node");
+
+    let core = Core::start(cp, &env, &sim, &["--leader-elect=false"]);
+    let node = eventually("initialisation", Duration::from_secs(30), async || initialised(&env, &name).await).await;
+
+    let spec = node.spec.clone().unwrap_or_default();
+    assert_eq!(spec.provider_id.as_deref(), Some("sim://sim-region-1a/i-a"));
+    let addresses: Vec<(String, String)> =
+        node.status.clone().unwrap_or_default().addresses.unwrap_or_default().into_iter().map(|a| (a.type_, a.address)).collect();
+    assert_eq!(
+        addresses,
+        vec![
+            ("InternalIP".to_string(), "10.1.0.6".to_string()),
+            ("InternalIP".to_string(), "10.1.0.5".to_string()),
+            ("ExternalIP".to_string(), "198.51.100.5".to_string()),
+            ("Hostname".to_string(), name.clone()),
+        ],
+        "provided node IP first, the kubelet's hostname kept"
+    );
+    let l = labels(&node);
+    assert_eq!(l.get("topology.kubernetes.io/zone").map(String::as_str), Some("sim-region-1a"));
+    assert_eq!(l.get("topology.kubernetes.io/region").map(String::as_str), Some("sim-region-1"));
+    assert_eq!(
+        l.get("node.kubernetes.io/instance-type").map(String::as_str),
+        Some("user-chosen"),
+        "a user's label is never overwritten"
+    );
+    assert_eq!(l.get("tags.cloudprovider.dev/team").map(String::as_str), Some("payments"));
+    assert!(!l.keys().any(|k| k.contains("bad") || k.ends_with("/owner")), "invalid tags are skipped: {l:?}");
+
+    let reasons = eventually("events", Duration::from_secs(10), async || {
+        let r = event_reasons(&env, &name).await;
+        (r.contains(&"Synced".to_string()) && r.contains(&"InvalidInstanceTags".to_string())).then_some(r)
+    })
+    .await;
+    assert!(reasons.contains(&"Synced".to_string()));
+
+    let failed = eventually("a failure event for the bad provided IP", Duration::from_secs(20), async || {
+        let r = event_reasons(&env, &bad).await;
+        r.contains(&"NodeInitializationFailed".to_string()).then_some(r)
+    })
+    .await;
+    assert!(!failed.is_empty());
+    let still = env.nodes().get(&bad).await.expect("node");
+    assert!(
+        taints(&still).iter().any(|t| t == UNINITIALIZED_TAINT),
+        "the taint stays when the provided IP is not the instance's"
+    );
+    assert!(still.spec.and_then(|s| s.provider_id).is_none());
+
+    core.stop().await.expect("core stops cleanly");
+    env.cleanup().await.expect("cleanup");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn updates_during_an_initialisation_do_not_cause_a_second_lookup() {
+    let cp = ccm_e2e::shared().expect("control plane");
+    let env = TestEnv::new(cp.client().await.expect("client"), "once").await.expect("env");
+    let name = env.node_name("a");
+    let mut config = Config::default();
+    config.instances.push(instance("i-a", &name, "sim-region-1a"));
+    config.api.latency_ms = 1500;
+    let sim = Sim::start(config).await;
+    NodeBuilder::new(&name).uninitialized().label(TEST_LABEL, &env.prefix).create(&env.client).await.expect("node");
+    // The node controller alone: the lifecycle controller would look up this NotReady node too.
+    let core = Core::start(cp, &env, &sim, &["--leader-elect=false", "--controllers=cloud-node"]);
+
+    // Wait for the lookup to be in flight, then keep updating the Node while it is.
+    eventually("the provider to be ready", Duration::from_secs(20), async || {
+        (sim.admin.call_count("IdentityService/Probe").await.ok()? > 0).then_some(())
+    })
+    .await;
+    for i in 0..10 {
+        let patch = serde_json::json!({ "metadata": { "labels": { "heartbeat": i.to_string() } } });
+        env.nodes().patch(&name, &PatchParams::default(), &Patch::Merge(&patch)).await.expect("patch");
+        tokio::time::sleep(Duration::from_millis(150)).await;
+    }
+    eventually("initialisation", Duration::from_secs(30), async || initialised(&env, &name).await).await;
+    // Updates after the initialisation, before and after the cache catches up.
+    for i in 10..15 {
+        let patch = serde_json::json!({ "metadata": { "labels": { "heartbeat": i.to_string() } } });
+        env.nodes().patch(&name, &PatchParams::default(), &Patch::Merge(&patch)).await.expect("patch");
+    }
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let log = sim.admin.call_log().await.expect("log");
+    assert_eq!(calls(&sim, METADATA_CALLS).await, 1, "exactly one instance lookup for one node: {log:#?}");
+    core.stop().await.expect("stop");
+    env.cleanup().await.expect("cleanup");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn excluded_nodes_and_other_providers_nodes_are_left_alone() {
+    let cp = ccm_e2e::shared().expect("control plane");
+    let env = TestEnv::new(cp.client().await.expect("client"), "skip").await.expect("env");
+    let (ours, virt, foreign) = (env.node_name("ours"), env.node_name("virtual"), env.node_name("foreign"));
+    let mut config = Config::default();
+    for (id, n) in [("i-1", &ours), ("i-2", &virt), ("i-3", &foreign)] {
+        config.instances.push(instance(id, n, "sim-region-1a"));
+    }
+    let sim = Sim::start(config).await;
+    NodeBuilder::new(&ours).uninitialized().label(TEST_LABEL, &env.prefix).create(&env.client).await.expect("node");
+    NodeBuilder::new(&virt)
+        .uninitialized()
+        .label(TEST_LABEL, &env.prefix)
+        .label("type", "virtual-kubelet")
+        .create(&env.client)
+        .await
+        .expect("node");
+    NodeBuilder::new(&foreign)
+        .uninitialized()
+        .label(TEST_LABEL, &env.prefix)
+        .provider_id("aws:///us-east-1a/i-0abc")
+        .create(&env.client)
+        .await
+        .expect("node");
+    let core = Core::start(
+        cp,
+        &env,
+        &sim,
+        &["--leader-elect=false", "--controllers=cloud-node", "--node-exclude-selector=type=virtual-kubelet"],
+    );
+    eventually("our node's initialisation", Duration::from_secs(30), async || initialised(&env, &ours).await).await;
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    for name in [&virt, &foreign] {
+        let node = env.nodes().get(name).await.expect("node");
+        assert!(taints(&node).iter().any(|t| t == UNINITIALIZED_TAINT), "{name} was touched");
+        assert!(!labels(&node).contains_key("topology.kubernetes.io/zone"), "{name} was touched");
+    }
+    assert_eq!(calls(&sim, METADATA_CALLS).await, 1, "only our node was looked up");
+    core.stop().await.expect("stop");
+    env.cleanup().await.expect("cleanup");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn gone_instances_delete_nodes_stopped_ones_taint_them_and_errors_change_nothing() {
+    let cp = ccm_e2e::shared().expect("control plane");
+    let env = TestEnv::new(cp.client().await.expect("client"), "life").await.expect("env");
+    let (gone, stopped, flaky) = (env.node_name("gone"), env.node_name("stopped"), env.node_name("flaky"));
+    let mut config = Config::default();
+    for (id, n) in [("i-gone", &gone), ("i-stopped", &stopped), ("i-flaky", &flaky)] {
+        config.instances.push(instance(id, n, "sim-region-1a"));
+    }
+    let sim = Sim::start(config).await;
+    for (id, n) in [("i-gone", &gone), ("i-stopped", &stopped), ("i-flaky", &flaky)] {
+        NodeBuilder::new(n)
+            .label(TEST_LABEL, &env.prefix)
+            .provider_id(&format!("sim://sim-region-1a/{id}"))
+            .create(&env.client)
+            .await
+            .expect("node");
+        set_ready(&env.client, n, "False").await.expect("not ready");
+    }
+    let core = Core::start(cp, &env, &sim, &["--leader-elect=false", "--node-monitor-period=300ms"]);
+
+    // An unavailable provider: the Node of a terminated instance stays.
+    let down = Fault { method: "*".into(), error_rate: 0.0, down: true, code: FaultCode::Unavailable };
+    sim.admin.set_faults(&[down]).await.expect("faults");
+    sim.admin.instance_action("i-flaky", "terminate").await.expect("terminate");
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    assert!(env.nodes().get_opt(&flaky).await.expect("get").is_some(), "an error must never delete a node");
+    sim.admin.set_faults(&[]).await.expect("clear");
+    eventually("the flaky node's deletion once the cloud answers", Duration::from_secs(20), async || {
+        env.nodes().get_opt(&flaky).await.ok()?.is_none().then_some(())
+    })
+    .await;
+
+    sim.admin.instance_action("i-gone", "terminate").await.expect("terminate");
+    eventually("deletion", Duration::from_secs(20), async || env.nodes().get_opt(&gone).await.ok()?.is_none().then_some(()))
+        .await;
+    let reasons = event_reasons(&env, &gone).await;
+    assert!(reasons.contains(&"DeletingNode".to_string()), "{reasons:?}");
+
+    sim.admin.instance_action("i-stopped", "stop").await.expect("stop");
+    eventually("shutdown taint", Duration::from_secs(20), async || {
+        let n = env.nodes().get(&stopped).await.ok()?;
+        taints(&n).iter().any(|t| t == SHUTDOWN_TAINT).then_some(())
+    })
+    .await;
+    sim.admin.instance_action("i-stopped", "start").await.expect("start");
+    eventually("shutdown taint removed", Duration::from_secs(20), async || {
+        let n = env.nodes().get(&stopped).await.ok()?;
+        (!taints(&n).iter().any(|t| t == SHUTDOWN_TAINT)).then_some(())
+    })
+    .await;
+    assert!(env.nodes().get_opt(&stopped).await.expect("get").is_some(), "a stopped instance's node is not deleted");
+
+    // Ready Nodes cost no provider calls.
+    set_ready(&env.client, &stopped, "True").await.expect("ready");
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let before = calls(&sim, METADATA_CALLS).await;
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    assert_eq!(calls(&sim, METADATA_CALLS).await, before, "no lookups while every node is ready");
+    core.stop().await.expect("stop");
+    env.cleanup().await.expect("cleanup");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_provider_down_at_start_is_waited_for() {
+    let cp = ccm_e2e::shared().expect("control plane");
+    let env = TestEnv::new(cp.client().await.expect("client"), "down").await.expect("env");
+    let name = env.node_name("a");
+    let mut sim = Sim::not_started();
+    NodeBuilder::new(&name).uninitialized().label(TEST_LABEL, &env.prefix).create(&env.client).await.expect("node");
+    let port = free_port();
+    let port_flag = format!("--secure-port={port}");
+    let core =
+        Core::start(cp, &env, &sim, &["--leader-elect=false", &port_flag, "--insecure-serving", "--bind-address=127.0.0.1"]);
+    let base = core.health.clone().expect("health address");
+    let (status, body) = eventually("/readyz", Duration::from_secs(20), async || http_get(&base, "/readyz").await).await;
+    assert_eq!(status, 503, "{body}");
+    assert!(body.contains("provider"), "{body}");
+    assert_eq!(http_get(&base, "/healthz").await.map(|r| r.0), Some(200));
+
+    let mut config = Config::default();
+    config.instances.push(instance("i-a", &name, "sim-region-1a"));
+    sim.launch(config).await;
+    eventually("ready once the provider is up", Duration::from_secs(30), async || {
+        (http_get(&base, "/readyz").await?.0 == 200).then_some(())
+    })
+    .await;
+    eventually("initialisation without a restart", Duration::from_secs(30), async || initialised(&env, &name).await).await;
+    let (_, metrics) = http_get(&base, "/metrics").await.expect("metrics");
+    assert!(metrics.contains("ccm_provider_calls_total"), "{metrics}");
+    assert!(metrics.contains("ccm_reconcile_duration_seconds"), "{metrics}");
+    core.stop().await.expect("stop");
+    sim.stop().await;
+    env.cleanup().await.expect("cleanup");
+}

@@ -1,0 +1,183 @@
+//! Running the sim provider and the core inside the test process, over real sockets: the sim
+//! on a unix socket, the core against the shared API server.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use ccm_e2e::ControlPlane;
+use ccm_e2e::cluster::TestEnv;
+use ccm_provider_sim::config::InstanceSpec;
+use ccm_provider_sim::{AdminClient, Config};
+use clap::Parser;
+use tokio::sync::oneshot;
+
+/// The label every Node of a test carries, so each test's core handles only its own Nodes.
+pub const TEST_LABEL: &str = "e2e.ccm-rs.dev/test";
+
+/// A running sim.
+pub struct Sim {
+    dir: tempfile::TempDir,
+    pub endpoint: String,
+    pub admin: AdminClient,
+    stop: Option<oneshot::Sender<()>>,
+    task: Option<tokio::task::JoinHandle<anyhow::Result<()>>>,
+}
+
+impl Sim {
+    /// Starts a sim with `config` on a fresh unix socket.
+    pub async fn start(config: Config) -> Self {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let mut sim = Self {
+            endpoint: format!("unix://{}", dir.path().join("provider.sock").display()),
+            admin: AdminClient::new(format!("unix://{}", dir.path().join("admin.sock").display())),
+            dir,
+            stop: None,
+            task: None,
+        };
+        sim.launch(config).await;
+        sim
+    }
+
+    /// A sim endpoint with nothing listening yet (the provider is "down").
+    pub fn not_started() -> Self {
+        let dir = tempfile::tempdir().expect("tempdir");
+        Self {
+            endpoint: format!("unix://{}", dir.path().join("provider.sock").display()),
+            admin: AdminClient::new(format!("unix://{}", dir.path().join("admin.sock").display())),
+            dir,
+            stop: None,
+            task: None,
+        }
+    }
+
+    /// Starts (or restarts) the sim on this endpoint.
+    pub async fn launch(&mut self, config: Config) {
+        let sock: PathBuf = self.dir.path().join("provider.sock");
+        let admin = self.dir.path().join("admin.sock");
+        let (tx, rx) = oneshot::channel::<()>();
+        let task = tokio::spawn(ccm_provider_sim::run(
+            config,
+            ccm_provider_sdk::Listen::Unix(sock.clone()),
+            Some(ccm_provider_sdk::Listen::Unix(admin.clone())),
+            async move {
+                let _ = rx.await;
+            },
+        ));
+        for _ in 0..200 {
+            if tokio::net::UnixStream::connect(&sock).await.is_ok() && tokio::net::UnixStream::connect(&admin).await.is_ok() {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        self.stop = Some(tx);
+        self.task = Some(task);
+    }
+
+    /// Stops the sim.
+    pub async fn stop(&mut self) {
+        if let Some(tx) = self.stop.take() {
+            let _ = tx.send(());
+        }
+        if let Some(task) = self.task.take() {
+            let _ = tokio::time::timeout(Duration::from_secs(5), task).await;
+        }
+    }
+}
+
+/// An instance named like its Node.
+pub fn instance(id: &str, node: &str, zone: &str) -> InstanceSpec {
+    InstanceSpec {
+        id: id.into(),
+        name: node.into(),
+        zone: zone.into(),
+        instance_type: "sim.large".into(),
+        state: Default::default(),
+        addresses: Vec::new(),
+        tags: Default::default(),
+    }
+}
+
+/// A running core.
+pub struct Core {
+    stop: Option<oneshot::Sender<()>>,
+    pub task: tokio::task::JoinHandle<anyhow::Result<()>>,
+    pub health: Option<String>,
+}
+
+impl Core {
+    /// Starts the core for `env`'s Nodes against `sim`, with extra flags.
+    pub fn start(cp: &ControlPlane, env: &TestEnv, sim: &Sim, extra: &[&str]) -> Self {
+        let kubeconfig = cp.kubeconfig_path().display().to_string();
+        let exclude = format!("--node-exclude-selector={TEST_LABEL}!={}", env.prefix);
+        let lease = format!("--leader-elect-resource-name={}", env.prefix);
+        let ns = format!("--leader-elect-resource-namespace={}", env.namespace);
+        let mut args = vec![
+            "cloud-controller-manager",
+            "--kubeconfig",
+            &kubeconfig,
+            "--provider-endpoint",
+            &sim.endpoint,
+            &exclude,
+            &lease,
+            &ns,
+            "--reconcile-backoff-base=200ms",
+            "--reconcile-backoff-max=5s",
+        ];
+        args.extend_from_slice(extra);
+        if !extra.iter().any(|a| a.starts_with("--secure-port")) {
+            args.push("--secure-port=0");
+        }
+        let health = args
+            .iter()
+            .find_map(|a| a.strip_prefix("--secure-port="))
+            .filter(|p| *p != "0")
+            .map(|p| format!("http://127.0.0.1:{p}"));
+        let options = ccm_core::options::Options::try_parse_from(args).expect("core flags");
+        let (tx, rx) = oneshot::channel::<()>();
+        let task = tokio::spawn(ccm_core::runtime::run_until(options, async move {
+            let _ = rx.await;
+        }));
+        Self { stop: Some(tx), task, health }
+    }
+
+    /// Stops the core and waits for it.
+    pub async fn stop(mut self) -> anyhow::Result<()> {
+        if let Some(tx) = self.stop.take() {
+            let _ = tx.send(());
+        }
+        tokio::time::timeout(Duration::from_secs(10), self.task).await.expect("core stops in time").expect("join")
+    }
+}
+
+/// A free TCP port on loopback.
+pub fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0").expect("bind").local_addr().expect("addr").port()
+}
+
+/// Polls `check` every 100 ms until it returns Some, or panics after `timeout`.
+pub async fn eventually<T>(what: &str, timeout: Duration, mut check: impl AsyncFnMut() -> Option<T>) -> T {
+    let deadline = tokio::time::Instant::now() + timeout;
+    loop {
+        if let Some(v) = check().await {
+            return v;
+        }
+        if tokio::time::Instant::now() >= deadline {
+            panic!("timed out after {timeout:?} waiting for {what}");
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// A minimal HTTP GET on loopback; returns (status, body).
+pub async fn http_get(base: &str, path: &str) -> Option<(u16, String)> {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let hostport = base.trim_start_matches("http://");
+    let mut stream = tokio::net::TcpStream::connect(hostport).await.ok()?;
+    stream.write_all(format!("GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n").as_bytes()).await.ok()?;
+    let mut buf = Vec::new();
+    stream.read_to_end(&mut buf).await.ok()?;
+    let text = String::from_utf8_lossy(&buf).into_owned();
+    let status = text.split_whitespace().nth(1)?.parse().ok()?;
+    let body = text.split_once("\r\n\r\n").map(|(_, b)| b.to_string()).unwrap_or_default();
+    Some((status, body))
+}
