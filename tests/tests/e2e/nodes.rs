@@ -310,3 +310,107 @@ async fn a_provider_down_at_start_is_waited_for() {
     sim.stop().await;
     env.cleanup().await.expect("cleanup");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn rate_limits_are_waited_out_and_retries_back_off_despite_updates() {
+    let cp = ccm_e2e::shared().expect("control plane");
+    let env = TestEnv::new(cp.client().await.expect("client"), "throttle").await.expect("env");
+    let name = env.node_name("a");
+    let mut config = Config::default();
+    config.instances.push(instance("i-a", &name, "sim-region-1a"));
+    // Every lookup is throttled, answering RESOURCE_EXHAUSTED with RetryInfo of 1 s.
+    config.faults.push(Fault {
+        method: "BatchInstanceMetadata".into(),
+        error_rate: 1.0,
+        down: false,
+        code: FaultCode::RateLimited,
+    });
+    let sim = Sim::start(config).await;
+    NodeBuilder::new(&name).uninitialized().label(TEST_LABEL, &env.prefix).create(&env.client).await.expect("node");
+    let core = Core::start(cp, &env, &sim, &["--leader-elect=false", "--controllers=cloud-node", "--reconcile-backoff-base=1s"]);
+
+    // Updates keep arriving while the key backs off; none of them changes what it acts on.
+    let started = tokio::time::Instant::now();
+    let mut i = 0;
+    while started.elapsed() < Duration::from_secs(14) {
+        let patch = serde_json::json!({ "metadata": { "labels": { "heartbeat": i.to_string() } } });
+        env.nodes().patch(&name, &PatchParams::default(), &Patch::Merge(&patch)).await.expect("patch");
+        i += 1;
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+    let times: Vec<u64> = sim
+        .admin
+        .call_log()
+        .await
+        .expect("log")
+        .into_iter()
+        .filter(|c| c.method == "InstancesService/BatchInstanceMetadata")
+        .map(|c| c.at_unix_ms)
+        .collect();
+    let gaps: Vec<u64> = times.windows(2).map(|w| w[1] - w[0]).collect();
+    assert!(times.len() >= 4, "retries happen: {times:?}");
+    assert!(times.len() <= 12, "no hot loop: {} lookups in 14 s (gaps {gaps:?})", times.len());
+    assert!(gaps.iter().all(|g| *g >= 950), "every retry waits at least the RetryInfo delay: {gaps:?}");
+    assert!(gaps.iter().any(|g| *g >= 1900), "the backoff grows past the RetryInfo delay: {gaps:?}");
+
+    sim.admin.set_faults(&[]).await.expect("clear");
+    eventually("initialisation once the throttling ends", Duration::from_secs(30), async || initialised(&env, &name).await).await;
+    core.stop().await.expect("stop");
+    env.cleanup().await.expect("cleanup");
+}
+
+async fn is_leader(base: &str) -> Option<bool> {
+    let (_, text) = http_get(base, "/metrics").await?;
+    let line = text.lines().find(|l| l.starts_with("ccm_leader_is_leader "))?;
+    Some(line.ends_with(" 1"))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn only_the_leader_acts_and_a_standby_takes_over() {
+    let cp = ccm_e2e::shared().expect("control plane");
+    let env = TestEnv::new(cp.client().await.expect("client"), "lead").await.expect("env");
+    let (first, second) = (env.node_name("first"), env.node_name("second"));
+    let mut config = Config::default();
+    config.instances.push(instance("i-1", &first, "sim-region-1a"));
+    config.instances.push(instance("i-2", &second, "sim-region-1a"));
+    let sim = Sim::start(config).await;
+    let flags = |port: u16| {
+        vec![
+            format!("--secure-port={port}"),
+            "--insecure-serving".to_string(),
+            "--bind-address=127.0.0.1".to_string(),
+            "--leader-elect=true".to_string(),
+            "--leader-elect-lease-duration=4s".to_string(),
+            "--leader-elect-renew-deadline=2s".to_string(),
+            "--leader-elect-retry-period=1s".to_string(),
+        ]
+    };
+    let (fa, fb) = (flags(free_port()), flags(free_port()));
+    let a = Core::start(cp, &env, &sim, &fa.iter().map(String::as_str).collect::<Vec<_>>());
+    let b = Core::start(cp, &env, &sim, &fb.iter().map(String::as_str).collect::<Vec<_>>());
+    let (ha, hb) = (a.health.clone().expect("a"), b.health.clone().expect("b"));
+    let a_leads =
+        eventually("one leader", Duration::from_secs(30), async || match (is_leader(&ha).await?, is_leader(&hb).await?) {
+            (true, false) => Some(true),
+            (false, true) => Some(false),
+            _ => None,
+        })
+        .await;
+    NodeBuilder::new(&first).uninitialized().label(TEST_LABEL, &env.prefix).create(&env.client).await.expect("node");
+    eventually("the leader initialises", Duration::from_secs(30), async || initialised(&env, &first).await).await;
+    // Both stay as they are: exactly one leader.
+    assert_eq!(is_leader(&ha).await, Some(a_leads));
+    assert_eq!(is_leader(&hb).await, Some(!a_leads));
+
+    let (leader, standby, standby_health) = if a_leads { (a, b, hb) } else { (b, a, ha) };
+    let stopped = tokio::time::Instant::now();
+    leader.stop().await.expect("the leader stops cleanly");
+    eventually("the standby to take over", Duration::from_secs(10), async || is_leader(&standby_health).await?.then_some(()))
+        .await;
+    let took = stopped.elapsed();
+    assert!(took <= Duration::from_secs(6), "takeover within the lease duration, took {took:?}");
+    NodeBuilder::new(&second).uninitialized().label(TEST_LABEL, &env.prefix).create(&env.client).await.expect("node");
+    eventually("the new leader initialises", Duration::from_secs(30), async || initialised(&env, &second).await).await;
+    standby.stop().await.expect("stop");
+    env.cleanup().await.expect("cleanup");
+}

@@ -120,12 +120,14 @@ impl Core {
             &exclude,
             &lease,
             &ns,
-            "--reconcile-backoff-base=200ms",
-            "--reconcile-backoff-max=5s",
         ];
         args.extend_from_slice(extra);
-        if !extra.iter().any(|a| a.starts_with("--secure-port")) {
-            args.push("--secure-port=0");
+        // Test defaults, unless the test sets them.
+        for default in ["--secure-port=0", "--reconcile-backoff-base=200ms", "--reconcile-backoff-max=5s"] {
+            let flag = default.split('=').next().unwrap_or(default);
+            if !extra.iter().any(|a| a.starts_with(flag)) {
+                args.push(default);
+            }
         }
         let health = args
             .iter()
