@@ -11,6 +11,7 @@
 //! | POST | `/instances` | an instance (as in the config file) | adds it |
 //! | POST | `/instances/{id}/{stop,start,terminate}` | | changes its state |
 //! | DELETE | `/instances/{id}` | | removes it from the account |
+//! | PUT | `/instances/{id}/addresses` | a list of `{"type":..,"address":..}` | replaces its addresses |
 //! | PUT | `/faults` | a list of faults | replaces the faults |
 //! | DELETE | `/faults` | | clears them |
 //! | PUT | `/rate-limit` | `{"rps":..,"burst":..}` or `null` | sets or removes it |
@@ -30,7 +31,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::calls::{CallCount, CallRecord, Calls};
 use crate::cloud::{Cloud, Snapshot};
-use crate::config::{ApiConfig, Fault, InstanceSpec, RateLimit, State as InstanceState};
+use crate::config::{Address, ApiConfig, Fault, InstanceSpec, RateLimit, State as InstanceState};
 
 /// What the admin handlers share.
 pub struct Admin {
@@ -94,6 +95,7 @@ pub fn router(admin: Arc<Admin>) -> axum::Router {
         .route("/calls/log", get(call_log))
         .route("/instances", post(add_instance))
         .route("/instances/{id}", axum::routing::delete(remove_instance))
+        .route("/instances/{id}/addresses", put(set_addresses))
         .route("/instances/{id}/{action}", post(instance_action))
         .route("/faults", put(set_faults).delete(clear_faults))
         .route("/rate-limit", put(set_rate_limit))
@@ -136,6 +138,15 @@ async fn instance_action(State(a): Shared, Path((id, action)): Path<(String, Str
         other => return Err(AdminError(ccm_provider_sdk::Error::invalid_argument(format!("unknown action {other:?}")))),
     };
     a.cloud.set_instance_state(&id, state).map_err(AdminError)?;
+    Ok(StatusCode::NO_CONTENT)
+}
+
+async fn set_addresses(
+    State(a): Shared,
+    Path(id): Path<String>,
+    Json(addresses): Json<Vec<Address>>,
+) -> Result<StatusCode, AdminError> {
+    a.cloud.set_addresses(&id, addresses).map_err(AdminError)?;
     Ok(StatusCode::NO_CONTENT)
 }
 

@@ -85,6 +85,11 @@ impl AdminClient {
         self.request("POST", &format!("/instances/{id}/{action}"), None).await.map(|_| ())
     }
 
+    /// Replaces an instance's addresses.
+    pub async fn set_addresses(&self, id: &str, addresses: &[crate::config::Address]) -> anyhow::Result<()> {
+        self.request("PUT", &format!("/instances/{id}/addresses"), Some(serde_json::to_value(addresses)?)).await.map(|_| ())
+    }
+
     /// Removes an instance from the account.
     pub async fn remove_instance(&self, id: &str) -> anyhow::Result<()> {
         self.request("DELETE", &format!("/instances/{id}"), None).await.map(|_| ())

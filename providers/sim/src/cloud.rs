@@ -371,6 +371,18 @@ impl Cloud {
         Ok(())
     }
 
+    /// Replaces an instance's addresses (as when an interface is added or an IP re-assigned).
+    pub fn set_addresses(&self, id: &str, addresses: Vec<Address>) -> Result<()> {
+        let mut world = self.world();
+        let instance = world
+            .instances
+            .get_mut(id)
+            .filter(|i| i.state.current.is_some())
+            .ok_or_else(|| Error::not_found(format!("instance {id}")))?;
+        instance.spec.addresses = addresses;
+        Ok(())
+    }
+
     /// Removes an instance from the account altogether (as after a terminated instance ages out).
     pub fn remove_instance(&self, id: &str) -> Result<()> {
         let delay = self.delay();

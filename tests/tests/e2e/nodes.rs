@@ -414,3 +414,67 @@ async fn only_the_leader_acts_and_a_standby_takes_over() {
     standby.stop().await.expect("stop");
     env.cleanup().await.expect("cleanup");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn addresses_are_refreshed_with_batched_reads() {
+    let cp = ccm_e2e::shared().expect("control plane");
+    let env = TestEnv::new(cp.client().await.expect("client"), "refresh").await.expect("env");
+    let names: Vec<String> = (0..3).map(|i| env.node_name(&format!("n{i}"))).collect();
+    let mut config = Config::default();
+    for (i, n) in names.iter().enumerate() {
+        let mut spec = instance(&format!("i-{i}"), n, "sim-region-1a");
+        spec.addresses = vec![Address { kind: "InternalIP".into(), address: format!("10.3.0.{i}") }];
+        config.instances.push(spec);
+    }
+    let sim = Sim::start(config).await;
+    for n in &names {
+        NodeBuilder::new(n).uninitialized().label(TEST_LABEL, &env.prefix).create(&env.client).await.expect("node");
+    }
+    let core =
+        Core::start(cp, &env, &sim, &["--leader-elect=false", "--controllers=cloud-node", "--node-status-update-frequency=1s"]);
+    for n in &names {
+        eventually("initialisation", Duration::from_secs(30), async || initialised(&env, n).await).await;
+    }
+    sim.admin
+        .set_addresses("i-1", &[Address { kind: "InternalIP".into(), address: "10.3.9.9".into() }])
+        .await
+        .expect("new address");
+    sim.admin.reset_calls().await.expect("reset");
+    eventually("the new address on the node", Duration::from_secs(15), async || {
+        let node = env.nodes().get(&names[1]).await.ok()?;
+        let addresses = node.status?.addresses?;
+        addresses.iter().any(|a| a.address == "10.3.9.9").then_some(())
+    })
+    .await;
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let batch = sim.admin.call_count("InstancesService/BatchInstanceMetadata").await.expect("calls");
+    let single = sim.admin.call_count("InstancesService/InstanceMetadata").await.expect("calls");
+    assert_eq!(single, 0, "refreshes read in batches");
+    assert!(batch >= 1 && batch <= 8, "about one batch call per refresh period for all three nodes, got {batch}");
+    // The other nodes kept their addresses.
+    let other = env.nodes().get(&names[0]).await.expect("node");
+    assert_eq!(other.status.and_then(|s| s.addresses).unwrap_or_default()[0].address, "10.3.0.0");
+    core.stop().await.expect("stop");
+    env.cleanup().await.expect("cleanup");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_health_server_speaks_https_by_default() {
+    let cp = ccm_e2e::shared().expect("control plane");
+    let env = TestEnv::new(cp.client().await.expect("client"), "tls").await.expect("env");
+    let sim = Sim::start(Config::default()).await;
+    let port = free_port();
+    let port_flag = format!("--secure-port={port}");
+    let core = Core::start(cp, &env, &sim, &["--leader-elect=false", &port_flag, "--bind-address=127.0.0.1"]);
+    let url = format!("https://127.0.0.1:{port}/healthz");
+    let body = eventually("an HTTPS answer", Duration::from_secs(20), async || {
+        let out = tokio::process::Command::new("curl").args(["-sk", "--max-time", "2", &url]).output().await.ok()?;
+        out.status.success().then(|| String::from_utf8_lossy(&out.stdout).into_owned())
+    })
+    .await;
+    assert_eq!(body, "ok");
+    // Plain HTTP is not served on the secure port.
+    assert_ne!(http_get(&format!("http://127.0.0.1:{port}"), "/healthz").await.map(|r| r.0), Some(200));
+    core.stop().await.expect("stop");
+    env.cleanup().await.expect("cleanup");
+}
