@@ -450,7 +450,7 @@ async fn addresses_are_refreshed_with_batched_reads() {
     let batch = sim.admin.call_count("InstancesService/BatchInstanceMetadata").await.expect("calls");
     let single = sim.admin.call_count("InstancesService/InstanceMetadata").await.expect("calls");
     assert_eq!(single, 0, "refreshes read in batches");
-    assert!(batch >= 1 && batch <= 8, "about one batch call per refresh period for all three nodes, got {batch}");
+    assert!((1..=8).contains(&batch), "about one batch call per refresh period for all three nodes, got {batch}");
     // The other nodes kept their addresses.
     let other = env.nodes().get(&names[0]).await.expect("node");
     assert_eq!(other.status.and_then(|s| s.addresses).unwrap_or_default()[0].address, "10.3.0.0");
