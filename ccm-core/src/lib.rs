@@ -4,6 +4,7 @@
 //! protocol, and no cloud.
 
 pub mod controllers;
+pub mod credentials;
 pub mod http;
 pub mod informer;
 pub mod metrics;

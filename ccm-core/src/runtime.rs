@@ -15,6 +15,7 @@ use tokio::sync::watch;
 use crate::controllers::Context;
 use crate::controllers::node::NodeController;
 use crate::controllers::node_lifecycle::NodeLifecycleController;
+use crate::credentials::Credentials;
 use crate::http::{self, Readiness};
 use crate::informer::{Informer, slim_node};
 use crate::metrics::Metrics;
@@ -43,16 +44,15 @@ impl Readiness for Ready {
     }
 }
 
-async fn kube_client(options: &Options) -> anyhow::Result<kube::Client> {
-    let config = match &options.kubeconfig {
+async fn kube_config(options: &Options) -> anyhow::Result<kube::Config> {
+    Ok(match &options.kubeconfig {
         Some(path) => {
             let kubeconfig =
                 kube::config::Kubeconfig::read_from(path).with_context(|| format!("reading --kubeconfig {}", path.display()))?;
             kube::Config::from_custom_kubeconfig(kubeconfig, &Default::default()).await.context("loading --kubeconfig")?
         }
         None => kube::Config::incluster().context("no --kubeconfig given and not running in a cluster")?,
-    };
-    kube::Client::try_from(config).context("building the Kubernetes client")
+    })
 }
 
 /// Runs the cloud-controller-manager until SIGTERM or SIGINT (Ok) or until it must stop (Err).
@@ -69,7 +69,9 @@ pub async fn run_until(options: Options, shutdown: impl Future<Output = ()> + Se
     for name in enabled.iter().filter(|n| !IMPLEMENTED.contains(n)) {
         tracing::warn!(controller = name, "controller is not available in this build; skipped");
     }
-    let client = kube_client(&options).await?;
+    let config = kube_config(&options).await?;
+    let client = kube::Client::try_from(config.clone()).context("building the Kubernetes client")?;
+    let credentials = if options.use_service_account_credentials { Some(Arc::new(Credentials::new(config)?)) } else { None };
     let metrics = Metrics::new();
     let provider = Provider::new(
         &options.provider_endpoint,
@@ -99,9 +101,9 @@ pub async fn run_until(options: Options, shutdown: impl Future<Output = ()> + Se
 
     let ctx = Context::new(client.clone(), provider, nodes, metrics.clone(), options.clone())?;
     let result = if options.leader_elect {
-        lead_then_run(&options, client, ctx, &enabled, shutdown_rx).await
+        lead_then_run(&options, client, ctx, credentials, &enabled, shutdown_rx).await
     } else {
-        run_controllers(ctx, &enabled, shutdown_rx, None).await
+        run_controllers(ctx, credentials, &enabled, shutdown_rx, None).await
     };
     let _ = stop_tx.send(true);
     // Give tasks a moment to finish their writes.
@@ -113,6 +115,7 @@ async fn lead_then_run(
     options: &Options,
     client: kube::Client,
     ctx: Context,
+    credentials: Option<Arc<Credentials>>,
     enabled: &std::collections::BTreeSet<&'static str>,
     mut shutdown: watch::Receiver<bool>,
 ) -> anyhow::Result<()> {
@@ -143,7 +146,7 @@ async fn lead_then_run(
     tracing::info!(%identity, "acquired the leader lease; starting controllers");
     ctx.metrics.set_leader(true);
     let metrics = ctx.metrics.clone();
-    let result = run_controllers(ctx, enabled, shutdown, Some(leading)).await;
+    let result = run_controllers(ctx, credentials, enabled, shutdown, Some(leading)).await;
     metrics.set_leader(false);
     // Dropping the receiver makes the manager release the lease.
     let _ = handle.await;
@@ -154,17 +157,28 @@ async fn lead_then_run(
 /// process exits so that a restart rejoins the election cleanly).
 async fn run_controllers(
     ctx: Context,
+    credentials: Option<Arc<Credentials>>,
     enabled: &std::collections::BTreeSet<&'static str>,
     stop: watch::Receiver<bool>,
     leading: Option<watch::Receiver<bool>>,
 ) -> anyhow::Result<()> {
     let (ctl_stop_tx, ctl_stop) = watch::channel(false);
+    // With --use-service-account-credentials, each controller writes as its own ServiceAccount;
+    // the shared watches keep the process's credentials.
+    let ctx_for = async |name: &str| -> anyhow::Result<Context> {
+        match &credentials {
+            Some(c) => Ok(ctx.with_client(c.client_for(name, ctl_stop.clone()).await?)),
+            None => Ok(ctx.clone()),
+        }
+    };
     let mut tasks = Vec::new();
     if enabled.contains(crate::controllers::node::NAME) {
-        tasks.push(tokio::spawn(NodeController::new(ctx.clone()).run(ctl_stop.clone())));
+        let ctx = ctx_for(crate::controllers::node::NAME).await?;
+        tasks.push(tokio::spawn(NodeController::new(ctx).run(ctl_stop.clone())));
     }
     if enabled.contains(crate::controllers::node_lifecycle::NAME) {
-        tasks.push(tokio::spawn(NodeLifecycleController::new(ctx.clone()).run(ctl_stop.clone())));
+        let ctx = ctx_for(crate::controllers::node_lifecycle::NAME).await?;
+        tasks.push(tokio::spawn(NodeLifecycleController::new(ctx).run(ctl_stop.clone())));
     }
     let lost = async {
         match leading {

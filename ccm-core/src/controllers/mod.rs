@@ -54,6 +54,11 @@ impl Context {
         Ok(Self { client, provider, nodes, metrics, options, exclude, kube_writes })
     }
 
+    /// The same context, writing through another client (a controller's own credentials).
+    pub fn with_client(&self, client: kube::Client) -> Self {
+        Self { client, ..self.clone() }
+    }
+
     /// Waits for a token of `--kube-api-qps`/`--kube-api-burst` before a write to the API.
     pub async fn kube_write_permit(&self) {
         while let Err(wait) = self.kube_writes.try_acquire() {

@@ -478,3 +478,64 @@ async fn the_health_server_speaks_https_by_default() {
     core.stop().await.expect("stop");
     env.cleanup().await.expect("cleanup");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_service_account_credentials_a_controller_has_only_what_its_account_is_granted() {
+    use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding, PolicyRule, RoleRef, Subject};
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+    use kube::api::{DeleteParams, PostParams};
+
+    let cp = ccm_e2e::shared().expect("control plane");
+    let env = TestEnv::new(cp.client().await.expect("client"), "sa").await.expect("env");
+    let name = env.node_name("a");
+    let mut config = Config::default();
+    config.instances.push(instance("i-a", &name, "sim-region-1a"));
+    let sim = Sim::start(config).await;
+    NodeBuilder::new(&name).uninitialized().label(TEST_LABEL, &env.prefix).create(&env.client).await.expect("node");
+    // The process itself is admin; the node controller writes as kube-system/cloud-node-controller,
+    // which has no permissions yet.
+    let core =
+        Core::start(cp, &env, &sim, &["--leader-elect=false", "--controllers=cloud-node", "--use-service-account-credentials"]);
+    tokio::time::sleep(Duration::from_secs(4)).await;
+    assert!(initialised(&env, &name).await.is_none(), "the controller's own account may not patch nodes yet");
+
+    let role_name = format!("{}-cloud-node-controller", env.prefix);
+    let rule = |groups: &[&str], resources: &[&str], verbs: &[&str]| PolicyRule {
+        api_groups: Some(groups.iter().map(|s| s.to_string()).collect()),
+        resources: Some(resources.iter().map(|s| s.to_string()).collect()),
+        verbs: verbs.iter().map(|s| s.to_string()).collect(),
+        ..Default::default()
+    };
+    let role = ClusterRole {
+        metadata: ObjectMeta { name: Some(role_name.clone()), ..Default::default() },
+        rules: Some(vec![
+            rule(&[""], &["nodes"], &["get", "list", "watch", "patch", "update"]),
+            rule(&[""], &["nodes/status"], &["patch", "update"]),
+            rule(&["", "events.k8s.io"], &["events"], &["create", "patch", "update"]),
+        ]),
+        ..Default::default()
+    };
+    let binding = ClusterRoleBinding {
+        metadata: ObjectMeta { name: Some(role_name.clone()), ..Default::default() },
+        role_ref: RoleRef {
+            api_group: Some("rbac.authorization.k8s.io".into()),
+            kind: "ClusterRole".into(),
+            name: role_name.clone(),
+        },
+        subjects: Some(vec![Subject {
+            kind: "ServiceAccount".into(),
+            name: "cloud-node-controller".into(),
+            namespace: Some("kube-system".into()),
+            ..Default::default()
+        }]),
+    };
+    Api::<ClusterRole>::all(env.client.clone()).create(&PostParams::default(), &role).await.expect("role");
+    Api::<ClusterRoleBinding>::all(env.client.clone()).create(&PostParams::default(), &binding).await.expect("binding");
+    eventually("initialisation once the account is granted", Duration::from_secs(30), async || initialised(&env, &name).await)
+        .await;
+
+    core.stop().await.expect("stop");
+    let _ = Api::<ClusterRoleBinding>::all(env.client.clone()).delete(&role_name, &DeleteParams::default()).await;
+    let _ = Api::<ClusterRole>::all(env.client.clone()).delete(&role_name, &DeleteParams::default()).await;
+    env.cleanup().await.expect("cleanup");
+}

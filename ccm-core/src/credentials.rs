@@ -1,0 +1,99 @@
+//! `--use-service-account-credentials`: each controller talks to the API server as its own
+//! ServiceAccount in `kube-system` (named after the controller, created when missing), so
+//! audit logs tell controllers apart and each can be granted only what it does. Tokens come
+//! from the TokenRequest API, live an hour, and are renewed every 20 minutes into a file the
+//! client re-reads.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use anyhow::Context as _;
+use k8s_openapi::api::authentication::v1::{TokenRequest, TokenRequestSpec};
+use k8s_openapi::api::core::v1::ServiceAccount;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+use kube::Api;
+use kube::api::PostParams;
+
+/// The namespace of the controllers' ServiceAccounts, as upstream.
+pub const NAMESPACE: &str = "kube-system";
+const TOKEN_SECONDS: i64 = 3600;
+const RENEW_EVERY: Duration = Duration::from_secs(20 * 60);
+
+/// Makes per-controller clients from the process's own credentials.
+pub struct Credentials {
+    config: kube::Config,
+    root: kube::Client,
+    dir: tempfile::TempDir,
+}
+
+impl Credentials {
+    /// Per-controller credentials derived from `config` (whose identity must be allowed to
+    /// create ServiceAccounts and tokens in kube-system).
+    pub fn new(config: kube::Config) -> anyhow::Result<Self> {
+        let root = kube::Client::try_from(config.clone())?;
+        let dir = tempfile::Builder::new().prefix("ccm-tokens-").tempdir().context("creating the token directory")?;
+        Ok(Self { config, root, dir })
+    }
+
+    async fn token(root: &kube::Client, name: &str) -> anyhow::Result<String> {
+        let api: Api<ServiceAccount> = Api::namespaced(root.clone(), NAMESPACE);
+        if api.get_opt(name).await.with_context(|| format!("reading service account {NAMESPACE}/{name}"))?.is_none() {
+            let sa =
+                ServiceAccount { metadata: ObjectMeta { name: Some(name.into()), ..Default::default() }, ..Default::default() };
+            match api.create(&PostParams::default(), &sa).await {
+                Ok(_) => {}
+                Err(kube::Error::Api(s)) if s.code == 409 => {}
+                Err(e) => return Err(e).with_context(|| format!("creating service account {NAMESPACE}/{name}")),
+            }
+        }
+        let request = TokenRequest {
+            spec: Some(TokenRequestSpec { expiration_seconds: Some(TOKEN_SECONDS), ..Default::default() }),
+            ..Default::default()
+        };
+        let answer = api
+            .create_token_request(name, &PostParams::default(), &request)
+            .await
+            .with_context(|| format!("requesting a token for {NAMESPACE}/{name}"))?;
+        answer.status.and_then(|s| s.token).filter(|t| !t.is_empty()).context("the token request returned no token")
+    }
+
+    fn write(path: &PathBuf, token: &str) -> anyhow::Result<()> {
+        use std::io::Write;
+        use std::os::unix::fs::OpenOptionsExt;
+        let tmp = path.with_extension("new");
+        let mut f = std::fs::OpenOptions::new().write(true).create(true).truncate(true).mode(0o600).open(&tmp)?;
+        f.write_all(token.as_bytes())?;
+        std::fs::rename(&tmp, path)?;
+        Ok(())
+    }
+
+    /// A client acting as the ServiceAccount `controller`, renewing its token until `stop`.
+    pub async fn client_for(
+        &self,
+        controller: &str,
+        mut stop: tokio::sync::watch::Receiver<bool>,
+    ) -> anyhow::Result<kube::Client> {
+        let path = self.dir.path().join(format!("{controller}.token"));
+        Self::write(&path, &Self::token(&self.root, controller).await?)?;
+        let root = self.root.clone();
+        let (name, file) = (controller.to_string(), path.clone());
+        tokio::spawn(async move {
+            loop {
+                tokio::select! {
+                    _ = tokio::time::sleep(RENEW_EVERY) => {}
+                    _ = stop.wait_for(|s| *s) => return,
+                }
+                match Self::token(&root, &name).await.and_then(|t| Self::write(&file, &t)) {
+                    Ok(()) => tracing::debug!(controller = %name, "service account token renewed"),
+                    Err(error) => {
+                        tracing::warn!(controller = %name, error = %format!("{error:#}"), "renewing the token failed; the current one stays")
+                    }
+                }
+            }
+        });
+        let mut config = self.config.clone();
+        config.auth_info = kube::config::AuthInfo { token_file: Some(path.display().to_string()), ..Default::default() };
+        tracing::info!(controller, service_account = %format!("{NAMESPACE}/{controller}"), "using the controller's own credentials");
+        kube::Client::try_from(config).context("building the controller's client")
+    }
+}
