@@ -419,6 +419,27 @@ impl IdentityService for IdentityAdapter {
     }
 }
 
+/// A batch of lookups: checks its size, gives each invalid lookup its own item error, passes
+/// the valid ones to the provider in one call, and returns one answer per lookup, in order.
+async fn batch<T>(
+    lookups: &[pb::InstanceLookup],
+    call: impl AsyncFnOnce(Vec<pb::InstanceLookup>) -> Result<Vec<Result<T>>>,
+) -> Result<Vec<Result<T>>> {
+    validate::batch_size(lookups.len())?;
+    let checked: Vec<Result<()>> = lookups.iter().map(|l| validate::lookup(Some(l)).map(|_| ())).collect();
+    let valid: Vec<pb::InstanceLookup> =
+        lookups.iter().zip(&checked).filter(|(_, c)| c.is_ok()).map(|(l, _)| l.clone()).collect();
+    let expected = valid.len();
+    let mut answers = call(valid).await?.into_iter();
+    if answers.len() != expected {
+        return Err(Error::internal(format!("provider answered {} of {expected} lookups", answers.len())));
+    }
+    Ok(checked
+        .into_iter()
+        .map(|c| c.and_then(|()| answers.next().unwrap_or_else(|| Err(Error::internal("missing answer")))))
+        .collect())
+}
+
 // === impl InstancesAdapter ===
 
 struct InstancesAdapter {
@@ -484,18 +505,10 @@ impl InstancesService for InstancesAdapter {
         let req = req.into_inner();
         self.obs
             .call("InstancesService/BatchInstanceMetadata", async {
-                validate::batch_size(req.instances.len())?;
-                // Invalid lookups get their own item error; the valid ones go to the provider.
-                let checked: Vec<Result<()>> = req.instances.iter().map(|l| validate::lookup(Some(l)).map(|_| ())).collect();
-                let valid: Vec<pb::InstanceLookup> =
-                    req.instances.iter().zip(&checked).filter(|(_, c)| c.is_ok()).map(|(l, _)| l.clone()).collect();
-                let mut answers = self.inner.batch_instance_metadata(&valid).await?.into_iter();
-                if answers.len() != valid.len() {
-                    return Err(Error::internal(format!("provider answered {} of {} lookups", answers.len(), valid.len())));
-                }
-                let results = checked
+                let answers = batch(&req.instances, async |valid| self.inner.batch_instance_metadata(&valid).await).await?;
+                let results = answers
                     .into_iter()
-                    .map(|c| match c.and_then(|()| answers.next().unwrap_or_else(|| Err(Error::internal("missing answer")))) {
+                    .map(|answer| match answer {
                         Ok(m) => {
                             let metadata = existing(m);
                             pb::InstanceMetadataResult { exists: metadata.is_some(), metadata, error: None }
@@ -559,17 +572,10 @@ impl TagsService for TagsAdapter {
         let req = req.into_inner();
         self.obs
             .call("TagsService/BatchGetInstanceTags", async {
-                validate::batch_size(req.instances.len())?;
-                let checked: Vec<Result<()>> = req.instances.iter().map(|l| validate::lookup(Some(l)).map(|_| ())).collect();
-                let valid: Vec<pb::InstanceLookup> =
-                    req.instances.iter().zip(&checked).filter(|(_, c)| c.is_ok()).map(|(l, _)| l.clone()).collect();
-                let mut answers = self.inner.batch_instance_tags(&valid).await?.into_iter();
-                if answers.len() != valid.len() {
-                    return Err(Error::internal(format!("provider answered {} of {} lookups", answers.len(), valid.len())));
-                }
-                let results = checked
+                let answers = batch(&req.instances, async |valid| self.inner.batch_instance_tags(&valid).await).await?;
+                let results = answers
                     .into_iter()
-                    .map(|c| match c.and_then(|()| answers.next().unwrap_or_else(|| Err(Error::internal("missing answer")))) {
+                    .map(|answer| match answer {
                         Ok(tags) => {
                             pb::InstanceTagsResult { exists: tags.is_some(), tags: tags.unwrap_or_default(), error: None }
                         }

@@ -53,33 +53,44 @@ fn resource_version(node: &Node) -> u64 {
     node.metadata.resource_version.as_deref().and_then(|v| v.parse().ok()).unwrap_or(0)
 }
 
+/// Runs a batch RPC over `lookups` in chunks of [`MAX_BATCH`]: one result per lookup, in
+/// order; a failed call (or an answer of the wrong length) fails each lookup of its chunk.
+async fn in_batches<R, T, Fut>(
+    lookups: &[pb::InstanceLookup],
+    call: impl Fn(Vec<pb::InstanceLookup>) -> Fut,
+    item: impl Fn(R) -> Result<T, Error>,
+) -> Vec<Result<T, Error>>
+where
+    Fut: Future<Output = Result<Vec<R>, Error>>,
+{
+    let mut out = Vec::with_capacity(lookups.len());
+    for chunk in lookups.chunks(MAX_BATCH) {
+        match call(chunk.to_vec()).await {
+            Ok(results) if results.len() == chunk.len() => out.extend(results.into_iter().map(&item)),
+            Ok(results) => {
+                let e = Error::internal(format!("provider answered {} of {} lookups", results.len(), chunk.len()));
+                out.extend(chunk.iter().map(|_| Err(e.clone())));
+            }
+            Err(e) => out.extend(chunk.iter().map(|_| Err(e.clone()))),
+        }
+    }
+    out
+}
+
 /// Looks many Nodes' instances up: one call per 500 when the provider batches, else one call
 /// per Node. Per-Node results, in order.
 pub async fn metadata_for(ctx: &Context, lookups: Vec<pb::InstanceLookup>) -> Vec<Result<Option<pb::InstanceMetadata>, Error>> {
-    let batch = ctx.provider.identity().is_some_and(|i| i.batch_reads());
-    if batch {
-        let mut out = Vec::with_capacity(lookups.len());
-        for chunk in lookups.chunks(MAX_BATCH) {
-            let request = pb::BatchInstanceMetadataRequest { instances: chunk.to_vec() };
-            let answer = ctx
-                .provider
-                .call("InstancesService/BatchInstanceMetadata", request, async |ch, r| {
-                    InstancesServiceClient::new(ch).batch_instance_metadata(r).await
-                })
-                .await;
-            match answer {
-                Ok(a) if a.results.len() == chunk.len() => out.extend(a.results.into_iter().map(|r| match r.error {
-                    Some(e) => Err(Error::from_item_error(&e)),
-                    None => Ok(r.metadata.filter(|_| r.exists)),
-                })),
-                Ok(a) => {
-                    let e = Error::internal(format!("provider answered {} of {} lookups", a.results.len(), chunk.len()));
-                    out.extend(chunk.iter().map(|_| Err(e.clone())));
-                }
-                Err(e) => out.extend(chunk.iter().map(|_| Err(e.clone()))),
-            }
-        }
-        return out;
+    if ctx.provider.identity().is_some_and(|i| i.batch_reads()) {
+        let call = |instances: Vec<pb::InstanceLookup>| async move {
+            let request = pb::BatchInstanceMetadataRequest { instances };
+            let rpc = async |ch, r| InstancesServiceClient::new(ch).batch_instance_metadata(r).await;
+            ctx.provider.call("InstancesService/BatchInstanceMetadata", request, rpc).await.map(|a| a.results)
+        };
+        return in_batches(&lookups, call, |r: pb::InstanceMetadataResult| match r.error {
+            Some(e) => Err(Error::from_item_error(&e)),
+            None => Ok(r.metadata.filter(|_| r.exists)),
+        })
+        .await;
     }
     join_all(lookups.into_iter().map(|lookup| async move {
         let request = pb::InstanceMetadataRequest { instance: Some(lookup) };
@@ -94,25 +105,16 @@ pub async fn metadata_for(ctx: &Context, lookups: Vec<pb::InstanceLookup>) -> Ve
 }
 
 async fn tags_for(ctx: &Context, lookups: Vec<pb::InstanceLookup>) -> Vec<Result<BTreeMap<String, String>, Error>> {
-    let mut out = Vec::with_capacity(lookups.len());
-    for chunk in lookups.chunks(MAX_BATCH) {
-        let request = pb::BatchGetInstanceTagsRequest { instances: chunk.to_vec() };
-        let answer = ctx
-            .provider
-            .call("TagsService/BatchGetInstanceTags", request, async |ch, r| {
-                TagsServiceClient::new(ch).batch_get_instance_tags(r).await
-            })
-            .await;
-        match answer {
-            Ok(a) if a.results.len() == chunk.len() => out.extend(a.results.into_iter().map(|r| match r.error {
-                Some(e) => Err(Error::from_item_error(&e)),
-                None => Ok(r.tags.into_iter().collect()),
-            })),
-            Ok(_) => out.extend(chunk.iter().map(|_| Err(Error::internal("provider answered the wrong number of tag lookups")))),
-            Err(e) => out.extend(chunk.iter().map(|_| Err(e.clone()))),
-        }
-    }
-    out
+    let call = |instances: Vec<pb::InstanceLookup>| async move {
+        let request = pb::BatchGetInstanceTagsRequest { instances };
+        let rpc = async |ch, r| TagsServiceClient::new(ch).batch_get_instance_tags(r).await;
+        ctx.provider.call("TagsService/BatchGetInstanceTags", request, rpc).await.map(|a| a.results)
+    };
+    in_batches(&lookups, call, |r: pb::InstanceTagsResult| match r.error {
+        Some(e) => Err(Error::from_item_error(&e)),
+        None => Ok(r.tags.into_iter().collect()),
+    })
+    .await
 }
 
 /// The node controller.

@@ -354,33 +354,36 @@ impl Cloud {
         Ok(metadata)
     }
 
-    /// Changes an instance's state (stop, start, terminate); NOT_FOUND when unknown.
-    pub fn set_instance_state(&self, id: &str, state: State) -> Result<()> {
-        let delay = self.delay();
+    /// Changes an instance that exists; NOT_FOUND when it does not.
+    fn change_instance<T>(&self, id: &str, change: impl FnOnce(&mut Instance) -> Result<T>) -> Result<T> {
         let mut world = self.world();
         let instance = world
             .instances
             .get_mut(id)
             .filter(|i| i.state.current.is_some())
             .ok_or_else(|| Error::not_found(format!("instance {id}")))?;
-        if instance.state.current == Some(State::Terminated) && state != State::Terminated {
-            return Err(Error::failed_precondition(reason::FAILED_PRECONDITION, format!("instance {id} is terminated")));
-        }
-        instance.spec.state = state;
-        instance.state.set(Some(state), delay);
-        Ok(())
+        change(instance)
+    }
+
+    /// Changes an instance's state (stop, start, terminate); NOT_FOUND when unknown.
+    pub fn set_instance_state(&self, id: &str, state: State) -> Result<()> {
+        let delay = self.delay();
+        self.change_instance(id, |instance| {
+            if instance.state.current == Some(State::Terminated) && state != State::Terminated {
+                return Err(Error::failed_precondition(reason::FAILED_PRECONDITION, format!("instance {id} is terminated")));
+            }
+            instance.spec.state = state;
+            instance.state.set(Some(state), delay);
+            Ok(())
+        })
     }
 
     /// Replaces an instance's addresses (as when an interface is added or an IP re-assigned).
     pub fn set_addresses(&self, id: &str, addresses: Vec<Address>) -> Result<()> {
-        let mut world = self.world();
-        let instance = world
-            .instances
-            .get_mut(id)
-            .filter(|i| i.state.current.is_some())
-            .ok_or_else(|| Error::not_found(format!("instance {id}")))?;
-        instance.spec.addresses = addresses;
-        Ok(())
+        self.change_instance(id, |instance| {
+            instance.spec.addresses = addresses;
+            Ok(())
+        })
     }
 
     /// Removes an instance from the account altogether (as after a terminated instance ages out).
