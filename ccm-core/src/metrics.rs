@@ -43,6 +43,11 @@ pub struct Metrics {
     reconcile_latency: Family<ControllerLabels, Histogram, fn() -> Histogram>,
     reconcile_errors: Family<ControllerLabels, Counter>,
     leader: Gauge<i64, AtomicI64>,
+    route_syncs: Counter,
+    routes_created: Counter,
+    routes_deleted: Counter,
+    route_corrections: Counter,
+    nodes_without_route: Gauge<i64, AtomicI64>,
 }
 
 impl Default for Metrics {
@@ -63,6 +68,20 @@ impl Metrics {
         let reconcile_latency = Family::<ControllerLabels, Histogram, fn() -> Histogram>::new_with_constructor(latency_histogram);
         let reconcile_errors = Family::<ControllerLabels, Counter>::default();
         let leader = Gauge::<i64, AtomicI64>::default();
+        let route_syncs = Counter::default();
+        let routes_created = Counter::default();
+        let routes_deleted = Counter::default();
+        let route_corrections = Counter::default();
+        let nodes_without_route = Gauge::<i64, AtomicI64>::default();
+        registry.register("ccm_route_syncs", "Full route reconciles", route_syncs.clone());
+        registry.register("ccm_routes_created", "Routes created", routes_created.clone());
+        registry.register("ccm_routes_deleted", "Routes deleted", routes_deleted.clone());
+        registry.register(
+            "ccm_route_corrections",
+            "Routes found missing or stale at a resync that no Node event explained (drift)",
+            route_corrections.clone(),
+        );
+        registry.register("ccm_nodes_without_route", "Nodes with a podCIDR but no route (quota)", nodes_without_route.clone());
         registry.register("ccm_provider_calls", "Calls to the provider, by method and gRPC code", provider_calls.clone());
         registry.register("ccm_provider_call_duration_seconds", "Latency of provider calls, by method", provider_latency.clone());
         registry.register("ccm_workqueue_depth", "Keys ready or in process, by controller", queue_depth.clone());
@@ -85,7 +104,21 @@ impl Metrics {
             reconcile_latency,
             reconcile_errors,
             leader,
+            route_syncs,
+            routes_created,
+            routes_deleted,
+            route_corrections,
+            nodes_without_route,
         }
+    }
+
+    /// One full route reconcile, with what it changed.
+    pub fn route_sync(&self, created: u64, deleted: u64, corrections: u64, without_route: usize) {
+        self.route_syncs.inc();
+        self.routes_created.inc_by(created);
+        self.routes_deleted.inc_by(deleted);
+        self.route_corrections.inc_by(corrections);
+        self.nodes_without_route.set(without_route as i64);
     }
 
     /// One provider call attempt.

@@ -17,7 +17,7 @@ pub const CONTROLLERS: &[(&str, &str)] = &[
 ];
 
 /// The controllers this build implements (the others are accepted and reported as missing).
-pub const IMPLEMENTED: &[&str] = &["cloud-node-controller", "cloud-node-lifecycle-controller"];
+pub const IMPLEMENTED: &[&str] = &["cloud-node-controller", "cloud-node-lifecycle-controller", "node-route-controller"];
 
 /// Parses a duration such as `300ms`, `10s`, `5m`, `1h30m` or `1h 30m`.
 pub fn parse_duration(text: &str) -> Result<Duration, String> {
@@ -75,6 +75,35 @@ pub struct Options {
     /// Prefix under which instance tags become Node labels (`<prefix>/<tag>`); empty disables.
     #[arg(long, default_value = "tags.cloudprovider.dev")]
     pub node_tag_label_prefix: String,
+
+    /// Program pod-network routes for Nodes' podCIDRs (when the provider serves Routes).
+    #[arg(long, default_value_t = true, action = clap::ArgAction::Set)]
+    pub configure_cloud_routes: bool,
+
+    /// The cluster's pod CIDRs (one, or an IPv4 and an IPv6 one for dual-stack); routes
+    /// outside them are never touched. Required for routes.
+    #[arg(long, value_delimiter = ',', value_name = "CIDR")]
+    pub cluster_cidr: Vec<String>,
+
+    /// Upstream's flag, with this meaning here: the shortest interval between two full route
+    /// reconciles. Node changes trigger reconciles (there is no timer); changes within this
+    /// interval share one.
+    #[arg(long, value_name = "DURATION", default_value = "500ms", value_parser = parse_duration)]
+    pub route_reconciliation_period: Duration,
+
+    /// How long after the first Node change of a burst the route reconcile starts, so that
+    /// the rest of the burst shares it.
+    #[arg(long, value_name = "DURATION", default_value = "100ms", value_parser = parse_duration)]
+    pub route_coalesce_delay: Duration,
+
+    /// The safety resync that re-lists the cloud's routes: at a random time between this
+    /// period and twice it (12h to 24h by default). Between resyncs no route is listed.
+    #[arg(long, value_name = "DURATION", default_value = "12h", value_parser = parse_duration)]
+    pub route_resync_period: Duration,
+
+    /// Route creations and deletions in flight at once.
+    #[arg(long, default_value_t = 8)]
+    pub concurrent_route_syncs: usize,
 
     /// Delay after a reconcile's first failure; doubles per failure.
     #[arg(long, value_name = "DURATION", default_value = "5s", value_parser = parse_duration)]
@@ -183,6 +212,12 @@ impl Options {
         }
         if self.concurrent_node_syncs == 0 || self.provider_max_concurrency == 0 {
             return Err("--concurrent-node-syncs and --provider-max-concurrency must be at least 1".into());
+        }
+        for cidr in &self.cluster_cidr {
+            cidr.parse::<ipnet::IpNet>().map_err(|_| format!("--cluster-cidr {cidr:?} is not a CIDR"))?;
+        }
+        if self.cluster_cidr.len() > 2 {
+            return Err("--cluster-cidr takes at most two CIDRs (IPv4 and IPv6)".into());
         }
         if self.reconcile_backoff_base > self.reconcile_backoff_max {
             return Err("--reconcile-backoff-base must not exceed --reconcile-backoff-max".into());

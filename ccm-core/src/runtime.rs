@@ -180,6 +180,10 @@ async fn run_controllers(
         let ctx = ctx_for(crate::controllers::node_lifecycle::NAME).await?;
         tasks.push(tokio::spawn(NodeLifecycleController::new(ctx).run(ctl_stop.clone())));
     }
+    if enabled.contains(crate::controllers::route::NAME) {
+        let ctx = ctx_for(crate::controllers::route::NAME).await?;
+        tasks.push(tokio::spawn(crate::controllers::route::RouteController::new(ctx)?.run(ctl_stop.clone())));
+    }
     let lost = async {
         match leading {
             Some(mut l) => {

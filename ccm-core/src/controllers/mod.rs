@@ -2,6 +2,7 @@
 
 pub mod node;
 pub mod node_lifecycle;
+pub mod route;
 
 use std::sync::Arc;
 use std::time::Duration;

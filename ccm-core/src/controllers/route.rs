@@ -1,0 +1,570 @@
+//! The route controller (`node-route-controller`): each Node podCIDR routed to its instance,
+//! reconciled on informer events (KEP-5237), never on a timer.
+//!
+//! - Triggers: a Node added or deleted, or a change of `spec.podCIDRs` or `status.addresses`.
+//!   Heartbeats, labels and conditions trigger nothing. A burst is coalesced: the reconcile
+//!   starts `--route-coalesce-delay` after the first trigger, and never sooner than
+//!   `--route-reconciliation-period` after the previous one.
+//! - The cloud's routes are listed once, then kept up to date from the outcomes of this
+//!   controller's own creates and deletes: steady state lists nothing. A safety resync re-lists
+//!   at a random time between `--route-resync-period` and twice it; what it finds that the
+//!   kept state did not know is counted as corrections. Any error forgets the kept state, so
+//!   the next reconcile re-lists.
+//! - Only routes inside `--cluster-cidr` and of `--cluster-name` are ever touched.
+//! - A table quota: routes are created in a deterministic order (node name, CIDR) until the
+//!   table is full; Nodes left without a route get `NetworkUnavailable=True` and one
+//!   `FailedToCreateRoute` Event, and the controller does not retry them in a loop.
+
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
+use std::hash::{Hash, Hasher};
+use std::sync::Arc;
+use std::time::Duration;
+
+use ccm_proto::v1::routes_service_client::RoutesServiceClient;
+use ccm_proto::v1::{self as pb, ServiceType};
+use ccm_provider_sdk::Error;
+use ccm_provider_sdk::validate::MAX_BATCH;
+use futures::StreamExt;
+use ipnet::IpNet;
+use k8s_openapi::api::core::v1::Node;
+use kube::Api;
+use kube::api::{Patch, PatchParams};
+use tokio::sync::Notify;
+use tokio::sync::broadcast::error::RecvError;
+use tokio::time::Instant;
+
+use super::Context;
+use crate::informer::Change;
+use crate::node_util;
+
+/// The controller's name.
+pub const NAME: &str = "node-route-controller";
+
+/// The Node condition this controller keeps.
+pub const CONDITION: &str = "NetworkUnavailable";
+
+/// Whether a Node change matters to routes.
+pub fn relevant(old: Option<&Node>, new: &Node) -> bool {
+    let Some(old) = old else { return true };
+    pod_cidrs(old) != pod_cidrs(new)
+        || node_util::addresses(old) != node_util::addresses(new)
+        || node_util::provider_id(old) != node_util::provider_id(new)
+}
+
+fn pod_cidrs(node: &Node) -> Vec<String> {
+    let spec = node.spec.as_ref();
+    match spec.and_then(|s| s.pod_cidrs.clone()).filter(|c| !c.is_empty()) {
+        Some(cidrs) => cidrs,
+        None => spec.and_then(|s| s.pod_cidr.clone()).into_iter().collect(),
+    }
+}
+
+/// The route name for a Node's CIDR: readable, deterministic, at most 253 characters.
+pub fn route_name(cluster: &str, node: &str, cidr: &str) -> String {
+    let clean: String = cidr.chars().map(|c| if c.is_ascii_alphanumeric() || c == '.' { c } else { '-' }).collect();
+    let name = format!("{cluster}-{node}-{clean}");
+    if name.len() <= 253 {
+        return name;
+    }
+    let mut h = std::collections::hash_map::DefaultHasher::new();
+    name.hash(&mut h);
+    format!("{}-{:016x}", &name[..236], h.finish())
+}
+
+#[derive(Debug, Clone, Default)]
+struct Known {
+    tables: Vec<pb::RouteTable>,
+    /// Table id → route name → route.
+    routes: BTreeMap<String, BTreeMap<String, pb::Route>>,
+}
+
+impl Known {
+    fn keys(&self) -> BTreeSet<(String, String, String)> {
+        self.routes
+            .iter()
+            .flat_map(|(t, routes)| routes.values().map(move |r| (t.clone(), r.name.clone(), r.destination_cidr.clone())))
+            .collect()
+    }
+}
+
+/// What one reconcile did.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Sync {
+    /// Routes created.
+    pub created: u64,
+    /// Routes deleted.
+    pub deleted: u64,
+    /// Drift found by a resync.
+    pub corrections: u64,
+    /// Nodes left without a route (quota).
+    pub without_route: BTreeSet<String>,
+}
+
+/// The route controller.
+pub struct RouteController {
+    ctx: Context,
+    cluster_cidrs: Vec<IpNet>,
+    known: Option<Known>,
+    /// What the last listing plus our own changes said, kept across a resync to count drift.
+    previous: Option<Known>,
+    resolved: HashMap<(String, String), Vec<String>>,
+    reported_without_route: HashSet<String>,
+}
+
+impl RouteController {
+    /// A controller over `ctx`.
+    pub fn new(ctx: Context) -> anyhow::Result<Self> {
+        let cluster_cidrs = ctx
+            .options
+            .cluster_cidr
+            .iter()
+            .map(|c| c.parse::<IpNet>().map_err(|_| anyhow::anyhow!("--cluster-cidr {c:?} is not a CIDR")))
+            .collect::<anyhow::Result<Vec<_>>>()?;
+        Ok(Self {
+            ctx,
+            cluster_cidrs,
+            known: None,
+            previous: None,
+            resolved: HashMap::new(),
+            reported_without_route: HashSet::new(),
+        })
+    }
+
+    fn resync_delay(&self) -> Duration {
+        let base = self.ctx.options.route_resync_period;
+        base + base.mul_f64(rand::random::<f64>())
+    }
+
+    /// Runs until `stop`.
+    pub async fn run(mut self, mut stop: tokio::sync::watch::Receiver<bool>) {
+        if !self.ctx.options.configure_cloud_routes {
+            tracing::info!("--configure-cloud-routes=false: the route controller is off");
+            return;
+        }
+        if self.cluster_cidrs.is_empty() {
+            tracing::warn!("the route controller needs --cluster-cidr; it is off");
+            return;
+        }
+        let trigger = Arc::new(Notify::new());
+        let feed = tokio::spawn(feed(self.ctx.clone(), trigger.clone(), stop.clone()));
+        self.ctx.nodes.wait_synced().await;
+        trigger.notify_one();
+        let mut resync_at = Instant::now() + self.resync_delay();
+        let mut retry_at: Option<Instant> = None;
+        let mut failures: u32 = 0;
+        let mut last_start: Option<Instant> = None;
+        loop {
+            let wake = retry_at.unwrap_or(resync_at).min(resync_at);
+            let resync = tokio::select! {
+                _ = trigger.notified(), if retry_at.is_none() => false,
+                _ = tokio::time::sleep_until(wake) => Instant::now() >= resync_at,
+                _ = stop.wait_for(|s| *s) => break,
+            };
+            if !resync && retry_at.is_none() {
+                // Let the rest of the burst arrive.
+                tokio::time::sleep(self.ctx.options.route_coalesce_delay).await;
+            }
+            if let Some(last) = last_start {
+                let earliest = last + self.ctx.options.route_reconciliation_period;
+                if Instant::now() < earliest {
+                    tokio::time::sleep_until(earliest).await;
+                }
+            }
+            last_start = Some(Instant::now());
+            if resync {
+                self.previous = self.known.take();
+                self.resolved.clear();
+                resync_at = Instant::now() + self.resync_delay();
+            }
+            let started = Instant::now();
+            let result = self.reconcile().await;
+            self.ctx.metrics.reconcile(NAME, started.elapsed(), result.is_err());
+            match result {
+                Ok(Some(sync)) => {
+                    failures = 0;
+                    retry_at = None;
+                    self.ctx.metrics.route_sync(sync.created, sync.deleted, sync.corrections, sync.without_route.len());
+                }
+                Ok(None) => {
+                    failures = 0;
+                    retry_at = None;
+                }
+                Err(error) => {
+                    failures += 1;
+                    self.known = None;
+                    let backoff = self
+                        .ctx
+                        .options
+                        .reconcile_backoff_base
+                        .saturating_mul(2u32.saturating_pow(failures.saturating_sub(1).min(20)))
+                        .min(self.ctx.options.reconcile_backoff_max)
+                        .max(error.retry_after().unwrap_or_default());
+                    tracing::warn!(%error, retry_in = ?backoff, "route reconcile failed");
+                    retry_at = Some(Instant::now() + backoff);
+                }
+            }
+        }
+        feed.abort();
+    }
+
+    async fn call<M: Clone, T>(
+        &self,
+        method: &'static str,
+        message: M,
+        rpc: impl AsyncFn(tonic::transport::Channel, tonic::Request<M>) -> Result<tonic::Response<T>, tonic::Status>,
+    ) -> Result<T, Error> {
+        self.ctx.provider.call(method, message, rpc).await
+    }
+
+    async fn list(&self, caps: &pb::RoutesCapabilities) -> Result<Known, Error> {
+        let mut known = Known::default();
+        let mut token = String::new();
+        loop {
+            let request = pb::ListRouteTablesRequest { page_size: 0, page_token: token };
+            let page = self
+                .call("RoutesService/ListRouteTables", request, async |ch, r| {
+                    RoutesServiceClient::new(ch).list_route_tables(r).await
+                })
+                .await?;
+            known.tables.extend(page.tables);
+            if page.next_page_token.is_empty() {
+                break;
+            }
+            token = page.next_page_token;
+        }
+        if known.tables.is_empty() {
+            return Err(Error::internal("the provider lists no route table"));
+        }
+        if !caps.multiple_tables {
+            known.tables.truncate(1);
+        }
+        for table in known.tables.clone() {
+            let mut token = String::new();
+            let routes = known.routes.entry(table.id.clone()).or_default();
+            loop {
+                let request = pb::ListRoutesRequest {
+                    cluster_name: self.ctx.options.cluster_name.clone(),
+                    table_id: table.id.clone(),
+                    page_size: 0,
+                    page_token: token,
+                };
+                let page = self
+                    .call("RoutesService/ListRoutes", request, async |ch, r| RoutesServiceClient::new(ch).list_routes(r).await)
+                    .await?;
+                for route in page.routes {
+                    routes.insert(route.name.clone(), route);
+                }
+                if page.next_page_token.is_empty() {
+                    break;
+                }
+                token = page.next_page_token;
+            }
+        }
+        Ok(known)
+    }
+
+    fn in_cluster(&self, cidr: &str) -> bool {
+        cidr.parse::<IpNet>().is_ok_and(|net| self.cluster_cidrs.iter().any(|c| c.contains(&net)))
+    }
+
+    async fn tables_for(
+        &mut self,
+        nodes: &[(String, String)],
+        known: &Known,
+        caps: &pb::RoutesCapabilities,
+    ) -> Result<HashMap<(String, String), Vec<String>>, Error> {
+        let default = known.tables.first().map(|t| t.id.clone()).unwrap_or_default();
+        if !caps.multiple_tables {
+            return Ok(nodes.iter().map(|n| (n.clone(), vec![default.clone()])).collect());
+        }
+        let missing: Vec<(String, String)> = nodes.iter().filter(|n| !self.resolved.contains_key(*n)).cloned().collect();
+        for chunk in missing.chunks(MAX_BATCH) {
+            let targets =
+                chunk.iter().map(|(name, id)| pb::RouteTarget { node_name: name.clone(), provider_id: id.clone() }).collect();
+            let answer = self
+                .call("RoutesService/ResolveRouteTables", pb::ResolveRouteTablesRequest { targets }, async |ch, r| {
+                    RoutesServiceClient::new(ch).resolve_route_tables(r).await
+                })
+                .await?;
+            for (node, assignment) in chunk.iter().zip(answer.assignments) {
+                match assignment.error {
+                    Some(e) => tracing::warn!(node = %node.0, error = %Error::from_item_error(&e), "no route table for node"),
+                    None => {
+                        self.resolved.insert(node.clone(), assignment.table_ids);
+                    }
+                }
+            }
+        }
+        Ok(nodes.iter().filter_map(|n| self.resolved.get(n).map(|t| (n.clone(), t.clone()))).collect())
+    }
+
+    /// One full reconcile. `Ok(None)` when there is nothing to do (provider without Routes).
+    pub async fn reconcile(&mut self) -> Result<Option<Sync>, Error> {
+        let Some(identity) = self.ctx.provider.identity() else { return Err(Error::unavailable("provider not ready")) };
+        if !identity.serves(ServiceType::Routes) {
+            return Ok(None);
+        }
+        let caps = identity.capabilities.routes.clone().unwrap_or_default();
+        let mut sync = Sync::default();
+        if self.known.is_none() {
+            let fresh = self.list(&caps).await?;
+            if let Some(before) = self.previous.take() {
+                let (a, b) = (before.keys(), fresh.keys());
+                sync.corrections = a.symmetric_difference(&b).filter(|(_, _, cidr)| self.in_cluster(cidr)).count() as u64;
+                if sync.corrections > 0 {
+                    tracing::warn!(
+                        corrections = sync.corrections,
+                        "the resync found routes that changed behind the controller's back"
+                    );
+                }
+            }
+            self.known = Some(fresh);
+        }
+        let mut known = self.known.clone().unwrap_or_default();
+
+        // What the Nodes want: table → name → route.
+        let nodes: Vec<Arc<Node>> = self
+            .ctx
+            .nodes
+            .store()
+            .state()
+            .into_iter()
+            .filter(|n| !self.ctx.ignores(n) && n.metadata.deletion_timestamp.is_none())
+            .collect();
+        let targets: Vec<(String, String)> = nodes
+            .iter()
+            .filter(|n| !pod_cidrs(n).is_empty())
+            .map(|n| (node_util::name(n).to_string(), node_util::provider_id(n).unwrap_or_default().to_string()))
+            .collect();
+        let tables = self.tables_for(&targets, &known, &caps).await?;
+        let mut desired: BTreeMap<String, BTreeMap<String, (String, pb::Route)>> = BTreeMap::new();
+        for node in &nodes {
+            let name = node_util::name(node).to_string();
+            let provider_id = node_util::provider_id(node).unwrap_or_default().to_string();
+            let Some(node_tables) = tables.get(&(name.clone(), provider_id.clone())) else { continue };
+            for cidr in pod_cidrs(node).into_iter().filter(|c| self.in_cluster(c)) {
+                for table in node_tables {
+                    let route = pb::Route {
+                        name: route_name(&self.ctx.options.cluster_name, &name, &cidr),
+                        target: Some(pb::RouteTarget { node_name: name.clone(), provider_id: provider_id.clone() }),
+                        destination_cidr: cidr.clone(),
+                        table_id: table.clone(),
+                        blackhole: false,
+                    };
+                    desired.entry(table.clone()).or_default().insert(route.name.clone(), (name.clone(), route));
+                }
+            }
+        }
+
+        let same = |have: &pb::Route, want: &pb::Route| {
+            let (h, w) = (have.target.clone().unwrap_or_default(), want.target.clone().unwrap_or_default());
+            have.destination_cidr == want.destination_cidr
+                && h.node_name == w.node_name
+                && (w.provider_id.is_empty() || h.provider_id == w.provider_id)
+        };
+        let mut deletes: Vec<(String, String)> = Vec::new();
+        let mut creates: Vec<(String, pb::Route)> = Vec::new();
+        for table in &known.tables {
+            let have = known.routes.get(&table.id).cloned().unwrap_or_default();
+            let want = desired.get(&table.id).cloned().unwrap_or_default();
+            for (name, route) in &have {
+                if !self.in_cluster(&route.destination_cidr) {
+                    continue;
+                }
+                let keep = !route.blackhole && want.get(name).is_some_and(|(_, w)| same(route, w));
+                if !keep {
+                    deletes.push((table.id.clone(), name.clone()));
+                }
+            }
+            let max = if table.max_routes > 0 { table.max_routes } else { caps.max_routes_per_table } as usize;
+            let remaining = have.len() - deletes.iter().filter(|(t, _)| *t == table.id).count();
+            let mut room = if max > 0 { max.saturating_sub(remaining) } else { usize::MAX };
+            // Deterministic order: by node name, then CIDR.
+            let mut missing: Vec<&(String, pb::Route)> =
+                want.values().filter(|(_, w)| have.get(&w.name).is_none_or(|h| h.blackhole || !same(h, w))).collect();
+            missing.sort_by(|a, b| (&a.0, &a.1.destination_cidr).cmp(&(&b.0, &b.1.destination_cidr)));
+            for (node, route) in missing {
+                if room == 0 {
+                    sync.without_route.insert(node.clone());
+                    continue;
+                }
+                room -= 1;
+                creates.push((node.clone(), route.clone()));
+            }
+        }
+
+        let concurrency = self.ctx.options.concurrent_route_syncs.max(1);
+        let cluster = self.ctx.options.cluster_name.clone();
+        let provider = self.ctx.provider.clone();
+        let deleted: Vec<((String, String), Result<(), Error>)> = futures::stream::iter(deletes)
+            .map(|(table, name)| {
+                let (provider, cluster) = (provider.clone(), cluster.clone());
+                async move {
+                    let request = pb::DeleteRouteRequest { cluster_name: cluster, table_id: table.clone(), name: name.clone() };
+                    let r = provider
+                        .call("RoutesService/DeleteRoute", request, async |ch, r| {
+                            RoutesServiceClient::new(ch).delete_route(r).await
+                        })
+                        .await;
+                    ((table, name), r.map(|_| ()))
+                }
+            })
+            .buffer_unordered(concurrency)
+            .collect()
+            .await;
+        let mut first_error = None;
+        for ((table, name), result) in deleted {
+            match result {
+                Ok(()) => {
+                    sync.deleted += 1;
+                    known.routes.entry(table).or_default().remove(&name);
+                }
+                Err(e) => {
+                    first_error.get_or_insert(e);
+                }
+            }
+        }
+        let created: Vec<(String, pb::Route, Result<pb::Route, Error>)> = futures::stream::iter(creates)
+            .map(|(node, route)| {
+                let (provider, cluster) = (provider.clone(), cluster.clone());
+                async move {
+                    let request = pb::CreateRouteRequest { cluster_name: cluster, route: Some(route.clone()) };
+                    let r = provider
+                        .call("RoutesService/CreateRoute", request, async |ch, r| {
+                            RoutesServiceClient::new(ch).create_route(r).await
+                        })
+                        .await;
+                    (node, route.clone(), r.map(|a| a.route.unwrap_or(route)))
+                }
+            })
+            .buffer_unordered(concurrency)
+            .collect()
+            .await;
+        for (node, wanted, result) in created {
+            match result {
+                Ok(route) => {
+                    sync.created += 1;
+                    known.routes.entry(wanted.table_id.clone()).or_default().insert(route.name.clone(), route);
+                }
+                // A full table is not an error to retry: the Node is left without a route.
+                Err(Error::QuotaExceeded { .. }) => {
+                    sync.without_route.insert(node);
+                }
+                Err(e) => {
+                    first_error.get_or_insert(e);
+                }
+            }
+        }
+        self.known = Some(known.clone());
+        self.update_conditions(&nodes, &desired, &known, &sync.without_route).await;
+        match first_error {
+            Some(e) => Err(e),
+            None => Ok(Some(sync)),
+        }
+    }
+
+    async fn update_conditions(
+        &mut self,
+        nodes: &[Arc<Node>],
+        desired: &BTreeMap<String, BTreeMap<String, (String, pb::Route)>>,
+        known: &Known,
+        without_route: &BTreeSet<String>,
+    ) {
+        let mut wanted: HashMap<&str, Vec<(&String, &String)>> = HashMap::new();
+        for (table, routes) in desired {
+            for (name, (node, _)) in routes {
+                wanted.entry(node.as_str()).or_default().push((table, name));
+            }
+        }
+        let api: Api<Node> = Api::all(self.ctx.client.clone());
+        for node in nodes {
+            let name = node_util::name(node);
+            let Some(routes) = wanted.get(name) else { continue };
+            let ok = routes.iter().all(|(table, route)| known.routes.get(*table).is_some_and(|r| r.contains_key(*route)));
+            let (status, reason, message) = if ok {
+                ("False", "RouteCreated", "RouteController created a route")
+            } else {
+                ("True", "NoRouteCreated", "RouteController failed to create a route")
+            };
+            let current =
+                node.status.as_ref().and_then(|s| s.conditions.as_ref()).and_then(|c| c.iter().find(|c| c.type_ == CONDITION));
+            if current.is_some_and(|c| c.status == status && c.reason.as_deref() == Some(reason)) {
+                continue;
+            }
+            let now = k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(k8s_openapi::jiff::Timestamp::now());
+            let patch = serde_json::json!({ "status": { "conditions": [{
+                "type": CONDITION, "status": status, "reason": reason, "message": message,
+                "lastTransitionTime": now, "lastHeartbeatTime": now,
+            }]}});
+            self.ctx.kube_write_permit().await;
+            if let Err(error) = api.patch_status(name, &PatchParams::default(), &Patch::Strategic(&patch)).await {
+                tracing::warn!(node = %name, %error, "updating NetworkUnavailable failed");
+            }
+            if !ok && without_route.contains(name) && self.reported_without_route.insert(name.to_string()) {
+                let note = "Could not create a route: the route table is full (provider quota)".to_string();
+                self.ctx.event(NAME, node, true, "FailedToCreateRoute", note).await;
+            }
+            if ok {
+                self.reported_without_route.remove(name);
+            }
+        }
+    }
+}
+
+async fn feed(ctx: Context, trigger: Arc<Notify>, mut stop: tokio::sync::watch::Receiver<bool>) {
+    let mut changes = ctx.nodes.subscribe();
+    loop {
+        let change = tokio::select! {
+            c = changes.recv() => c,
+            _ = stop.wait_for(|s| *s) => return,
+        };
+        match change {
+            Ok(Change::Applied { old, new }) => {
+                if relevant(old.as_deref(), &new) {
+                    trigger.notify_one();
+                }
+            }
+            Ok(Change::Deleted(_)) | Err(RecvError::Lagged(_)) => trigger.notify_one(),
+            Err(RecvError::Closed) => return,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use k8s_openapi::api::core::v1::{NodeAddress, NodeSpec, NodeStatus};
+
+    fn node(cidrs: &[&str], ip: &str, label: &str) -> Node {
+        Node {
+            metadata: kube::api::ObjectMeta {
+                name: Some("n".into()),
+                labels: Some([("x".to_string(), label.to_string())].into()),
+                ..Default::default()
+            },
+            spec: Some(NodeSpec { pod_cidrs: Some(cidrs.iter().map(|s| s.to_string()).collect()), ..Default::default() }),
+            status: Some(NodeStatus {
+                addresses: Some(vec![NodeAddress { type_: "InternalIP".into(), address: ip.into() }]),
+                ..Default::default()
+            }),
+        }
+    }
+
+    #[test]
+    fn only_cidrs_addresses_and_membership_trigger() {
+        let a = node(&["10.244.1.0/24"], "10.0.0.1", "a");
+        assert!(relevant(None, &a));
+        assert!(!relevant(Some(&a), &node(&["10.244.1.0/24"], "10.0.0.1", "b")), "labels do not trigger");
+        assert!(relevant(Some(&a), &node(&["10.244.2.0/24"], "10.0.0.1", "a")));
+        assert!(relevant(Some(&a), &node(&["10.244.1.0/24"], "10.0.0.2", "a")));
+    }
+
+    #[test]
+    fn route_names_are_readable_and_bounded() {
+        assert_eq!(route_name("prod", "node-1", "10.244.1.0/24"), "prod-node-1-10.244.1.0-24");
+        assert_eq!(route_name("prod", "node-1", "fd00:10:244:1::/64"), "prod-node-1-fd00-10-244-1---64");
+        let long = route_name("prod", &"n".repeat(300), "10.244.1.0/24");
+        assert_eq!(long.len(), 253);
+        assert_ne!(long, route_name("prod", &"n".repeat(301), "10.244.1.0/24"));
+    }
+}
