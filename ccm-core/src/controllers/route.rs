@@ -304,7 +304,7 @@ impl RouteController {
         if !identity.serves(ServiceType::Routes) {
             return Ok(None);
         }
-        let caps = identity.capabilities.routes.clone().unwrap_or_default();
+        let caps = identity.capabilities.routes.unwrap_or_default();
         let mut sync = Sync::default();
         if self.known.is_none() {
             let fresh = self.list(&caps).await?;

@@ -12,6 +12,7 @@
 //! | POST | `/instances/{id}/{stop,start,terminate}` | | changes its state |
 //! | DELETE | `/instances/{id}` | | removes it from the account |
 //! | PUT | `/instances/{id}/addresses` | a list of `{"type":..,"address":..}` | replaces its addresses |
+//! | POST | `/routes` | `{"cluster":..,"table_id":..,"name":..,"destination_cidr":..,"node_name":..}` | adds a route out of band |
 //! | PUT | `/faults` | a list of faults | replaces the faults |
 //! | DELETE | `/faults` | | clears them |
 //! | PUT | `/rate-limit` | `{"rps":..,"burst":..}` or `null` | sets or removes it |
@@ -97,6 +98,7 @@ pub fn router(admin: Arc<Admin>) -> axum::Router {
         .route("/instances/{id}", axum::routing::delete(remove_instance))
         .route("/instances/{id}/addresses", put(set_addresses))
         .route("/instances/{id}/{action}", post(instance_action))
+        .route("/routes", post(add_route))
         .route("/faults", put(set_faults).delete(clear_faults))
         .route("/rate-limit", put(set_rate_limit))
         .route("/api", put(set_api))
@@ -139,6 +141,34 @@ async fn instance_action(State(a): Shared, Path((id, action)): Path<(String, Str
     };
     a.cloud.set_instance_state(&id, state).map_err(AdminError)?;
     Ok(StatusCode::NO_CONTENT)
+}
+
+/// A route added behind the controllers' back.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+pub struct RouteSpec {
+    /// The cluster it belongs to.
+    pub cluster: String,
+    /// Its table; empty for the default.
+    #[serde(default)]
+    pub table_id: String,
+    /// Its name.
+    pub name: String,
+    /// Its destination.
+    pub destination_cidr: String,
+    /// The node (instance name) it points at.
+    pub node_name: String,
+}
+
+async fn add_route(State(a): Shared, Json(spec): Json<RouteSpec>) -> Result<StatusCode, AdminError> {
+    let route = ccm_provider_sdk::proto::Route {
+        name: spec.name,
+        target: Some(ccm_provider_sdk::proto::RouteTarget { node_name: spec.node_name, provider_id: String::new() }),
+        destination_cidr: spec.destination_cidr,
+        table_id: spec.table_id,
+        blackhole: false,
+    };
+    a.cloud.create_route(&spec.cluster, route).map_err(AdminError)?;
+    Ok(StatusCode::CREATED)
 }
 
 async fn set_addresses(

@@ -95,6 +95,11 @@ impl AdminClient {
         self.request("DELETE", &format!("/instances/{id}"), None).await.map(|_| ())
     }
 
+    /// Adds a route out of band.
+    pub async fn add_route(&self, route: &crate::admin::RouteSpec) -> anyhow::Result<()> {
+        self.request("POST", "/routes", Some(serde_json::to_value(route)?)).await.map(|_| ())
+    }
+
     /// Replaces the injected faults.
     pub async fn set_faults(&self, faults: &[Fault]) -> anyhow::Result<()> {
         self.request("PUT", "/faults", Some(serde_json::to_value(faults)?)).await.map(|_| ())

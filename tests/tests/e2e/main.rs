@@ -4,5 +4,6 @@
 
 mod harness;
 mod nodes;
+mod routes;
 mod smoke;
 mod support;

@@ -1,0 +1,322 @@
+//! The route controller, end to end: real API server, the core, the sim over a unix socket.
+
+use std::collections::BTreeSet;
+use std::time::Duration;
+
+use ccm_e2e::cluster::{NodeBuilder, TestEnv};
+use ccm_provider_sim::Config;
+use ccm_provider_sim::admin::RouteSpec;
+use ccm_provider_sim::config::{Fault, FaultCode, RouteTableSpec};
+use k8s_openapi::api::core::v1::{Event, Node};
+use kube::Api;
+use kube::api::{DeleteParams, ListParams, Patch, PatchParams};
+
+use crate::support::{Core, Sim, TEST_LABEL, eventually, free_port, http_get, instance};
+
+/// (table, destination, node) of this cluster's routes in the sim.
+async fn routes(sim: &Sim, cluster: &str) -> BTreeSet<(String, String, String)> {
+    let state = sim.admin.state().await.expect("state");
+    state
+        .route_tables
+        .into_iter()
+        .flat_map(|t| t.routes.into_iter().map(move |r| (t.id.clone(), r)))
+        .filter(|(_, r)| r.cluster == cluster)
+        .map(|(t, r)| (t, r.destination_cidr, r.node_name))
+        .collect()
+}
+
+fn set(items: &[(&str, &str, &str)]) -> BTreeSet<(String, String, String)> {
+    items.iter().map(|(a, b, c)| (a.to_string(), b.to_string(), c.to_string())).collect()
+}
+
+async fn condition(env: &TestEnv, node: &str) -> Option<(String, String)> {
+    let n: Node = env.nodes().get(node).await.ok()?;
+    let c = n.status?.conditions?.into_iter().find(|c| c.type_ == "NetworkUnavailable")?;
+    Some((c.status, c.reason.unwrap_or_default()))
+}
+
+async fn metric(base: &str, name: &str) -> Option<f64> {
+    let (_, text) = http_get(base, "/metrics").await?;
+    text.lines()
+        .find(|l| l.starts_with(name) && l[name.len()..].starts_with(' '))
+        .and_then(|l| l.rsplit(' ').next()?.parse().ok())
+}
+
+fn route_flags(env: &TestEnv, extra: &[&str]) -> Vec<String> {
+    let mut flags = vec![
+        "--leader-elect=false".to_string(),
+        "--controllers=route".to_string(),
+        "--cluster-cidr=10.244.0.0/16".to_string(),
+        format!("--cluster-name={}", env.prefix),
+    ];
+    flags.extend(extra.iter().map(|s| s.to_string()));
+    flags
+}
+
+fn start(cp: &ccm_e2e::ControlPlane, env: &TestEnv, sim: &Sim, flags: &[String]) -> Core {
+    Core::start(cp, env, sim, &flags.iter().map(String::as_str).collect::<Vec<_>>())
+}
+
+async fn node(env: &TestEnv, name: &str, cidrs: &[&str]) {
+    let mut b = NodeBuilder::new(name).label(TEST_LABEL, &env.prefix);
+    for c in cidrs {
+        b = b.pod_cidr(c);
+    }
+    b.create(&env.client).await.expect("node");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn routes_follow_nodes_and_the_condition_follows_routes() {
+    let cp = ccm_e2e::shared().expect("control plane");
+    let env = TestEnv::new(cp.client().await.expect("client"), "routes").await.expect("env");
+    let (a, b, c) = (env.node_name("a"), env.node_name("b"), env.node_name("c"));
+    let mut config = Config::default();
+    for (id, n) in [("i-a", &a), ("i-b", &b), ("i-c", &c)] {
+        config.instances.push(instance(id, n, "sim-region-1a"));
+    }
+    let sim = Sim::start(config).await;
+    node(&env, &a, &["10.244.1.0/24"]).await;
+    node(&env, &b, &["10.244.2.0/24"]).await;
+    node(&env, &c, &[]).await;
+    let core = start(cp, &env, &sim, &route_flags(&env, &[]));
+    let want = set(&[("rt-main", "10.244.1.0/24", &a), ("rt-main", "10.244.2.0/24", &b)]);
+    eventually("routes for a and b", Duration::from_secs(20), async || (routes(&sim, &env.prefix).await == want).then_some(()))
+        .await;
+    eventually("NetworkUnavailable=False", Duration::from_secs(10), async || {
+        (condition(&env, &a).await? == ("False".to_string(), "RouteCreated".to_string())).then_some(())
+    })
+    .await;
+
+    // A podCIDR assigned later gets its route.
+    let patch = serde_json::json!({ "spec": { "podCIDR": "10.244.3.0/24", "podCIDRs": ["10.244.3.0/24"] } });
+    env.nodes().patch(&c, &PatchParams::default(), &Patch::Merge(&patch)).await.expect("podCIDR");
+    eventually("route for c", Duration::from_secs(10), async || {
+        routes(&sim, &env.prefix).await.contains(&("rt-main".into(), "10.244.3.0/24".into(), c.clone())).then_some(())
+    })
+    .await;
+
+    // A deleted Node's route goes; a re-created Node with another podCIDR replaces its route.
+    env.nodes().delete(&b, &DeleteParams::default()).await.expect("delete b");
+    env.nodes().delete(&a, &DeleteParams::default()).await.expect("delete a");
+    eventually("a gone", Duration::from_secs(10), async || env.nodes().get_opt(&a).await.ok()?.is_none().then_some(())).await;
+    node(&env, &a, &["10.244.9.0/24"]).await;
+    let want = set(&[("rt-main", "10.244.9.0/24", &a), ("rt-main", "10.244.3.0/24", &c)]);
+    eventually("routes after the changes", Duration::from_secs(20), async || {
+        (routes(&sim, &env.prefix).await == want).then_some(())
+    })
+    .await;
+    core.stop().await.expect("stop");
+    env.cleanup().await.expect("cleanup");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_resync_corrects_drift_and_leaves_foreign_routes_alone() {
+    let cp = ccm_e2e::shared().expect("control plane");
+    let env = TestEnv::new(cp.client().await.expect("client"), "drift").await.expect("env");
+    let (a, ghost) = (env.node_name("a"), env.node_name("ghost"));
+    let mut config = Config::default();
+    config.instances.push(instance("i-a", &a, "sim-region-1a"));
+    config.instances.push(instance("i-ghost", &ghost, "sim-region-1a"));
+    let sim = Sim::start(config).await;
+    node(&env, &a, &["10.244.1.0/24"]).await;
+    let port = free_port();
+    let flags = route_flags(
+        &env,
+        &[&format!("--secure-port={port}"), "--insecure-serving", "--bind-address=127.0.0.1", "--route-resync-period=4s"],
+    );
+    let core = start(cp, &env, &sim, &flags);
+    let base = core.health.clone().expect("health");
+    eventually("a's route", Duration::from_secs(20), async || (routes(&sim, &env.prefix).await.len() == 1).then_some(())).await;
+
+    let add = |cluster: &str, name: &str, cidr: &str, node: &str| RouteSpec {
+        cluster: cluster.into(),
+        table_id: String::new(),
+        name: name.into(),
+        destination_cidr: cidr.into(),
+        node_name: node.into(),
+    };
+    // Out of band: a stale route in the cluster CIDR, a route to an instance about to be
+    // terminated (a blackhole), a route outside the cluster CIDR, and another cluster's route.
+    sim.admin.add_route(&add(&env.prefix, "stale", "10.244.77.0/24", &a)).await.expect("stale");
+    sim.admin.add_route(&add(&env.prefix, "ghost", "10.244.78.0/24", &ghost)).await.expect("ghost");
+    sim.admin.instance_action("i-ghost", "terminate").await.expect("terminate");
+    sim.admin.add_route(&add(&env.prefix, "outside", "10.99.0.0/24", &a)).await.expect("outside");
+    sim.admin.add_route(&add("another-cluster", "theirs", "10.244.200.0/24", &a)).await.expect("theirs");
+
+    let want = set(&[("rt-main", "10.244.1.0/24", &a), ("rt-main", "10.99.0.0/24", &a)]);
+    eventually("the resync's corrections", Duration::from_secs(20), async || {
+        (routes(&sim, &env.prefix).await == want).then_some(())
+    })
+    .await;
+    assert_eq!(routes(&sim, "another-cluster").await.len(), 1, "another cluster's route is left alone");
+    let corrections = metric(&base, "ccm_route_corrections_total").await.expect("metric");
+    assert!(corrections >= 2.0, "the stale and blackhole routes count as corrections: {corrections}");
+    core.stop().await.expect("stop");
+    env.cleanup().await.expect("cleanup");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_burst_costs_a_handful_of_reconciles_and_steady_state_lists_nothing() {
+    let cp = ccm_e2e::shared().expect("control plane");
+    let env = TestEnv::new(cp.client().await.expect("client"), "burst").await.expect("env");
+    let names: Vec<String> = (0..100).map(|i| env.node_name(&format!("n{i:03}"))).collect();
+    let mut config = Config::default();
+    config.route_tables[0].max_routes = 0;
+    for (i, n) in names.iter().enumerate() {
+        config.instances.push(instance(&format!("i-{i}"), n, "sim-region-1a"));
+    }
+    let sim = Sim::start(config).await;
+    let port = free_port();
+    let flags = route_flags(&env, &[&format!("--secure-port={port}"), "--insecure-serving", "--bind-address=127.0.0.1"]);
+    let core = start(cp, &env, &sim, &flags);
+    let base = core.health.clone().expect("health");
+    eventually("the controller's first pass", Duration::from_secs(20), async || {
+        (metric(&base, "ccm_route_syncs_total").await? >= 1.0).then_some(())
+    })
+    .await;
+    let before = metric(&base, "ccm_route_syncs_total").await.expect("metric");
+    futures::future::join_all(names.iter().enumerate().map(|(i, n)| {
+        let env = env.clone();
+        async move {
+            let cidr = format!("10.244.{i}.0/24");
+            node(&env, n, &[&cidr]).await;
+        }
+    }))
+    .await;
+    eventually("100 routes", Duration::from_secs(30), async || (routes(&sim, &env.prefix).await.len() == 100).then_some(()))
+        .await;
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let syncs = metric(&base, "ccm_route_syncs_total").await.expect("metric") - before;
+    assert!(syncs <= 10.0, "100 nodes in a burst took {syncs} full reconciles");
+
+    // Steady state with heartbeat-like updates: no listing at all.
+    let lists = sim.admin.call_count("RoutesService/ListRoutes").await.expect("calls");
+    for round in 0..5 {
+        for n in names.iter().take(20) {
+            let patch = serde_json::json!({ "metadata": { "labels": { "heartbeat": round.to_string() } } });
+            env.nodes().patch(n, &PatchParams::default(), &Patch::Merge(&patch)).await.expect("patch");
+        }
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    assert_eq!(sim.admin.call_count("RoutesService/ListRoutes").await.expect("calls"), lists, "no ListRoutes at steady state");
+    core.stop().await.expect("stop");
+    env.cleanup().await.expect("cleanup");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_full_table_creates_what_fits_and_does_not_loop() {
+    let cp = ccm_e2e::shared().expect("control plane");
+    let env = TestEnv::new(cp.client().await.expect("client"), "quota").await.expect("env");
+    let names: Vec<String> = (0..5).map(|i| env.node_name(&format!("n{i}"))).collect();
+    let mut config = Config::default();
+    config.route_tables[0].max_routes = 3;
+    for (i, n) in names.iter().enumerate() {
+        config.instances.push(instance(&format!("i-{i}"), n, "sim-region-1a"));
+    }
+    let sim = Sim::start(config).await;
+    for (i, n) in names.iter().enumerate() {
+        node(&env, n, &[&format!("10.244.{i}.0/24")]).await;
+    }
+    let core = start(cp, &env, &sim, &route_flags(&env, &[]));
+    eventually("three routes", Duration::from_secs(20), async || (routes(&sim, &env.prefix).await.len() == 3).then_some(()))
+        .await;
+    // Deterministic: the first three nodes by name.
+    let routed: BTreeSet<String> = routes(&sim, &env.prefix).await.into_iter().map(|r| r.2).collect();
+    assert_eq!(routed, names.iter().take(3).cloned().collect());
+    for n in names.iter().skip(3) {
+        eventually("NetworkUnavailable=True", Duration::from_secs(10), async || {
+            (condition(&env, n).await? == ("True".to_string(), "NoRouteCreated".to_string())).then_some(())
+        })
+        .await;
+        let events: Api<Event> = Api::all(env.client.clone());
+        let list = events.list(&ListParams::default().fields(&format!("involvedObject.name={n}"))).await.expect("events");
+        assert!(list.items.iter().any(|e| e.reason.as_deref() == Some("FailedToCreateRoute")), "an event for {n}");
+    }
+    let creates = sim.admin.call_count("RoutesService/CreateRoute").await.expect("calls");
+    // Node updates keep coming; nothing loops.
+    for n in &names {
+        let patch = serde_json::json!({ "metadata": { "labels": { "touched": "yes" } } });
+        env.nodes().patch(n, &PatchParams::default(), &Patch::Merge(&patch)).await.expect("patch");
+    }
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    assert_eq!(
+        sim.admin.call_count("RoutesService/CreateRoute").await.expect("calls"),
+        creates,
+        "no create loop against a full table"
+    );
+    core.stop().await.expect("stop");
+    env.cleanup().await.expect("cleanup");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_tables_and_dual_stack() {
+    let cp = ccm_e2e::shared().expect("control plane");
+    let env = TestEnv::new(cp.client().await.expect("client"), "tables").await.expect("env");
+    let (a, b) = (env.node_name("a"), env.node_name("b"));
+    let mut config = Config {
+        route_tables: vec![
+            RouteTableSpec { id: "rt-a".into(), name: "a".into(), max_routes: 50, zones: vec!["sim-region-1a".into()] },
+            RouteTableSpec { id: "rt-b".into(), name: "b".into(), max_routes: 50, zones: vec!["sim-region-1b".into()] },
+        ],
+        ..Config::default()
+    };
+    config.instances.push(instance("i-a", &a, "sim-region-1a"));
+    config.instances.push(instance("i-b", &b, "sim-region-1b"));
+    let sim = Sim::start(config).await;
+    node(&env, &a, &["10.244.1.0/24", "fd00:10:244:1::/64"]).await;
+    node(&env, &b, &["10.244.2.0/24", "fd00:10:244:2::/64"]).await;
+    let flags = vec![
+        "--leader-elect=false".to_string(),
+        "--controllers=route".to_string(),
+        "--cluster-cidr=10.244.0.0/16,fd00:10:244::/56".to_string(),
+        format!("--cluster-name={}", env.prefix),
+    ];
+    let core = start(cp, &env, &sim, &flags);
+    let want = set(&[
+        ("rt-a", "10.244.1.0/24", &a),
+        ("rt-a", "fd00:10:244:1::/64", &a),
+        ("rt-b", "10.244.2.0/24", &b),
+        ("rt-b", "fd00:10:244:2::/64", &b),
+    ]);
+    eventually("routes in each node's table, both families", Duration::from_secs(20), async || {
+        (routes(&sim, &env.prefix).await == want).then_some(())
+    })
+    .await;
+    core.stop().await.expect("stop");
+    env.cleanup().await.expect("cleanup");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failing_provider_is_backed_off_then_converges() {
+    let cp = ccm_e2e::shared().expect("control plane");
+    let env = TestEnv::new(cp.client().await.expect("client"), "rfail").await.expect("env");
+    let a = env.node_name("a");
+    let mut config = Config::default();
+    config.instances.push(instance("i-a", &a, "sim-region-1a"));
+    config.faults.push(Fault { method: "CreateRoute".into(), error_rate: 0.0, down: true, code: FaultCode::Unavailable });
+    let sim = Sim::start(config).await;
+    node(&env, &a, &["10.244.1.0/24"]).await;
+    let core = start(cp, &env, &sim, &route_flags(&env, &["--reconcile-backoff-base=500ms"]));
+    tokio::time::sleep(Duration::from_secs(6)).await;
+    let attempts = sim.admin.call_count("RoutesService/CreateRoute").await.expect("calls");
+    // 3 tries per reconcile at most; backoff 0.5, 1, 2, 4 s: a handful of reconciles in 6 s.
+    assert!((3..=15).contains(&attempts), "{attempts} CreateRoute attempts in 6 s");
+    assert_eq!(condition(&env, &a).await.map(|c| c.0), Some("True".to_string()));
+    // Throttled instead of down: still converges once it clears.
+    sim.admin
+        .set_faults(&[Fault { method: "CreateRoute".into(), error_rate: 1.0, down: false, code: FaultCode::RateLimited }])
+        .await
+        .expect("throttle");
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    sim.admin.set_faults(&[]).await.expect("clear");
+    eventually("the route once the provider recovers", Duration::from_secs(30), async || {
+        (routes(&sim, &env.prefix).await.len() == 1).then_some(())
+    })
+    .await;
+    eventually("NetworkUnavailable=False", Duration::from_secs(10), async || {
+        (condition(&env, &a).await?.0 == "False").then_some(())
+    })
+    .await;
+    core.stop().await.expect("stop");
+    env.cleanup().await.expect("cleanup");
+}
