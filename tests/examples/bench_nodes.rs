@@ -5,42 +5,24 @@
 //! `cargo run -p ccm-e2e --example bench_nodes -- [NODES] [RPS] [REFRESH_SECONDS] [STEADY_SECONDS]`
 //! Defaults: 500 Nodes, 20 calls/s, refresh every 20 s, 60 s of steady state.
 
+#[path = "bench/mod.rs"]
+mod bench;
+
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
-use ccm_e2e::ControlPlane;
+use bench::{World, arg, cloud_calls, print_calls};
 use ccm_e2e::cluster::{NodeBuilder, set_ready};
+use ccm_provider_sim::Config;
 use ccm_provider_sim::config::{InstanceSpec, RateLimit};
-use ccm_provider_sim::{AdminClient, Config};
-use clap::Parser;
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::Node;
 use kube::Api;
-
-fn arg(n: usize, default: u64) -> u64 {
-    std::env::args().nth(n).and_then(|a| a.parse().ok()).unwrap_or(default)
-}
-
-async fn counts(admin: &AdminClient) -> BTreeMap<String, u64> {
-    let mut out = BTreeMap::new();
-    for c in admin.calls().await.expect("calls").counts {
-        *out.entry(c.method).or_default() += c.count;
-    }
-    out
-}
-
-fn cloud_calls(c: &BTreeMap<String, u64>) -> u64 {
-    c.iter().filter(|(m, _)| !m.starts_with("IdentityService/")).map(|(_, n)| n).sum()
-}
 
 #[tokio::main(flavor = "multi_thread", worker_threads = 2)]
 async fn main() -> anyhow::Result<()> {
     let (nodes, rps, refresh, steady) = (arg(1, 500) as usize, arg(2, 20), arg(3, 20), arg(4, 60));
     println!("bench_nodes: {nodes} nodes, provider limited to {rps} calls/s, refresh every {refresh}s, {steady}s steady state");
-    let cp = tokio::task::spawn_blocking(ControlPlane::start).await??;
-    let client = cp.client().await?;
-
-    let dir = tempfile::tempdir()?;
     let mut config = Config::default();
     config.api.rate_limit = Some(RateLimit { rps: rps as f64, burst: rps as u32 });
     config.api.latency_ms = 5;
@@ -55,41 +37,10 @@ async fn main() -> anyhow::Result<()> {
             tags: BTreeMap::from([("pool".to_string(), "bench".to_string())]),
         });
     }
-    let sock = dir.path().join("provider.sock");
-    let admin_sock = dir.path().join("admin.sock");
-    let (stop_sim, rx) = tokio::sync::oneshot::channel::<()>();
-    tokio::spawn(ccm_provider_sim::run(
-        config,
-        ccm_provider_sdk::Listen::Unix(sock.clone()),
-        Some(ccm_provider_sdk::Listen::Unix(admin_sock.clone())),
-        async move {
-            let _ = rx.await;
-        },
-    ));
-    while tokio::net::UnixStream::connect(&admin_sock).await.is_err() {
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
-    let admin = AdminClient::new(format!("unix://{}", admin_sock.display()));
-
-    let kubeconfig = cp.kubeconfig_path().display().to_string();
-    let endpoint = format!("unix://{}", sock.display());
+    let mut world = World::start(config).await?;
     let refresh_flag = format!("--node-status-update-frequency={refresh}s");
-    let options = ccm_core::options::Options::try_parse_from([
-        "cloud-controller-manager",
-        "--kubeconfig",
-        &kubeconfig,
-        "--provider-endpoint",
-        &endpoint,
-        "--leader-elect=false",
-        "--secure-port=0",
-        "--kube-api-qps=200",
-        "--kube-api-burst=400",
-        &refresh_flag,
-    ])?;
-    let (stop_core, rx) = tokio::sync::oneshot::channel::<()>();
-    let core = tokio::spawn(ccm_core::runtime::run_until(options, async move {
-        let _ = rx.await;
-    }));
+    world.start_core(&["--controllers=cloud-node,cloud-node-lifecycle", &refresh_flag])?;
+    let (client, admin) = (world.client.clone(), world.admin.clone());
     tokio::time::sleep(Duration::from_secs(1)).await;
     admin.reset_calls().await?;
 
@@ -125,13 +76,11 @@ async fn main() -> anyhow::Result<()> {
         tokio::time::sleep(Duration::from_millis(250)).await;
     }
     let initialised = started.elapsed();
-    let join_calls = counts(&admin).await;
+    let join_calls = world.calls().await?;
     println!("\n== {nodes} nodes joining together");
     println!("created in {:.1}s; all initialised after {:.1}s", created.as_secs_f64(), initialised.as_secs_f64());
     println!("provider calls (cloud API): {}", cloud_calls(&join_calls));
-    for (m, n) in &join_calls {
-        println!("  {m:50} {n}");
-    }
+    print_calls(&join_calls);
 
     // Steady state: every Node Ready, as their kubelets would report.
     futures::stream::iter(0..nodes)
@@ -145,19 +94,15 @@ async fn main() -> anyhow::Result<()> {
     tokio::time::sleep(Duration::from_secs(2)).await;
     admin.reset_calls().await?;
     tokio::time::sleep(Duration::from_secs(steady)).await;
-    let steady_calls = counts(&admin).await;
+    let steady_calls = world.calls().await?;
     let cloud = cloud_calls(&steady_calls);
     let refreshes = steady as f64 / refresh as f64;
     let per_refresh = cloud as f64 / refreshes;
     println!("\n== steady state, {steady}s with refresh every {refresh}s ({refreshes:.1} refreshes)");
-    for (m, n) in &steady_calls {
-        println!("  {m:50} {n}");
-    }
+    print_calls(&steady_calls);
     println!("cloud API calls: {cloud} ({per_refresh:.1} per refresh)");
     println!("scaled to the 5m default refresh: {:.0} cloud API calls per hour for {nodes} nodes", per_refresh * 12.0);
 
-    let _ = stop_core.send(());
-    let _ = core.await;
-    let _ = stop_sim.send(());
+    world.stop();
     Ok(())
 }

@@ -109,6 +109,12 @@ fn instance_state(s: State) -> pb::InstanceState {
 struct RouteRecord {
     route: pb::Route,
     exists: Lagged<bool>,
+    /// When it was (last) created, in ms since the Unix epoch: benchmarks measure from it.
+    created_at_unix_ms: u64,
+}
+
+fn unix_ms() -> u64 {
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64)
 }
 
 #[derive(Debug, Clone)]
@@ -206,6 +212,8 @@ pub struct RouteView {
     pub node_name: String,
     /// Target providerID.
     pub provider_id: String,
+    /// When it was created, in ms since the Unix epoch.
+    pub created_at_unix_ms: u64,
 }
 
 /// A load balancer in a snapshot.
@@ -556,9 +564,12 @@ impl Cloud {
             Some(record) => {
                 record.route = route.clone();
                 record.exists.set(true, delay);
+                record.created_at_unix_ms = unix_ms();
             }
             None => {
-                table.routes.insert(key, RouteRecord { route: route.clone(), exists: Lagged::new(true, false, delay) });
+                let record =
+                    RouteRecord { route: route.clone(), exists: Lagged::new(true, false, delay), created_at_unix_ms: unix_ms() };
+                table.routes.insert(key, record);
             }
         }
         Ok(route)
@@ -748,6 +759,7 @@ impl Cloud {
                                 destination_cidr: r.route.destination_cidr.clone(),
                                 node_name: target.node_name,
                                 provider_id: target.provider_id,
+                                created_at_unix_ms: r.created_at_unix_ms,
                             }
                         })
                         .collect(),
