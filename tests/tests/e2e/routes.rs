@@ -189,16 +189,28 @@ async fn a_burst_costs_a_handful_of_reconciles_and_steady_state_lists_nothing() 
     let syncs = metric(&base, "ccm_route_syncs_total").await.expect("metric") - before;
     assert!(syncs <= 10.0, "100 nodes in a burst took {syncs} full reconciles");
 
-    // Steady state with heartbeat-like updates: no listing at all.
+    // Steady state for 30 s with heartbeat-like updates (Ready condition and a label on every
+    // Node every 5 s): no listing and no route call at all.
     let lists = sim.admin.call_count("RoutesService/ListRoutes").await.expect("calls");
-    for round in 0..5 {
-        for n in names.iter().take(20) {
-            let patch = serde_json::json!({ "metadata": { "labels": { "heartbeat": round.to_string() } } });
-            env.nodes().patch(n, &PatchParams::default(), &Patch::Merge(&patch)).await.expect("patch");
-        }
-        tokio::time::sleep(Duration::from_millis(500)).await;
+    let writes = sim.admin.call_count("RoutesService/CreateRoute").await.expect("calls");
+    for round in 0..6 {
+        futures::future::join_all(names.iter().map(|n| {
+            let env = env.clone();
+            async move {
+                ccm_e2e::cluster::set_ready(&env.client, n, "True").await.expect("ready");
+                let patch = serde_json::json!({ "metadata": { "labels": { "heartbeat": round.to_string() } } });
+                env.nodes().patch(n, &PatchParams::default(), &Patch::Merge(&patch)).await.expect("patch");
+            }
+        }))
+        .await;
+        tokio::time::sleep(Duration::from_secs(5)).await;
     }
     assert_eq!(sim.admin.call_count("RoutesService/ListRoutes").await.expect("calls"), lists, "no ListRoutes at steady state");
+    assert_eq!(
+        sim.admin.call_count("RoutesService/CreateRoute").await.expect("calls"),
+        writes,
+        "no route writes at steady state"
+    );
     core.stop().await.expect("stop");
     env.cleanup().await.expect("cleanup");
 }
