@@ -163,3 +163,12 @@ pub fn slim_node(node: &mut k8s_openapi::api::core::v1::Node) {
         status.runtime_handlers = None;
     }
 }
+
+/// Drops from a Service what no controller reads: managed fields and the last-applied
+/// annotation (other annotations go to the provider).
+pub fn slim_service(service: &mut k8s_openapi::api::core::v1::Service) {
+    service.metadata.managed_fields = None;
+    if let Some(a) = service.metadata.annotations.as_mut() {
+        a.remove("kubectl.kubernetes.io/last-applied-configuration");
+    }
+}

@@ -48,6 +48,7 @@ pub struct Metrics {
     routes_deleted: Counter,
     route_corrections: Counter,
     nodes_without_route: Gauge<i64, AtomicI64>,
+    service_node_sync: Histogram,
 }
 
 impl Default for Metrics {
@@ -73,6 +74,12 @@ impl Metrics {
         let routes_deleted = Counter::default();
         let route_corrections = Counter::default();
         let nodes_without_route = Gauge::<i64, AtomicI64>::default();
+        let service_node_sync = latency_histogram();
+        registry.register(
+            "ccm_service_node_sync_duration_seconds",
+            "From a change of the load balancer node set to every load balancer updated",
+            service_node_sync.clone(),
+        );
         registry.register("ccm_route_syncs", "Full route reconciles", route_syncs.clone());
         registry.register("ccm_routes_created", "Routes created", routes_created.clone());
         registry.register("ccm_routes_deleted", "Routes deleted", routes_deleted.clone());
@@ -109,7 +116,13 @@ impl Metrics {
             routes_deleted,
             route_corrections,
             nodes_without_route,
+            service_node_sync,
         }
+    }
+
+    /// A node set change fully applied to load balancers.
+    pub fn service_node_sync(&self, elapsed: Duration) {
+        self.service_node_sync.observe(elapsed.as_secs_f64());
     }
 
     /// One full route reconcile, with what it changed.

@@ -17,7 +17,8 @@ pub const CONTROLLERS: &[(&str, &str)] = &[
 ];
 
 /// The controllers this build implements (the others are accepted and reported as missing).
-pub const IMPLEMENTED: &[&str] = &["cloud-node-controller", "cloud-node-lifecycle-controller", "node-route-controller"];
+pub const IMPLEMENTED: &[&str] =
+    &["cloud-node-controller", "cloud-node-lifecycle-controller", "node-route-controller", "service-lb-controller"];
 
 /// Parses a duration such as `300ms`, `10s`, `5m`, `1h30m` or `1h 30m`.
 pub fn parse_duration(text: &str) -> Result<Duration, String> {
@@ -75,6 +76,20 @@ pub struct Options {
     /// Prefix under which instance tags become Node labels (`<prefix>/<tag>`); empty disables.
     #[arg(long, default_value = "tags.cloudprovider.dev")]
     pub node_tag_label_prefix: String,
+
+    /// Services the service controller reconciles at once.
+    #[arg(long, default_value_t = 4)]
+    pub concurrent_service_syncs: usize,
+
+    /// Handle LoadBalancer Services of this `spec.loadBalancerClass` (besides those without
+    /// one). Services of any other class are never touched.
+    #[arg(long, value_name = "CLASS")]
+    pub load_balancer_class: Option<String>,
+
+    /// Only handle Services in this namespace (all namespaces when unset), for example to run
+    /// a second cloud-controller-manager for one team's load balancers.
+    #[arg(long, value_name = "NAMESPACE")]
+    pub service_namespace: Option<String>,
 
     /// Program pod-network routes for Nodes' podCIDRs (when the provider serves Routes).
     #[arg(long, default_value_t = true, action = clap::ArgAction::Set)]

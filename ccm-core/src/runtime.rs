@@ -7,7 +7,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::{Context as _, bail};
-use k8s_openapi::api::core::v1::Node;
+use k8s_openapi::api::core::v1::{Node, Service};
 use kube::Api;
 use kube::runtime::watcher;
 use tokio::sync::watch;
@@ -17,7 +17,7 @@ use crate::controllers::node::NodeController;
 use crate::controllers::node_lifecycle::NodeLifecycleController;
 use crate::credentials::Credentials;
 use crate::http::{self, Readiness};
-use crate::informer::{Informer, slim_node};
+use crate::informer::{Informer, slim_node, slim_service};
 use crate::metrics::Metrics;
 use crate::options::{IMPLEMENTED, Options};
 use crate::provider::Provider;
@@ -28,6 +28,7 @@ pub const PROBE_PERIOD: Duration = Duration::from_secs(10);
 struct Ready {
     provider: Provider,
     nodes: Informer<Node>,
+    services: Informer<Service>,
 }
 
 impl Readiness for Ready {
@@ -39,6 +40,9 @@ impl Readiness for Ready {
         }
         if !self.nodes.synced() {
             reasons.push("node cache not synced".into());
+        }
+        if !self.services.synced() {
+            reasons.push("service cache not synced".into());
         }
         if reasons.is_empty() { Ok(()) } else { Err(reasons) }
     }
@@ -90,16 +94,21 @@ pub async fn run_until(options: Options, shutdown: impl Future<Output = ()> + Se
     tokio::spawn(provider.clone().watch(PROBE_PERIOD, stop.clone()));
     let nodes =
         Informer::start(Api::<Node>::all(client.clone()), watcher::Config::default().page_size(500), slim_node, stop.clone());
+    let service_api = match &options.service_namespace {
+        Some(ns) => Api::<Service>::namespaced(client.clone(), ns),
+        None => Api::<Service>::all(client.clone()),
+    };
+    let services = Informer::start(service_api, watcher::Config::default().page_size(500), slim_service, stop.clone());
 
     if options.secure_port != 0 {
-        let ready = Arc::new(Ready { provider: provider.clone(), nodes: nodes.clone() });
+        let ready = Arc::new(Ready { provider: provider.clone(), nodes: nodes.clone(), services: services.clone() });
         let app = http::router(metrics.clone(), ready);
         let addr = SocketAddr::new(options.bind_address, options.secure_port);
         let bound = http::serve(addr, options.insecure_serving, app, stop.clone()).await?;
         tracing::info!(address = %bound, tls = !options.insecure_serving, "serving /healthz, /readyz and /metrics");
     }
 
-    let ctx = Context::new(client.clone(), provider, nodes, metrics.clone(), options.clone())?;
+    let ctx = Context::new(client.clone(), provider, nodes, services, metrics.clone(), options.clone())?;
     let result = if options.leader_elect {
         lead_then_run(&options, client, ctx, credentials, &enabled, shutdown_rx).await
     } else {
@@ -179,6 +188,10 @@ async fn run_controllers(
     if enabled.contains(crate::controllers::node_lifecycle::NAME) {
         let ctx = ctx_for(crate::controllers::node_lifecycle::NAME).await?;
         tasks.push(tokio::spawn(NodeLifecycleController::new(ctx).run(ctl_stop.clone())));
+    }
+    if enabled.contains(crate::controllers::service::NAME) {
+        let ctx = ctx_for(crate::controllers::service::NAME).await?;
+        tasks.push(tokio::spawn(crate::controllers::service::ServiceController::new(ctx).run(ctl_stop.clone())));
     }
     if enabled.contains(crate::controllers::route::NAME) {
         let ctx = ctx_for(crate::controllers::route::NAME).await?;

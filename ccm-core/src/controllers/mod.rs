@@ -3,12 +3,13 @@
 pub mod node;
 pub mod node_lifecycle;
 pub mod route;
+pub mod service;
 
 use std::sync::Arc;
 use std::time::Duration;
 
 use ccm_provider_sdk::ratelimit::TokenBucket;
-use k8s_openapi::api::core::v1::Node;
+use k8s_openapi::api::core::v1::{Node, Service};
 use kube::Resource;
 use kube::runtime::events::{Event, EventType, Recorder, Reporter};
 
@@ -27,6 +28,8 @@ pub struct Context {
     pub provider: Provider,
     /// The shared Node watch.
     pub nodes: Informer<Node>,
+    /// The shared Service watch.
+    pub services: Informer<Service>,
     /// Metrics.
     pub metrics: Metrics,
     /// Flags.
@@ -42,6 +45,7 @@ impl Context {
         client: kube::Client,
         provider: Provider,
         nodes: Informer<Node>,
+        services: Informer<Service>,
         metrics: Metrics,
         options: Arc<Options>,
     ) -> anyhow::Result<Self> {
@@ -52,7 +56,7 @@ impl Context {
             .collect::<anyhow::Result<Vec<_>>>()?;
         let exclude = Arc::new(exclude);
         let kube_writes = Arc::new(TokenBucket::new(f64::from(options.kube_api_qps), options.kube_api_burst));
-        Ok(Self { client, provider, nodes, metrics, options, exclude, kube_writes })
+        Ok(Self { client, provider, nodes, services, metrics, options, exclude, kube_writes })
     }
 
     /// The same context, writing through another client (a controller's own credentials).
@@ -80,10 +84,17 @@ impl Context {
         }
     }
 
-    /// Records an Event on a Node (best effort: a failure is logged, never fatal).
-    pub async fn event(&self, controller: &str, node: &Node, warning: bool, reason: &str, note: String) {
-        self.kube_write_permit().await;
-        let recorder = Recorder::new(self.client.clone(), Reporter { controller: controller.into(), instance: None });
+    /// Records an Event on an object in the background (best effort: a failure is logged,
+    /// never fatal, and never delays the reconcile that reported it). Events share the
+    /// `--kube-api-qps` budget with every other write.
+    pub async fn event<K: Resource<DynamicType = ()>>(
+        &self,
+        controller: &str,
+        object: &K,
+        warning: bool,
+        reason: &str,
+        note: String,
+    ) {
         let event = Event {
             type_: if warning { EventType::Warning } else { EventType::Normal },
             reason: reason.into(),
@@ -91,9 +102,17 @@ impl Context {
             action: reason.into(),
             secondary: None,
         };
-        if let Err(error) = recorder.publish(&event, &node.object_ref(&())).await {
-            tracing::warn!(node = node_util::name(node), %error, reason, "recording an event failed");
-        }
+        let reference = object.object_ref(&());
+        let name = object.meta().name.clone().unwrap_or_default();
+        let recorder = Recorder::new(self.client.clone(), Reporter { controller: controller.into(), instance: None });
+        let this = self.clone();
+        let reason = reason.to_string();
+        tokio::spawn(async move {
+            this.kube_write_permit().await;
+            if let Err(error) = recorder.publish(&event, &reference).await {
+                tracing::warn!(object = %name, %error, %reason, "recording an event failed");
+            }
+        });
     }
 }
 

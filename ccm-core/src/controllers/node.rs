@@ -273,12 +273,12 @@ impl NodeController {
             Ok(rv) => {
                 self.written.lock().unwrap_or_else(|p| p.into_inner()).insert(name.clone(), rv);
                 tracing::info!(node = %name, provider_id = %meta.provider_id, "node initialised");
-                self.ctx.event(NAME, &node, false, "Synced", "Node synced successfully".into()).await;
+                self.ctx.event(NAME, node.as_ref(), false, "Synced", "Node synced successfully".into()).await;
                 Outcome::Success
             }
             Err(InitError::Invalid(why)) => {
                 tracing::warn!(node = %name, %why, "node cannot be initialised");
-                self.ctx.event(NAME, &node, true, "NodeInitializationFailed", why).await;
+                self.ctx.event(NAME, node.as_ref(), true, "NodeInitializationFailed", why).await;
                 Outcome::Retry { fingerprint: Some(fingerprint(&node)), retry_after: None }
             }
             Err(InitError::Provider(error)) => {

@@ -502,7 +502,7 @@ impl RouteController {
             }
             if !ok && without_route.contains(name) && self.reported_without_route.insert(name.to_string()) {
                 let note = "Could not create a route: the route table is full (provider quota)".to_string();
-                self.ctx.event(NAME, node, true, "FailedToCreateRoute", note).await;
+                self.ctx.event(NAME, node.as_ref(), true, "FailedToCreateRoute", note).await;
             }
             if ok {
                 self.reported_without_route.remove(name);

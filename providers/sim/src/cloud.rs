@@ -290,9 +290,18 @@ impl Cloud {
     /// rate limit answers RESOURCE_EXHAUSTED with the delay, then the call takes its latency
     /// and may fail at the configured error rate.
     pub async fn api_call(&self, method: &str) -> Result<()> {
+        self.api_call_on(method, "").await
+    }
+
+    /// [`Cloud::api_call`] for a call about one object (a load balancer's name, a route's
+    /// name): faults with a `subject` apply only when it is part of this one.
+    pub async fn api_call_on(&self, method: &str, subject: &str) -> Result<()> {
         let (latency, fault) = {
             let gate = self.gate_lock();
-            let applies = |f: &&Fault| f.method == "*" || f.method == method;
+            let applies = |f: &&Fault| {
+                (f.method == "*" || f.method == method)
+                    && f.subject.as_deref().is_none_or(|s| !subject.is_empty() && subject.contains(s))
+            };
             if let Some(f) = gate.faults.iter().filter(applies).find(|f| f.down) {
                 return Err(fault_error(f.code, method));
             }

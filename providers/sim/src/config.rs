@@ -101,6 +101,9 @@ pub struct Fault {
     /// The error answered.
     #[serde(default)]
     pub code: FaultCode,
+    /// Only calls about objects whose name contains this (a load balancer, a route).
+    #[serde(default)]
+    pub subject: Option<String>,
 }
 
 /// The error an injected fault answers.

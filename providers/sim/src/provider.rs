@@ -111,12 +111,12 @@ impl ccm_provider_sdk::Routes for SimProvider {
     }
 
     async fn create_route(&self, cluster_name: &str, route: pb::Route) -> Result<pb::Route> {
-        self.cloud.api_call("CreateRoute").await?;
+        self.cloud.api_call_on("CreateRoute", &route.name).await?;
         self.cloud.create_route(cluster_name, route)
     }
 
     async fn delete_route(&self, cluster_name: &str, table_id: &str, name: &str) -> Result<()> {
-        self.cloud.api_call("DeleteRoute").await?;
+        self.cloud.api_call_on("DeleteRoute", name).await?;
         self.cloud.delete_route(cluster_name, table_id, name)
     }
 
@@ -133,7 +133,7 @@ impl ccm_provider_sdk::LoadBalancers for SimProvider {
     }
 
     async fn get_load_balancer(&self, service: &pb::LoadBalancerService) -> Result<Option<pb::LoadBalancerStatus>> {
-        self.cloud.api_call("GetLoadBalancer").await?;
+        self.cloud.api_call_on("GetLoadBalancer", &service.load_balancer_name).await?;
         Ok(self.cloud.load_balancer(&service.load_balancer_name))
     }
 
@@ -142,17 +142,17 @@ impl ccm_provider_sdk::LoadBalancers for SimProvider {
         service: &pb::LoadBalancerService,
         nodes: &[pb::LoadBalancerNode],
     ) -> Result<pb::LoadBalancerStatus> {
-        self.cloud.api_call("EnsureLoadBalancer").await?;
+        self.cloud.api_call_on("EnsureLoadBalancer", &service.load_balancer_name).await?;
         self.cloud.ensure_load_balancer(service, nodes)
     }
 
     async fn update_load_balancer_hosts(&self, service: &pb::LoadBalancerService, nodes: &[pb::LoadBalancerNode]) -> Result<()> {
-        self.cloud.api_call("UpdateLoadBalancerHosts").await?;
+        self.cloud.api_call_on("UpdateLoadBalancerHosts", &service.load_balancer_name).await?;
         self.cloud.update_load_balancer_hosts(&service.load_balancer_name, nodes)
     }
 
     async fn ensure_load_balancer_deleted(&self, service: &pb::LoadBalancerService) -> Result<()> {
-        self.cloud.api_call("EnsureLoadBalancerDeleted").await?;
+        self.cloud.api_call_on("EnsureLoadBalancerDeleted", &service.load_balancer_name).await?;
         self.cloud.delete_load_balancer(&service.load_balancer_name);
         Ok(())
     }

@@ -307,7 +307,13 @@ async fn rate_limits_faults_lifecycle_and_lag() {
 
     // A method that is down answers UNAVAILABLE, which is not "gone".
     sim.admin
-        .set_faults(&[Fault { method: "InstanceExists".into(), error_rate: 0.0, down: true, code: Default::default() }])
+        .set_faults(&[Fault {
+            method: "InstanceExists".into(),
+            error_rate: 0.0,
+            down: true,
+            code: Default::default(),
+            subject: None,
+        }])
         .await
         .expect("faults");
     let err = exists(&mut instances, &provider_id).await.expect_err("down");

@@ -5,5 +5,6 @@
 mod harness;
 mod nodes;
 mod routes;
+mod services;
 mod smoke;
 mod support;

@@ -237,7 +237,7 @@ async fn gone_instances_delete_nodes_stopped_ones_taint_them_and_errors_change_n
     let core = Core::start(cp, &env, &sim, &["--leader-elect=false", "--node-monitor-period=300ms"]);
 
     // An unavailable provider: the Node of a terminated instance stays.
-    let down = Fault { method: "*".into(), error_rate: 0.0, down: true, code: FaultCode::Unavailable };
+    let down = Fault { method: "*".into(), error_rate: 0.0, down: true, code: FaultCode::Unavailable, subject: None };
     sim.admin.set_faults(&[down]).await.expect("faults");
     sim.admin.instance_action("i-flaky", "terminate").await.expect("terminate");
     tokio::time::sleep(Duration::from_secs(3)).await;
@@ -324,6 +324,7 @@ async fn rate_limits_are_waited_out_and_retries_back_off_despite_updates() {
         error_rate: 1.0,
         down: false,
         code: FaultCode::RateLimited,
+        subject: None,
     });
     let sim = Sim::start(config).await;
     NodeBuilder::new(&name).uninitialized().label(TEST_LABEL, &env.prefix).create(&env.client).await.expect("node");

@@ -305,7 +305,13 @@ async fn a_failing_provider_is_backed_off_then_converges() {
     let a = env.node_name("a");
     let mut config = Config::default();
     config.instances.push(instance("i-a", &a, "sim-region-1a"));
-    config.faults.push(Fault { method: "CreateRoute".into(), error_rate: 0.0, down: true, code: FaultCode::Unavailable });
+    config.faults.push(Fault {
+        method: "CreateRoute".into(),
+        error_rate: 0.0,
+        down: true,
+        code: FaultCode::Unavailable,
+        subject: None,
+    });
     let sim = Sim::start(config).await;
     node(&env, &a, &["10.244.1.0/24"]).await;
     let core = start(cp, &env, &sim, &route_flags(&env, &["--reconcile-backoff-base=500ms"]));
@@ -316,7 +322,13 @@ async fn a_failing_provider_is_backed_off_then_converges() {
     assert_eq!(condition(&env, &a).await.map(|c| c.0), Some("True".to_string()));
     // Throttled instead of down: still converges once it clears.
     sim.admin
-        .set_faults(&[Fault { method: "CreateRoute".into(), error_rate: 1.0, down: false, code: FaultCode::RateLimited }])
+        .set_faults(&[Fault {
+            method: "CreateRoute".into(),
+            error_rate: 1.0,
+            down: false,
+            code: FaultCode::RateLimited,
+            subject: None,
+        }])
         .await
         .expect("throttle");
     tokio::time::sleep(Duration::from_secs(2)).await;

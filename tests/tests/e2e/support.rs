@@ -122,8 +122,10 @@ impl Core {
             &ns,
         ];
         args.extend_from_slice(extra);
-        // Test defaults, unless the test sets them.
-        for default in ["--secure-port=0", "--reconcile-backoff-base=200ms", "--reconcile-backoff-max=5s"] {
+        // Test defaults, unless the test sets them. Each core handles only its test's
+        // Services: the API server is shared by every test.
+        let service_ns = format!("--service-namespace={}", env.namespace);
+        for default in ["--secure-port=0", "--reconcile-backoff-base=200ms", "--reconcile-backoff-max=5s", &service_ns] {
             let flag = default.split('=').next().unwrap_or(default);
             if !extra.iter().any(|a| a.starts_with(flag)) {
                 args.push(default);

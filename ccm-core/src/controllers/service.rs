@@ -1,0 +1,562 @@
+//! The service controller (`service-lb-controller`): a cloud load balancer for every Service
+//! of type LoadBalancer without a `loadBalancerClass` (or of `--load-balancer-class`).
+//!
+//! - The finalizer `service.kubernetes.io/load-balancer-cleanup` is added before the first
+//!   Ensure and removed only after EnsureLoadBalancerDeleted succeeded, so nothing leaks.
+//! - Ensure is called only when what the provider sees changed (ports, type, source ranges,
+//!   affinity, requested IP, traffic policy, health-check port, IP families, annotations);
+//!   a change of the node set alone is UpdateLoadBalancerHosts.
+//! - The node set: Nodes with a providerID, not being deleted, without the
+//!   `node.kubernetes.io/exclude-from-external-load-balancers` label or the
+//!   `ToBeDeletedByClusterAutoscaler` taint. Readiness plays no part. Node changes are
+//!   coalesced for 50 ms, then every load balancer whose set changed is updated.
+//! - Keys back off per Service (see `queue.rs`); a retry reads the newest Service from the cache.
+
+use std::collections::{BTreeMap, HashMap};
+use std::hash::{Hash, Hasher};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use ccm_proto::v1::load_balancers_service_client::LoadBalancersServiceClient;
+use ccm_proto::v1::{self as pb, ServiceType};
+use ccm_provider_sdk::Error;
+use ccm_provider_sdk::names::{NameLimits, load_balancer_name};
+use k8s_openapi::api::core::v1::{Node, Service};
+use kube::Api;
+use kube::api::{Patch, PatchParams};
+use kube::runtime::reflector::ObjectRef;
+use tokio::sync::Notify;
+use tokio::sync::broadcast::error::RecvError;
+use tokio::time::Instant;
+
+use super::Context;
+use crate::informer::Change;
+use crate::node_util;
+use crate::queue::{Outcome, QueueConfig, WorkQueue};
+
+/// The controller's name.
+pub const NAME: &str = "service-lb-controller";
+/// The finalizer that keeps a Service until its load balancer is gone.
+pub const FINALIZER: &str = "service.kubernetes.io/load-balancer-cleanup";
+/// Nodes with this label are not load balancer backends.
+pub const LABEL_EXCLUDE: &str = "node.kubernetes.io/exclude-from-external-load-balancers";
+/// Nodes with this taint are being removed by the cluster autoscaler.
+pub const TAINT_TO_BE_DELETED: &str = "ToBeDeletedByClusterAutoscaler";
+const NODE_COALESCE: Duration = Duration::from_millis(50);
+
+fn key(svc: &Service) -> String {
+    format!("{}/{}", svc.metadata.namespace.as_deref().unwrap_or_default(), svc.metadata.name.as_deref().unwrap_or_default())
+}
+
+fn has_finalizer(svc: &Service) -> bool {
+    svc.metadata.finalizers.as_ref().is_some_and(|f| f.iter().any(|f| f == FINALIZER))
+}
+
+/// What the provider sees of a Service; a change of it means a new Ensure.
+fn fingerprint(svc: &Service) -> u64 {
+    let mut h = std::collections::hash_map::DefaultHasher::new();
+    if let Some(spec) = &svc.spec {
+        spec.type_.hash(&mut h);
+        spec.load_balancer_class.hash(&mut h);
+        for p in spec.ports.iter().flatten() {
+            (&p.name, &p.protocol, p.port, p.node_port).hash(&mut h);
+        }
+        spec.load_balancer_source_ranges.hash(&mut h);
+        spec.session_affinity.hash(&mut h);
+        spec.session_affinity_config.as_ref().and_then(|c| c.client_ip.as_ref()).and_then(|c| c.timeout_seconds).hash(&mut h);
+        spec.load_balancer_ip.hash(&mut h);
+        spec.external_traffic_policy.hash(&mut h);
+        spec.health_check_node_port.hash(&mut h);
+        spec.ip_families.hash(&mut h);
+    }
+    let annotations: BTreeMap<&String, &String> = svc.metadata.annotations.iter().flatten().collect();
+    annotations.hash(&mut h);
+    svc.metadata.deletion_timestamp.is_some().hash(&mut h);
+    has_finalizer(svc).hash(&mut h);
+    h.finish()
+}
+
+/// Whether a Node is a load balancer backend.
+pub fn is_backend(ctx: &Context, node: &Node) -> bool {
+    node_util::provider_id(node).is_some()
+        && node.metadata.deletion_timestamp.is_none()
+        && !node.metadata.labels.as_ref().is_some_and(|l| l.contains_key(LABEL_EXCLUDE))
+        && !node_util::has_taint(node, TAINT_TO_BE_DELETED)
+        && !ctx.ignores(node)
+}
+
+/// What of a Node a provider may select backends on.
+fn node_fingerprint(node: &Node) -> (String, String, BTreeMap<String, String>, Vec<String>) {
+    (
+        node_util::name(node).to_string(),
+        node_util::provider_id(node).unwrap_or_default().to_string(),
+        node.metadata.labels.clone().unwrap_or_default(),
+        node_util::addresses(node).into_iter().map(|a| format!("{}={}", a.type_, a.address)).collect(),
+    )
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Ensured {
+    spec: u64,
+    hosts: u64,
+}
+
+/// The service controller.
+pub struct ServiceController {
+    ctx: Context,
+    queue: Arc<WorkQueue<String>>,
+    /// What was last applied per Service: the spec fingerprint and the node set's.
+    ensured: Mutex<HashMap<String, Ensured>>,
+    /// When the node set last changed, for the node-sync latency metric.
+    node_change_at: Mutex<Option<Instant>>,
+}
+
+impl ServiceController {
+    /// A controller over `ctx`.
+    pub fn new(ctx: Context) -> Self {
+        let o = &ctx.options;
+        let config =
+            QueueConfig { base_delay: o.reconcile_backoff_base, max_delay: o.reconcile_backoff_max, qps: 100.0, burst: 500 };
+        Self { ctx, queue: Arc::new(WorkQueue::new(config)), ensured: Default::default(), node_change_at: Default::default() }
+    }
+
+    fn handled(&self, svc: &Service) -> bool {
+        let class = svc.spec.as_ref().and_then(|s| s.load_balancer_class.as_deref());
+        class.is_none() || class == self.ctx.options.load_balancer_class.as_deref()
+    }
+
+    fn wants_lb(&self, svc: &Service) -> bool {
+        svc.spec.as_ref().and_then(|s| s.type_.as_deref()) == Some("LoadBalancer")
+            && self.handled(svc)
+            && svc.metadata.deletion_timestamp.is_none()
+    }
+
+    fn interesting(&self, svc: &Service) -> bool {
+        (self.wants_lb(svc) || has_finalizer(svc)) && self.handled(svc)
+    }
+
+    /// Runs until `stop`.
+    pub async fn run(self, stop: tokio::sync::watch::Receiver<bool>) {
+        let this = Arc::new(self);
+        let mut tasks = vec![tokio::spawn(this.clone().feed(stop.clone())), tokio::spawn(this.clone().node_feed(stop.clone()))];
+        for _ in 0..this.ctx.options.concurrent_service_syncs.max(1) {
+            tasks.push(tokio::spawn(this.clone().worker()));
+        }
+        let mut stop = stop;
+        let _ = stop.wait_for(|s| *s).await;
+        this.queue.shutdown();
+        for t in tasks {
+            t.abort();
+            let _ = t.await;
+        }
+    }
+
+    async fn feed(self: Arc<Self>, mut stop: tokio::sync::watch::Receiver<bool>) {
+        let mut changes = self.ctx.services.subscribe();
+        self.ctx.services.wait_synced().await;
+        self.ctx.nodes.wait_synced().await;
+        for svc in self.ctx.services.store().state() {
+            if self.interesting(&svc) {
+                self.queue.add_changed(key(&svc), fingerprint(&svc));
+            }
+        }
+        loop {
+            let change = tokio::select! {
+                c = changes.recv() => c,
+                _ = stop.wait_for(|s| *s) => return,
+            };
+            match change {
+                Ok(Change::Applied { new, .. }) => {
+                    if self.interesting(&new) {
+                        self.ctx.metrics.queue_add(NAME);
+                        self.queue.add_changed(key(&new), fingerprint(&new));
+                    }
+                }
+                Ok(Change::Deleted(svc)) => {
+                    let k = key(&svc);
+                    self.queue.forget(&k);
+                    self.ensured.lock().unwrap_or_else(|p| p.into_inner()).remove(&k);
+                }
+                Err(RecvError::Lagged(_)) => {
+                    for svc in self.ctx.services.store().state() {
+                        if self.interesting(&svc) {
+                            self.queue.add(key(&svc));
+                        }
+                    }
+                }
+                Err(RecvError::Closed) => return,
+            }
+            self.ctx.metrics.queue_depth(NAME, self.queue.stats().depth);
+        }
+    }
+
+    /// Watches the node set; on a change (after 50 ms of quiet coalescing) queues every
+    /// load balancer Service. Services in backoff stay there: `add` carries no news.
+    async fn node_feed(self: Arc<Self>, mut stop: tokio::sync::watch::Receiver<bool>) {
+        let mut changes = self.ctx.nodes.subscribe();
+        let notify = Arc::new(Notify::new());
+        let waker = notify.clone();
+        let this = self.clone();
+        let mut stop2 = stop.clone();
+        let syncer = tokio::spawn(async move {
+            let mut last = this.hosts_fingerprint();
+            loop {
+                tokio::select! {
+                    _ = waker.notified() => {}
+                    _ = stop2.wait_for(|s| *s) => return,
+                }
+                tokio::time::sleep(NODE_COALESCE).await;
+                let now = this.hosts_fingerprint();
+                if now == last {
+                    continue;
+                }
+                last = now;
+                this.node_change_at.lock().unwrap_or_else(|p| p.into_inner()).get_or_insert(Instant::now());
+                for svc in this.ctx.services.store().state() {
+                    if this.wants_lb(&svc) {
+                        this.queue.add(key(&svc));
+                    }
+                }
+            }
+        });
+        loop {
+            let change = tokio::select! {
+                c = changes.recv() => c,
+                _ = stop.wait_for(|s| *s) => break,
+            };
+            match change {
+                Ok(Change::Applied { old, new }) => {
+                    let before = old.as_deref().map(|o| (is_backend(&self.ctx, o), node_fingerprint(o)));
+                    if before != Some((is_backend(&self.ctx, &new), node_fingerprint(&new))) {
+                        notify.notify_one();
+                    }
+                }
+                Ok(Change::Deleted(_)) | Err(RecvError::Lagged(_)) => notify.notify_one(),
+                Err(RecvError::Closed) => break,
+            }
+        }
+        syncer.abort();
+    }
+
+    fn backends(&self) -> Vec<Arc<Node>> {
+        let mut nodes: Vec<Arc<Node>> = self.ctx.nodes.store().state().into_iter().filter(|n| is_backend(&self.ctx, n)).collect();
+        nodes.sort_by(|a, b| node_util::name(a).cmp(node_util::name(b)));
+        nodes
+    }
+
+    fn hosts_fingerprint(&self) -> u64 {
+        let mut h = std::collections::hash_map::DefaultHasher::new();
+        for n in self.backends() {
+            node_fingerprint(&n).hash(&mut h);
+        }
+        h.finish()
+    }
+
+    async fn worker(self: Arc<Self>) {
+        while let Some(k) = self.queue.next().await {
+            let started = Instant::now();
+            let outcome = self.reconcile(&k).await;
+            self.ctx.metrics.reconcile(NAME, started.elapsed(), matches!(outcome, Outcome::Retry { .. }));
+            self.queue.done(&k, outcome);
+            self.ctx.metrics.queue_depth(NAME, self.queue.stats().depth);
+            let idle = self.queue.stats().depth == 0;
+            if idle && let Some(at) = self.node_change_at.lock().unwrap_or_else(|p| p.into_inner()).take() {
+                self.ctx.metrics.service_node_sync(at.elapsed());
+            }
+        }
+    }
+
+    fn lb_service(&self, svc: &Service) -> pb::LoadBalancerService {
+        let spec = svc.spec.clone().unwrap_or_default();
+        let limits = self
+            .ctx
+            .provider
+            .identity()
+            .and_then(|i| i.capabilities.load_balancers)
+            .map(|c| NameLimits::from_capabilities(&c))
+            .unwrap_or_default();
+        let (ns, name, uid) = (
+            svc.metadata.namespace.clone().unwrap_or_default(),
+            svc.metadata.name.clone().unwrap_or_default(),
+            svc.metadata.uid.clone().unwrap_or_default(),
+        );
+        let protocol = |p: Option<&str>| match p.unwrap_or("TCP") {
+            "UDP" => pb::Protocol::Udp,
+            "SCTP" => pb::Protocol::Sctp,
+            _ => pb::Protocol::Tcp,
+        } as i32;
+        pb::LoadBalancerService {
+            cluster_name: self.ctx.options.cluster_name.clone(),
+            load_balancer_name: load_balancer_name(&self.ctx.options.cluster_name, &ns, &name, &uid, &limits),
+            namespace: ns,
+            name,
+            uid,
+            ports: spec
+                .ports
+                .iter()
+                .flatten()
+                .map(|p| pb::ServicePort {
+                    name: p.name.clone().unwrap_or_default(),
+                    protocol: protocol(p.protocol.as_deref()),
+                    port: p.port.max(0) as u32,
+                    node_port: p.node_port.unwrap_or(0).max(0) as u32,
+                })
+                .collect(),
+            session_affinity: if spec.session_affinity.as_deref() == Some("ClientIP") {
+                pb::SessionAffinity::ClientIp
+            } else {
+                pb::SessionAffinity::None
+            } as i32,
+            session_affinity_timeout_seconds: spec
+                .session_affinity_config
+                .and_then(|c| c.client_ip)
+                .and_then(|c| c.timeout_seconds)
+                .unwrap_or(0)
+                .max(0) as u32,
+            source_ranges: spec.load_balancer_source_ranges.unwrap_or_default(),
+            ip_families: spec
+                .ip_families
+                .unwrap_or_default()
+                .iter()
+                .map(|f| if f == "IPv6" { pb::IpFamily::Ipv6 } else { pb::IpFamily::Ipv4 } as i32)
+                .collect(),
+            requested_ip: spec.load_balancer_ip.unwrap_or_default(),
+            external_traffic_policy: if spec.external_traffic_policy.as_deref() == Some("Local") {
+                pb::ExternalTrafficPolicy::Local
+            } else {
+                pb::ExternalTrafficPolicy::Cluster
+            } as i32,
+            health_check_node_port: spec.health_check_node_port.unwrap_or(0).max(0) as u32,
+            annotations: svc.metadata.annotations.clone().unwrap_or_default().into_iter().collect(),
+            load_balancer_class: spec.load_balancer_class.unwrap_or_default(),
+        }
+    }
+
+    fn nodes_proto(nodes: &[Arc<Node>]) -> Vec<pb::LoadBalancerNode> {
+        nodes
+            .iter()
+            .map(|n| pb::LoadBalancerNode {
+                name: node_util::name(n).to_string(),
+                provider_id: node_util::provider_id(n).unwrap_or_default().to_string(),
+                addresses: node_util::addresses(n).iter().map(node_util::to_proto_address).collect(),
+                labels: n.metadata.labels.clone().unwrap_or_default().into_iter().collect(),
+            })
+            .collect()
+    }
+
+    async fn reconcile(&self, k: &str) -> Outcome {
+        let (ns, name) = k.split_once('/').unwrap_or(("", k));
+        // Always the newest Service: never a copy from before a failure.
+        let Some(svc) = self.ctx.services.store().get(&ObjectRef::new(name).within(ns)) else {
+            return Outcome::Success;
+        };
+        let fp = fingerprint(&svc);
+        let result = if self.wants_lb(&svc) {
+            self.ensure(&svc).await
+        } else if has_finalizer(&svc) && self.handled(&svc) {
+            self.delete(&svc).await
+        } else {
+            Ok(())
+        };
+        match result {
+            Ok(()) => Outcome::Success,
+            Err(SyncError::Provider(error)) => Outcome::Retry { fingerprint: Some(fp), retry_after: error.retry_after() },
+            Err(SyncError::Kube(error)) => {
+                tracing::warn!(service = %k, %error, "writing the service failed");
+                Outcome::Retry { fingerprint: Some(fp), retry_after: None }
+            }
+        }
+    }
+
+    async fn ensure(&self, svc: &Service) -> Result<(), SyncError> {
+        let k = key(svc);
+        let api: Api<Service> = Api::namespaced(self.ctx.client.clone(), svc.metadata.namespace.as_deref().unwrap_or_default());
+        let name = svc.metadata.name.as_deref().unwrap_or_default();
+        if self.ctx.provider.identity().is_some_and(|i| !i.serves(ServiceType::LoadBalancers)) {
+            return Ok(());
+        }
+        if self.ctx.provider.identity().is_none() {
+            return Err(SyncError::Provider(Error::unavailable("provider not ready")));
+        }
+        if !has_finalizer(svc) {
+            let mut finalizers = svc.metadata.finalizers.clone().unwrap_or_default();
+            finalizers.push(FINALIZER.into());
+            let patch =
+                serde_json::json!({ "metadata": { "finalizers": finalizers, "resourceVersion": svc.metadata.resource_version } });
+            self.ctx.kube_write_permit().await;
+            api.patch(name, &PatchParams::default(), &Patch::Merge(&patch)).await.map_err(SyncError::Kube)?;
+        }
+        let backends = self.backends();
+        let hosts = {
+            let mut h = std::collections::hash_map::DefaultHasher::new();
+            for n in &backends {
+                node_fingerprint(n).hash(&mut h);
+            }
+            h.finish()
+        };
+        let spec = fingerprint(svc);
+        let last = self.ensured.lock().unwrap_or_else(|p| p.into_inner()).get(&k).copied();
+        let lb = self.lb_service(svc);
+        let nodes = Self::nodes_proto(&backends);
+        match last {
+            Some(e) if e.spec == spec && e.hosts == hosts => return Ok(()),
+            Some(e) if e.spec == spec => {
+                let request = pb::UpdateLoadBalancerHostsRequest { service: Some(lb), nodes };
+                let r = self
+                    .ctx
+                    .provider
+                    .call("LoadBalancersService/UpdateLoadBalancerHosts", request, async |ch, r| {
+                        LoadBalancersServiceClient::new(ch).update_load_balancer_hosts(r).await
+                    })
+                    .await;
+                match r {
+                    Ok(_) => {
+                        self.ensured.lock().unwrap_or_else(|p| p.into_inner()).insert(k, Ensured { spec, hosts });
+                        self.ctx
+                            .event(
+                                NAME,
+                                svc,
+                                false,
+                                "UpdatedLoadBalancer",
+                                format!("Updated load balancer with new hosts ({})", backends.len()),
+                            )
+                            .await;
+                        return Ok(());
+                    }
+                    Err(error) => {
+                        self.ctx
+                            .event(
+                                NAME,
+                                svc,
+                                true,
+                                "UpdateLoadBalancerFailed",
+                                format!("Error updating load balancer with new hosts: {error}"),
+                            )
+                            .await;
+                        // A load balancer that vanished gets a full Ensure next time.
+                        if matches!(error, Error::NotFound { .. }) {
+                            self.ensured.lock().unwrap_or_else(|p| p.into_inner()).remove(&k);
+                        }
+                        return Err(SyncError::Provider(error));
+                    }
+                }
+            }
+            _ => {}
+        }
+        self.ctx.event(NAME, svc, false, "EnsuringLoadBalancer", "Ensuring load balancer".into()).await;
+        let request = pb::EnsureLoadBalancerRequest { service: Some(lb), nodes };
+        let status = match self
+            .ctx
+            .provider
+            .call("LoadBalancersService/EnsureLoadBalancer", request, async |ch, r| {
+                LoadBalancersServiceClient::new(ch).ensure_load_balancer(r).await
+            })
+            .await
+        {
+            Ok(answer) => answer.status.unwrap_or_default(),
+            Err(error) => {
+                tracing::warn!(service = %k, %error, "ensuring the load balancer failed");
+                self.ctx.event(NAME, svc, true, "SyncLoadBalancerFailed", format!("Error syncing load balancer: {error}")).await;
+                return Err(SyncError::Provider(error));
+            }
+        };
+        self.write_status(svc, &status).await.map_err(SyncError::Kube)?;
+        self.ensured.lock().unwrap_or_else(|p| p.into_inner()).insert(k, Ensured { spec, hosts });
+        self.ctx.event(NAME, svc, false, "EnsuredLoadBalancer", "Ensured load balancer".into()).await;
+        Ok(())
+    }
+
+    async fn write_status(&self, svc: &Service, status: &pb::LoadBalancerStatus) -> Result<(), kube::Error> {
+        let ingress: Vec<serde_json::Value> = status
+            .ingress
+            .iter()
+            .map(|i| {
+                let mut v = serde_json::Map::new();
+                if !i.ip.is_empty() {
+                    v.insert("ip".into(), i.ip.clone().into());
+                    let mode = if i.ip_mode() == pb::IpMode::Proxy { "Proxy" } else { "VIP" };
+                    v.insert("ipMode".into(), mode.into());
+                }
+                if !i.hostname.is_empty() {
+                    v.insert("hostname".into(), i.hostname.clone().into());
+                }
+                if !i.ports.is_empty() {
+                    let ports: Vec<serde_json::Value> = i
+                        .ports
+                        .iter()
+                        .map(|p| {
+                            let protocol = match p.protocol() {
+                                pb::Protocol::Udp => "UDP",
+                                pb::Protocol::Sctp => "SCTP",
+                                _ => "TCP",
+                            };
+                            let mut port = serde_json::json!({ "port": p.port, "protocol": protocol });
+                            if !p.error.is_empty() {
+                                port["error"] = p.error.clone().into();
+                            }
+                            port
+                        })
+                        .collect();
+                    v.insert("ports".into(), ports.into());
+                }
+                serde_json::Value::Object(v)
+            })
+            .collect();
+        let current = serde_json::to_value(
+            svc.status.as_ref().and_then(|s| s.load_balancer.as_ref()).and_then(|l| l.ingress.clone()).unwrap_or_default(),
+        )
+        .unwrap_or_default();
+        if current == serde_json::Value::Array(ingress.clone()) {
+            return Ok(());
+        }
+        let api: Api<Service> = Api::namespaced(self.ctx.client.clone(), svc.metadata.namespace.as_deref().unwrap_or_default());
+        let patch = serde_json::json!({ "status": { "loadBalancer": { "ingress": ingress } } });
+        self.ctx.kube_write_permit().await;
+        api.patch_status(svc.metadata.name.as_deref().unwrap_or_default(), &PatchParams::default(), &Patch::Merge(&patch))
+            .await
+            .map(|_| ())
+    }
+
+    async fn delete(&self, svc: &Service) -> Result<(), SyncError> {
+        if self.ctx.provider.identity().is_none() {
+            return Err(SyncError::Provider(Error::unavailable("provider not ready")));
+        }
+        let k = key(svc);
+        self.ctx.event(NAME, svc, false, "DeletingLoadBalancer", "Deleting load balancer".into()).await;
+        let request = pb::EnsureLoadBalancerDeletedRequest { service: Some(self.lb_service(svc)) };
+        if let Err(error) = self
+            .ctx
+            .provider
+            .call("LoadBalancersService/EnsureLoadBalancerDeleted", request, async |ch, r| {
+                LoadBalancersServiceClient::new(ch).ensure_load_balancer_deleted(r).await
+            })
+            .await
+        {
+            self.ctx.event(NAME, svc, true, "SyncLoadBalancerFailed", format!("Error deleting load balancer: {error}")).await;
+            return Err(SyncError::Provider(error));
+        }
+        self.ensured.lock().unwrap_or_else(|p| p.into_inner()).remove(&k);
+        if svc.metadata.deletion_timestamp.is_none() {
+            self.write_status(svc, &pb::LoadBalancerStatus::default()).await.map_err(SyncError::Kube)?;
+        }
+        let finalizers: Vec<String> =
+            svc.metadata.finalizers.clone().unwrap_or_default().into_iter().filter(|f| f != FINALIZER).collect();
+        let patch =
+            serde_json::json!({ "metadata": { "finalizers": finalizers, "resourceVersion": svc.metadata.resource_version } });
+        let api: Api<Service> = Api::namespaced(self.ctx.client.clone(), svc.metadata.namespace.as_deref().unwrap_or_default());
+        self.ctx.kube_write_permit().await;
+        match api.patch(svc.metadata.name.as_deref().unwrap_or_default(), &PatchParams::default(), &Patch::Merge(&patch)).await {
+            Ok(_) => {}
+            Err(kube::Error::Api(s)) if s.code == 404 => {}
+            Err(e) => return Err(SyncError::Kube(e)),
+        }
+        self.ctx.event(NAME, svc, false, "DeletedLoadBalancer", "Deleted load balancer".into()).await;
+        Ok(())
+    }
+}
+
+#[derive(Debug)]
+enum SyncError {
+    Provider(Error),
+    Kube(kube::Error),
+}

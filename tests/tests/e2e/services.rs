@@ -1,0 +1,348 @@
+//! The service controller, end to end: real API server, the core, the sim over a unix socket.
+
+use std::time::Duration;
+
+use ccm_e2e::cluster::{NodeBuilder, TestEnv, create_load_balancer_service, set_ready};
+use ccm_provider_sim::Config;
+use ccm_provider_sim::cloud::LoadBalancerView;
+use ccm_provider_sim::config::{Fault, FaultCode};
+use k8s_openapi::api::core::v1::{Event, Namespace, Service};
+use kube::Api;
+use kube::api::{DeleteParams, ListParams, Patch, PatchParams, PostParams};
+
+use crate::support::{Core, Sim, TEST_LABEL, eventually, instance};
+
+const FINALIZER: &str = "service.kubernetes.io/load-balancer-cleanup";
+
+/// Each test's core handles only its namespace's Services (the API server is shared).
+fn service_flags(env: &TestEnv) -> Vec<String> {
+    vec!["--leader-elect=false".into(), "--controllers=service".into(), format!("--service-namespace={}", env.namespace)]
+}
+
+fn start(cp: &ccm_e2e::ControlPlane, env: &TestEnv, sim: &Sim, flags: &[String]) -> Core {
+    Core::start(cp, env, sim, &flags.iter().map(String::as_str).collect::<Vec<_>>())
+}
+
+async fn lbs(sim: &Sim) -> Vec<LoadBalancerView> {
+    sim.admin.state().await.expect("state").load_balancers
+}
+
+async fn lb_of(sim: &Sim, service: &str) -> Option<LoadBalancerView> {
+    lbs(sim).await.into_iter().find(|l| l.service.ends_with(&format!("/{service}")))
+}
+
+async fn ingress_ip(env: &TestEnv, name: &str) -> Option<String> {
+    let svc = env.services().get(name).await.ok()?;
+    svc.status?.load_balancer?.ingress?.first()?.ip.clone()
+}
+
+async fn reasons(env: &TestEnv, name: &str) -> Vec<String> {
+    let events: Api<Event> = Api::namespaced(env.client.clone(), &env.namespace);
+    let list = events.list(&ListParams::default().fields(&format!("involvedObject.name={name}"))).await.expect("events");
+    list.items.into_iter().filter_map(|e| e.reason).collect()
+}
+
+async fn backend_node(env: &TestEnv, name: &str, id: &str) {
+    NodeBuilder::new(name)
+        .label(TEST_LABEL, &env.prefix)
+        .provider_id(&format!("sim://sim-region-1a/{id}"))
+        .address("InternalIP", "10.0.0.9")
+        .create(&env.client)
+        .await
+        .expect("node");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_service_gets_a_load_balancer_that_follows_it_and_goes_with_it() {
+    let cp = ccm_e2e::shared().expect("control plane");
+    let env = TestEnv::new(cp.client().await.expect("client"), "lb").await.expect("env");
+    let node = env.node_name("n1");
+    let mut config = Config::default();
+    config.instances.push(instance("i-1", &node, "sim-region-1a"));
+    let sim = Sim::start(config).await;
+    backend_node(&env, &node, "i-1").await;
+    let core = start(cp, &env, &sim, &service_flags(&env));
+    create_load_balancer_service(&env, "web", &[80]).await.expect("service");
+
+    let ip = eventually("an ingress IP", Duration::from_secs(20), async || ingress_ip(&env, "web").await).await;
+    assert!(ip.starts_with("203.0.113."), "an address from the sim's pool: {ip}");
+    let svc = env.services().get("web").await.expect("svc");
+    assert!(svc.metadata.finalizers.unwrap_or_default().contains(&FINALIZER.to_string()));
+    let lb = lb_of(&sim, "web").await.expect("load balancer");
+    assert_eq!(lb.ip, ip);
+    assert_eq!(lb.ports, vec![80]);
+    assert_eq!(lb.nodes, vec![node.clone()]);
+    assert!(lb.name.len() <= 32, "{}", lb.name);
+    let ingress = svc.status.and_then(|s| s.load_balancer).and_then(|l| l.ingress).unwrap_or_default();
+    assert_eq!(ingress[0].ip_mode.as_deref(), Some("VIP"));
+
+    // A port change re-ensures.
+    let patch = serde_json::json!({ "spec": { "ports": [
+        { "name": "p80", "port": 80, "protocol": "TCP" },
+        { "name": "p8080", "port": 8080, "protocol": "TCP" },
+    ] } });
+    env.services().patch("web", &PatchParams::default(), &Patch::Merge(&patch)).await.expect("ports");
+    eventually("the new port on the load balancer", Duration::from_secs(20), async || {
+        (lb_of(&sim, "web").await?.ports == vec![80, 8080]).then_some(())
+    })
+    .await;
+    let r = reasons(&env, "web").await;
+    assert!(r.contains(&"EnsuringLoadBalancer".to_string()) && r.contains(&"EnsuredLoadBalancer".to_string()), "{r:?}");
+
+    // Deleting the Service deletes the load balancer, then the finalizer lets the Service go.
+    env.services().delete("web", &DeleteParams::default()).await.expect("delete");
+    eventually("the service gone", Duration::from_secs(20), async || {
+        env.services().get_opt("web").await.ok()?.is_none().then_some(())
+    })
+    .await;
+    assert!(lbs(&sim).await.is_empty(), "nothing leaked");
+    core.stop().await.expect("stop");
+    env.cleanup().await.expect("cleanup");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_service_deleted_while_the_provider_is_down_keeps_its_finalizer_until_cleaned_up() {
+    let cp = ccm_e2e::shared().expect("control plane");
+    let env = TestEnv::new(cp.client().await.expect("client"), "lbdown").await.expect("env");
+    let sim = Sim::start(Config::default()).await;
+    let core = start(cp, &env, &sim, &service_flags(&env));
+    create_load_balancer_service(&env, "web", &[80]).await.expect("service");
+    eventually("an ingress IP", Duration::from_secs(20), async || ingress_ip(&env, "web").await).await;
+
+    let down = Fault { method: "*".into(), error_rate: 0.0, down: true, code: FaultCode::Unavailable, subject: None };
+    sim.admin.set_faults(&[down]).await.expect("down");
+    env.services().delete("web", &DeleteParams::default()).await.expect("delete");
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let svc = env.services().get("web").await.expect("still there");
+    assert!(svc.metadata.deletion_timestamp.is_some());
+    assert_eq!(lbs(&sim).await.len(), 1);
+
+    sim.admin.set_faults(&[]).await.expect("up");
+    eventually("the service gone", Duration::from_secs(30), async || {
+        env.services().get_opt("web").await.ok()?.is_none().then_some(())
+    })
+    .await;
+    assert!(lbs(&sim).await.is_empty(), "nothing leaked");
+    core.stop().await.expect("stop");
+    env.cleanup().await.expect("cleanup");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_type_change_deletes_the_load_balancer_and_foreign_classes_are_untouched() {
+    let cp = ccm_e2e::shared().expect("control plane");
+    let env = TestEnv::new(cp.client().await.expect("client"), "lbtype").await.expect("env");
+    let sim = Sim::start(Config::default()).await;
+    let core = start(cp, &env, &sim, &service_flags(&env));
+    create_load_balancer_service(&env, "web", &[80]).await.expect("service");
+    let mut foreign: Service = serde_json::from_value(serde_json::json!({
+        "metadata": { "name": "theirs" },
+        "spec": { "type": "LoadBalancer", "loadBalancerClass": "example.com/other", "ports": [{ "port": 80 }] }
+    }))
+    .expect("service");
+    foreign.metadata.namespace = Some(env.namespace.clone());
+    env.services().create(&PostParams::default(), &foreign).await.expect("foreign");
+    eventually("an ingress IP", Duration::from_secs(20), async || ingress_ip(&env, "web").await).await;
+
+    let patch = serde_json::json!({ "spec": { "type": "ClusterIP" } });
+    env.services().patch("web", &PatchParams::default(), &Patch::Merge(&patch)).await.expect("type change");
+    eventually("the load balancer deleted", Duration::from_secs(20), async || lb_of(&sim, "web").await.is_none().then_some(()))
+        .await;
+    eventually("finalizer removed and status cleared", Duration::from_secs(20), async || {
+        let svc = env.services().get("web").await.ok()?;
+        let clean = !svc.metadata.finalizers.unwrap_or_default().contains(&FINALIZER.to_string())
+            && svc.status.and_then(|s| s.load_balancer).and_then(|l| l.ingress).unwrap_or_default().is_empty();
+        clean.then_some(())
+    })
+    .await;
+    let r = reasons(&env, "web").await;
+    assert!(r.contains(&"DeletingLoadBalancer".to_string()) && r.contains(&"DeletedLoadBalancer".to_string()), "{r:?}");
+
+    let theirs = env.services().get("theirs").await.expect("foreign");
+    assert!(theirs.metadata.finalizers.unwrap_or_default().is_empty(), "a foreign class gets no finalizer");
+    assert!(lb_of(&sim, "theirs").await.is_none(), "nor a load balancer");
+    core.stop().await.expect("stop");
+    env.cleanup().await.expect("cleanup");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn node_set_changes_reach_every_load_balancer_within_a_second() {
+    let cp = ccm_e2e::shared().expect("control plane");
+    let env = TestEnv::new(cp.client().await.expect("client"), "lbnodes").await.expect("env");
+    let (n1, n2, n3) = (env.node_name("n1"), env.node_name("n2"), env.node_name("n3"));
+    let mut config = Config::default();
+    for (id, n) in [("i-1", &n1), ("i-2", &n2), ("i-3", &n3)] {
+        config.instances.push(instance(id, n, "sim-region-1a"));
+    }
+    let sim = Sim::start(config).await;
+    backend_node(&env, &n1, "i-1").await;
+    backend_node(&env, &n2, "i-2").await;
+    set_ready(&env.client, &n1, "True").await.expect("ready");
+    let core = start(cp, &env, &sim, &service_flags(&env));
+    for s in ["a", "b", "c"] {
+        create_load_balancer_service(&env, s, &[80]).await.expect("service");
+    }
+    let all = |want: Vec<String>| {
+        let sim = &sim;
+        async move {
+            let lbs = lbs(sim).await;
+            (lbs.len() == 3 && lbs.iter().all(|l| l.nodes == want)).then_some(())
+        }
+    };
+    let two = vec![n1.clone(), n2.clone()];
+    eventually("three load balancers on two nodes", Duration::from_secs(20), async || all(two.clone()).await).await;
+
+    let started = tokio::time::Instant::now();
+    backend_node(&env, &n3, "i-3").await;
+    let three = vec![n1.clone(), n2.clone(), n3.clone()];
+    eventually("the new node everywhere", Duration::from_secs(5), async || all(three.clone()).await).await;
+    let took = started.elapsed();
+    assert!(took < Duration::from_secs(1), "a new node reached every load balancer after {took:?}");
+
+    let patch =
+        serde_json::json!({ "metadata": { "labels": { "node.kubernetes.io/exclude-from-external-load-balancers": "true" } } });
+    env.nodes().patch(&n2, &PatchParams::default(), &Patch::Merge(&patch)).await.expect("exclude");
+    let without = vec![n1.clone(), n3.clone()];
+    eventually("the excluded node gone everywhere", Duration::from_secs(5), async || all(without.clone()).await).await;
+
+    // Readiness alone changes nothing.
+    set_ready(&env.client, &n1, "False").await.expect("not ready");
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    assert!(all(without.clone()).await.is_some(), "a NotReady node stays a backend");
+    core.stop().await.expect("stop");
+    env.cleanup().await.expect("cleanup");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failing_service_backs_off_alone_and_its_retry_reads_the_newest_spec() {
+    let cp = ccm_e2e::shared().expect("control plane");
+    let env = TestEnv::new(cp.client().await.expect("client"), "lbfail").await.expect("env");
+    let mut config = Config::default();
+    config.faults.push(Fault {
+        method: "EnsureLoadBalancer".into(),
+        error_rate: 0.0,
+        down: true,
+        code: FaultCode::Unavailable,
+        subject: Some("-bad-".into()),
+    });
+    let sim = Sim::start(config).await;
+    let mut flags = service_flags(&env);
+    flags.push("--reconcile-backoff-base=1s".into());
+    let core = start(cp, &env, &sim, &flags);
+    create_load_balancer_service(&env, "good", &[80]).await.expect("service");
+    create_load_balancer_service(&env, "bad", &[80]).await.expect("service");
+    eventually("the good one", Duration::from_secs(20), async || ingress_ip(&env, "good").await).await;
+
+    // The good Service keeps changing and the bad one gets unrelated updates.
+    let started = tokio::time::Instant::now();
+    let mut i = 0;
+    while started.elapsed() < Duration::from_secs(9) {
+        let ports = serde_json::json!({ "spec": { "ports": [{ "name": "p", "port": 8000 + i, "protocol": "TCP" }] } });
+        env.services().patch("good", &PatchParams::default(), &Patch::Merge(&ports)).await.expect("good");
+        let label = serde_json::json!({ "metadata": { "labels": { "touched": i.to_string() } } });
+        env.services().patch("bad", &PatchParams::default(), &Patch::Merge(&label)).await.expect("bad");
+        i += 1;
+        tokio::time::sleep(Duration::from_millis(300)).await;
+    }
+    let failures: Vec<u64> = sim
+        .admin
+        .call_log()
+        .await
+        .expect("log")
+        .into_iter()
+        .filter(|c| c.method == "LoadBalancersService/EnsureLoadBalancer" && c.code == "UNAVAILABLE")
+        .map(|c| c.at_unix_ms)
+        .collect();
+    // Each attempt is up to three quick tries; attempts are separated by the backoff.
+    let gaps: Vec<u64> = failures.windows(2).map(|w| w[1] - w[0]).filter(|g| *g > 500).collect();
+    assert!(failures.len() <= 15, "no hot loop: {} failed ensures in 9 s", failures.len());
+    assert!(gaps.len() >= 2, "retries happened: {failures:?}");
+    assert!(gaps.windows(2).all(|w| w[1] + 150 >= w[0]), "retries space out: {gaps:?}");
+    assert!(gaps.last().is_some_and(|g| *g >= 1800), "the backoff grows: {gaps:?}");
+    assert!(lb_of(&sim, "good").await.is_some_and(|l| l.ports[0] >= 8000), "the good Service kept being served");
+
+    // Changed during its backoff: once the provider recovers, the new ports are what is ensured.
+    let ports = serde_json::json!({ "spec": { "ports": [{ "name": "web", "port": 81, "protocol": "TCP" }] } });
+    env.services().patch("bad", &PatchParams::default(), &Patch::Merge(&ports)).await.expect("ports");
+    sim.admin.set_faults(&[]).await.expect("clear");
+    eventually("the bad one with its newest ports", Duration::from_secs(30), async || {
+        (lb_of(&sim, "bad").await?.ports == vec![81]).then_some(())
+    })
+    .await;
+    assert!(reasons(&env, "bad").await.contains(&"SyncLoadBalancerFailed".to_string()));
+    core.stop().await.expect("stop");
+    env.cleanup().await.expect("cleanup");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn long_names_fit_the_limit_and_stay_unique() {
+    let cp = ccm_e2e::shared().expect("control plane");
+    let env = TestEnv::new(cp.client().await.expect("client"), "lbname").await.expect("env");
+    let ns_name = format!("{}-{}", env.prefix, "n".repeat(63 - env.prefix.len() - 1));
+    let ns =
+        Namespace { metadata: kube::api::ObjectMeta { name: Some(ns_name.clone()), ..Default::default() }, ..Default::default() };
+    Api::<Namespace>::all(env.client.clone()).create(&PostParams::default(), &ns).await.expect("namespace");
+    let long_env = TestEnv { client: env.client.clone(), namespace: ns_name.clone(), prefix: env.prefix.clone() };
+    let sim = Sim::start(Config::default()).await;
+    let core = start(cp, &env, &sim, &service_flags(&long_env));
+    let a = format!("{}-a", "s".repeat(58));
+    let b = format!("{}-b", "s".repeat(58));
+    create_load_balancer_service(&long_env, &a, &[80]).await.expect("a");
+    create_load_balancer_service(&long_env, &b, &[80]).await.expect("b");
+    let names = eventually("two load balancers", Duration::from_secs(20), async || {
+        let l = lbs(&sim).await;
+        (l.len() == 2).then(|| l.into_iter().map(|l| l.name).collect::<Vec<_>>())
+    })
+    .await;
+    assert_ne!(names[0], names[1]);
+    assert!(
+        names.iter().all(|n| n.len() <= 32 && n.starts_with("kuberne") && n.contains("-lbname-")),
+        "readable and within 32: {names:?}"
+    );
+    core.stop().await.expect("stop");
+    let _ = Api::<Namespace>::all(env.client.clone()).delete(&ns_name, &DeleteParams::default()).await;
+    env.cleanup().await.expect("cleanup");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_hundred_services_all_get_addresses() {
+    let cp = ccm_e2e::shared().expect("control plane");
+    let env = TestEnv::new(cp.client().await.expect("client"), "lb200").await.expect("env");
+    let sim = Sim::start(Config::default()).await;
+    let mut flags = service_flags(&env);
+    flags.extend([
+        "--kube-api-qps=100".to_string(),
+        "--kube-api-burst=200".to_string(),
+        "--concurrent-service-syncs=8".to_string(),
+    ]);
+    let core = start(cp, &env, &sim, &flags);
+    let started = tokio::time::Instant::now();
+    futures::future::join_all((0..200).map(|i| {
+        let env = env.clone();
+        async move { create_load_balancer_service(&env, &format!("s{i:03}"), &[80]).await.expect("service") }
+    }))
+    .await;
+    eventually("200 addresses", Duration::from_secs(120), async || {
+        let list = env.services().list(&ListParams::default()).await.ok()?;
+        let with = list
+            .items
+            .iter()
+            .filter(|s| {
+                s.status
+                    .as_ref()
+                    .and_then(|s| s.load_balancer.as_ref())
+                    .and_then(|l| l.ingress.as_ref())
+                    .is_some_and(|i| !i.is_empty())
+            })
+            .count();
+        (with == 200).then_some(())
+    })
+    .await;
+    eprintln!("200 services had addresses after {:?}", started.elapsed());
+    let ips: std::collections::BTreeSet<String> = lbs(&sim).await.into_iter().map(|l| l.ip).collect();
+    let all = lbs(&sim).await;
+    let foreign: Vec<&String> = all.iter().map(|l| &l.service).filter(|s| !s.starts_with(&env.namespace)).collect();
+    assert!(foreign.is_empty(), "only this namespace: {foreign:?}");
+    assert_eq!(ips.len(), 200, "every load balancer has its own address");
+    core.stop().await.expect("stop");
+    env.cleanup().await.expect("cleanup");
+}
