@@ -37,6 +37,8 @@ pub struct Context {
     /// `--node-exclude-selector`s, parsed.
     pub exclude: Arc<Vec<Vec<(String, Op)>>>,
     kube_writes: Arc<TokenBucket>,
+    /// Events have a budget of their own (upstream records them through a client of its own).
+    event_writes: Arc<TokenBucket>,
 }
 
 impl Context {
@@ -56,7 +58,8 @@ impl Context {
             .collect::<anyhow::Result<Vec<_>>>()?;
         let exclude = Arc::new(exclude);
         let kube_writes = Arc::new(TokenBucket::new(f64::from(options.kube_api_qps), options.kube_api_burst));
-        Ok(Self { client, provider, nodes, services, metrics, options, exclude, kube_writes })
+        let event_writes = Arc::new(TokenBucket::new(f64::from(options.kube_api_qps), options.kube_api_burst));
+        Ok(Self { client, provider, nodes, services, metrics, options, exclude, kube_writes, event_writes })
     }
 
     /// The same context, writing through another client (a controller's own credentials).
@@ -85,8 +88,8 @@ impl Context {
     }
 
     /// Records an Event on an object in the background (best effort: a failure is logged,
-    /// never fatal, and never delays the reconcile that reported it). Events share the
-    /// `--kube-api-qps` budget with every other write.
+    /// never fatal, and never delays the reconcile that reported it). Events have their own
+    /// `--kube-api-qps`/`--kube-api-burst` budget, as upstream's event recorder has its own client.
     pub async fn event<K: Resource<DynamicType = ()>>(
         &self,
         controller: &str,
@@ -108,7 +111,9 @@ impl Context {
         let this = self.clone();
         let reason = reason.to_string();
         tokio::spawn(async move {
-            this.kube_write_permit().await;
+            while let Err(wait) = this.event_writes.try_acquire() {
+                tokio::time::sleep(wait).await;
+            }
             if let Err(error) = recorder.publish(&event, &reference).await {
                 tracing::warn!(object = %name, %error, %reason, "recording an event failed");
             }

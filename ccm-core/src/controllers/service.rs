@@ -52,8 +52,17 @@ fn has_finalizer(svc: &Service) -> bool {
     svc.metadata.finalizers.as_ref().is_some_and(|f| f.iter().any(|f| f == FINALIZER))
 }
 
-/// What the provider sees of a Service; a change of it means a new Ensure.
+/// What the controller acts on: what the provider sees, plus the finalizer and deletion.
 fn fingerprint(svc: &Service) -> u64 {
+    let mut h = std::collections::hash_map::DefaultHasher::new();
+    provider_fingerprint(svc).hash(&mut h);
+    svc.metadata.deletion_timestamp.is_some().hash(&mut h);
+    has_finalizer(svc).hash(&mut h);
+    h.finish()
+}
+
+/// What the provider sees of a Service; a change of it means a new Ensure.
+fn provider_fingerprint(svc: &Service) -> u64 {
     let mut h = std::collections::hash_map::DefaultHasher::new();
     if let Some(spec) = &svc.spec {
         spec.type_.hash(&mut h);
@@ -71,8 +80,6 @@ fn fingerprint(svc: &Service) -> u64 {
     }
     let annotations: BTreeMap<&String, &String> = svc.metadata.annotations.iter().flatten().collect();
     annotations.hash(&mut h);
-    svc.metadata.deletion_timestamp.is_some().hash(&mut h);
-    has_finalizer(svc).hash(&mut h);
     h.finish()
 }
 
@@ -394,7 +401,7 @@ impl ServiceController {
             }
             h.finish()
         };
-        let spec = fingerprint(svc);
+        let spec = provider_fingerprint(svc);
         let last = self.ensured.lock().unwrap_or_else(|p| p.into_inner()).get(&k).copied();
         let lb = self.lb_service(svc);
         let nodes = Self::nodes_proto(&backends);

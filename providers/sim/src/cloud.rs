@@ -130,6 +130,8 @@ struct LoadBalancer {
     nodes: Vec<String>,
     ip: IpAddr,
     exists: Lagged<bool>,
+    /// When its backends last changed (Ensure or UpdateLoadBalancerHosts), ms since the epoch.
+    hosts_changed_at_unix_ms: u64,
 }
 
 #[derive(Debug)]
@@ -229,6 +231,8 @@ pub struct LoadBalancerView {
     pub nodes: Vec<String>,
     /// Ports.
     pub ports: Vec<u32>,
+    /// When its backends last changed, ms since the epoch.
+    pub hosts_changed_at_unix_ms: u64,
 }
 
 impl Cloud {
@@ -695,8 +699,12 @@ impl Cloud {
             nodes: Vec::new(),
             ip,
             exists: Lagged::new(false, false, Duration::ZERO),
+            hosts_changed_at_unix_ms: 0,
         });
         lb.service = service.clone();
+        if lb.nodes != node_names {
+            lb.hosts_changed_at_unix_ms = unix_ms();
+        }
         lb.nodes = node_names;
         lb.ip = ip;
         if !lb.exists.current {
@@ -715,6 +723,9 @@ impl Cloud {
             .ok_or_else(|| Error::not_found(format!("load balancer {name} does not exist")))?;
         let mut node_names: Vec<String> = nodes.iter().map(|n| n.name.clone()).collect();
         node_names.sort();
+        if lb.nodes != node_names {
+            lb.hosts_changed_at_unix_ms = unix_ms();
+        }
         lb.nodes = node_names;
         Ok(())
     }
@@ -784,6 +795,7 @@ impl Cloud {
                     ip: lb.ip.to_string(),
                     nodes: lb.nodes.clone(),
                     ports: lb.service.ports.iter().map(|p| p.port).collect(),
+                    hosts_changed_at_unix_ms: lb.hosts_changed_at_unix_ms,
                 })
                 .collect(),
         }

@@ -50,12 +50,19 @@ impl World {
         })
     }
 
-    /// Starts the core with `flags` (kubeconfig, endpoint, no leader election, no server added).
+    /// Starts the core with `flags`, plus the kubeconfig, the endpoint and these defaults
+    /// unless `flags` sets them: no leader election, no health server, a Kubernetes API budget
+    /// of 200 writes/s (so the provider, not the API client, is what the benchmarks measure).
     pub fn start_core(&mut self, flags: &[&str]) -> anyhow::Result<()> {
         let kubeconfig = self.cp.kubeconfig_path().display().to_string();
         let mut args = vec!["cloud-controller-manager", "--kubeconfig", &kubeconfig, "--provider-endpoint", &self.endpoint];
-        args.extend_from_slice(&["--leader-elect=false", "--secure-port=0", "--kube-api-qps=200", "--kube-api-burst=400"]);
         args.extend_from_slice(flags);
+        for default in ["--leader-elect=false", "--secure-port=0", "--kube-api-qps=200", "--kube-api-burst=400"] {
+            let flag = default.split('=').next().unwrap_or(default);
+            if !flags.iter().any(|f| f.starts_with(flag)) {
+                args.push(default);
+            }
+        }
         let options = ccm_core::options::Options::try_parse_from(args)?;
         let (stop, rx) = tokio::sync::oneshot::channel::<()>();
         tokio::spawn(ccm_core::runtime::run_until(options, async move {
