@@ -77,6 +77,28 @@ fn valid_address(a: &pb::NodeAddress) -> Result<(), String> {
     }
 }
 
+/// Follows page tokens to the end, checking each page's size against `page_size`.
+async fn all_pages<T>(
+    what: &str,
+    page_size: u32,
+    mut fetch: impl AsyncFnMut(String) -> Result<(Vec<T>, String), Not>,
+) -> Result<Vec<T>, Not> {
+    let mut out = Vec::new();
+    let mut token = String::new();
+    for _ in 0..100_000 {
+        let (items, next) = fetch(token).await?;
+        if page_size > 0 && items.len() > page_size as usize {
+            return Err(fail(format!("{what}: a page of {} items for page_size {page_size}", items.len())));
+        }
+        out.extend(items);
+        if next.is_empty() {
+            return Ok(out);
+        }
+        token = next;
+    }
+    Err(fail(format!("{what} never ended")))
+}
+
 pub(super) struct Suite<F> {
     opts: Options,
     identity: IdentityServiceClient<Channel>,
@@ -366,25 +388,11 @@ impl<F: FnMut(&CheckResult)> Suite<F> {
     // === instances ===
 
     async fn list_all_instances(&self, page_size: u32) -> Result<Vec<pb::InstanceMetadata>, Not> {
-        let mut out = Vec::new();
-        let mut token = String::new();
-        for _ in 0..100_000 {
-            let page = self
-                .instances
-                .clone()
-                .list_instances(self.req(pb::ListInstancesRequest { page_size, page_token: token }))
-                .await
-                .ctx("ListInstances")?;
-            if page_size > 0 && page.instances.len() > page_size as usize {
-                return Err(fail(format!("page of {} instances for page_size {page_size}", page.instances.len())));
-            }
-            out.extend(page.instances);
-            if page.next_page_token.is_empty() {
-                return Ok(out);
-            }
-            token = page.next_page_token;
-        }
-        Err(fail("ListInstances never ended"))
+        all_pages("ListInstances", page_size, async |page_token| {
+            let page = self.instances.clone().list_instances(self.req(pb::ListInstancesRequest { page_size, page_token })).await;
+            page.ctx("ListInstances").map(|p| (p.instances, p.next_page_token))
+        })
+        .await
     }
 
     async fn list_instances(&mut self) -> Check {
@@ -741,49 +749,26 @@ impl<F: FnMut(&CheckResult)> Suite<F> {
     }
 
     async fn list_all_tables(&self, page_size: u32) -> Result<Vec<pb::RouteTable>, Not> {
-        let mut out = Vec::new();
-        let mut token = String::new();
-        for _ in 0..10_000 {
-            let page = self
-                .routes
-                .clone()
-                .list_route_tables(self.req(pb::ListRouteTablesRequest { page_size, page_token: token }))
-                .await
-                .ctx("ListRouteTables")?;
-            out.extend(page.tables);
-            if page.next_page_token.is_empty() {
-                return Ok(out);
-            }
-            token = page.next_page_token;
-        }
-        Err(fail("ListRouteTables never ended"))
+        all_pages("ListRouteTables", page_size, async |page_token| {
+            let page =
+                self.routes.clone().list_route_tables(self.req(pb::ListRouteTablesRequest { page_size, page_token })).await;
+            page.ctx("ListRouteTables").map(|p| (p.tables, p.next_page_token))
+        })
+        .await
     }
 
     async fn list_all_routes(&self, cluster: &str, table_id: &str, page_size: u32) -> Result<Vec<pb::Route>, Not> {
-        let mut out = Vec::new();
-        let mut token = String::new();
-        for _ in 0..100_000 {
-            let page = self
-                .routes
-                .clone()
-                .list_routes(self.req(pb::ListRoutesRequest {
-                    cluster_name: cluster.to_string(),
-                    table_id: table_id.to_string(),
-                    page_size,
-                    page_token: token,
-                }))
-                .await
-                .ctx("ListRoutes")?;
-            if page_size > 0 && page.routes.len() > page_size as usize {
-                return Err(fail(format!("page of {} routes for page_size {page_size}", page.routes.len())));
-            }
-            out.extend(page.routes);
-            if page.next_page_token.is_empty() {
-                return Ok(out);
-            }
-            token = page.next_page_token;
-        }
-        Err(fail("ListRoutes never ended"))
+        all_pages("ListRoutes", page_size, async |page_token| {
+            let request = pb::ListRoutesRequest {
+                cluster_name: cluster.to_string(),
+                table_id: table_id.to_string(),
+                page_size,
+                page_token,
+            };
+            let page = self.routes.clone().list_routes(self.req(request)).await;
+            page.ctx("ListRoutes").map(|p| (p.routes, p.next_page_token))
+        })
+        .await
     }
 
     async fn list_tables(&mut self) -> Check {
