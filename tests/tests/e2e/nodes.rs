@@ -540,3 +540,42 @@ async fn with_service_account_credentials_a_controller_has_only_what_its_account
     let _ = Api::<ClusterRole>::all(env.client.clone()).delete(&role_name, &DeleteParams::default()).await;
     env.cleanup().await.expect("cleanup");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn losing_the_lease_stops_the_process() {
+    use k8s_openapi::api::coordination::v1::Lease;
+
+    let cp = ccm_e2e::shared().expect("control plane");
+    let env = TestEnv::new(cp.client().await.expect("client"), "failstop").await.expect("env");
+    let sim = Sim::start(Config::default()).await;
+    let port = free_port();
+    let port_flag = format!("--secure-port={port}");
+    let core = Core::start(
+        cp,
+        &env,
+        &sim,
+        &[
+            &port_flag,
+            "--insecure-serving",
+            "--bind-address=127.0.0.1",
+            "--leader-elect=true",
+            "--leader-elect-lease-duration=4s",
+            "--leader-elect-renew-deadline=2s",
+        ],
+    );
+    let base = core.health.clone().expect("health");
+    eventually("leadership", Duration::from_secs(30), async || {
+        let (_, text) = http_get(&base, "/metrics").await?;
+        text.lines().any(|l| l == "ccm_leader_is_leader 1").then_some(())
+    })
+    .await;
+    // Another process takes the lease over (as after a network partition).
+    let leases: Api<Lease> = Api::namespaced(env.client.clone(), &env.namespace);
+    let now = k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime(k8s_openapi::jiff::Timestamp::now());
+    let patch = serde_json::json!({ "spec": { "holderIdentity": "someone-else", "renewTime": now, "acquireTime": now, "leaseDurationSeconds": 3600 } });
+    leases.patch(&env.prefix, &PatchParams::default(), &Patch::Merge(&patch)).await.expect("take the lease");
+    let result = tokio::time::timeout(Duration::from_secs(20), core.task).await.expect("the process stops").expect("join");
+    let error = result.expect_err("losing the lease is an error exit");
+    assert!(format!("{error:#}").contains("lost the leader lease"), "{error:#}");
+    env.cleanup().await.expect("cleanup");
+}
