@@ -408,13 +408,8 @@ impl NodeController {
         }
         let nodes: Vec<Arc<Node>> = self
             .ctx
-            .nodes
-            .store()
-            .state()
-            .into_iter()
-            .filter(|n| {
-                node_util::provider_id(n).is_some() && !node_util::has_taint(n, TAINT_UNINITIALIZED) && !self.ctx.ignores(n)
-            })
+            .managed_nodes()
+            .filter(|n| node_util::provider_id(n).is_some() && !node_util::has_taint(n, TAINT_UNINITIALIZED))
             .collect();
         let lookups = nodes.iter().map(|n| node_util::lookup(n)).collect();
         let results = metadata_for(&self.ctx, lookups).await;

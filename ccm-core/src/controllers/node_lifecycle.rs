@@ -63,11 +63,7 @@ impl NodeLifecycleController {
         }
         let candidates: Vec<Arc<Node>> = self
             .ctx
-            .nodes
-            .store()
-            .state()
-            .into_iter()
-            .filter(|n| !self.ctx.ignores(n) && n.metadata.deletion_timestamp.is_none())
+            .managed_nodes()
             .filter(|n| !node_util::is_ready(n) || node_util::has_taint(n, TAINT_SHUTDOWN))
             // A Node still being initialised is the node controller's.
             .filter(|n| !node_util::has_taint(n, TAINT_UNINITIALIZED))

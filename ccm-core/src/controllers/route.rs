@@ -323,14 +323,7 @@ impl RouteController {
         let mut known = self.known.clone().unwrap_or_default();
 
         // What the Nodes want: table → name → route.
-        let nodes: Vec<Arc<Node>> = self
-            .ctx
-            .nodes
-            .store()
-            .state()
-            .into_iter()
-            .filter(|n| !self.ctx.ignores(n) && n.metadata.deletion_timestamp.is_none())
-            .collect();
+        let nodes: Vec<Arc<Node>> = self.ctx.managed_nodes().collect();
         let targets: Vec<(String, String)> = nodes
             .iter()
             .filter(|n| !pod_cidrs(n).is_empty())
