@@ -251,8 +251,10 @@ async fn gone_instances_delete_nodes_stopped_ones_taint_them_and_errors_change_n
     sim.admin.instance_action("i-gone", "terminate").await.expect("terminate");
     eventually("deletion", Duration::from_secs(20), async || env.nodes().get_opt(&gone).await.ok()?.is_none().then_some(()))
         .await;
-    let reasons = event_reasons(&env, &gone).await;
-    assert!(reasons.contains(&"DeletingNode".to_string()), "{reasons:?}");
+    eventually("a DeletingNode event", Duration::from_secs(10), async || {
+        event_reasons(&env, &gone).await.contains(&"DeletingNode".to_string()).then_some(())
+    })
+    .await;
 
     sim.admin.instance_action("i-stopped", "stop").await.expect("stop");
     eventually("shutdown taint", Duration::from_secs(20), async || {

@@ -240,9 +240,13 @@ async fn a_full_table_creates_what_fits_and_does_not_loop() {
             (condition(&env, n).await? == ("True".to_string(), "NoRouteCreated".to_string())).then_some(())
         })
         .await;
-        let events: Api<Event> = Api::all(env.client.clone());
-        let list = events.list(&ListParams::default().fields(&format!("involvedObject.name={n}"))).await.expect("events");
-        assert!(list.items.iter().any(|e| e.reason.as_deref() == Some("FailedToCreateRoute")), "an event for {n}");
+        // Events are recorded in the background.
+        eventually("a FailedToCreateRoute event", Duration::from_secs(10), async || {
+            let events: Api<Event> = Api::all(env.client.clone());
+            let list = events.list(&ListParams::default().fields(&format!("involvedObject.name={n}"))).await.ok()?;
+            list.items.iter().any(|e| e.reason.as_deref() == Some("FailedToCreateRoute")).then_some(())
+        })
+        .await;
     }
     let creates = sim.admin.call_count("RoutesService/CreateRoute").await.expect("calls");
     // Node updates keep coming; nothing loops.

@@ -36,10 +36,16 @@ async fn ingress_ip(env: &TestEnv, name: &str) -> Option<String> {
     svc.status?.load_balancer?.ingress?.first()?.ip.clone()
 }
 
-async fn reasons(env: &TestEnv, name: &str) -> Vec<String> {
-    let events: Api<Event> = Api::namespaced(env.client.clone(), &env.namespace);
-    let list = events.list(&ListParams::default().fields(&format!("involvedObject.name={name}"))).await.expect("events");
-    list.items.into_iter().filter_map(|e| e.reason).collect()
+/// Waits until the Service has Events with every one of `want` (they are recorded in the
+/// background), and returns all its reasons.
+async fn reasons(env: &TestEnv, name: &str, want: &[&str]) -> Vec<String> {
+    eventually("events", Duration::from_secs(10), async || {
+        let events: Api<Event> = Api::namespaced(env.client.clone(), &env.namespace);
+        let list = events.list(&ListParams::default().fields(&format!("involvedObject.name={name}"))).await.ok()?;
+        let reasons: Vec<String> = list.items.into_iter().filter_map(|e| e.reason).collect();
+        want.iter().all(|w| reasons.iter().any(|r| r == w)).then_some(reasons)
+    })
+    .await
 }
 
 async fn backend_node(env: &TestEnv, name: &str, id: &str) {
@@ -86,8 +92,7 @@ async fn a_service_gets_a_load_balancer_that_follows_it_and_goes_with_it() {
         (lb_of(&sim, "web").await?.ports == vec![80, 8080]).then_some(())
     })
     .await;
-    let r = reasons(&env, "web").await;
-    assert!(r.contains(&"EnsuringLoadBalancer".to_string()) && r.contains(&"EnsuredLoadBalancer".to_string()), "{r:?}");
+    reasons(&env, "web", &["EnsuringLoadBalancer", "EnsuredLoadBalancer"]).await;
 
     // Deleting the Service deletes the load balancer, then the finalizer lets the Service go.
     env.services().delete("web", &DeleteParams::default()).await.expect("delete");
@@ -154,8 +159,7 @@ async fn a_type_change_deletes_the_load_balancer_and_foreign_classes_are_untouch
         clean.then_some(())
     })
     .await;
-    let r = reasons(&env, "web").await;
-    assert!(r.contains(&"DeletingLoadBalancer".to_string()) && r.contains(&"DeletedLoadBalancer".to_string()), "{r:?}");
+    reasons(&env, "web", &["DeletingLoadBalancer", "DeletedLoadBalancer"]).await;
 
     let theirs = env.services().get("theirs").await.expect("foreign");
     assert!(theirs.metadata.finalizers.unwrap_or_default().is_empty(), "a foreign class gets no finalizer");
@@ -268,7 +272,7 @@ async fn a_failing_service_backs_off_alone_and_its_retry_reads_the_newest_spec()
         (lb_of(&sim, "bad").await?.ports == vec![81]).then_some(())
     })
     .await;
-    assert!(reasons(&env, "bad").await.contains(&"SyncLoadBalancerFailed".to_string()));
+    reasons(&env, "bad", &["SyncLoadBalancerFailed"]).await;
     core.stop().await.expect("stop");
     env.cleanup().await.expect("cleanup");
 }
