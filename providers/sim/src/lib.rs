@@ -63,6 +63,10 @@ pub async fn run(
         let _ = rx.wait_for(|s| *s).await;
     };
 
+    let admin_socket = match &admin_listen {
+        Some(Listen::Unix(path)) => Some(path.clone()),
+        _ => None,
+    };
     let admin_task = match admin_listen {
         Some(admin_listen) => {
             let admin = Arc::new(admin::Admin { cloud, calls, registry });
@@ -73,8 +77,13 @@ pub async fn run(
     };
     let result = server.serve_with_shutdown(&listen, stopped(stop_rx)).await;
     if let Some(task) = admin_task {
-        task.abort();
-        let _ = task.await;
+        // The admin server stops on the same signal; give it a moment to finish gracefully.
+        if tokio::time::timeout(std::time::Duration::from_secs(5), task).await.is_err() {
+            tracing::warn!("the admin server did not stop in time");
+        }
+    }
+    if let Some(path) = admin_socket {
+        let _ = std::fs::remove_file(path);
     }
     result.map_err(Into::into)
 }
