@@ -14,7 +14,7 @@ use std::time::{Duration, Instant};
 use bench::{World, arg, cloud_calls, print_calls};
 use ccm_e2e::cluster::{NodeBuilder, set_ready};
 use ccm_provider_sim::Config;
-use ccm_provider_sim::config::{InstanceSpec, RateLimit};
+use ccm_provider_sim::config::RateLimit;
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::Node;
 use kube::Api;
@@ -27,15 +27,10 @@ async fn main() -> anyhow::Result<()> {
     config.api.rate_limit = Some(RateLimit { rps: rps as f64, burst: rps as u32 });
     config.api.latency_ms = 5;
     for i in 0..nodes {
-        config.instances.push(InstanceSpec {
-            id: format!("i-{i:05}"),
-            name: format!("bench-{i:05}"),
-            zone: format!("sim-region-1{}", ["a", "b", "c"][i % 3]),
-            instance_type: "sim.large".into(),
-            state: Default::default(),
-            addresses: Vec::new(),
-            tags: BTreeMap::from([("pool".to_string(), "bench".to_string())]),
-        });
+        let mut spec =
+            bench::instance(format!("i-{i:05}"), format!("bench-{i:05}"), &format!("sim-region-1{}", ["a", "b", "c"][i % 3]));
+        spec.tags = BTreeMap::from([("pool".to_string(), "bench".to_string())]);
+        config.instances.push(spec);
     }
     let mut world = World::start(config).await?;
     let refresh_flag = format!("--node-status-update-frequency={refresh}s");

@@ -14,7 +14,6 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use bench::{World, arg, cloud_calls, percentile, print_calls};
 use ccm_e2e::cluster::{NodeBuilder, set_ready};
 use ccm_provider_sim::Config;
-use ccm_provider_sim::config::InstanceSpec;
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::Node;
 use kube::Api;
@@ -72,15 +71,7 @@ async fn main() -> anyhow::Result<()> {
     config.route_tables[0].max_routes = 0;
     config.api.latency_ms = 5;
     for i in 0..nodes {
-        config.instances.push(InstanceSpec {
-            id: format!("i-{i:05}"),
-            name: format!("bench-{i:05}"),
-            zone: "sim-region-1a".into(),
-            instance_type: "sim.large".into(),
-            state: Default::default(),
-            addresses: Vec::new(),
-            tags: Default::default(),
-        });
+        config.instances.push(bench::instance(format!("i-{i:05}"), format!("bench-{i:05}"), "sim-region-1a"));
     }
     let mut world = World::start(config).await?;
     world.start_core(&["--controllers=route", "--cluster-cidr=10.64.0.0/10"])?;

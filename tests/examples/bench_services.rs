@@ -15,7 +15,6 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use bench::{World, arg, percentile, print_calls};
 use ccm_e2e::cluster::NodeBuilder;
 use ccm_provider_sim::Config;
-use ccm_provider_sim::config::InstanceSpec;
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::Service;
 use kube::Api;
@@ -40,15 +39,7 @@ async fn main() -> anyhow::Result<()> {
     let mut config = Config::default();
     config.load_balancers.address_pool = vec!["203.0.113.0/24".into(), "198.51.100.0/24".into(), "192.0.2.0/24".into()];
     for i in 0..changes + 3 {
-        config.instances.push(InstanceSpec {
-            id: format!("i-{i:04}"),
-            name: format!("node-{i:04}"),
-            zone: "sim-region-1a".into(),
-            instance_type: "sim.large".into(),
-            state: Default::default(),
-            addresses: Vec::new(),
-            tags: Default::default(),
-        });
+        config.instances.push(bench::instance(format!("i-{i:04}"), format!("node-{i:04}"), "sim-region-1a"));
     }
     let mut world = World::start(config).await?;
     let client = world.client.clone();

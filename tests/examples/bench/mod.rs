@@ -89,6 +89,19 @@ impl World {
     }
 }
 
+/// A running instance named like the Node that will stand for it.
+pub fn instance(id: String, name: String, zone: &str) -> ccm_provider_sim::config::InstanceSpec {
+    ccm_provider_sim::config::InstanceSpec {
+        id,
+        name,
+        zone: zone.into(),
+        instance_type: "sim.large".into(),
+        state: Default::default(),
+        addresses: Vec::new(),
+        tags: Default::default(),
+    }
+}
+
 /// Calls that reach the cloud API (Identity is answered by the sidecar).
 pub fn cloud_calls(c: &BTreeMap<String, u64>) -> u64 {
     c.iter().filter(|(m, _)| !m.starts_with("IdentityService/")).map(|(_, n)| n).sum()
