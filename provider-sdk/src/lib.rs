@@ -15,16 +15,18 @@ pub mod conformance;
 pub mod error;
 pub mod metrics;
 pub mod names;
+pub mod node_plugin;
 pub mod page;
 pub mod provider;
 pub mod ratelimit;
+pub mod registry;
 pub mod server;
 pub mod validate;
 
 pub use ccm_proto::v1 as proto;
 pub use error::{Error, Result, reason};
 pub use page::{Page, PageRequest, paginate};
-pub use provider::{Instances, LoadBalancers, NodeMetadata, Probe, Readiness, Routes, Tags};
+pub use provider::{ImageCredentials, Instances, LoadBalancers, NodeMetadata, Probe, Readiness, Routes, Tags};
 pub use server::{CallObserver, Listen, ProviderServer};
 /// The attribute for implementing the provider traits: `#[ccm_provider_sdk::async_trait]`.
 pub use tonic::async_trait;

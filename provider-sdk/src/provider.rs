@@ -4,8 +4,9 @@
 //! nothing behind your back, and maps errors to gRPC status in one place.
 
 use ccm_proto::v1::{
-    InstanceLookup, InstanceMetadata, InstanceState, InstancesCapabilities, LoadBalancerNode, LoadBalancerService,
-    LoadBalancerStatus, LoadBalancersCapabilities, Route, RouteTable, RouteTarget, RoutesCapabilities,
+    GetImageCredentialsRequest, GetImageCredentialsResponse, InstanceLookup, InstanceMetadata, InstanceState,
+    InstancesCapabilities, LoadBalancerNode, LoadBalancerService, LoadBalancerStatus, LoadBalancersCapabilities, Route,
+    RouteTable, RouteTarget, RoutesCapabilities,
 };
 use std::collections::HashMap;
 
@@ -155,9 +156,19 @@ pub trait LoadBalancers: Send + Sync + 'static {
     async fn ensure_load_balancer_deleted(&self, service: &LoadBalancerService) -> Result<()>;
 }
 
-/// NodeMetadataService, served by the kubelet-side plugin.
+/// NodeMetadataService, served by the kubelet-side plugin (see [`crate::node_plugin`]).
 #[tonic::async_trait]
 pub trait NodeMetadata: Send + Sync + 'static {
-    /// What the local instance metadata service says.
+    /// What the local instance metadata service says. Set at least `instance_id` and
+    /// `provider_id`; the kubelet-side client rejects an answer without them.
     async fn node_metadata(&self) -> Result<InstanceMetadata>;
+}
+
+/// ImageCredentialsService, served by the kubelet-side plugin beside [`NodeMetadata`].
+#[tonic::async_trait]
+pub trait ImageCredentials: Send + Sync + 'static {
+    /// Credentials for pulling `request.image` (validated: a non-empty image reference with
+    /// a registry host). No credentials for that registry is an answer with no entries, not
+    /// an error. Never log the answer or `request.service_account_token`.
+    async fn image_credentials(&self, request: &GetImageCredentialsRequest) -> Result<GetImageCredentialsResponse>;
 }

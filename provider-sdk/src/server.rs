@@ -10,6 +10,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use ccm_proto::v1::identity_service_server::{IdentityService, IdentityServiceServer};
+use ccm_proto::v1::image_credentials_service_server::{ImageCredentialsService, ImageCredentialsServiceServer};
 use ccm_proto::v1::instances_service_server::{InstancesService, InstancesServiceServer};
 use ccm_proto::v1::load_balancers_service_server::{LoadBalancersService, LoadBalancersServiceServer};
 use ccm_proto::v1::node_metadata_service_server::{NodeMetadataService, NodeMetadataServiceServer};
@@ -22,7 +23,7 @@ use tonic::{Code, Request, Response, Status};
 use crate::error::{Error, Result};
 use crate::names::NameLimits;
 use crate::page::PageRequest;
-use crate::provider::{Instances, LoadBalancers, NodeMetadata, Probe, Readiness, Routes, Tags};
+use crate::provider::{ImageCredentials, Instances, LoadBalancers, NodeMetadata, Probe, Readiness, Routes, Tags};
 use crate::validate;
 
 /// Errors starting or running a server.
@@ -183,6 +184,7 @@ pub struct ProviderServer {
     routes: Option<Arc<dyn Routes>>,
     load_balancers: Option<Arc<dyn LoadBalancers>>,
     node_metadata: Option<Arc<dyn NodeMetadata>>,
+    image_credentials: Option<Arc<dyn ImageCredentials>>,
     probe: Option<Arc<dyn Probe>>,
     observers: Vec<Arc<dyn CallObserver>>,
     socket_mode: u32,
@@ -201,6 +203,7 @@ impl ProviderServer {
             routes: None,
             load_balancers: None,
             node_metadata: None,
+            image_credentials: None,
             probe: None,
             observers: Vec::new(),
             socket_mode: 0o600,
@@ -250,6 +253,12 @@ impl ProviderServer {
         self
     }
 
+    /// Serves ImageCredentialsService.
+    pub fn image_credentials<T: ImageCredentials>(mut self, svc: Arc<T>) -> Self {
+        self.image_credentials = Some(svc);
+        self
+    }
+
     /// Answers Probe with this; without it the plugin is always ready.
     pub fn probe<T: Probe>(mut self, probe: Arc<T>) -> Self {
         self.probe = Some(probe);
@@ -288,6 +297,9 @@ impl ProviderServer {
         }
         if self.node_metadata.is_some() {
             caps.services.push(ServiceType::NodeMetadata as i32);
+        }
+        if self.image_credentials.is_some() {
+            caps.services.push(ServiceType::ImageCredentials as i32);
         }
         caps
     }
@@ -372,7 +384,11 @@ impl ProviderServer {
         }
         if let Some(inner) = self.node_metadata {
             health.set_serving::<NodeMetadataServiceServer<NodeMetadataAdapter>>().await;
-            router = router.add_service(NodeMetadataServiceServer::new(NodeMetadataAdapter { inner, obs }));
+            router = router.add_service(NodeMetadataServiceServer::new(NodeMetadataAdapter { inner, obs: obs.clone() }));
+        }
+        if let Some(inner) = self.image_credentials {
+            health.set_serving::<ImageCredentialsServiceServer<ImageCredentialsAdapter>>().await;
+            router = router.add_service(ImageCredentialsServiceServer::new(ImageCredentialsAdapter { inner, obs }));
         }
         router
     }
@@ -765,7 +781,34 @@ impl NodeMetadataService for NodeMetadataAdapter {
     ) -> std::result::Result<Response<pb::GetNodeMetadataResponse>, Status> {
         self.obs
             .call("NodeMetadataService/GetNodeMetadata", async {
-                Ok(pb::GetNodeMetadataResponse { metadata: Some(self.inner.node_metadata().await?) })
+                let metadata = self.inner.node_metadata().await?;
+                crate::node_plugin::check_metadata(&metadata)?;
+                Ok(pb::GetNodeMetadataResponse { metadata: Some(metadata) })
+            })
+            .await
+    }
+}
+
+// === impl ImageCredentialsAdapter ===
+
+struct ImageCredentialsAdapter {
+    inner: Arc<dyn ImageCredentials>,
+    obs: Observers,
+}
+
+#[tonic::async_trait]
+impl ImageCredentialsService for ImageCredentialsAdapter {
+    async fn get_image_credentials(
+        &self,
+        req: Request<pb::GetImageCredentialsRequest>,
+    ) -> std::result::Result<Response<pb::GetImageCredentialsResponse>, Status> {
+        let req = req.into_inner();
+        self.obs
+            .call("ImageCredentialsService/GetImageCredentials", async {
+                crate::registry::image_host(&req.image)?;
+                let answer = self.inner.image_credentials(&req).await?;
+                crate::registry::check_answer(&answer)?;
+                Ok(answer)
             })
             .await
     }

@@ -70,7 +70,7 @@ impl From<CallCount> for CallCountView {
     }
 }
 
-struct AdminError(ccm_provider_sdk::Error);
+pub(crate) struct AdminError(pub(crate) ccm_provider_sdk::Error);
 
 impl IntoResponse for AdminError {
     fn into_response(self) -> Response {
@@ -79,6 +79,7 @@ impl IntoResponse for AdminError {
             tonic::Code::AlreadyExists => StatusCode::CONFLICT,
             tonic::Code::InvalidArgument => StatusCode::BAD_REQUEST,
             tonic::Code::FailedPrecondition => StatusCode::CONFLICT,
+            tonic::Code::Unavailable => StatusCode::SERVICE_UNAVAILABLE,
             _ => StatusCode::INTERNAL_SERVER_ERROR,
         };
         (status, Json(serde_json::json!({ "error": self.0.to_string() }))).into_response()
@@ -220,18 +221,30 @@ pub async fn serve(
     listen: &Listen,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> anyhow::Result<()> {
+    serve_router(router(admin), listen, shutdown).await
+}
+
+/// Serves an HTTP router on a unix socket (mode 0600, removed on stop) or TCP until
+/// `shutdown` resolves.
+pub(crate) async fn serve_router(
+    app: axum::Router,
+    listen: &Listen,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> anyhow::Result<()> {
     use anyhow::Context;
-    let app = router(admin);
     match listen {
         Listen::Unix(path) => {
             let listener = ccm_provider_sdk::server::bind_unix(path, 0o600)?;
             let result = axum::serve(listener, app).with_graceful_shutdown(shutdown).await;
             let _ = std::fs::remove_file(path);
-            result.context("admin server failed")
+            result.with_context(|| format!("http server on {listen} failed"))
         }
         Listen::Tcp(addr) => {
-            let listener = tokio::net::TcpListener::bind(addr).await.with_context(|| format!("binding admin listener {addr}"))?;
-            axum::serve(listener, app).with_graceful_shutdown(shutdown).await.context("admin server failed")
+            let listener = tokio::net::TcpListener::bind(addr).await.with_context(|| format!("binding {addr}"))?;
+            axum::serve(listener, app)
+                .with_graceful_shutdown(shutdown)
+                .await
+                .with_context(|| format!("http server on {listen} failed"))
         }
     }
 }

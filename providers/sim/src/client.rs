@@ -24,25 +24,7 @@ impl AdminClient {
     }
 
     async fn request(&self, method: &str, path: &str, body: Option<serde_json::Value>) -> anyhow::Result<Bytes> {
-        let body = body.map(|b| b.to_string()).unwrap_or_default();
-        let request = hyper::Request::builder()
-            .method(method)
-            .uri(path)
-            .header("host", "sim-admin")
-            .header("content-type", "application/json")
-            .body(Full::new(Bytes::from(body)))?;
-        let response = if let Some(socket) = self.address.strip_prefix("unix://") {
-            let stream =
-                tokio::net::UnixStream::connect(socket).await.with_context(|| format!("connecting to {}", self.address))?;
-            send(stream, request).await?
-        } else {
-            let hostport = self.address.trim_start_matches("http://").trim_start_matches("tcp://");
-            let stream =
-                tokio::net::TcpStream::connect(hostport).await.with_context(|| format!("connecting to {}", self.address))?;
-            send(stream, request).await?
-        };
-        let status = response.status();
-        let bytes = response.into_body().collect().await?.to_bytes();
+        let (status, bytes) = http_call(&self.address, method, path, body).await?;
         if !status.is_success() {
             bail!("{method} {path}: {status}: {}", String::from_utf8_lossy(&bytes));
         }
@@ -126,13 +108,41 @@ impl AdminClient {
     }
 }
 
+/// One HTTP/1 request with a JSON body to `unix:///path.sock` or `http://host:port`; the
+/// status and body of the answer.
+pub(crate) async fn http_call(
+    address: &str,
+    method: &str,
+    path: &str,
+    body: Option<serde_json::Value>,
+) -> anyhow::Result<(hyper::StatusCode, Bytes)> {
+    let body = body.map(|b| b.to_string()).unwrap_or_default();
+    let request = hyper::Request::builder()
+        .method(method)
+        .uri(path)
+        .header("host", "sim")
+        .header("content-type", "application/json")
+        .body(Full::new(Bytes::from(body)))?;
+    let response = if let Some(socket) = address.strip_prefix("unix://") {
+        let stream = tokio::net::UnixStream::connect(socket).await.with_context(|| format!("connecting to {address}"))?;
+        send(stream, request).await?
+    } else {
+        let hostport = address.trim_start_matches("http://").trim_start_matches("tcp://");
+        let stream = tokio::net::TcpStream::connect(hostport).await.with_context(|| format!("connecting to {address}"))?;
+        send(stream, request).await?
+    };
+    let status = response.status();
+    let bytes = response.into_body().collect().await.with_context(|| format!("reading the answer of {address}"))?.to_bytes();
+    Ok((status, bytes))
+}
+
 async fn send<S>(stream: S, request: hyper::Request<Full<Bytes>>) -> anyhow::Result<hyper::Response<hyper::body::Incoming>>
 where
     S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
 {
-    let (mut sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(stream)).await.context("admin handshake")?;
+    let (mut sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(stream)).await.context("http handshake")?;
     tokio::spawn(async move {
         let _ = conn.await;
     });
-    sender.send_request(request).await.context("admin request")
+    sender.send_request(request).await.context("http request")
 }

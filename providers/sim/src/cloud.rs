@@ -85,7 +85,7 @@ impl Instance {
     }
 }
 
-fn address_type(kind: &str) -> pb::NodeAddressType {
+pub(crate) fn address_type(kind: &str) -> pb::NodeAddressType {
     match kind {
         "Hostname" => pb::NodeAddressType::Hostname,
         "InternalIP" => pb::NodeAddressType::InternalIp,
@@ -160,6 +160,7 @@ pub struct Cloud {
     max_name_length: u32,
     allowed_name_characters: String,
     node_metadata_instance: Mutex<Option<String>>,
+    registry_credentials: Vec<crate::config::RegistryCredentialSpec>,
     world: Mutex<World>,
     gate: Mutex<Gate>,
 }
@@ -256,6 +257,7 @@ impl Cloud {
             max_name_length: config.load_balancers.max_name_length,
             allowed_name_characters: config.load_balancers.allowed_name_characters.clone(),
             node_metadata_instance: Mutex::new(config.node_metadata_instance.clone()),
+            registry_credentials: config.registry_credentials.clone(),
             world: Mutex::new(World {
                 instances: BTreeMap::new(),
                 tables: config.route_tables.iter().map(|spec| Table { spec: spec.clone(), routes: BTreeMap::new() }).collect(),
@@ -458,11 +460,32 @@ impl Cloud {
     pub fn node_metadata(&self) -> Result<pb::InstanceMetadata> {
         let id = self.node_metadata_instance.lock().unwrap_or_else(|p| p.into_inner()).clone();
         let id = id.ok_or_else(|| Error::unavailable("the metadata service has no instance configured"))?;
+        self.instance_metadata_service(&id)
+    }
+
+    /// What the link-local metadata service of instance `id` says about it: its current
+    /// truth (no lag: it runs on the instance), and nothing once the instance is gone.
+    pub fn instance_metadata_service(&self, id: &str) -> Result<pb::InstanceMetadata> {
         let world = self.world();
-        let instance = world.instances.get(&id).filter(|i| i.state.current.is_some());
-        // The metadata service runs on the instance itself: no lag, and nothing once it is gone.
+        let instance = world.instances.get(id).filter(|i| i.state.current.is_some_and(|s| s != State::Terminated));
         let instance = instance.ok_or_else(|| Error::unavailable(format!("instance {id} is not there to answer")))?;
         Ok(instance.metadata(&self.region, instance.spec.state))
+    }
+
+    /// The registry credentials the metadata service of instance `id` hands out for `image`:
+    /// those whose pattern covers it, while the instance runs.
+    pub fn registry_credentials(&self, id: &str, image: &str) -> Result<Vec<crate::config::RegistryCredentialSpec>> {
+        ccm_provider_sdk::registry::parse_image(image)?;
+        let metadata = self.instance_metadata_service(id)?;
+        if metadata.state() != pb::InstanceState::Running {
+            return Err(Error::unavailable(format!("instance {id} is not running")));
+        }
+        Ok(self
+            .registry_credentials
+            .iter()
+            .filter(|c| ccm_provider_sdk::registry::pattern_matches(&c.registry, image))
+            .cloned()
+            .collect())
     }
 
     /// Whether BatchInstanceMetadata is advertised.

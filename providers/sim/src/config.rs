@@ -33,6 +33,9 @@ pub struct Config {
     pub batch_reads: bool,
     /// The cache hint on instance, tag and route answers, in seconds; 0 sends none.
     pub cache_ttl_seconds: u64,
+    /// Registry credentials the metadata service hands to running instances (as a cloud
+    /// hands short-lived registry tokens to an instance's role).
+    pub registry_credentials: Vec<RegistryCredentialSpec>,
 }
 
 impl Default for Config {
@@ -49,6 +52,7 @@ impl Default for Config {
             node_metadata_instance: None,
             batch_reads: true,
             cache_ttl_seconds: 0,
+            registry_credentials: Vec::new(),
         }
     }
 }
@@ -255,4 +259,51 @@ mod tests {
         assert_eq!(c.faults[0].code, FaultCode::Internal);
         assert!(toml::from_str::<Config>("[api]\nlatency = 5").is_err());
     }
+}
+
+/// Credentials for one registry pattern. Debug output hides the password.
+#[derive(Clone, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(deny_unknown_fields)]
+pub struct RegistryCredentialSpec {
+    /// The registry match pattern, like `*.registry.sim.dev` or `registry.sim.dev/team`.
+    pub registry: String,
+    /// The user name.
+    pub username: String,
+    /// The password or token.
+    pub password: String,
+    /// What the credentials apply to in the kubelet's cache.
+    #[serde(default)]
+    pub cache_key_type: CacheKey,
+    /// How long they may be cached, in seconds.
+    #[serde(default = "default_cache_seconds")]
+    pub cache_seconds: u64,
+}
+
+impl std::fmt::Debug for RegistryCredentialSpec {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RegistryCredentialSpec")
+            .field("registry", &self.registry)
+            .field("username", &self.username)
+            .field("password", &"<redacted>")
+            .field("cache_key_type", &self.cache_key_type)
+            .field("cache_seconds", &self.cache_seconds)
+            .finish()
+    }
+}
+
+fn default_cache_seconds() -> u64 {
+    3600
+}
+
+/// The cache key type of registry credentials.
+#[derive(Debug, Clone, Copy, Default, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "snake_case")]
+pub enum CacheKey {
+    /// The image only.
+    Image,
+    /// Every image of the registry.
+    #[default]
+    Registry,
+    /// Every image.
+    Global,
 }

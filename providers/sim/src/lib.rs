@@ -4,13 +4,17 @@
 //! states, route tables with quotas, load balancers with an address pool and a name limit,
 //! a metadata view of one instance, latency, a rate limit answered with RetryInfo, injected
 //! faults and eventual consistency. An admin API on its own socket changes the cloud and
-//! reads call counters ([`admin`], [`client::AdminClient`]).
+//! reads call counters ([`admin`], [`client::AdminClient`]); an instance metadata service
+//! ([`metadata`]) tells each instance about itself, and the kubelet-side plugin ([`plugin`])
+//! serves that over NodeMetadataService and ImageCredentialsService.
 
 pub mod admin;
 pub mod calls;
 pub mod client;
 pub mod cloud;
 pub mod config;
+pub mod metadata;
+pub mod plugin;
 pub mod provider;
 
 use std::sync::Arc;
@@ -26,12 +30,29 @@ pub use config::Config;
 /// The sim's version, as served by GetPluginInfo.
 pub const VERSION: &str = env!("CARGO_PKG_VERSION");
 
-/// Runs the sim: cloudprovider.v1 on `listen` and, when given, the admin API on
-/// `admin_listen`, until `shutdown` resolves.
+/// Where the sim serves.
+#[derive(Debug, Clone)]
+pub struct Endpoints {
+    /// cloudprovider.v1.
+    pub provider: Listen,
+    /// The admin API, if wanted.
+    pub admin: Option<Listen>,
+    /// The instance metadata service, if wanted.
+    pub metadata: Option<Listen>,
+}
+
+impl Endpoints {
+    /// cloudprovider.v1 on `provider`, nothing else.
+    pub fn provider(provider: Listen) -> Self {
+        Self { provider, admin: None, metadata: None }
+    }
+}
+
+/// Runs the sim: cloudprovider.v1, and the admin API and metadata service when asked for,
+/// until `shutdown` resolves.
 pub async fn run(
     config: Config,
-    listen: Listen,
-    admin_listen: Option<Listen>,
+    endpoints: Endpoints,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> anyhow::Result<()> {
     let cloud = Arc::new(cloud::Cloud::new(&config)?);
@@ -63,27 +84,27 @@ pub async fn run(
         let _ = rx.wait_for(|s| *s).await;
     };
 
-    let admin_socket = match &admin_listen {
-        Some(Listen::Unix(path)) => Some(path.clone()),
-        _ => None,
-    };
-    let admin_task = match admin_listen {
-        Some(admin_listen) => {
-            let admin = Arc::new(admin::Admin { cloud, calls, registry });
-            let stop = stopped(stop_rx.clone());
-            Some(tokio::spawn(async move { admin::serve(admin, &admin_listen, stop).await }))
-        }
-        None => None,
-    };
-    let result = server.serve_with_shutdown(&listen, stopped(stop_rx)).await;
-    if let Some(task) = admin_task {
-        // The admin server stops on the same signal; give it a moment to finish gracefully.
-        if tokio::time::timeout(std::time::Duration::from_secs(5), task).await.is_err() {
-            tracing::warn!("the admin server did not stop in time");
-        }
+    let mut side = Vec::new();
+    if let Some(listen) = endpoints.admin {
+        let app = admin::router(Arc::new(admin::Admin { cloud: cloud.clone(), calls, registry }));
+        let stop = stopped(stop_rx.clone());
+        side.push(tokio::spawn(async move { admin::serve_router(app, &listen, stop).await }));
     }
-    if let Some(path) = admin_socket {
-        let _ = std::fs::remove_file(path);
+    if let Some(listen) = endpoints.metadata {
+        let app = metadata::router(cloud.clone());
+        let stop = stopped(stop_rx.clone());
+        tracing::info!(endpoint = %listen, "serving the instance metadata service");
+        side.push(tokio::spawn(async move { admin::serve_router(app, &listen, stop).await }));
+    }
+    let result = server.serve_with_shutdown(&endpoints.provider, stopped(stop_rx)).await;
+    for task in side {
+        // The side servers stop on the same signal; give them a moment to finish gracefully
+        // (each removes its own socket file).
+        match tokio::time::timeout(std::time::Duration::from_secs(5), task).await {
+            Ok(Ok(Err(error))) => tracing::warn!(%error, "a side server failed"),
+            Err(_) => tracing::warn!("a side server did not stop in time"),
+            _ => {}
+        }
     }
     result.map_err(Into::into)
 }

@@ -1,36 +1,73 @@
-//! `ccm-provider-sim`: the simulated cloud provider sidecar.
+//! `ccm-provider-sim`: the simulated cloud provider sidecar, and its kubelet-side plugin
+//! (`ccm-provider-sim node-metadata`).
 
 use std::path::PathBuf;
 
 use anyhow::Context;
-use ccm_provider_sdk::Listen;
-use clap::Parser;
+use ccm_provider_sdk::{Listen, node_plugin};
+use clap::{Parser, Subcommand};
 
 /// A simulated cloud behind cloudprovider.v1, for tests, benchmarks and trying things out.
 #[derive(Debug, Parser)]
-#[command(name = "ccm-provider-sim", version, about)]
+#[command(name = "ccm-provider-sim", version, about, args_conflicts_with_subcommands = true, subcommand_negates_reqs = true)]
 struct Args {
+    #[command(subcommand)]
+    command: Option<Command>,
     /// Where to serve cloudprovider.v1: unix:///path/provider.sock or http://host:port.
-    #[arg(long, value_name = "ENDPOINT")]
-    listen: String,
+    #[arg(long, value_name = "ENDPOINT", required = true)]
+    listen: Option<String>,
     /// A TOML file with the initial inventory, API behaviour and faults.
     #[arg(long, value_name = "FILE")]
     config: Option<PathBuf>,
     /// Where to serve the admin API (JSON over HTTP): unix:///path/admin.sock or http://host:port.
     #[arg(long, value_name = "ENDPOINT")]
     admin_listen: Option<String>,
+    /// Where to serve the instance metadata service that node plugins read (JSON over HTTP),
+    /// like a cloud's link-local 169.254.169.254: http://127.0.0.1:port or unix:///path.sock.
+    #[arg(long, value_name = "ENDPOINT")]
+    metadata_listen: Option<String>,
     /// Serve NodeMetadataService describing this instance id (overrides the config file).
     #[arg(long, value_name = "ID")]
     metadata_instance: Option<String>,
     /// Log filter, as RUST_LOG.
-    #[arg(long, default_value = "info", env = "RUST_LOG")]
+    #[arg(long, default_value = "info", env = "RUST_LOG", global = true)]
     log: String,
 }
+
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// The kubelet-side plugin of one instance: NodeMetadataService and
+    /// ImageCredentialsService on a unix socket, answered from the sim's metadata service.
+    NodeMetadata(NodeMetadataArgs),
+}
+
+#[derive(Debug, clap::Args)]
+struct NodeMetadataArgs {
+    /// Where to serve: a unix socket ending in .sock.
+    #[arg(long, value_name = "ENDPOINT", default_value_t = node_plugin::default_listen(PLUGIN_NAME).to_string())]
+    listen: String,
+    /// The instance this node is.
+    #[arg(long, value_name = "ID")]
+    instance_id: String,
+    /// The sim's instance metadata service (its --metadata-listen).
+    #[arg(long, value_name = "ENDPOINT", default_value = "http://127.0.0.1:8169")]
+    metadata_endpoint: String,
+}
+
+const PLUGIN_NAME: &str = "sim.cloudprovider.dev";
 
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
     let args = Args::parse();
     tracing_subscriber::fmt().with_env_filter(tracing_subscriber::EnvFilter::new(&args.log)).with_writer(std::io::stderr).init();
+    if let Some(Command::NodeMetadata(a)) = args.command {
+        let listen: Listen = a.listen.parse().context("--listen")?;
+        if !matches!(listen, Listen::Unix(_)) {
+            anyhow::bail!("--listen: the node plugin serves on a unix socket (unix:///path.sock)");
+        }
+        let plugin = ccm_provider_sim::plugin::NodePlugin::new(a.metadata_endpoint, a.instance_id);
+        return ccm_provider_sim::plugin::run(PLUGIN_NAME, plugin, listen, ccm_provider_sdk::server::shutdown_signal()).await;
+    }
     let mut config = match &args.config {
         Some(path) => ccm_provider_sim::Config::load(path)?,
         None => ccm_provider_sim::Config::default(),
@@ -38,7 +75,11 @@ async fn main() -> anyhow::Result<()> {
     if args.metadata_instance.is_some() {
         config.node_metadata_instance = args.metadata_instance.clone();
     }
-    let listen: Listen = args.listen.parse().context("--listen")?;
-    let admin: Option<Listen> = args.admin_listen.as_deref().map(str::parse).transpose().context("--admin-listen")?;
-    ccm_provider_sim::run(config, listen, admin, ccm_provider_sdk::server::shutdown_signal()).await
+    let parse = |flag: &str, value: Option<&str>| value.map(str::parse::<Listen>).transpose().with_context(|| flag.to_string());
+    let endpoints = ccm_provider_sim::Endpoints {
+        provider: parse("--listen", args.listen.as_deref())?.context("--listen is required")?,
+        admin: parse("--admin-listen", args.admin_listen.as_deref())?,
+        metadata: parse("--metadata-listen", args.metadata_listen.as_deref())?,
+    };
+    ccm_provider_sim::run(config, endpoints, ccm_provider_sdk::server::shutdown_signal()).await
 }

@@ -51,9 +51,12 @@ async fn start_sim(config: Config) -> Running {
     let sock = dir.path().join("provider.sock");
     let admin = dir.path().join("admin.sock");
     let (tx, rx) = oneshot::channel::<()>();
-    let listen = Listen::Unix(sock.clone());
-    let admin_listen = Listen::Unix(admin.clone());
-    let task = tokio::spawn(ccm_provider_sim::run(config, listen, Some(admin_listen), async move {
+    let endpoints = ccm_provider_sim::Endpoints {
+        provider: Listen::Unix(sock.clone()),
+        admin: Some(Listen::Unix(admin.clone())),
+        metadata: None,
+    };
+    let task = tokio::spawn(ccm_provider_sim::run(config, endpoints, async move {
         let _ = rx.await;
     }));
     wait_for_socket(&sock).await;

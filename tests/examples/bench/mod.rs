@@ -29,14 +29,14 @@ impl World {
         let sock = dir.path().join("provider.sock");
         let admin_sock = dir.path().join("admin.sock");
         let (stop, rx) = tokio::sync::oneshot::channel::<()>();
-        tokio::spawn(ccm_provider_sim::run(
-            config,
-            ccm_provider_sdk::Listen::Unix(sock.clone()),
-            Some(ccm_provider_sdk::Listen::Unix(admin_sock.clone())),
-            async move {
-                let _ = rx.await;
-            },
-        ));
+        let endpoints = ccm_provider_sim::Endpoints {
+            provider: ccm_provider_sdk::Listen::Unix(sock.clone()),
+            admin: Some(ccm_provider_sdk::Listen::Unix(admin_sock.clone())),
+            metadata: None,
+        };
+        tokio::spawn(ccm_provider_sim::run(config, endpoints, async move {
+            let _ = rx.await;
+        }));
         while tokio::net::UnixStream::connect(&admin_sock).await.is_err() {
             tokio::time::sleep(Duration::from_millis(10)).await;
         }

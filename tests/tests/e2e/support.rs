@@ -38,6 +38,11 @@ impl Sim {
         sim
     }
 
+    /// The socket of the sim's instance metadata service.
+    pub fn metadata_socket(&self) -> PathBuf {
+        self.dir.path().join("metadata.sock")
+    }
+
     /// A sim endpoint with nothing listening yet (the provider is "down").
     pub fn not_started() -> Self {
         let dir = tempfile::tempdir().expect("tempdir");
@@ -55,14 +60,14 @@ impl Sim {
         let sock: PathBuf = self.dir.path().join("provider.sock");
         let admin = self.dir.path().join("admin.sock");
         let (tx, rx) = oneshot::channel::<()>();
-        let task = tokio::spawn(ccm_provider_sim::run(
-            config,
-            ccm_provider_sdk::Listen::Unix(sock.clone()),
-            Some(ccm_provider_sdk::Listen::Unix(admin.clone())),
-            async move {
-                let _ = rx.await;
-            },
-        ));
+        let endpoints = ccm_provider_sim::Endpoints {
+            provider: ccm_provider_sdk::Listen::Unix(sock.clone()),
+            admin: Some(ccm_provider_sdk::Listen::Unix(admin.clone())),
+            metadata: Some(ccm_provider_sdk::Listen::Unix(self.metadata_socket())),
+        };
+        let task = tokio::spawn(ccm_provider_sim::run(config, endpoints, async move {
+            let _ = rx.await;
+        }));
         for _ in 0..200 {
             if tokio::net::UnixStream::connect(&sock).await.is_ok() && tokio::net::UnixStream::connect(&admin).await.is_ok() {
                 break;
