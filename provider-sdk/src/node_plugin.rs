@@ -120,14 +120,15 @@ mod tests {
     #[test]
     fn metadata_checks() {
         assert!(check_metadata(&good()).is_ok());
-        let cases: Vec<(&str, Box<dyn Fn(&mut InstanceMetadata)>)> = vec![
-            ("instance_id", Box::new(|m| m.instance_id.clear())),
-            ("provider_id", Box::new(|m| m.provider_id = "i-1".into())),
-            ("provider_id", Box::new(|m| m.provider_id = "sim://a b".into())),
-            ("zone", Box::new(|m| m.zone = "zone a".into())),
-            ("instance_type", Box::new(|m| m.instance_type = "-x".into())),
-            ("not an IP", Box::new(|m| m.addresses[0].address = "ten".into())),
-            ("no type", Box::new(|m| m.addresses[0].r#type = 0)),
+        type Change = fn(&mut InstanceMetadata);
+        let cases: [(&str, Change); 7] = [
+            ("instance_id", |m| m.instance_id.clear()),
+            ("provider_id", |m| m.provider_id = "i-1".into()),
+            ("provider_id", |m| m.provider_id = "sim://a b".into()),
+            ("zone", |m| m.zone = "zone a".into()),
+            ("instance_type", |m| m.instance_type = "-x".into()),
+            ("not an IP", |m| m.addresses[0].address = "ten".into()),
+            ("no type", |m| m.addresses[0].r#type = 0),
         ];
         for (want, change) in cases {
             let mut m = good();

@@ -15,6 +15,7 @@ use super::{CheckResult, Options, Outcome, Report};
 use crate::metrics::code_name;
 use crate::names::{NameLimits, load_balancer_name};
 use crate::proto::identity_service_client::IdentityServiceClient;
+use crate::proto::image_credentials_service_client::ImageCredentialsServiceClient;
 use crate::proto::instances_service_client::InstancesServiceClient;
 use crate::proto::load_balancers_service_client::LoadBalancersServiceClient;
 use crate::proto::node_metadata_service_client::NodeMetadataServiceClient;
@@ -99,6 +100,9 @@ async fn all_pages<T>(
     Err(fail(format!("{what} never ended")))
 }
 
+/// An image reference of no real registry.
+const IMAGE: &str = "registry.conformance.invalid/ccm/app:1.0";
+
 pub(super) struct Suite<F> {
     opts: Options,
     identity: IdentityServiceClient<Channel>,
@@ -107,6 +111,7 @@ pub(super) struct Suite<F> {
     routes: RoutesServiceClient<Channel>,
     lbs: LoadBalancersServiceClient<Channel>,
     node_metadata: NodeMetadataServiceClient<Channel>,
+    image_credentials: ImageCredentialsServiceClient<Channel>,
     health: HealthClient<Channel>,
     caps: pb::GetPluginCapabilitiesResponse,
     known: Vec<pb::InstanceMetadata>,
@@ -130,6 +135,7 @@ impl<F: FnMut(&CheckResult)> Suite<F> {
             routes: RoutesServiceClient::new(channel.clone()),
             lbs: LoadBalancersServiceClient::new(channel.clone()),
             node_metadata: NodeMetadataServiceClient::new(channel.clone()),
+            image_credentials: ImageCredentialsServiceClient::new(channel.clone()),
             health: HealthClient::new(channel),
             caps: Default::default(),
             known: Vec::new(),
@@ -258,6 +264,11 @@ impl<F: FnMut(&CheckResult)> Suite<F> {
         gated!(nm, why, "node-metadata.get", self.node_metadata_get());
         gated!(nm, why, "node-metadata.matches-instances", self.node_metadata_matches());
 
+        let ic = self.advertises(ServiceType::ImageCredentials);
+        let why = "ImageCredentialsService is not advertised";
+        gated!(ic, why, "image-credentials.answer", self.image_credentials_answer());
+        gated!(ic, why, "image-credentials.invalid-image", self.image_credentials_invalid());
+
         self.cleanup().await;
         self.report
     }
@@ -370,6 +381,11 @@ impl<F: FnMut(&CheckResult)> Suite<F> {
         if self.advertises(ServiceType::NodeMetadata) {
             let r = self.node_metadata.clone().get_node_metadata(self.req(pb::GetNodeMetadataRequest {})).await;
             unimplemented(r.map(|_| ()), "NodeMetadataService")?;
+        }
+        if self.advertises(ServiceType::ImageCredentials) {
+            let request = pb::GetImageCredentialsRequest { image: IMAGE.into(), ..Default::default() };
+            let r = self.image_credentials.clone().get_image_credentials(self.req(request)).await;
+            unimplemented(r.map(|_| ()), "ImageCredentialsService")?;
         }
         Ok(())
     }
@@ -1240,11 +1256,28 @@ impl<F: FnMut(&CheckResult)> Suite<F> {
         let r =
             self.node_metadata.clone().get_node_metadata(self.req(pb::GetNodeMetadataRequest {})).await.ctx("GetNodeMetadata")?;
         let m = r.metadata.ok_or_else(|| fail("GetNodeMetadata answered no metadata"))?;
-        ensure(!m.provider_id.is_empty() && !m.instance_id.is_empty(), || format!("metadata without ids: {m:?}"))?;
+        crate::node_plugin::check_metadata(&m).map_err(|e| fail(e.to_string()))?;
         for a in &m.addresses {
             valid_address(a).map_err(fail)?;
         }
         Ok(())
+    }
+
+    async fn image_credentials_answer(&mut self) -> Check {
+        let request = pb::GetImageCredentialsRequest { image: IMAGE.into(), ..Default::default() };
+        let r = self.image_credentials.clone().get_image_credentials(self.req(request)).await.ctx("GetImageCredentials")?;
+        // The answer is checked without ever printing it: it may hold secrets.
+        crate::registry::check_answer(&r).map_err(|e| fail(e.to_string()))
+    }
+
+    async fn image_credentials_invalid(&mut self) -> Check {
+        let request = pb::GetImageCredentialsRequest { image: "https://not an image".into(), ..Default::default() };
+        let r = self.image_credentials.clone().get_image_credentials(self.req(request)).await;
+        expect_code(
+            r.map(|r| Response::new(r.into_inner().auth.len())),
+            Code::InvalidArgument,
+            "GetImageCredentials of a malformed image",
+        )
     }
 
     async fn node_metadata_matches(&mut self) -> Check {

@@ -400,3 +400,89 @@ async fn a_bad_config_is_a_clear_error() {
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(stderr.contains("bad.toml") && stderr.contains("latncy_ms"), "{stderr}");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_node_plugin_subcommand_serves_the_instance_it_runs_on() {
+    use ccm_provider_sdk::proto::identity_service_client::IdentityServiceClient;
+    use ccm_provider_sdk::proto::node_metadata_service_client::NodeMetadataServiceClient;
+    let dir = tempfile::tempdir().expect("tempdir");
+    let metadata = dir.path().join("metadata.sock");
+    let plugin = dir.path().join("plugins/sim.cloudprovider.dev/node-metadata.sock");
+    let mut config = example_config();
+    config.registry_credentials.push(ccm_provider_sim::config::RegistryCredentialSpec {
+        registry: "registry.sim.dev".into(),
+        username: "u".into(),
+        password: "pw".into(),
+        cache_key_type: Default::default(),
+        cache_seconds: 60,
+    });
+    let (tx, rx) = oneshot::channel::<()>();
+    let endpoints = ccm_provider_sim::Endpoints {
+        provider: Listen::Unix(dir.path().join("provider.sock")),
+        admin: Some(Listen::Unix(dir.path().join("admin.sock"))),
+        metadata: Some(Listen::Unix(metadata.clone())),
+    };
+    let sim = tokio::spawn(ccm_provider_sim::run(config, endpoints, async move {
+        let _ = rx.await;
+    }));
+    wait_for_socket(&metadata).await;
+    let mut child = tokio::process::Command::new(env!("CARGO_BIN_EXE_ccm-provider-sim"))
+        .args(["node-metadata", "--instance-id", "i-0002"])
+        .arg(format!("--listen=unix://{}", plugin.display()))
+        .arg(format!("--metadata-endpoint=unix://{}", metadata.display()))
+        .kill_on_drop(true)
+        .spawn()
+        .expect("spawn");
+    wait_for_socket(&plugin).await;
+    let mode = std::os::unix::fs::PermissionsExt::mode(&std::fs::metadata(&plugin).expect("meta").permissions()) & 0o777;
+    assert_eq!(mode, 0o600, "only root (the kubelet's user) may connect");
+
+    let endpoint = format!("unix://{}", plugin.display());
+    let channel = ccm_provider_sdk::client::connect(&endpoint).await.expect("connect");
+    let caps = IdentityServiceClient::new(channel.clone())
+        .get_plugin_capabilities(pb::GetPluginCapabilitiesRequest {})
+        .await
+        .expect("capabilities")
+        .into_inner();
+    let mut services: Vec<pb::ServiceType> = caps.services().collect();
+    services.sort_by_key(|s| *s as i32);
+    assert_eq!(
+        services,
+        vec![pb::ServiceType::NodeMetadata, pb::ServiceType::ImageCredentials],
+        "the node plugin serves only these"
+    );
+    let m = NodeMetadataServiceClient::new(channel)
+        .get_node_metadata(pb::GetNodeMetadataRequest {})
+        .await
+        .expect("metadata")
+        .into_inner()
+        .metadata
+        .expect("some");
+    let admin = AdminClient::new(format!("unix://{}", dir.path().join("admin.sock").display()));
+    let truth = admin.state().await.expect("state");
+    let me = truth.instances.iter().find(|i| i.id == "i-0002").expect("i-0002");
+    assert_eq!(
+        (m.instance_id.as_str(), m.provider_id.as_str(), m.zone.as_str()),
+        ("i-0002", me.provider_id.as_str(), me.zone.as_str())
+    );
+    assert_eq!(admin.calls().await.expect("calls").total, 0, "the metadata service is not the cloud API");
+
+    let report = run_suite(&endpoint).await;
+    assert_eq!(report.failed(), 0, "{}", report.summary());
+    for check in ["node-metadata.get", "image-credentials.answer", "image-credentials.invalid-image"] {
+        assert!(
+            report.results.iter().any(|r| r.name == check && r.outcome == Outcome::Pass),
+            "{check} passed: {}",
+            report.summary()
+        );
+    }
+
+    let pid = child.id().expect("pid").to_string();
+    let killed = tokio::process::Command::new("kill").arg("-TERM").arg(&pid).status().await.expect("kill");
+    assert!(killed.success());
+    let status = tokio::time::timeout(Duration::from_secs(5), child.wait()).await.expect("exits").expect("wait");
+    assert!(status.success(), "{status:?}");
+    assert!(!plugin.exists(), "the socket is removed on exit");
+    let _ = tx.send(());
+    let _ = sim.await;
+}
