@@ -12,7 +12,7 @@ modfile=$(cd "$here" && go mod download -json "k8s.io/kubernetes@$version" | sed
 staging=$(awk '$2 == "=>" && $3 ~ /^\.\/staging\// { print $1 }' "$modfile")
 goversion=$(awk '$1 == "go" { print $2; exit }' "$modfile")
 {
-  echo "// Wrapper module that builds the test control plane (kube-apiserver, etcd, kubectl)"
+  echo "// Wrapper module that builds the test control plane (kube-apiserver, etcd, kubectl, kubelet-check)"
   echo "// from the Go module proxy. The Kubernetes release is pinned here and nowhere else:"
   echo "// bump it with ./bump.sh vX.Y.Z, which rewrites the staging replace lines to match."
   echo "module github.com/ccm-rs/envtest"

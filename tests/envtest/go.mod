@@ -1,4 +1,4 @@
-// Wrapper module that builds the test control plane (kube-apiserver, etcd, kubectl)
+// Wrapper module that builds the test control plane (kube-apiserver, etcd, kubectl, kubelet-check)
 // from the Go module proxy. The Kubernetes release is pinned here and nowhere else:
 // bump it with ./bump.sh vX.Y.Z, which rewrites the staging replace lines to match.
 module github.com/ccm-rs/envtest
@@ -7,8 +7,11 @@ go 1.26.0
 
 require (
 	go.etcd.io/etcd/server/v3 v3.7.0
+	gopkg.in/evanphx/json-patch.v4 v4.13.0
+	k8s.io/apimachinery v0.37.2
 	k8s.io/component-base v0.37.2
 	k8s.io/kubectl v0.0.0
+	k8s.io/kubelet v0.37.2
 	k8s.io/kubernetes v1.37.2
 )
 
@@ -133,13 +136,11 @@ require (
 	google.golang.org/genproto/googleapis/rpc v0.0.0-20260526163538-3dc84a4a5aaa // indirect
 	google.golang.org/grpc v1.82.1 // indirect
 	google.golang.org/protobuf v1.36.12-0.20260120151049-f2248ac996af // indirect
-	gopkg.in/evanphx/json-patch.v4 v4.13.0 // indirect
 	gopkg.in/go-jose/go-jose.v2 v2.6.3 // indirect
 	gopkg.in/inf.v0 v0.9.1 // indirect
 	gopkg.in/natefinch/lumberjack.v2 v2.2.1 // indirect
 	k8s.io/api v0.37.2 // indirect
 	k8s.io/apiextensions-apiserver v0.0.0 // indirect
-	k8s.io/apimachinery v0.37.2 // indirect
 	k8s.io/apiserver v0.37.2 // indirect
 	k8s.io/cli-runtime v0.37.2 // indirect
 	k8s.io/client-go v0.37.2 // indirect
@@ -147,6 +148,8 @@ require (
 	k8s.io/cluster-bootstrap v0.0.0 // indirect
 	k8s.io/component-helpers v0.37.2 // indirect
 	k8s.io/controller-manager v0.37.2 // indirect
+	k8s.io/cri-api v0.37.2 // indirect
+	k8s.io/cri-client v0.0.0 // indirect
 	k8s.io/csi-translation-lib v0.0.0 // indirect
 	k8s.io/dynamic-resource-allocation v0.37.2 // indirect
 	k8s.io/endpointslice v0.0.0 // indirect
@@ -158,7 +161,6 @@ require (
 	k8s.io/kube-openapi v0.0.0-20260721132016-d427ff9ee9ad // indirect
 	k8s.io/kube-proxy v0.0.0 // indirect
 	k8s.io/kube-scheduler v0.0.0 // indirect
-	k8s.io/kubelet v0.37.2 // indirect
 	k8s.io/metrics v0.37.2 // indirect
 	k8s.io/mount-utils v0.0.0 // indirect
 	k8s.io/pod-security-admission v0.0.0 // indirect

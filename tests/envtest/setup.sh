@@ -1,6 +1,9 @@
 #!/usr/bin/env bash
 # Finds or builds the test control plane binaries (kube-apiserver, etcd, kubectl) and prints
 # the directory that holds them, in the KUBEBUILDER_ASSETS layout.
+# `setup.sh kubelet-check` instead prints the path of kubelet-check (cmd/kubelet-check: the
+# kubelet's own config and credential provider code of the same release), building it into
+# the same cache when missing.
 #
 # - If KUBEBUILDER_ASSETS is set, or all of TEST_ASSET_KUBE_APISERVER / TEST_ASSET_ETCD /
 #   TEST_ASSET_KUBECTL are, those binaries are used and nothing is built.
@@ -11,6 +14,46 @@
 # Progress goes to stderr; stdout is only the directory.
 set -euo pipefail
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+
+mode=${1:-control-plane}
+case "$mode" in control-plane|kubelet-check) ;; *) echo "usage: setup.sh [kubelet-check]" >&2; exit 2 ;; esac
+
+version=$(awk '$1 == "k8s.io/kubernetes" && $2 ~ /^v/ { print $2 } $1 == "require" && $2 == "k8s.io/kubernetes" { print $3 }' "$here/go.mod" | head -n 1)
+[ -n "$version" ] || { echo "setup.sh: no k8s.io/kubernetes version in $here/go.mod" >&2; exit 1; }
+out="${CCM_ENVTEST_CACHE:-$HOME/.cache/ccm-rs}/k8s-$version"
+
+# Builds each named binary that $out lacks, each into a temporary name first.
+build() {
+  local missing=()
+  for b in "$@"; do [ -x "$out/$b" ] || missing+=("$b"); done
+  [ ${#missing[@]} -gt 0 ] || return 0
+  command -v go >/dev/null || { echo "setup.sh: Go is required to build ${missing[*]}" >&2; exit 1; }
+  mkdir -p "$out"
+  echo "setup.sh: building ${missing[*]} $version into $out (several minutes on a cold cache)" >&2
+  (
+    cd "$here"
+    export GOTOOLCHAIN=local CGO_ENABLED=0 GOFLAGS=-mod=mod
+    # Stamp the release into the binaries, as the release build does (otherwise they report
+    # v0.0.0-master to clients).
+    minor=$(echo "$version" | cut -d. -f2)
+    ldflags="-s -w"
+    for pkg in k8s.io/component-base/version k8s.io/client-go/pkg/version; do
+      ldflags="$ldflags -X $pkg.gitVersion=$version -X $pkg.gitMajor=1 -X $pkg.gitMinor=$minor -X $pkg.gitTreeState=clean"
+    done
+    for b in "${missing[@]}"; do
+      start=$(date +%s)
+      go build -trimpath -ldflags="$ldflags" -o "$out/.$b.partial" "./cmd/$b"
+      mv "$out/.$b.partial" "$out/$b"
+      echo "setup.sh: built $b in $(( $(date +%s) - start ))s" >&2
+    done
+  )
+}
+
+if [ "$mode" = kubelet-check ]; then
+  build kubelet-check
+  echo "$out/kubelet-check"
+  exit 0
+fi
 
 if [ -n "${KUBEBUILDER_ASSETS:-}" ]; then
   for b in kube-apiserver etcd kubectl; do
@@ -28,33 +71,5 @@ if [ -n "${TEST_ASSET_KUBE_APISERVER:-}" ] && [ -n "${TEST_ASSET_ETCD:-}" ] && [
   exit 0
 fi
 
-version=$(awk '$1 == "k8s.io/kubernetes" && $2 ~ /^v/ { print $2 } $1 == "require" && $2 == "k8s.io/kubernetes" { print $3 }' "$here/go.mod" | head -n 1)
-[ -n "$version" ] || { echo "setup.sh: no k8s.io/kubernetes version in $here/go.mod" >&2; exit 1; }
-out="${CCM_ENVTEST_CACHE:-$HOME/.cache/ccm-rs}/k8s-$version"
-if [ -x "$out/kube-apiserver" ] && [ -x "$out/etcd" ] && [ -x "$out/kubectl" ]; then
-  echo "$out"
-  exit 0
-fi
-
-command -v go >/dev/null || { echo "setup.sh: Go is required to build the control plane" >&2; exit 1; }
-mkdir -p "$out.partial"
-echo "setup.sh: building kube-apiserver, etcd and kubectl $version into $out (several minutes on a cold cache)" >&2
-(
-  cd "$here"
-  export GOTOOLCHAIN=local CGO_ENABLED=0 GOFLAGS=-mod=mod
-  # Stamp the release into the binaries, as the release build does (otherwise they report
-  # v0.0.0-master to clients).
-  minor=$(echo "$version" | cut -d. -f2)
-  ldflags="-s -w"
-  for pkg in k8s.io/component-base/version k8s.io/client-go/pkg/version; do
-    ldflags="$ldflags -X $pkg.gitVersion=$version -X $pkg.gitMajor=1 -X $pkg.gitMinor=$minor -X $pkg.gitTreeState=clean"
-  done
-  for b in kube-apiserver etcd kubectl; do
-    start=$(date +%s)
-    go build -trimpath -ldflags="$ldflags" -o "$out.partial/$b" "./cmd/$b"
-    echo "setup.sh: built $b in $(( $(date +%s) - start ))s" >&2
-  done
-)
-rm -rf "$out"
-mv "$out.partial" "$out"
+build kube-apiserver etcd kubectl
 echo "$out"

@@ -40,6 +40,26 @@ impl Assets {
         Self::in_dir(Path::new(dir.trim())).checked()
     }
 
+    /// kubelet-check (`envtest/cmd/kubelet-check`): the kubelet's own drop-in loading and
+    /// exec credential provider code of the pinned release, built on first use and cached
+    /// beside the control plane.
+    pub fn kubelet_check() -> anyhow::Result<PathBuf> {
+        let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("envtest/setup.sh");
+        let out = Command::new("bash")
+            .arg(&script)
+            .arg("kubelet-check")
+            .output()
+            .with_context(|| format!("running {} kubelet-check", script.display()))?;
+        if !out.status.success() {
+            bail!("{} kubelet-check failed: {}", script.display(), String::from_utf8_lossy(&out.stderr));
+        }
+        let path = PathBuf::from(String::from_utf8(out.stdout).context("setup.sh printed a non-UTF-8 path")?.trim());
+        if !path.is_file() {
+            bail!("kubelet-check {} does not exist", path.display());
+        }
+        Ok(path)
+    }
+
     fn in_dir(dir: &Path) -> Self {
         Self { kube_apiserver: dir.join("kube-apiserver"), etcd: dir.join("etcd"), kubectl: dir.join("kubectl") }
     }

@@ -122,7 +122,10 @@ impl ControlPlane {
             // No kubelets and no real "kubernetes" Service endpoints: loopback only.
             .args(["--bind-address=127.0.0.1", "--advertise-address=127.0.0.1", "--endpoint-reconciler-type=none"])
             .arg(format!("--service-cluster-ip-range={SERVICE_CLUSTER_IP_RANGE}"))
-            .arg("--authorization-mode=RBAC")
+            // As a production cluster: kubelets (system:node:<name>) are limited to their own
+            // Node by the Node authorizer and NodeRestriction admission.
+            .arg("--authorization-mode=Node,RBAC")
+            .arg("--enable-admission-plugins=NodeRestriction")
             .arg("--service-account-issuer=https://kubernetes.default.svc.cluster.local")
             .arg(format!("--service-account-key-file={}", path("sa.pub").display()))
             .arg(format!("--service-account-signing-key-file={}", path("sa.key").display()))

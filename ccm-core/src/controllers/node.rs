@@ -10,6 +10,10 @@
 //!   every ready key at once.
 //! - Two writes per Node: its status (addresses), then labels, providerID and taints together,
 //!   guarded by the resourceVersion read.
+//! - Trust, but verify: a Node that registered with metadata from the node plugin (providerID
+//!   and zone, region and instance type labels set by its kubelet) is initialised from the
+//!   same batch read as any other; a claimed zone, region or instance type that differs from
+//!   the cloud's answer is corrected and recorded as a `NodeMetadataCorrected` Event.
 
 use std::collections::{BTreeMap, HashMap};
 use std::hash::{Hash, Hasher};
@@ -306,19 +310,22 @@ impl NodeController {
         if addresses.is_empty() {
             return Err(InitError::Invalid(format!("the provider reported no addresses for {}", meta.provider_id)));
         }
-        let current = node.metadata.labels.clone().unwrap_or_default();
-        let mut labels = BTreeMap::new();
-        let mut offer = |key: String, value: &str| {
-            if !value.is_empty() && !current.contains_key(&key) {
-                labels.insert(key, value.to_string());
+        // Zone, region and instance type are the cloud's: what a Node claims for them (a
+        // kubelet that set them from the node's metadata) is verified against the cloud's
+        // answer and corrected. Other labels are only added where the Node has none.
+        let mut labels = Labels::default();
+        for (key, value) in [
+            (node_util::LABEL_ZONE, &meta.zone),
+            (node_util::LABEL_REGION, &meta.region),
+            (node_util::LABEL_INSTANCE_TYPE, &meta.instance_type),
+        ] {
+            if !value.is_empty() {
+                labels.owned.insert(key.to_string(), value.clone());
             }
-        };
-        offer(node_util::LABEL_ZONE.into(), &meta.zone);
-        offer(node_util::LABEL_REGION.into(), &meta.region);
-        offer(node_util::LABEL_INSTANCE_TYPE.into(), &meta.instance_type);
+        }
         for (k, v) in &meta.additional_labels {
             if !node_util::reserved_label_domain(k) && node_util::valid_label_key(k) && node_util::valid_label_value(v) {
-                offer(k.clone(), v);
+                labels.offered.insert(k.clone(), v.clone());
             }
         }
         let mut skipped = Vec::new();
@@ -328,7 +335,7 @@ impl NodeController {
                 for (k, v) in tags {
                     let key = format!("{prefix}/{k}");
                     if node_util::valid_label_key(&key) && node_util::valid_label_value(&v) {
-                        offer(key, &v);
+                        labels.offered.insert(key, v);
                     } else {
                         skipped.push(k);
                     }
@@ -343,7 +350,7 @@ impl NodeController {
         // answer: no second provider call.
         let mut node = node.clone();
         let mut attempt = 0;
-        let written = loop {
+        let (written, corrected) = loop {
             attempt += 1;
             match self.write(&api, &node, &addresses, &labels, &meta.provider_id).await {
                 Ok(written) => break written,
@@ -356,6 +363,11 @@ impl NodeController {
                 Err(e) => return Err(InitError::Kube(e)),
             }
         };
+        if !corrected.is_empty() {
+            let note = format!("the Node's claims differ from the cloud's; corrected: {}", corrected.join("; "));
+            tracing::warn!(node = %name, corrections = %corrected.join("; "), "node metadata corrected from the cloud");
+            self.ctx.event(NAME, &written, true, REASON_CORRECTED, note).await;
+        }
         if !skipped.is_empty() {
             let note = format!("instance tags that are not valid label keys or values were not copied: {}", skipped.join(", "));
             self.ctx.event(NAME, &node, true, "InvalidInstanceTags", note).await;
@@ -364,14 +376,15 @@ impl NodeController {
     }
 
     /// The status write (only when addresses change), then labels, providerID and taints.
+    /// Returns the Node written and the corrections made to what it claimed.
     async fn write(
         &self,
         api: &Api<Node>,
         node: &Node,
         addresses: &[k8s_openapi::api::core::v1::NodeAddress],
-        labels: &BTreeMap<String, String>,
+        labels: &Labels,
         provider_id: &str,
-    ) -> Result<Node, kube::Error> {
+    ) -> Result<(Node, Vec<String>), kube::Error> {
         let name = node_util::name(node);
         let mut version = node.metadata.resource_version.clone();
         if node_util::addresses(node) != addresses {
@@ -380,15 +393,14 @@ impl NodeController {
             let after = api.patch_status(name, &PatchParams::default(), &Patch::Merge(&patch)).await?;
             version = after.metadata.resource_version;
         }
-        let current = node.metadata.labels.clone().unwrap_or_default();
-        let labels: BTreeMap<&String, &String> = labels.iter().filter(|(k, _)| !current.contains_key(*k)).collect();
+        let (changes, corrected) = labels.patch(node);
         let mut spec = serde_json::json!({ "taints": node_util::taints_without(node, TAINT_UNINITIALIZED) });
         if node_util::provider_id(node).is_none() {
             spec["providerID"] = serde_json::Value::String(provider_id.to_string());
         }
-        let patch = serde_json::json!({ "metadata": { "labels": labels, "resourceVersion": version }, "spec": spec });
+        let patch = serde_json::json!({ "metadata": { "labels": changes, "resourceVersion": version }, "spec": spec });
         self.ctx.kube_write_permit().await;
-        api.patch(name, &PatchParams::default(), &Patch::Merge(&patch)).await
+        Ok((api.patch(name, &PatchParams::default(), &Patch::Merge(&patch)).await?, corrected))
     }
 
     async fn refresh_loop(self: Arc<Self>, mut stop: tokio::sync::watch::Receiver<bool>) {
@@ -430,9 +442,87 @@ impl NodeController {
     }
 }
 
+/// The Event reason of a Node whose claimed zone, region or instance type was corrected.
+pub const REASON_CORRECTED: &str = "NodeMetadataCorrected";
+
+/// The labels initialisation sets: the cloud's own (corrected when a Node claims otherwise)
+/// and offered ones (added only where the Node has none).
+#[derive(Debug, Default)]
+struct Labels {
+    owned: BTreeMap<String, String>,
+    offered: BTreeMap<String, String>,
+}
+
+impl Labels {
+    /// The label changes for `node`, and a description of each claim corrected.
+    fn patch(&self, node: &Node) -> (BTreeMap<String, String>, Vec<String>) {
+        let current = node.metadata.labels.clone().unwrap_or_default();
+        let mut changes = BTreeMap::new();
+        let mut corrected = Vec::new();
+        for (k, v) in &self.owned {
+            match current.get(k) {
+                Some(claimed) if claimed == v => {}
+                Some(claimed) => {
+                    corrected.push(format!("{k} was {claimed:?}, the cloud says {v:?}"));
+                    changes.insert(k.clone(), v.clone());
+                }
+                None => {
+                    changes.insert(k.clone(), v.clone());
+                }
+            }
+        }
+        for (k, v) in &self.offered {
+            if !current.contains_key(k) && !self.owned.contains_key(k) {
+                changes.insert(k.clone(), v.clone());
+            }
+        }
+        (changes, corrected)
+    }
+}
+
 #[derive(Debug)]
 enum InitError {
     Invalid(String),
     Provider(Error),
     Kube(kube::Error),
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+
+    fn node(labels: &[(&str, &str)]) -> Node {
+        let labels = labels.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect();
+        Node { metadata: ObjectMeta { name: Some("n".into()), labels: Some(labels), ..Default::default() }, ..Default::default() }
+    }
+
+    #[test]
+    fn cloud_owned_labels_are_corrected_and_others_only_added() {
+        let mut labels = Labels::default();
+        labels.owned.insert(node_util::LABEL_ZONE.into(), "zone-b".into());
+        labels.owned.insert(node_util::LABEL_REGION.into(), "region".into());
+        labels.offered.insert("tags.cloudprovider.dev/team".into(), "payments".into());
+        labels.offered.insert("tags.cloudprovider.dev/owner".into(), "cloud".into());
+
+        let claimed = node(&[
+            (node_util::LABEL_ZONE, "zone-a"),
+            (node_util::LABEL_REGION, "region"),
+            ("tags.cloudprovider.dev/owner", "me"),
+        ]);
+        let (changes, corrected) = labels.patch(&claimed);
+        assert_eq!(
+            changes,
+            BTreeMap::from([
+                (node_util::LABEL_ZONE.to_string(), "zone-b".to_string()),
+                ("tags.cloudprovider.dev/team".to_string(), "payments".to_string()),
+            ]),
+            "the wrong zone is corrected, the right region and the user's label left alone"
+        );
+        assert_eq!(corrected, vec!["topology.kubernetes.io/zone was \"zone-a\", the cloud says \"zone-b\"".to_string()]);
+
+        let (changes, corrected) = labels.patch(&node(&[]));
+        assert_eq!(changes.len(), 4);
+        assert!(corrected.is_empty(), "adding a missing label is not a correction");
+    }
 }

@@ -106,15 +106,16 @@ async fn a_node_is_initialised_from_the_cloud() {
     assert_eq!(l.get("topology.kubernetes.io/region").map(String::as_str), Some("sim-region-1"));
     assert_eq!(
         l.get("node.kubernetes.io/instance-type").map(String::as_str),
-        Some("user-chosen"),
-        "a user's label is never overwritten"
+        Some("sim.large"),
+        "the instance type is the cloud's: a wrong claim is corrected"
     );
     assert_eq!(l.get("tags.cloudprovider.dev/team").map(String::as_str), Some("payments"));
     assert!(!l.keys().any(|k| k.contains("bad") || k.ends_with("/owner")), "invalid tags are skipped: {l:?}");
 
     let reasons = eventually("events", Duration::from_secs(10), async || {
         let r = event_reasons(&env, &name).await;
-        (r.contains(&"Synced".to_string()) && r.contains(&"InvalidInstanceTags".to_string())).then_some(r)
+        let want = ["Synced", "InvalidInstanceTags", "NodeMetadataCorrected"];
+        want.iter().all(|w| r.iter().any(|x| x == w)).then_some(r)
     })
     .await;
     assert!(reasons.contains(&"Synced".to_string()));
