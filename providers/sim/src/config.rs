@@ -230,6 +230,19 @@ mod tests {
     }
 
     #[test]
+    fn the_example_parses_and_registry_passwords_stay_out_of_logs() {
+        let text = include_str!("../examples/conformance.toml");
+        let config: Config = toml::from_str(text).expect("example parses");
+        let cred = config.registry_credentials.first().expect("one credential");
+        assert_eq!(
+            (cred.registry.as_str(), cred.cache_key_type, cred.cache_seconds),
+            ("*.registry.sim.dev", CacheKey::Registry, 3600)
+        );
+        let shown = format!("{config:?}");
+        assert!(!shown.contains("sim-registry-token") && shown.contains("<redacted>"), "{shown}");
+    }
+
+    #[test]
     fn full_file_parses_and_typos_are_rejected() {
         let text = r#"
             region = "eu-1"

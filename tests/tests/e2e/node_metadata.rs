@@ -28,7 +28,8 @@ struct NodePlugin {
 impl NodePlugin {
     async fn start(sim: &Sim, instance_id: &str) -> Self {
         let socket: PathBuf = sim.metadata_socket().with_file_name(format!("plugin-{instance_id}.sock"));
-        let plugin = ccm_provider_sim::plugin::NodePlugin::new(format!("unix://{}", sim.metadata_socket().display()), instance_id);
+        let plugin =
+            ccm_provider_sim::plugin::NodePlugin::new(format!("unix://{}", sim.metadata_socket().display()), instance_id);
         let (tx, rx) = oneshot::channel::<()>();
         tokio::spawn(ccm_provider_sim::plugin::run("sim.cloudprovider.dev", plugin, Listen::Unix(socket.clone()), async move {
             let _ = rx.await;
@@ -79,7 +80,8 @@ async fn register_as_kubelet(env: &TestEnv, kubelet: &kube::Client, name: &str, 
 
 async fn initialised(env: &TestEnv, name: &str) -> Option<Node> {
     let node = env.nodes().get_opt(name).await.ok().flatten()?;
-    let tainted = node.spec.as_ref().and_then(|s| s.taints.as_ref()).is_some_and(|t| t.iter().any(|t| t.key == UNINITIALIZED_TAINT));
+    let tainted =
+        node.spec.as_ref().and_then(|s| s.taints.as_ref()).is_some_and(|t| t.iter().any(|t| t.key == UNINITIALIZED_TAINT));
     (!tainted).then_some(node)
 }
 
@@ -157,8 +159,13 @@ async fn nodes_registered_with_plugin_metadata_are_verified_with_one_batch_read(
         .collect();
     assert!(lying.iter().any(|f| f.contains("zone=sim-region-1c")));
     register_as_kubelet(&env, &liar_kubelet, &liar, &lying).await.expect("the kubelet registers its Node");
-    let node = eventually("the lying node is initialised", Duration::from_secs(30), async || initialised(&env, &liar).await).await;
-    assert_eq!(labels(&node).get("topology.kubernetes.io/zone").map(String::as_str), Some("sim-region-1a"), "corrected from the cloud");
+    let node =
+        eventually("the lying node is initialised", Duration::from_secs(30), async || initialised(&env, &liar).await).await;
+    assert_eq!(
+        labels(&node).get("topology.kubernetes.io/zone").map(String::as_str),
+        Some("sim-region-1a"),
+        "corrected from the cloud"
+    );
     let events: Api<Event> = Api::all(env.client.clone());
     let selector = format!("involvedObject.name={liar}");
     let event = eventually("a NodeMetadataCorrected event", Duration::from_secs(10), async || {
