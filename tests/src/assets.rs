@@ -32,9 +32,14 @@ impl Assets {
             return Self::in_dir(&dir).checked();
         }
         let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("envtest/setup.sh");
-        let out = Command::new("bash").arg(&script).output().with_context(|| format!("running {}", script.display()))?;
+        // setup.sh reports its progress on stderr (minutes when it builds): let it through.
+        let out = Command::new("bash")
+            .arg(&script)
+            .stderr(std::process::Stdio::inherit())
+            .output()
+            .with_context(|| format!("running {}", script.display()))?;
         if !out.status.success() {
-            bail!("{} failed: {}", script.display(), String::from_utf8_lossy(&out.stderr));
+            bail!("{} failed (its output is above)", script.display());
         }
         let dir = String::from_utf8(out.stdout).context("setup.sh printed a non-UTF-8 path")?;
         Self::in_dir(Path::new(dir.trim())).checked()

@@ -1,0 +1,257 @@
+//! `ccm-quickstart`: one command to watch the cloud-controller-manager work. It starts a local
+//! kube-apiserver and etcd (the test harness's, built from Go modules on first use), the
+//! simulated cloud with a small inventory, and the core; creates a few Nodes as kubelets would
+//! register them and a LoadBalancer Service; prints what the core did; and keeps everything
+//! running, with the kubeconfig printed, until interrupted. Then it cleans up.
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use anyhow::{Context, bail};
+use ccm_e2e::ControlPlane;
+use ccm_e2e::cluster::{NodeBuilder, UNINITIALIZED_TAINT, set_ready};
+use ccm_provider_sdk::Listen;
+use ccm_provider_sim::config::{Address, InstanceSpec};
+use ccm_provider_sim::{AdminClient, Config, Endpoints};
+use clap::Parser;
+use k8s_openapi::api::core::v1::{Node, Service, ServicePort, ServiceSpec};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+use kube::Api;
+use kube::api::PostParams;
+use tokio::sync::oneshot;
+
+/// Starts a local control plane, the simulated cloud and the core; creates Nodes and a
+/// LoadBalancer Service; prints what happened; runs until interrupted.
+#[derive(Debug, Parser)]
+#[command(name = "ccm-quickstart", version, about)]
+struct Args {
+    /// How many Nodes (and instances) to create, across three zones.
+    #[arg(long, default_value_t = 3, value_parser = clap::value_parser!(u8).range(1..=50))]
+    nodes: u8,
+    /// Print the report and stop instead of running until interrupted.
+    #[arg(long)]
+    once: bool,
+    /// Log filter of the core and the sim (as RUST_LOG).
+    #[arg(long, default_value = "warn")]
+    log: String,
+}
+
+const CLUSTER_CIDR: &str = "10.244.0.0/16";
+const ZONES: [&str; 3] = ["sim-region-1a", "sim-region-1b", "sim-region-1c"];
+
+fn step(n: u8, text: &str) {
+    eprintln!("[{n}/5] {text}");
+}
+
+#[tokio::main]
+async fn main() -> anyhow::Result<()> {
+    let args = Args::parse();
+    tracing_subscriber::fmt().with_env_filter(tracing_subscriber::EnvFilter::new(&args.log)).with_writer(std::io::stderr).init();
+
+    step(
+        1,
+        "control plane: finding or building kube-apiserver and etcd (the first run builds them from Go modules: about 11 minutes on 2 cores; progress below)",
+    );
+    let cp = tokio::task::spawn_blocking(ControlPlane::start).await.context("starting the control plane")??;
+    eprintln!("      kube-apiserver ready at {}", cp.server());
+    let client = cp.client().await?;
+
+    step(2, "simulated cloud: one instance per Node across three zones, a route table, a load balancer address pool");
+    let work = tempfile::Builder::new().prefix("ccm-quickstart-").tempdir().context("creating a work directory")?;
+    let mut config = Config { region: "sim-region-1".into(), ..Config::default() };
+    for i in 1..=args.nodes {
+        config.instances.push(InstanceSpec {
+            id: format!("i-{i:04}"),
+            name: format!("node-{i}"),
+            zone: ZONES[usize::from(i - 1) % ZONES.len()].into(),
+            instance_type: if i % 2 == 0 { "sim.large".into() } else { "sim.xlarge".into() },
+            state: Default::default(),
+            addresses: vec![Address { kind: "InternalIP".into(), address: format!("10.0.0.{}", u16::from(i) + 10) }],
+            tags: BTreeMap::from([("team".to_string(), "quickstart".to_string())]),
+        });
+    }
+    let provider = work.path().join("provider.sock");
+    let admin_sock = work.path().join("admin.sock");
+    let (stop_sim, sim_stopped) = oneshot::channel::<()>();
+    let endpoints =
+        Endpoints { provider: Listen::Unix(provider.clone()), admin: Some(Listen::Unix(admin_sock.clone())), metadata: None };
+    let sim = tokio::spawn(ccm_provider_sim::run(config, endpoints, async move {
+        let _ = sim_stopped.await;
+    }));
+    wait_for_socket(&admin_sock).await?;
+    let admin = AdminClient::new(format!("unix://{}", admin_sock.display()));
+    eprintln!("      provider socket unix://{}", provider.display());
+
+    step(3, "core: cloud-controller-manager with the node, node lifecycle, route and service controllers");
+    let port = free_port()?;
+    let core_args = [
+        "cloud-controller-manager".to_string(),
+        format!("--kubeconfig={}", cp.kubeconfig_path().display()),
+        format!("--provider-endpoint=unix://{}", provider.display()),
+        "--cluster-name=quickstart".into(),
+        format!("--cluster-cidr={CLUSTER_CIDR}"),
+        "--leader-elect=false".into(),
+        "--insecure-serving".into(),
+        "--bind-address=127.0.0.1".into(),
+        format!("--secure-port={port}"),
+    ];
+    let options = <ccm_core::options::Options as clap::Parser>::try_parse_from(&core_args).context("core flags")?;
+    let (stop_core, core_stopped) = oneshot::channel::<()>();
+    let core = tokio::spawn(ccm_core::runtime::run_until(options, async move {
+        let _ = core_stopped.await;
+    }));
+    eprintln!("      health and metrics at http://127.0.0.1:{port}/readyz and /metrics");
+
+    step(4, "creating Nodes (as kubelets with --cloud-provider=external register them) and a LoadBalancer Service");
+    for i in 1..=args.nodes {
+        let name = format!("node-{i}");
+        NodeBuilder::new(&name)
+            .uninitialized()
+            .label("kubernetes.io/hostname", &name)
+            .pod_cidr(&format!("10.244.{i}.0/24"))
+            .address("Hostname", &name)
+            .create(&client)
+            .await?;
+        set_ready(&client, &name, "True").await?;
+    }
+    let services: Api<Service> = Api::namespaced(client.clone(), "default");
+    services.create(&PostParams::default(), &web_service()).await.context("creating Service default/web")?;
+
+    step(5, "waiting for the core (at most 60 s)");
+    let report = wait_and_report(&client, &admin, args.nodes).await;
+    match &report {
+        Ok(text) => println!("{text}"),
+        Err(e) => eprintln!("the core did not finish in time: {e:#}"),
+    }
+    println!("kubeconfig: {}", cp.kubeconfig_path().display());
+    let kubectl = cp.kubectl(&[]).get_program().to_string_lossy().into_owned();
+    println!(
+        "  try: {kubectl} --kubeconfig {} get nodes -L topology.kubernetes.io/zone,node.kubernetes.io/instance-type",
+        cp.kubeconfig_path().display()
+    );
+    println!("  sim: curl --unix-socket {} http://sim/state", admin_sock.display());
+
+    if !args.once && report.is_ok() {
+        eprintln!("running; press Ctrl-C to stop and clean up");
+        ccm_provider_sdk::server::shutdown_signal().await;
+    }
+    eprintln!("stopping");
+    let _ = stop_core.send(());
+    match tokio::time::timeout(Duration::from_secs(10), core).await {
+        Ok(Ok(Err(e))) => eprintln!("the core stopped with an error: {e:#}"),
+        Err(_) => eprintln!("the core did not stop in time"),
+        _ => {}
+    }
+    let _ = stop_sim.send(());
+    let _ = tokio::time::timeout(Duration::from_secs(10), sim).await;
+    drop(cp);
+    report.map(|_| ())
+}
+
+fn web_service() -> Service {
+    Service {
+        metadata: ObjectMeta { name: Some("web".into()), namespace: Some("default".into()), ..Default::default() },
+        spec: Some(ServiceSpec {
+            type_: Some("LoadBalancer".into()),
+            selector: Some(BTreeMap::from([("app".to_string(), "web".to_string())])),
+            ports: Some(vec![ServicePort {
+                name: Some("http".into()),
+                port: 80,
+                protocol: Some("TCP".into()),
+                ..Default::default()
+            }]),
+            ..Default::default()
+        }),
+        status: None,
+    }
+}
+
+/// Waits until every Node is initialised, the Service has an address and every Node has its
+/// route; then describes them.
+async fn wait_and_report(client: &kube::Client, admin: &AdminClient, nodes: u8) -> anyhow::Result<String> {
+    let node_api: Api<Node> = Api::all(client.clone());
+    let services: Api<Service> = Api::namespaced(client.clone(), "default");
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
+    loop {
+        let listed = node_api.list(&Default::default()).await?.items;
+        let initialised = listed
+            .iter()
+            .filter(|n| {
+                !n.spec.as_ref().and_then(|s| s.taints.as_ref()).is_some_and(|t| t.iter().any(|t| t.key == UNINITIALIZED_TAINT))
+            })
+            .count();
+        let service = services.get("web").await?;
+        let ip = service
+            .status
+            .as_ref()
+            .and_then(|s| s.load_balancer.as_ref())
+            .and_then(|l| l.ingress.as_ref())
+            .and_then(|i| i.first())
+            .and_then(|i| i.ip.clone());
+        let state = admin.state().await?;
+        let routes: Vec<String> = state
+            .route_tables
+            .iter()
+            .flat_map(|t| t.routes.iter().map(move |r| format!("{} -> {} (table {})", r.destination_cidr, r.node_name, t.id)))
+            .collect();
+        if initialised == usize::from(nodes) && ip.is_some() && routes.len() == usize::from(nodes) {
+            return Ok(describe(&listed, ip.as_deref().unwrap_or_default(), &routes, &state));
+        }
+        if tokio::time::Instant::now() >= deadline {
+            bail!(
+                "after 60 s: {initialised} of {nodes} Nodes initialised, Service address {}, {} of {nodes} routes",
+                ip.as_deref().unwrap_or("none"),
+                routes.len()
+            );
+        }
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+}
+
+fn describe(nodes: &[Node], ip: &str, routes: &[String], state: &ccm_provider_sim::cloud::Snapshot) -> String {
+    let mut out = String::from("\nNodes, initialised by the cloud-node-controller:\n");
+    let mut nodes: Vec<&Node> = nodes.iter().collect();
+    nodes.sort_by_key(|n| n.metadata.name.clone());
+    for n in nodes {
+        let labels = n.metadata.labels.clone().unwrap_or_default();
+        let label = |k: &str| labels.get(k).cloned().unwrap_or_else(|| "-".into());
+        let addresses: Vec<String> = n
+            .status
+            .as_ref()
+            .and_then(|s| s.addresses.as_ref())
+            .map(|a| a.iter().map(|a| format!("{}={}", a.type_, a.address)).collect())
+            .unwrap_or_default();
+        out.push_str(&format!(
+            "  {:<8} providerID={:<26} zone={} type={} team={} {}\n",
+            n.metadata.name.as_deref().unwrap_or_default(),
+            n.spec.as_ref().and_then(|s| s.provider_id.as_deref()).unwrap_or("-"),
+            label("topology.kubernetes.io/zone"),
+            label("node.kubernetes.io/instance-type"),
+            label("tags.cloudprovider.dev/team"),
+            addresses.join(" "),
+        ));
+    }
+    out.push_str(&format!("\nService default/web (type LoadBalancer), by the service-lb-controller:\n  address {ip}\n"));
+    for lb in &state.load_balancers {
+        out.push_str(&format!("  load balancer {} -> nodes {}\n", lb.name, lb.nodes.join(", ")));
+    }
+    out.push_str("\nRoutes, by the node-route-controller:\n");
+    for r in routes {
+        out.push_str(&format!("  {r}\n"));
+    }
+    out
+}
+
+async fn wait_for_socket(path: &std::path::Path) -> anyhow::Result<()> {
+    for _ in 0..500 {
+        if tokio::net::UnixStream::connect(path).await.is_ok() {
+            return Ok(());
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    bail!("the simulated cloud did not start: nothing listens on {}", path.display())
+}
+
+fn free_port() -> anyhow::Result<u16> {
+    Ok(std::net::TcpListener::bind("127.0.0.1:0").context("finding a free port")?.local_addr()?.port())
+}
