@@ -1,5 +1,6 @@
 //! `--use-service-account-credentials`: each controller talks to the API server as its own
-//! ServiceAccount in `kube-system` (named after the controller, created when missing), so
+//! ServiceAccount in `kube-system` ([`service_account`]: named after the controller, as
+//! upstream names them; created when missing and allowed), so
 //! audit logs tell controllers apart and each can be granted only what it does. Tokens come
 //! from the TokenRequest API, live an hour, and are renewed every 20 minutes into a file the
 //! client re-reads.
@@ -18,6 +19,15 @@ use kube::api::PostParams;
 pub const NAMESPACE: &str = "kube-system";
 const TOKEN_SECONDS: i64 = 3600;
 const RENEW_EVERY: Duration = Duration::from_secs(20 * 60);
+
+/// The ServiceAccount a controller acts as: its name, except the route controller's, which
+/// keeps the name upstream's has (`route-controller`) so existing RBAC and audit rules apply.
+pub fn service_account(controller: &str) -> &str {
+    match controller {
+        crate::controllers::route::NAME => "route-controller",
+        other => other,
+    }
+}
 
 /// Makes per-controller clients from the process's own credentials.
 pub struct Credentials {
@@ -67,16 +77,18 @@ impl Credentials {
         Ok(())
     }
 
-    /// A client acting as the ServiceAccount `controller`, renewing its token until `stop`.
+    /// A client acting as the ServiceAccount of `controller` ([`service_account`]), renewing
+    /// its token until `stop`.
     pub async fn client_for(
         &self,
         controller: &str,
         mut stop: tokio::sync::watch::Receiver<bool>,
     ) -> anyhow::Result<kube::Client> {
-        let path = self.dir.path().join(format!("{controller}.token"));
-        Self::write(&path, &Self::token(&self.root, controller).await?)?;
+        let account = service_account(controller);
+        let path = self.dir.path().join(format!("{account}.token"));
+        Self::write(&path, &Self::token(&self.root, account).await?)?;
         let root = self.root.clone();
-        let (name, file) = (controller.to_string(), path.clone());
+        let (name, file) = (account.to_string(), path.clone());
         tokio::spawn(async move {
             loop {
                 tokio::select! {
@@ -93,7 +105,7 @@ impl Credentials {
         });
         let mut config = self.config.clone();
         config.auth_info = kube::config::AuthInfo { token_file: Some(path.display().to_string()), ..Default::default() };
-        tracing::info!(controller, service_account = %format!("{NAMESPACE}/{controller}"), "using the controller's own credentials");
+        tracing::info!(controller, service_account = %format!("{NAMESPACE}/{account}"), "using the controller's own credentials");
         kube::Client::try_from(config).context("building the controller's client")
     }
 }

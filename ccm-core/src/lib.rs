@@ -7,6 +7,7 @@ pub mod controllers;
 pub mod credentials;
 pub mod http;
 pub mod informer;
+pub mod leader;
 pub mod metrics;
 pub mod node_util;
 pub mod options;

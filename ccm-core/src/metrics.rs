@@ -23,6 +23,11 @@ struct MethodLabels {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct LeaseLabels {
+    lease: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct ControllerLabels {
     controller: String,
 }
@@ -43,6 +48,8 @@ pub struct Metrics {
     reconcile_latency: Family<ControllerLabels, Histogram, fn() -> Histogram>,
     reconcile_errors: Family<ControllerLabels, Counter>,
     leader: Gauge<i64, AtomicI64>,
+    leases: Family<LeaseLabels, Gauge>,
+    held: Arc<std::sync::Mutex<std::collections::BTreeSet<String>>>,
     route_syncs: Counter,
     routes_created: Counter,
     routes_deleted: Counter,
@@ -69,6 +76,7 @@ impl Metrics {
         let reconcile_latency = Family::<ControllerLabels, Histogram, fn() -> Histogram>::new_with_constructor(latency_histogram);
         let reconcile_errors = Family::<ControllerLabels, Counter>::default();
         let leader = Gauge::<i64, AtomicI64>::default();
+        let leases = Family::<LeaseLabels, Gauge>::default();
         let route_syncs = Counter::default();
         let routes_created = Counter::default();
         let routes_deleted = Counter::default();
@@ -100,7 +108,8 @@ impl Metrics {
         );
         registry.register("ccm_reconcile_duration_seconds", "Reconcile latency, by controller", reconcile_latency.clone());
         registry.register("ccm_reconcile_errors", "Failed reconciles, by controller", reconcile_errors.clone());
-        registry.register("ccm_leader_is_leader", "1 while this process holds the leader lease", leader.clone());
+        registry.register("ccm_leader_is_leader", "1 while this process holds at least one of its leader Leases", leader.clone());
+        registry.register("ccm_leader_lease_held", "1 while this process holds the Lease, by Lease name", leases.clone());
         Self {
             registry: Arc::new(registry),
             provider_calls,
@@ -111,6 +120,8 @@ impl Metrics {
             reconcile_latency,
             reconcile_errors,
             leader,
+            leases,
+            held: Default::default(),
             route_syncs,
             routes_created,
             routes_deleted,
@@ -161,9 +172,17 @@ impl Metrics {
         }
     }
 
-    /// Leadership.
-    pub fn set_leader(&self, leading: bool) {
-        self.leader.set(i64::from(leading));
+    /// Whether this process holds the Lease `lease`; `ccm_leader_is_leader` is 1 while it
+    /// holds any.
+    pub fn lease_held(&self, lease: &str, held: bool) {
+        self.leases.get_or_create(&LeaseLabels { lease: lease.to_string() }).set(i64::from(held));
+        let mut set = self.held.lock().unwrap_or_else(|p| p.into_inner());
+        if held {
+            set.insert(lease.to_string());
+        } else {
+            set.remove(lease);
+        }
+        self.leader.set(i64::from(!set.is_empty()));
     }
 
     /// The Prometheus text exposition.

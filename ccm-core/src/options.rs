@@ -20,6 +20,18 @@ pub const CONTROLLERS: &[(&str, &str)] = &[
 pub const IMPLEMENTED: &[&str] =
     &["cloud-node-controller", "cloud-node-lifecycle-controller", "node-route-controller", "service-lb-controller"];
 
+/// The canonical name of a controller from any of its spellings: the canonical name, the
+/// alias upstream accepts in `--controllers`, or the name kube-controller-manager used
+/// (`route-controller`, `service-controller`) in leader migration configurations.
+pub fn canonical_controller(name: &str) -> Option<&'static str> {
+    let legacy = match name {
+        "route-controller" => "node-route-controller",
+        "service-controller" => "service-lb-controller",
+        other => other,
+    };
+    CONTROLLERS.iter().find(|(full, short)| *full == legacy || *short == legacy).map(|(full, _)| *full)
+}
+
 /// Parses a duration such as `300ms`, `10s`, `5m`, `1h30m` or `1h 30m`.
 pub fn parse_duration(text: &str) -> Result<Duration, String> {
     humantime::parse_duration(text).map_err(|e| format!("{text:?} is not a duration (like 10s, 5m, 1h30m): {e}"))
@@ -160,6 +172,23 @@ pub struct Options {
     #[arg(long, default_value = "kube-system")]
     pub leader_elect_resource_namespace: String,
 
+    /// One Lease per controller (`<--leader-elect-resource-name>-<controller>`) instead of one
+    /// for all, so that different replicas can lead different controllers and share the work.
+    #[arg(long)]
+    pub leader_elect_per_controller: bool,
+
+    /// Take part in leader migration from kube-controller-manager: controllers that move run
+    /// only while this process holds the migration Lease, which kube-controller-manager
+    /// (started with the same flag and configuration) competes for too.
+    #[arg(long)]
+    pub enable_leader_migration: bool,
+
+    /// A LeaderMigrationConfiguration file (controllermanager.config.k8s.io/v1); without it,
+    /// upstream's default: route, service and cloud-node-lifecycle move under the Lease
+    /// `cloud-provider-extraction-migration`.
+    #[arg(long, value_name = "FILE")]
+    pub leader_migration_config: Option<std::path::PathBuf>,
+
     /// Port of the HTTPS server for /healthz, /livez, /readyz and /metrics; 0 disables it.
     #[arg(long, default_value_t = 10258)]
     pub secure_port: u16,
@@ -193,7 +222,7 @@ impl Options {
     /// The controllers to run, by full name, from `--controllers`.
     pub fn enabled_controllers(&self) -> Result<BTreeSet<&'static str>, String> {
         let resolve = |name: &str| {
-            CONTROLLERS.iter().find(|(full, short)| *full == name || *short == name).map(|(full, _)| *full).ok_or_else(|| {
+            canonical_controller(name).ok_or_else(|| {
                 let known: Vec<&str> = CONTROLLERS.iter().map(|(f, _)| *f).collect();
                 format!("unknown controller {name:?} in --controllers (known: {})", known.join(", "))
             })

@@ -109,10 +109,11 @@ pub async fn run_until(options: Options, shutdown: impl Future<Output = ()> + Se
     }
 
     let ctx = Context::new(client.clone(), provider, nodes, services, metrics.clone(), options.clone())?;
-    let result = if options.leader_elect {
-        lead_then_run(&options, client, ctx, credentials, &enabled, shutdown_rx).await
-    } else {
+    let groups = crate::leader::plan(&options, &enabled)?;
+    let result = if groups.is_empty() {
         run_controllers(ctx, credentials, &enabled, shutdown_rx, None).await
+    } else {
+        lead_then_run(&options, client, ctx, credentials, groups, shutdown_rx).await
     };
     let _ = stop_tx.send(true);
     // Give tasks a moment to finish their writes.
@@ -120,43 +121,105 @@ pub async fn run_until(options: Options, shutdown: impl Future<Output = ()> + Se
     result
 }
 
+/// Competes for every Lease of `groups` at once (a group with `after` only once that group
+/// leads), runs each group's controllers while its Lease is held, and stops everything when
+/// one Lease is lost (an error) or on shutdown.
 async fn lead_then_run(
     options: &Options,
     client: kube::Client,
     ctx: Context,
     credentials: Option<Arc<Credentials>>,
-    enabled: &std::collections::BTreeSet<&'static str>,
-    mut shutdown: watch::Receiver<bool>,
+    groups: Vec<crate::leader::LeaseGroup>,
+    shutdown: watch::Receiver<bool>,
 ) -> anyhow::Result<()> {
     let host = std::env::var("HOSTNAME").unwrap_or_else(|_| "localhost".into());
     let nanos = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.subsec_nanos());
     let identity = format!("{host}_{}_{nanos:08x}", std::process::id());
+    // A group stops when the process shuts down or another group lost its Lease.
+    let (stop_all_tx, stop_all) = watch::channel(false);
+    let mut forward = shutdown.clone();
+    let forward_tx = stop_all_tx.clone();
+    tokio::spawn(async move {
+        let _ = forward.wait_for(|s| *s).await;
+        let _ = forward_tx.send(true);
+    });
+    let leading_signals: Vec<(watch::Sender<bool>, watch::Receiver<bool>)> =
+        groups.iter().map(|_| watch::channel(false)).collect();
+    let mut tasks = Vec::new();
+    for (i, group) in groups.into_iter().enumerate() {
+        let wait_for = group.after.and_then(|j| leading_signals.get(j)).map(|(_, rx)| rx.clone());
+        let acquired = leading_signals[i].0.clone();
+        let (client, ctx, credentials, options) = (client.clone(), ctx.clone(), credentials.clone(), options.clone());
+        let (identity, stop) = (identity.clone(), stop_all.clone());
+        tasks.push(tokio::spawn(async move {
+            lead_group(&options, client, ctx, credentials, group, identity, wait_for, acquired, stop).await
+        }));
+    }
+    let mut result = Ok(());
+    let mut pending = tasks;
+    while !pending.is_empty() {
+        let (done, _, rest) = futures::future::select_all(pending).await;
+        pending = rest;
+        let outcome = done.map_err(|e| anyhow::anyhow!("a leader election task failed: {e}")).and_then(|r| r);
+        if let Err(e) = outcome {
+            // One Lease lost: stop the other groups too, so that a restart rejoins cleanly.
+            let _ = stop_all_tx.send(true);
+            if result.is_ok() {
+                result = Err(e);
+            }
+        }
+    }
+    result
+}
+
+#[allow(clippy::too_many_arguments)]
+async fn lead_group(
+    options: &Options,
+    client: kube::Client,
+    ctx: Context,
+    credentials: Option<Arc<Credentials>>,
+    group: crate::leader::LeaseGroup,
+    identity: String,
+    wait_for: Option<watch::Receiver<bool>>,
+    acquired: watch::Sender<bool>,
+    mut stop: watch::Receiver<bool>,
+) -> anyhow::Result<()> {
+    if let Some(mut other) = wait_for {
+        tokio::select! {
+            _ = other.wait_for(|l| *l) => {}
+            _ = stop.wait_for(|s| *s) => return Ok(()),
+        }
+    }
     let duration = options.leader_elect_lease_duration.as_secs().max(2);
     let grace = duration.saturating_sub(options.leader_elect_renew_deadline.as_secs()).clamp(1, duration - 1);
-    let manager = kube_lease_manager::LeaseManagerBuilder::new(client, &options.leader_elect_resource_name)
+    let manager = kube_lease_manager::LeaseManagerBuilder::new(client, &group.lease)
         .with_namespace(&options.leader_elect_resource_namespace)
         .with_identity(&identity)
         .with_duration(duration)
         .with_grace(grace)
         .build()
         .await
-        .context("setting up leader election")?;
+        .with_context(|| format!("setting up leader election on the Lease {}", group.lease))?;
     let (mut leading, handle) = manager.watch().await;
-    tracing::info!(%identity, lease = %options.leader_elect_resource_name, "waiting to acquire the leader lease");
-    let acquired = tokio::select! {
-        r = leading.wait_for(|l| *l) => { r.map(|_| true).context("leader election stopped")? }
-        _ = shutdown.wait_for(|s| *s) => false,
+    let controllers: Vec<&str> = group.controllers.iter().copied().collect();
+    tracing::info!(%identity, lease = %group.lease, ?controllers, "waiting to acquire the lease");
+    let got = tokio::select! {
+        r = leading.wait_for(|l| *l) => { r.map(|_| true).with_context(|| format!("leader election on {} stopped", group.lease))? }
+        _ = stop.wait_for(|s| *s) => false,
     };
-    if !acquired {
+    if !got {
         drop(leading);
         let _ = handle.await;
         return Ok(());
     }
-    tracing::info!(%identity, "acquired the leader lease; starting controllers");
-    ctx.metrics.set_leader(true);
+    tracing::info!(%identity, lease = %group.lease, ?controllers, "acquired the lease; starting its controllers");
+    let _ = acquired.send(true);
+    ctx.metrics.lease_held(&group.lease, true);
     let metrics = ctx.metrics.clone();
-    let result = run_controllers(ctx, credentials, enabled, shutdown, Some(leading)).await;
-    metrics.set_leader(false);
+    let result = run_controllers(ctx, credentials, &group.controllers, stop, Some(leading))
+        .await
+        .with_context(|| format!("Lease {}", group.lease));
+    metrics.lease_held(&group.lease, false);
     // Dropping the receiver makes the manager release the lease.
     let _ = handle.await;
     result

@@ -3,6 +3,7 @@
 //! plane shared by all its tests, each isolated by namespace and Node-name prefix.
 
 mod harness;
+mod leader;
 mod node_metadata;
 mod nodes;
 mod routes;

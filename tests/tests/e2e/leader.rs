@@ -1,0 +1,188 @@
+//! High availability: one Lease per controller, and leader migration from
+//! kube-controller-manager.
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use ccm_e2e::cluster::{NodeBuilder, TestEnv, UNINITIALIZED_TAINT, create_load_balancer_service};
+use ccm_provider_sim::Config;
+use k8s_openapi::api::coordination::v1::Lease;
+use k8s_openapi::api::core::v1::Node;
+use kube::Api;
+use kube::api::PostParams;
+
+use crate::support::{Core, Sim, TEST_LABEL, eventually, instance};
+
+const LEASE_FLAGS: [&str; 4] = [
+    "--leader-elect=true",
+    "--leader-elect-lease-duration=4s",
+    "--leader-elect-renew-deadline=2s",
+    "--leader-elect-retry-period=1s",
+];
+
+async fn initialised(env: &TestEnv, name: &str) -> Option<Node> {
+    let node = env.nodes().get_opt(name).await.ok().flatten()?;
+    let tainted =
+        node.spec.as_ref().and_then(|s| s.taints.as_ref()).is_some_and(|t| t.iter().any(|t| t.key == UNINITIALIZED_TAINT));
+    (!tainted).then_some(node)
+}
+
+async fn has_address(env: &TestEnv, name: &str) -> Option<String> {
+    let svc = env.services().get_opt(name).await.ok().flatten()?;
+    svc.status?.load_balancer?.ingress?.first()?.ip.clone()
+}
+
+async fn holders(env: &TestEnv, names: &[String]) -> Option<BTreeMap<String, String>> {
+    let leases: Api<Lease> = Api::namespaced(env.client.clone(), &env.namespace);
+    let mut out = BTreeMap::new();
+    for name in names {
+        let holder = leases.get_opt(name).await.ok().flatten()?.spec?.holder_identity.filter(|h| !h.is_empty())?;
+        out.insert(name.clone(), holder);
+    }
+    Some(out)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_a_lease_per_controller_each_controller_has_one_leader_and_fails_over() {
+    let cp = ccm_e2e::shared().expect("control plane");
+    let env = TestEnv::new(cp.client().await.expect("client"), "perctl").await.expect("env");
+    let (first, second) = (env.node_name("first"), env.node_name("second"));
+    let mut config = Config::default();
+    config.instances.push(instance("i-1", &first, "sim-region-1a"));
+    config.instances.push(instance("i-2", &second, "sim-region-1a"));
+    let sim = Sim::start(config).await;
+    let mut flags = LEASE_FLAGS.to_vec();
+    flags.extend(["--leader-elect-per-controller", "--controllers=cloud-node,service,cloud-node-lifecycle"]);
+    let a = Core::start(cp, &env, &sim, &flags);
+    let b = Core::start(cp, &env, &sim, &flags);
+    let names: Vec<String> = ["cloud-node-controller", "service-lb-controller", "cloud-node-lifecycle-controller"]
+        .iter()
+        .map(|c| format!("{}-{c}", env.prefix))
+        .collect();
+    let held = eventually("every controller's lease held", Duration::from_secs(30), async || holders(&env, &names).await).await;
+    let replicas: std::collections::BTreeSet<&String> = held.values().collect();
+    eprintln!("lease holders: {held:#?} ({} replica(s) leading)", replicas.len());
+
+    NodeBuilder::new(&first).uninitialized().label(TEST_LABEL, &env.prefix).create(&env.client).await.expect("node");
+    create_load_balancer_service(&env, "web", &[80]).await.expect("service");
+    eventually("the node controller's leader initialises", Duration::from_secs(30), async || initialised(&env, &first).await)
+        .await;
+    eventually("the service controller's leader ensures", Duration::from_secs(30), async || has_address(&env, "web").await).await;
+    // Each Lease has exactly one holder, and it stays (no flapping between the replicas).
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    assert_eq!(holders(&env, &names).await.as_ref(), Some(&held), "leaders are stable");
+
+    // Stop one replica: the other leads every controller within the lease duration (at
+    // once when the stopped one held none).
+    let stopped = tokio::time::Instant::now();
+    a.stop().await.expect("stops cleanly");
+    let after = eventually("the remaining replica leads every controller", Duration::from_secs(15), async || {
+        let now = holders(&env, &names).await?;
+        let ids: std::collections::BTreeSet<&String> = now.values().collect();
+        (ids.len() == 1).then_some(now)
+    })
+    .await;
+    let took = stopped.elapsed();
+    eprintln!("failover to the remaining replica took {took:?} (lease duration 4s): {after:?}");
+    assert!(took <= Duration::from_secs(6), "failover within the lease duration, took {took:?}");
+    NodeBuilder::new(&second).uninitialized().label(TEST_LABEL, &env.prefix).create(&env.client).await.expect("node");
+    eventually("the node controller still works after failover", Duration::from_secs(30), async || {
+        initialised(&env, &second).await
+    })
+    .await;
+    b.stop().await.expect("stop");
+    env.cleanup().await.expect("cleanup");
+}
+
+async fn lease_identity_of(env: &TestEnv, name: &str) -> Option<String> {
+    let leases: Api<Lease> = Api::namespaced(env.client.clone(), &env.namespace);
+    leases.get_opt(name).await.ok().flatten()?.spec?.holder_identity
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn migrated_controllers_wait_for_the_migration_lease() {
+    use k8s_openapi::api::coordination::v1::LeaseSpec;
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::{MicroTime, ObjectMeta};
+
+    let cp = ccm_e2e::shared().expect("control plane");
+    let env = TestEnv::new(cp.client().await.expect("client"), "migrate").await.expect("env");
+    let name = env.node_name("a");
+    let mut config = Config::default();
+    config.instances.push(instance("i-a", &name, "sim-region-1a"));
+    let sim = Sim::start(config).await;
+
+    // kube-controller-manager, started with the same migration configuration, holds the
+    // migration Lease and runs the service controller.
+    let migration_lease = format!("{}-migration", env.prefix);
+    let dir = tempfile::tempdir().expect("dir");
+    let path = dir.path().join("leader-migration.yaml");
+    std::fs::write(
+        &path,
+        format!(
+            "apiVersion: controllermanager.config.k8s.io/v1\nkind: LeaderMigrationConfiguration\n\
+             leaderName: {migration_lease}\nresourceLock: leases\ncontrollerLeaders:\n\
+             - name: service\n  component: \"*\"\n\
+             - name: route\n  component: kube-controller-manager\n"
+        ),
+    )
+    .expect("config");
+    // It renews every second with the 4 s lease duration the test cores use.
+    let leases: Api<Lease> = Api::namespaced(env.client.clone(), &env.namespace);
+    let now = || MicroTime(k8s_openapi::jiff::Timestamp::now());
+    let kcm = Lease {
+        metadata: ObjectMeta { name: Some(migration_lease.clone()), ..Default::default() },
+        spec: Some(LeaseSpec {
+            holder_identity: Some("kcm-host_5f2a".into()),
+            lease_duration_seconds: Some(4),
+            acquire_time: Some(now()),
+            renew_time: Some(now()),
+            ..Default::default()
+        }),
+    };
+    leases.create(&PostParams::default(), &kcm).await.expect("kube-controller-manager's lease");
+    let (stop_kcm, mut kcm_stopped) = tokio::sync::watch::channel(false);
+    let renewing = {
+        let (leases, name) = (leases.clone(), migration_lease.clone());
+        tokio::spawn(async move {
+            loop {
+                tokio::select! {
+                    _ = tokio::time::sleep(Duration::from_secs(1)) => {}
+                    _ = kcm_stopped.wait_for(|s| *s) => break,
+                }
+                let patch = serde_json::json!({ "spec": { "renewTime": now() } });
+                let _ = leases.patch(&name, &kube::api::PatchParams::default(), &kube::api::Patch::Merge(&patch)).await;
+            }
+            // Released on shutdown, as client-go's leader election does.
+            let patch = serde_json::json!({ "spec": { "holderIdentity": "", "leaseDurationSeconds": 1 } });
+            let _ = leases.patch(&name, &kube::api::PatchParams::default(), &kube::api::Patch::Merge(&patch)).await;
+        })
+    };
+
+    let config_flag = format!("--leader-migration-config={}", path.display());
+    let mut flags = LEASE_FLAGS.to_vec();
+    flags.extend(["--enable-leader-migration", &config_flag, "--controllers=cloud-node,service"]);
+    let core = Core::start(cp, &env, &sim, &flags);
+    NodeBuilder::new(&name).uninitialized().label(TEST_LABEL, &env.prefix).create(&env.client).await.expect("node");
+    create_load_balancer_service(&env, "web", &[80]).await.expect("service");
+    eventually("a controller that does not migrate runs under the main lease", Duration::from_secs(30), async || {
+        initialised(&env, &name).await
+    })
+    .await;
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    assert!(has_address(&env, "web").await.is_none(), "the service controller waits while kube-controller-manager leads it");
+    assert_eq!(sim.admin.call_count("LoadBalancersService/EnsureLoadBalancer").await.expect("calls"), 0);
+
+    // kube-controller-manager is rolled out without the controller and lets the Lease go.
+    let _ = stop_kcm.send(true);
+    renewing.await.expect("released");
+    let started = tokio::time::Instant::now();
+    eventually("the service controller runs once this process holds the migration lease", Duration::from_secs(30), async || {
+        has_address(&env, "web").await
+    })
+    .await;
+    eprintln!("migration lease taken over and the Service ensured {:?} after kube-controller-manager let go", started.elapsed());
+    let holder = lease_identity_of(&env, &migration_lease).await.unwrap_or_default();
+    assert!(!holder.is_empty() && holder != "kcm-host_5f2a", "held by this process: {holder:?}");
+    core.stop().await.expect("stop");
+    env.cleanup().await.expect("cleanup");
+}
