@@ -472,6 +472,18 @@ impl Cloud {
         Ok(instance.metadata(&self.region, instance.spec.state))
     }
 
+    /// The id of the instance named `name` (its host name), as the metadata service on it
+    /// would know it.
+    pub fn instance_id_by_name(&self, name: &str) -> Result<String> {
+        let world = self.world();
+        world
+            .instances
+            .values()
+            .find(|i| i.spec.name == name && i.state.current.is_some_and(|s| s != State::Terminated))
+            .map(|i| i.spec.id.clone())
+            .ok_or_else(|| Error::unavailable(format!("no instance named {name} is there to answer")))
+    }
+
     /// The registry credentials the metadata service of instance `id` hands out for `image`:
     /// those whose pattern covers it, while the instance runs.
     pub fn registry_credentials(&self, id: &str, image: &str) -> Result<Vec<crate::config::RegistryCredentialSpec>> {

@@ -47,8 +47,12 @@ struct NodeMetadataArgs {
     #[arg(long, value_name = "ENDPOINT", default_value_t = node_plugin::default_listen(PLUGIN_NAME).to_string())]
     listen: String,
     /// The instance this node is.
-    #[arg(long, value_name = "ID")]
-    instance_id: String,
+    #[arg(long, value_name = "ID", required_unless_present = "node_name")]
+    instance_id: Option<String>,
+    /// The host name of the instance this node is (in a DaemonSet: the Node's name, from
+    /// the downward API).
+    #[arg(long, value_name = "NAME", env = "NODE_NAME")]
+    node_name: Option<String>,
     /// The sim's instance metadata service (its --metadata-listen).
     #[arg(long, value_name = "ENDPOINT", default_value = "http://127.0.0.1:8169")]
     metadata_endpoint: String,
@@ -65,7 +69,11 @@ async fn main() -> anyhow::Result<()> {
         if !matches!(listen, Listen::Unix(_)) {
             anyhow::bail!("--listen: the node plugin serves on a unix socket (unix:///path.sock)");
         }
-        let plugin = ccm_provider_sim::plugin::NodePlugin::new(a.metadata_endpoint, a.instance_id);
+        let plugin = match (a.instance_id, a.node_name) {
+            (Some(id), _) => ccm_provider_sim::plugin::NodePlugin::new(a.metadata_endpoint, id),
+            (None, Some(name)) => ccm_provider_sim::plugin::NodePlugin::named(a.metadata_endpoint, name),
+            (None, None) => anyhow::bail!("--instance-id or --node-name is required"),
+        };
         return ccm_provider_sim::plugin::run(PLUGIN_NAME, plugin, listen, ccm_provider_sdk::server::shutdown_signal()).await;
     }
     let mut config = match &args.config {

@@ -6,6 +6,7 @@
 //! | method | path | body | answer |
 //! |---|---|---|---|
 //! | GET | `/v1/instances/{id}` | | a [`MetadataDocument`]; 503 when the instance is not there |
+//! | GET | `/v1/names/{name}` | | the same, of the instance with that host name |
 //! | POST | `/v1/instances/{id}/registry-credentials` | `{"image": ..}` | a [`CredentialsDocument`] |
 
 use std::sync::Arc;
@@ -107,6 +108,7 @@ pub struct CredentialsDocument {
 pub fn router(cloud: Arc<Cloud>) -> axum::Router {
     axum::Router::new()
         .route("/v1/instances/{id}", get(instance))
+        .route("/v1/names/{name}", get(named))
         .route("/v1/instances/{id}/registry-credentials", post(credentials))
         .with_state(cloud)
 }
@@ -114,6 +116,11 @@ pub fn router(cloud: Arc<Cloud>) -> axum::Router {
 async fn instance(State(cloud): State<Arc<Cloud>>, Path(id): Path<String>) -> Result<Json<MetadataDocument>, AdminError> {
     let m = cloud.instance_metadata_service(&id).map_err(AdminError)?;
     Ok(Json(MetadataDocument::from(&m)))
+}
+
+async fn named(State(cloud): State<Arc<Cloud>>, Path(name): Path<String>) -> Result<Json<MetadataDocument>, AdminError> {
+    let id = cloud.instance_id_by_name(&name).map_err(AdminError)?;
+    instance(State(cloud), Path(id)).await
 }
 
 async fn credentials(

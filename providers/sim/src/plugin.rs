@@ -20,14 +20,42 @@ const METADATA_TIMEOUT: Duration = Duration::from_secs(2);
 #[derive(Debug, Clone)]
 pub struct NodePlugin {
     endpoint: String,
-    instance_id: String,
+    who: Who,
+}
+
+/// How the plugin knows which instance it runs on.
+#[derive(Debug, Clone)]
+enum Who {
+    Id(String),
+    /// The host name (the Node's name): what a DaemonSet knows from the downward API.
+    Name(String),
 }
 
 impl NodePlugin {
     /// The plugin of instance `instance_id`, reading the metadata service at `endpoint`
     /// (`http://host:port` or `unix:///path.sock`).
     pub fn new(endpoint: impl Into<String>, instance_id: impl Into<String>) -> Self {
-        Self { endpoint: endpoint.into(), instance_id: instance_id.into() }
+        Self { endpoint: endpoint.into(), who: Who::Id(instance_id.into()) }
+    }
+
+    /// The plugin of the instance with host name `name`.
+    pub fn named(endpoint: impl Into<String>, name: impl Into<String>) -> Self {
+        Self { endpoint: endpoint.into(), who: Who::Name(name.into()) }
+    }
+
+    /// The metadata service path of this instance's document.
+    fn document_path(&self) -> String {
+        match &self.who {
+            Who::Id(id) => format!("/v1/instances/{id}"),
+            Who::Name(name) => format!("/v1/names/{name}"),
+        }
+    }
+
+    async fn instance_id(&self) -> Result<String> {
+        match &self.who {
+            Who::Id(id) => Ok(id.clone()),
+            Who::Name(_) => Ok(self.read::<MetadataDocument>("GET", &self.document_path(), None).await?.instance_id),
+        }
     }
 
     async fn read<T: DeserializeOwned>(&self, method: &str, path: &str, body: Option<serde_json::Value>) -> Result<T> {
@@ -55,7 +83,7 @@ impl NodePlugin {
 #[ccm_provider_sdk::async_trait]
 impl ccm_provider_sdk::NodeMetadata for NodePlugin {
     async fn node_metadata(&self) -> Result<pb::InstanceMetadata> {
-        let doc: MetadataDocument = self.read("GET", &format!("/v1/instances/{}", self.instance_id), None).await?;
+        let doc: MetadataDocument = self.read("GET", &self.document_path(), None).await?;
         Ok(doc.into())
     }
 }
@@ -65,7 +93,7 @@ impl ccm_provider_sdk::ImageCredentials for NodePlugin {
     async fn image_credentials(&self, request: &pb::GetImageCredentialsRequest) -> Result<pb::GetImageCredentialsResponse> {
         let body = serde_json::to_value(CredentialsRequest { image: request.image.clone() })
             .map_err(|e| Error::internal(format!("encoding the request: {e}")))?;
-        let path = format!("/v1/instances/{}/registry-credentials", self.instance_id);
+        let path = format!("/v1/instances/{}/registry-credentials", self.instance_id().await?);
         let doc: CredentialsDocument = self.read("POST", &path, Some(body)).await?;
         Ok(to_response(doc))
     }
@@ -98,7 +126,7 @@ fn to_response(doc: CredentialsDocument) -> pb::GetImageCredentialsResponse {
 impl ccm_provider_sdk::Probe for NodePlugin {
     async fn probe(&self) -> Result<Readiness> {
         // The metadata service is local and free: ready when it answers for this instance.
-        let read: Result<MetadataDocument> = self.read("GET", &format!("/v1/instances/{}", self.instance_id), None).await;
+        let read: Result<MetadataDocument> = self.read("GET", &self.document_path(), None).await;
         Ok(match read {
             Ok(_) => Readiness::Ready,
             Err(e) => Readiness::NotReady(e.to_string()),

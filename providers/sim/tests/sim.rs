@@ -466,6 +466,12 @@ async fn the_node_plugin_subcommand_serves_the_instance_it_runs_on() {
         ("i-0002", me.provider_id.as_str(), me.zone.as_str())
     );
     assert_eq!(admin.calls().await.expect("calls").total, 0, "the metadata service is not the cloud API");
+    // A DaemonSet knows its Node's name, not the instance id: the plugin finds itself by name.
+    let by_name = ccm_provider_sim::plugin::NodePlugin::named(format!("unix://{}", metadata.display()), me.name.clone());
+    let found = ccm_provider_sdk::NodeMetadata::node_metadata(&by_name).await.expect("by name");
+    assert_eq!(found.instance_id, "i-0002");
+    let nobody = ccm_provider_sim::plugin::NodePlugin::named(format!("unix://{}", metadata.display()), "no-such-node");
+    assert!(ccm_provider_sdk::NodeMetadata::node_metadata(&nobody).await.is_err());
 
     let report = run_suite(&endpoint).await;
     assert_eq!(report.failed(), 0, "{}", report.summary());
