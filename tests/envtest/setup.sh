@@ -3,7 +3,9 @@
 # the directory that holds them, in the KUBEBUILDER_ASSETS layout.
 # `setup.sh kubelet-check` instead prints the path of kubelet-check (cmd/kubelet-check: the
 # kubelet's own config and credential provider code of the same release), building it into
-# the same cache when missing.
+# the same cache when missing; `setup.sh helm` prints the path of the helm binary pinned in
+# ../helm/go.mod (the deploy tests render the chart with it), built into
+# ${CCM_ENVTEST_CACHE:-$HOME/.cache/ccm-rs}/helm-<version>/.
 #
 # - If KUBEBUILDER_ASSETS is set, or all of TEST_ASSET_KUBE_APISERVER / TEST_ASSET_ETCD /
 #   TEST_ASSET_KUBECTL are, those binaries are used and nothing is built.
@@ -16,7 +18,26 @@ set -euo pipefail
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 
 mode=${1:-control-plane}
-case "$mode" in control-plane|kubelet-check) ;; *) echo "usage: setup.sh [kubelet-check]" >&2; exit 2 ;; esac
+case "$mode" in control-plane|kubelet-check|helm) ;; *) echo "usage: setup.sh [kubelet-check|helm]" >&2; exit 2 ;; esac
+
+if [ "$mode" = helm ]; then
+  helm_dir="$here/../helm"
+  helm_version=$(awk '$1 == "helm.sh/helm/v3" { print $2 } $1 == "require" && $2 == "helm.sh/helm/v3" { print $3 }' "$helm_dir/go.mod" | head -n 1)
+  [ -n "$helm_version" ] || { echo "setup.sh: no helm.sh/helm/v3 version in $helm_dir/go.mod" >&2; exit 1; }
+  helm_out="${CCM_ENVTEST_CACHE:-$HOME/.cache/ccm-rs}/helm-$helm_version"
+  if [ ! -x "$helm_out/helm" ]; then
+    command -v go >/dev/null || { echo "setup.sh: Go is required to build helm" >&2; exit 1; }
+    mkdir -p "$helm_out"
+    echo "setup.sh: building helm $helm_version into $helm_out (a few minutes on a cold cache)" >&2
+    start=$(date +%s)
+    (cd "$helm_dir" && GOTOOLCHAIN=local CGO_ENABLED=0 GOFLAGS=-mod=mod go build -trimpath \
+      -ldflags="-s -w -X helm.sh/helm/v3/internal/version.version=$helm_version" -o "$helm_out/.helm.partial" helm.sh/helm/v3/cmd/helm)
+    mv "$helm_out/.helm.partial" "$helm_out/helm"
+    echo "setup.sh: built helm in $(( $(date +%s) - start ))s" >&2
+  fi
+  echo "$helm_out/helm"
+  exit 0
+fi
 
 version=$(awk '$1 == "k8s.io/kubernetes" && $2 ~ /^v/ { print $2 } $1 == "require" && $2 == "k8s.io/kubernetes" { print $3 }' "$here/go.mod" | head -n 1)
 [ -n "$version" ] || { echo "setup.sh: no k8s.io/kubernetes version in $here/go.mod" >&2; exit 1; }

@@ -66,6 +66,21 @@ fn kubeconfig_yaml(server: &str, ca: &str, client: &Pem, user: &str) -> String {
     )
 }
 
+/// Audit policy: what the kube-system ServiceAccounts (the core and its controllers) do, at
+/// Metadata level; nothing else. Tests read it to prove no request was forbidden.
+const AUDIT_POLICY: &str = "apiVersion: audit.k8s.io/v1\nkind: Policy\nomitStages: [RequestReceived]\nrules:\n\
+- level: Metadata\n  userGroups: [\"system:serviceaccounts:kube-system\"]\n- level: None\n";
+
+fn token_kubeconfig_yaml(server: &str, ca: &str, token: &str, user: &str) -> String {
+    use base64::Engine as _;
+    let ca = base64::engine::general_purpose::STANDARD.encode(ca.as_bytes());
+    format!(
+        "apiVersion: v1\nkind: Config\nclusters:\n- name: e2e\n  cluster:\n    server: {server}\n    certificate-authority-data: {ca}\n\
+         users:\n- name: {user}\n  user:\n    token: {token}\n\
+         contexts:\n- name: e2e\n  context:\n    cluster: e2e\n    user: {user}\ncurrent-context: e2e\n"
+    )
+}
+
 impl ControlPlane {
     /// Starts etcd and kube-apiserver on free loopback ports and waits until `/readyz` is ok.
     pub fn start() -> anyhow::Result<Self> {
@@ -96,6 +111,7 @@ impl ControlPlane {
         let (sa_key, sa_pub) = service_account_key()?;
         write("sa.key", &sa_key)?;
         write("sa.pub", &sa_pub)?;
+        write("audit-policy.yaml", AUDIT_POLICY)?;
 
         let (etcd_port, peer_port, api_port) = (free_port()?, free_port()?, free_port()?);
         let etcd_url = format!("http://127.0.0.1:{etcd_port}");
@@ -133,6 +149,9 @@ impl ControlPlane {
             .arg(format!("--tls-cert-file={}", path("apiserver.crt").display()))
             .arg(format!("--tls-private-key-file={}", path("apiserver.key").display()))
             .arg("--disable-admission-plugins=ServiceAccount")
+            .arg(format!("--audit-policy-file={}", path("audit-policy.yaml").display()))
+            .arg(format!("--audit-log-path={}", path("audit.log").display()))
+            .arg("--audit-log-format=json")
             .arg("--allow-privileged=true")
             .arg("--v=0")
             .stdin(Stdio::null())
@@ -240,6 +259,19 @@ impl ControlPlane {
         let path = self.dir.path().join(format!("{file}.kubeconfig"));
         std::fs::write(&path, kubeconfig_yaml(&self.server, self.ca.cert_pem(), &pem, user))?;
         Ok(path)
+    }
+
+    /// Writes a kubeconfig authenticating with a bearer `token` (a ServiceAccount's, from the
+    /// TokenRequest API) and returns its path.
+    pub fn kubeconfig_with_token(&self, name: &str, token: &str) -> anyhow::Result<PathBuf> {
+        let path = self.dir.path().join(format!("{name}.token.kubeconfig"));
+        std::fs::write(&path, token_kubeconfig_yaml(&self.server, self.ca.cert_pem(), token, name))?;
+        Ok(path)
+    }
+
+    /// The API server's audit log (JSON lines): requests of kube-system ServiceAccounts.
+    pub fn audit_log(&self) -> PathBuf {
+        self.dir.path().join("audit.log")
     }
 
     /// A client acting as `user` (in `group`, if any), with no permissions of its own.

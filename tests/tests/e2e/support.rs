@@ -112,27 +112,26 @@ pub struct Core {
 impl Core {
     /// Starts the core for `env`'s Nodes against `sim`, with extra flags.
     pub fn start(cp: &ControlPlane, env: &TestEnv, sim: &Sim, extra: &[&str]) -> Self {
-        let kubeconfig = cp.kubeconfig_path().display().to_string();
+        Self::start_as(cp.kubeconfig_path(), env, sim, extra)
+    }
+
+    /// Starts the core with the identity of `kubeconfig`.
+    pub fn start_as(kubeconfig: &std::path::Path, env: &TestEnv, sim: &Sim, extra: &[&str]) -> Self {
+        let kubeconfig = kubeconfig.display().to_string();
         let exclude = format!("--node-exclude-selector={TEST_LABEL}!={}", env.prefix);
-        let lease = format!("--leader-elect-resource-name={}", env.prefix);
-        let ns = format!("--leader-elect-resource-namespace={}", env.namespace);
-        let mut args = vec![
-            "cloud-controller-manager",
-            "--kubeconfig",
-            &kubeconfig,
-            "--provider-endpoint",
-            &sim.endpoint,
-            &exclude,
-            &lease,
-            &ns,
-        ];
+        let mut args =
+            vec!["cloud-controller-manager", "--kubeconfig", &kubeconfig, "--provider-endpoint", &sim.endpoint, &exclude];
         args.extend_from_slice(extra);
         // Test defaults, unless the test sets them. Each core handles only its test's
-        // Services: the API server is shared by every test.
+        // Services and Leases: the API server is shared by every test.
         let service_ns = format!("--service-namespace={}", env.namespace);
-        for default in ["--secure-port=0", "--reconcile-backoff-base=200ms", "--reconcile-backoff-max=5s", &service_ns] {
+        let lease = format!("--leader-elect-resource-name={}", env.prefix);
+        let lease_ns = format!("--leader-elect-resource-namespace={}", env.namespace);
+        let defaults =
+            ["--secure-port=0", "--reconcile-backoff-base=200ms", "--reconcile-backoff-max=5s", &service_ns, &lease, &lease_ns];
+        for default in defaults {
             let flag = default.split('=').next().unwrap_or(default);
-            if !extra.iter().any(|a| a.starts_with(flag)) {
+            if !extra.iter().any(|a| a.split('=').next() == Some(flag)) {
                 args.push(default);
             }
         }

@@ -1,0 +1,329 @@
+//! `deploy/`: every manifest and the rendered chart pass the real API server's server-side
+//! dry run; the shipped RBAC is sufficient (the node, lifecycle, route and service scenarios
+//! run with the core as its ServiceAccounts and no request is forbidden, per the audit log)
+//! and no broader than needed (forbidden verbs stay forbidden).
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use ccm_e2e::ControlPlane;
+use ccm_e2e::cluster::{NodeBuilder, TestEnv, UNINITIALIZED_TAINT, create_load_balancer_service, set_ready};
+use ccm_provider_sim::Config;
+use k8s_openapi::api::authentication::v1::{TokenRequest, TokenRequestSpec};
+use k8s_openapi::api::authorization::v1::{ResourceAttributes, SubjectAccessReview, SubjectAccessReviewSpec};
+use k8s_openapi::api::core::v1::ServiceAccount;
+use kube::Api;
+use kube::api::{DeleteParams, PostParams};
+
+use crate::support::{Core, Sim, TEST_LABEL, eventually, instance};
+
+fn deploy_dir() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../deploy")
+}
+
+fn helm() -> PathBuf {
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("envtest/setup.sh");
+    let out = std::process::Command::new("bash").arg(&script).arg("helm").output().expect("setup.sh helm");
+    assert!(out.status.success(), "setup.sh helm: {}", String::from_utf8_lossy(&out.stderr));
+    PathBuf::from(String::from_utf8_lossy(&out.stdout).trim())
+}
+
+/// Runs a command with `input` on stdin; its stdout, or a panic with its stderr.
+fn run(mut cmd: std::process::Command, input: Option<&[u8]>, what: &str) -> String {
+    use std::io::Write;
+    let mut child = cmd
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap_or_else(|e| panic!("{what}: {e}"));
+    let mut stdin = child.stdin.take().expect("stdin");
+    stdin.write_all(input.unwrap_or_default()).expect("write stdin");
+    drop(stdin);
+    let out = child.wait_with_output().expect("wait");
+    assert!(out.status.success(), "{what} failed: {}", String::from_utf8_lossy(&out.stderr));
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+/// Server-side dry run of `yaml`: every object validated and admitted, nothing stored. The
+/// objects as the server would store them.
+fn dry_run(cp: &ControlPlane, yaml: &str, what: &str) -> Vec<serde_json::Value> {
+    let mut cmd = cp.kubectl(&["apply", "--server-side", "--dry-run=server", "--field-manager=ccm-e2e", "-o", "json", "-f", "-"]);
+    cmd.current_dir(deploy_dir());
+    let out = run(cmd, Some(yaml.as_bytes()), what);
+    let value: serde_json::Value = serde_json::from_str(&out).unwrap_or_else(|e| panic!("{what}: {e}: {out}"));
+    let items = match value["kind"].as_str() {
+        Some("List") => value["items"].as_array().cloned().unwrap_or_default(),
+        _ => vec![value],
+    };
+    assert!(!items.is_empty(), "{what}: nothing applied");
+    items
+}
+
+/// The rules of every Role and ClusterRole, by kind and name, each rule's lists sorted.
+fn rules(objects: &[serde_json::Value]) -> BTreeMap<String, BTreeSet<String>> {
+    let sorted = |v: &serde_json::Value| {
+        let mut list: Vec<String> = v.as_array().into_iter().flatten().filter_map(|x| x.as_str().map(str::to_string)).collect();
+        list.sort();
+        list.join(",")
+    };
+    objects
+        .iter()
+        .filter(|o| matches!(o["kind"].as_str(), Some("Role" | "ClusterRole")))
+        .map(|o| {
+            let key =
+                format!("{}/{}", o["kind"].as_str().unwrap_or_default(), o["metadata"]["name"].as_str().unwrap_or_default());
+            let set = o["rules"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .map(|r| {
+                    format!(
+                        "{}|{}|{}|{}",
+                        sorted(&r["apiGroups"]),
+                        sorted(&r["resources"]),
+                        sorted(&r["resourceNames"]),
+                        sorted(&r["verbs"])
+                    )
+                })
+                .collect();
+            (key, set)
+        })
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_manifest_and_the_rendered_chart_pass_a_server_side_dry_run() {
+    let cp = ccm_e2e::shared().expect("control plane");
+    let mut counts = BTreeMap::new();
+    let mut kustomize_rules = BTreeMap::new();
+    for dir in ["rbac", "core", "node-metadata"] {
+        let path = deploy_dir().join("kustomize").join(dir);
+        let yaml = run(cp.kubectl(&["kustomize", &path.display().to_string()]), None, &format!("kustomize {dir}"));
+        let objects = dry_run(cp, &yaml, &format!("kustomize/{dir}"));
+        kustomize_rules.extend(rules(&objects));
+        counts.insert(format!("kustomize/{dir}"), objects.len());
+    }
+    let mut helm_rules = BTreeMap::new();
+    let helm = tokio::task::spawn_blocking(helm).await.expect("helm");
+    let chart = deploy_dir().join("helm/ccm-rs");
+    let variants: [(&str, &[&str]); 4] = [
+        ("defaults", &[]),
+        ("lease per controller", &["--set", "leaderElection.perController=true"]),
+        (
+            "without service account credentials",
+            &["--set", "useServiceAccountCredentials=false", "--set", "nodeMetadata.enabled=false"],
+        ),
+        (
+            "leader migration with a config",
+            &[
+                "--set",
+                "leaderMigration.enabled=true",
+                "--set-string",
+                "leaderMigration.config=apiVersion: controllermanager.config.k8s.io/v1\nkind: LeaderMigrationConfiguration\nleaderName: cloud-provider-extraction-migration\nresourceLock: leases\n",
+            ],
+        ),
+    ];
+    for (name, set) in variants {
+        let mut cmd = std::process::Command::new(&helm);
+        cmd.args(["template", "ccm-rs", &chart.display().to_string(), "--namespace", "kube-system", "--kube-version", "1.37.2"]);
+        cmd.args(set);
+        let yaml = run(cmd, None, &format!("helm template ({name})"));
+        let objects = dry_run(cp, &yaml, &format!("helm ({name})"));
+        if name == "defaults" {
+            helm_rules = rules(&objects);
+        }
+        counts.insert(format!("helm ({name})"), objects.len());
+    }
+    // The chart and the kustomize manifests grant exactly the same.
+    assert_eq!(helm_rules, kustomize_rules, "the chart's RBAC and the kustomize RBAC differ");
+    assert_eq!(kustomize_rules.len(), 6, "{kustomize_rules:#?}");
+    eprintln!("objects accepted by the server-side dry run: {counts:#?}");
+    assert!(counts["kustomize/core"] >= 20, "{counts:?}");
+    assert!(counts["helm (defaults)"] >= 20, "{counts:?}");
+
+    // The chart refuses what cannot work.
+    let mut cmd = std::process::Command::new(&helm);
+    cmd.args(["template", "ccm-rs", &chart.display().to_string(), "--namespace", "default", "--kube-version", "1.37.2"]);
+    let out = cmd.output().expect("helm");
+    assert!(!out.status.success(), "the controllers' accounts live in kube-system");
+    assert!(String::from_utf8_lossy(&out.stderr).contains("kube-system"));
+}
+
+async fn token(client: &kube::Client, account: &str) -> String {
+    let api: Api<ServiceAccount> = Api::namespaced(client.clone(), "kube-system");
+    let request = TokenRequest {
+        spec: Some(TokenRequestSpec { expiration_seconds: Some(3600), ..Default::default() }),
+        ..Default::default()
+    };
+    let answer = api.create_token_request(account, &PostParams::default(), &request).await.expect("token request");
+    answer.status.and_then(|s| s.token).expect("a token")
+}
+
+async fn allowed(client: &kube::Client, account: &str, verb: &str, resource: &str, name: Option<&str>) -> bool {
+    let (resource, subresource) = resource.split_once('/').map_or((resource, None), |(r, s)| (r, Some(s.to_string())));
+    let group = if resource == "leases" { "coordination.k8s.io" } else { "" };
+    let review = SubjectAccessReview {
+        spec: SubjectAccessReviewSpec {
+            user: Some(format!("system:serviceaccount:kube-system:{account}")),
+            groups: Some(vec!["system:serviceaccounts".into(), "system:serviceaccounts:kube-system".into()]),
+            resource_attributes: Some(ResourceAttributes {
+                verb: Some(verb.into()),
+                group: Some(group.into()),
+                resource: Some(resource.into()),
+                subresource,
+                name: name.map(str::to_string),
+                namespace: Some("kube-system".into()),
+                ..Default::default()
+            }),
+            ..Default::default()
+        },
+        ..Default::default()
+    };
+    let api: Api<SubjectAccessReview> = Api::all(client.clone());
+    api.create(&PostParams::default(), &review).await.expect("review").status.is_some_and(|s| s.allowed)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_shipped_roles_are_enough_for_every_controller_and_no_broader() {
+    // A control plane of its own: its audit log then holds only this test's requests.
+    let cp = tokio::task::spawn_blocking(ControlPlane::start).await.expect("join").expect("control plane");
+    let admin = cp.client().await.expect("client");
+    let rbac = deploy_dir().join("kustomize/rbac");
+    run(
+        cp.kubectl(&["apply", "--server-side", "--field-manager=ccm-e2e", "-k", &rbac.display().to_string()]),
+        None,
+        "apply rbac",
+    );
+
+    let env = TestEnv::new(admin.clone(), "rbac").await.expect("env");
+    let (fresh, doomed) = (env.node_name("fresh"), env.node_name("doomed"));
+    let mut config = Config::default();
+    config.instances.push(instance("i-fresh", &fresh, "sim-region-1a"));
+    config.instances.push(instance("i-doomed", &doomed, "sim-region-1a"));
+    let sim = Sim::start(config).await;
+    let kubeconfig = cp
+        .kubeconfig_with_token("cloud-controller-manager", &token(&admin, "cloud-controller-manager").await)
+        .expect("kubeconfig");
+    let lease = format!("--leader-elect-resource-name={}", env.prefix);
+    let core = Core::start_as(
+        &kubeconfig,
+        &env,
+        &sim,
+        &[
+            "--leader-elect=true",
+            "--leader-elect-resource-namespace=kube-system",
+            &lease,
+            "--use-service-account-credentials",
+            "--cluster-cidr=10.250.0.0/16",
+            "--node-monitor-period=300ms",
+        ],
+    );
+
+    // cloud-node-controller and route-controller.
+    NodeBuilder::new(&fresh)
+        .uninitialized()
+        .label(TEST_LABEL, &env.prefix)
+        .pod_cidr("10.250.1.0/24")
+        .create(&admin)
+        .await
+        .expect("node");
+    eventually("the node initialised", Duration::from_secs(30), async || {
+        let node = env.nodes().get(&fresh).await.ok()?;
+        let taints = node.spec.as_ref()?.taints.clone().unwrap_or_default();
+        (!taints.iter().any(|t| t.key == UNINITIALIZED_TAINT)).then_some(())
+    })
+    .await;
+    eventually("the route and the NetworkUnavailable condition", Duration::from_secs(30), async || {
+        let state = sim.admin.state().await.ok()?;
+        let routed = state.route_tables.iter().flat_map(|t| &t.routes).any(|r| r.destination_cidr == "10.250.1.0/24");
+        let node = env.nodes().get(&fresh).await.ok()?;
+        let conditions = node.status?.conditions.unwrap_or_default();
+        let cleared = conditions.iter().any(|c| c.type_ == "NetworkUnavailable" && c.status == "False");
+        (routed && cleared).then_some(())
+    })
+    .await;
+
+    // cloud-node-lifecycle-controller: a NotReady Node whose instance is gone is deleted.
+    NodeBuilder::new(&doomed)
+        .label(TEST_LABEL, &env.prefix)
+        .provider_id("sim://sim-region-1a/i-doomed")
+        .create(&admin)
+        .await
+        .expect("node");
+    set_ready(&admin, &doomed, "False").await.expect("not ready");
+    sim.admin.instance_action("i-doomed", "terminate").await.expect("terminate");
+    eventually("the node of a gone instance deleted", Duration::from_secs(30), async || {
+        env.nodes().get_opt(&doomed).await.ok()?.is_none().then_some(())
+    })
+    .await;
+
+    // service-lb-controller: ensure (finalizer, status), then delete (finalizer removed).
+    let svc_env = env.clone();
+    let web = "web".to_string();
+    create_load_balancer_service(&svc_env, &web, &[80]).await.expect("service");
+    eventually("the load balancer's address", Duration::from_secs(30), async || {
+        svc_env.services().get(&web).await.ok()?.status?.load_balancer?.ingress?.first()?.ip.clone()
+    })
+    .await;
+    svc_env.services().delete(&web, &DeleteParams::default()).await.expect("delete");
+    eventually("the Service gone once its load balancer is", Duration::from_secs(30), async || {
+        svc_env.services().get_opt(&web).await.ok()?.is_none().then_some(())
+    })
+    .await;
+    // Events are recorded in the background: give them a moment.
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    core.stop().await.expect("core stops");
+
+    // The audit log: every account acted, and none was refused anything.
+    let log = std::fs::read_to_string(cp.audit_log()).expect("audit log");
+    let mut users = BTreeSet::new();
+    let mut forbidden = Vec::new();
+    for line in log.lines() {
+        let Ok(event) = serde_json::from_str::<serde_json::Value>(line) else { continue };
+        let user = event["user"]["username"].as_str().unwrap_or_default();
+        let Some(account) = user.strip_prefix("system:serviceaccount:kube-system:") else { continue };
+        users.insert(account.to_string());
+        if event["responseStatus"]["code"].as_i64() == Some(403) {
+            forbidden.push(format!("{account}: {} {}", event["verb"], event["requestURI"]));
+        }
+    }
+    assert!(forbidden.is_empty(), "forbidden requests: {forbidden:#?}");
+    for account in [
+        "cloud-controller-manager",
+        "cloud-node-controller",
+        "cloud-node-lifecycle-controller",
+        "route-controller",
+        "service-lb-controller",
+    ] {
+        assert!(users.contains(account), "{account} made requests as itself: {users:?}");
+    }
+
+    // No broader than needed: what a controller does not do stays forbidden.
+    let checks: [(&str, &str, &str, Option<&str>, bool); 14] = [
+        ("route-controller", "patch", "nodes/status", None, true),
+        ("route-controller", "delete", "nodes", None, false),
+        ("route-controller", "patch", "nodes", None, false),
+        ("service-lb-controller", "patch", "services/status", None, true),
+        ("service-lb-controller", "patch", "nodes", None, false),
+        ("service-lb-controller", "delete", "services", None, false),
+        ("cloud-node-controller", "patch", "nodes", None, true),
+        ("cloud-node-controller", "delete", "nodes", None, false),
+        ("cloud-node-controller", "update", "services", None, false),
+        ("cloud-node-lifecycle-controller", "delete", "nodes", None, true),
+        ("cloud-node-lifecycle-controller", "patch", "services", None, false),
+        ("cloud-controller-manager", "patch", "nodes", None, false),
+        ("cloud-controller-manager", "create", "serviceaccounts/token", Some("default"), false),
+        ("cloud-controller-manager", "get", "secrets", None, false),
+    ];
+    let mut wrong = Vec::new();
+    for (account, verb, resource, name, want) in checks {
+        if allowed(&admin, account, verb, resource, name).await != want {
+            wrong.push(format!("{account} {verb} {resource}: expected allowed={want}"));
+        }
+    }
+    assert!(wrong.is_empty(), "{wrong:#?}");
+    assert!(allowed(&admin, "cloud-controller-manager", "create", "serviceaccounts/token", Some("route-controller")).await);
+    env.cleanup().await.expect("cleanup");
+}
