@@ -172,6 +172,77 @@ async fn lead_then_run(
     result
 }
 
+/// Whether the Lease is free to take: absent, released (no holder) or expired.
+async fn lease_free(api: &Api<k8s_openapi::api::coordination::v1::Lease>, name: &str) -> anyhow::Result<bool> {
+    let Some(lease) = api.get_opt(name).await.with_context(|| format!("reading the Lease {name}"))? else { return Ok(true) };
+    let spec = lease.spec.unwrap_or_default();
+    if spec.holder_identity.as_deref().is_none_or(str::is_empty) {
+        return Ok(true);
+    }
+    let (Some(renewed), Some(seconds)) = (spec.renew_time, spec.lease_duration_seconds) else { return Ok(true) };
+    let expires = renewed.0.as_millisecond() + i64::from(seconds) * 1000;
+    Ok(expires < k8s_openapi::jiff::Timestamp::now().as_millisecond())
+}
+
+/// Acquires the Lease: polls it every `--leader-elect-retry-period` while another replica
+/// holds it (so a released Lease is taken within one period, an expired one within the lease
+/// duration plus one period), then takes it with the lease manager, which renews it from then
+/// on. `None` when stopped first.
+async fn acquire(
+    options: &Options,
+    client: &kube::Client,
+    lease: &str,
+    identity: &str,
+    stop: &mut watch::Receiver<bool>,
+) -> anyhow::Result<
+    Option<(watch::Receiver<bool>, tokio::task::JoinHandle<kube_lease_manager::Result<kube_lease_manager::LeaseManager>>)>,
+> {
+    let api = Api::namespaced(client.clone(), &options.leader_elect_resource_namespace);
+    let retry = options.leader_elect_retry_period.max(Duration::from_millis(200));
+    let duration = options.leader_elect_lease_duration.as_secs().max(2);
+    let grace = duration.saturating_sub(options.leader_elect_renew_deadline.as_secs()).clamp(1, duration - 1);
+    loop {
+        let free = match lease_free(&api, lease).await {
+            Ok(free) => free,
+            Err(error) => {
+                tracing::warn!(error = %format!("{error:#}"), "leader election: reading the Lease failed; retrying");
+                false
+            }
+        };
+        if free {
+            let manager = kube_lease_manager::LeaseManagerBuilder::new(client.clone(), lease)
+                .with_namespace(&options.leader_elect_resource_namespace)
+                .with_identity(identity)
+                .with_duration(duration)
+                .with_grace(grace)
+                .build()
+                .await
+                .with_context(|| format!("setting up leader election on the Lease {lease}"))?;
+            let (mut leading, handle) = manager.watch().await;
+            let won = tokio::select! {
+                r = tokio::time::timeout(retry, leading.wait_for(|l| *l)) => match r {
+                    Ok(r) => { r.with_context(|| format!("leader election on {lease} stopped"))?; true }
+                    Err(_) => false,
+                },
+                _ = stop.wait_for(|s| *s) => false,
+            };
+            if won {
+                return Ok(Some((leading, handle)));
+            }
+            // Another replica was quicker: back to watching the Lease ourselves.
+            drop(leading);
+            let _ = handle.await;
+        }
+        tokio::select! {
+            _ = tokio::time::sleep(retry) => {}
+            _ = stop.wait_for(|s| *s) => return Ok(None),
+        }
+        if *stop.borrow() {
+            return Ok(None);
+        }
+    }
+}
+
 #[allow(clippy::too_many_arguments)]
 async fn lead_group(
     options: &Options,
@@ -190,28 +261,11 @@ async fn lead_group(
             _ = stop.wait_for(|s| *s) => return Ok(()),
         }
     }
-    let duration = options.leader_elect_lease_duration.as_secs().max(2);
-    let grace = duration.saturating_sub(options.leader_elect_renew_deadline.as_secs()).clamp(1, duration - 1);
-    let manager = kube_lease_manager::LeaseManagerBuilder::new(client, &group.lease)
-        .with_namespace(&options.leader_elect_resource_namespace)
-        .with_identity(&identity)
-        .with_duration(duration)
-        .with_grace(grace)
-        .build()
-        .await
-        .with_context(|| format!("setting up leader election on the Lease {}", group.lease))?;
-    let (mut leading, handle) = manager.watch().await;
     let controllers: Vec<&str> = group.controllers.iter().copied().collect();
     tracing::info!(%identity, lease = %group.lease, ?controllers, "waiting to acquire the lease");
-    let got = tokio::select! {
-        r = leading.wait_for(|l| *l) => { r.map(|_| true).with_context(|| format!("leader election on {} stopped", group.lease))? }
-        _ = stop.wait_for(|s| *s) => false,
-    };
-    if !got {
-        drop(leading);
-        let _ = handle.await;
+    let Some((leading, handle)) = acquire(options, &client, &group.lease, &identity, &mut stop).await? else {
         return Ok(());
-    }
+    };
     tracing::info!(%identity, lease = %group.lease, ?controllers, "acquired the lease; starting its controllers");
     let _ = acquired.send(true);
     ctx.metrics.lease_held(&group.lease, true);
