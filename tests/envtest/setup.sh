@@ -5,7 +5,9 @@
 # kubelet's own config and credential provider code of the same release), building it into
 # the same cache when missing; `setup.sh helm` prints the path of the helm binary pinned in
 # ../helm/go.mod (the deploy tests render the chart with it), built into
-# ${CCM_ENVTEST_CACHE:-$HOME/.cache/ccm-rs}/helm-<version>/.
+# ${CCM_ENVTEST_CACHE:-$HOME/.cache/ccm-rs}/helm-<version>/; `setup.sh peer` prints the path of
+# grpc-cloud-controller-manager (../peer: upstream's cloud-controller-manager forwarding to a
+# cloudprovider.v1 endpoint), built into .../peer-<hash of its sources>/.
 #
 # - If KUBEBUILDER_ASSETS is set, or all of TEST_ASSET_KUBE_APISERVER / TEST_ASSET_ETCD /
 #   TEST_ASSET_KUBECTL are, those binaries are used and nothing is built.
@@ -18,7 +20,31 @@ set -euo pipefail
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 
 mode=${1:-control-plane}
-case "$mode" in control-plane|kubelet-check|helm) ;; *) echo "usage: setup.sh [kubelet-check|helm]" >&2; exit 2 ;; esac
+case "$mode" in control-plane|kubelet-check|helm|peer) ;; *) echo "usage: setup.sh [kubelet-check|helm|peer]" >&2; exit 2 ;; esac
+
+if [ "$mode" = peer ]; then
+  peer_dir=$(cd "$here/../peer" && pwd)
+  sum=$(cd "$peer_dir" && find . -name '*.go' -o -name go.mod -o -name go.sum | LC_ALL=C sort | xargs cat | sha256sum | cut -c1-16)
+  peer_out="${CCM_ENVTEST_CACHE:-$HOME/.cache/ccm-rs}/peer-$sum"
+  if [ ! -x "$peer_out/grpc-cloud-controller-manager" ]; then
+    command -v go >/dev/null || { echo "setup.sh: Go is required to build the upstream peer" >&2; exit 1; }
+    k8s=$(awk '$1 == "k8s.io/cloud-provider" { print $2 }' "$peer_dir/go.mod" | head -n 1)
+    mkdir -p "$peer_out"
+    echo "setup.sh: building grpc-cloud-controller-manager (k8s.io/cloud-provider $k8s) into $peer_out" >&2
+    start=$(date +%s)
+    minor=$(echo "$k8s" | cut -d. -f2)
+    ldflags="-s -w"
+    for pkg in k8s.io/component-base/version k8s.io/client-go/pkg/version; do
+      ldflags="$ldflags -X $pkg.gitVersion=v1${k8s#v0} -X $pkg.gitMajor=1 -X $pkg.gitMinor=$minor -X $pkg.gitTreeState=clean"
+    done
+    (cd "$peer_dir" && GOTOOLCHAIN=local CGO_ENABLED=0 GOFLAGS=-mod=mod go build -trimpath -ldflags="$ldflags" \
+      -o "$peer_out/.partial" ./cmd/grpc-cloud-controller-manager)
+    mv "$peer_out/.partial" "$peer_out/grpc-cloud-controller-manager"
+    echo "setup.sh: built grpc-cloud-controller-manager in $(( $(date +%s) - start ))s" >&2
+  fi
+  echo "$peer_out/grpc-cloud-controller-manager"
+  exit 0
+fi
 
 if [ "$mode" = helm ]; then
   helm_dir="$here/../helm"
