@@ -59,6 +59,30 @@ async fn kube_config(options: &Options) -> anyhow::Result<kube::Config> {
     })
 }
 
+/// The `cloud-controller-manager` command: parses `args` (the program name first), sets up
+/// logging, runs until SIGTERM or SIGINT, and reports how it ended.
+pub async fn main_with_args(args: impl IntoIterator<Item = std::ffi::OsString>) -> std::process::ExitCode {
+    use clap::Parser;
+    let options = match Options::try_parse_from(args) {
+        Ok(options) => options,
+        Err(e) => e.exit(),
+    };
+    let filter = tracing_subscriber::EnvFilter::new(&options.log_level);
+    if options.log_format == "json" {
+        tracing_subscriber::fmt().json().with_env_filter(filter).with_writer(std::io::stderr).init();
+    } else {
+        tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).init();
+    }
+    match run(options).await {
+        Ok(()) => std::process::ExitCode::SUCCESS,
+        Err(error) => {
+            tracing::error!("{error:#}");
+            eprintln!("cloud-controller-manager: {error:#}");
+            std::process::ExitCode::FAILURE
+        }
+    }
+}
+
 /// Runs the cloud-controller-manager until SIGTERM or SIGINT (Ok) or until it must stop (Err).
 pub async fn run(options: Options) -> anyhow::Result<()> {
     run_until(options, ccm_provider_sdk::server::shutdown_signal()).await

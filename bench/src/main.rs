@@ -1,0 +1,94 @@
+//! `ccm-bench`: the Rust core and upstream's cloud-controller-manager (tests/peer, forwarding
+//! to the same cloudprovider.v1 sidecar), one after the other on the same API server, each with
+//! a fresh simulated cloud of the same latency and rate limit, under the same workload; prints
+//! a table side by side with ratios and writes the figures as JSON.
+//!
+//! Each core runs as its own process, so its CPU time and memory are its own. Latencies are
+//! measured from the API change to the call reaching the sim (its timestamps), not from logs.
+
+mod scenarios;
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use anyhow::Context;
+use clap::Parser;
+
+/// Benchmarks the Rust core against upstream's cloud-controller-manager.
+#[derive(Debug, Clone, Parser)]
+#[command(name = "ccm-bench", version, about)]
+pub struct Args {
+    /// Nodes that join together (and get routes).
+    #[arg(long, default_value_t = 100)]
+    pub nodes: usize,
+    /// LoadBalancer Services created together.
+    #[arg(long, default_value_t = 20)]
+    pub services: usize,
+    /// Node changes (add, remove, exclude) for the churn latency.
+    #[arg(long, default_value_t = 9)]
+    pub churn: usize,
+    /// How long the steady state is observed (heartbeats every 10 s per Node).
+    #[arg(long, default_value = "60s", value_parser = humantime::parse_duration)]
+    pub steady: Duration,
+    /// The simulated cloud API's latency per call, in milliseconds.
+    #[arg(long, default_value_t = 20)]
+    pub latency_ms: u64,
+    /// The simulated cloud's account-wide rate limit, in calls per second.
+    #[arg(long, default_value_t = 20.0)]
+    pub rate_limit: f64,
+    /// Which cores: `rust`, `upstream` (routes on a 10 s timer), `upstream-watch` (upstream
+    /// with the watch-based route reconciliation feature gate on).
+    #[arg(long, value_delimiter = ',', default_value = "rust,upstream,upstream-watch")]
+    pub cores: Vec<String>,
+    /// Where to write the figures as JSON.
+    #[arg(long, default_value = "ccm-bench.json")]
+    pub json: PathBuf,
+    /// upstream's binary; default: `tests/envtest/setup.sh peer` builds (or finds) it.
+    #[arg(long)]
+    pub peer: Option<PathBuf>,
+    /// Log filter of the cores (their stderr goes to <json>.<core>.log).
+    #[arg(long, default_value = "info")]
+    pub core_log: String,
+}
+
+fn main() -> anyhow::Result<()> {
+    // `ccm-bench __core …` is the Rust core itself, run as a child process.
+    let mut argv: Vec<std::ffi::OsString> = std::env::args_os().collect();
+    if argv.get(1).is_some_and(|a| a == "__core") {
+        argv.remove(1);
+        let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build().context("runtime")?;
+        let code = runtime.block_on(ccm_core::runtime::main_with_args(argv));
+        std::process::exit(if code == std::process::ExitCode::SUCCESS { 0 } else { 1 });
+    }
+    let args = Args::parse();
+    tracing_subscriber::fmt().with_env_filter(tracing_subscriber::EnvFilter::new("warn")).with_writer(std::io::stderr).init();
+    let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build().context("runtime")?;
+    runtime.block_on(run(args))
+}
+
+async fn run(args: Args) -> anyhow::Result<()> {
+    for core in &args.cores {
+        if !["rust", "upstream", "upstream-watch"].contains(&core.as_str()) {
+            anyhow::bail!("--cores: unknown core {core:?} (rust, upstream, upstream-watch)");
+        }
+    }
+    let peer = match &args.peer {
+        Some(p) => Some(p.clone()),
+        None if args.cores.iter().any(|c| c.starts_with("upstream")) => Some(scenarios::build_peer()?),
+        None => None,
+    };
+    eprintln!("starting the control plane");
+    let cp = tokio::task::spawn_blocking(ccm_e2e::ControlPlane::start).await??;
+    let mut results: BTreeMap<String, scenarios::Figures> = BTreeMap::new();
+    for core in &args.cores {
+        eprintln!("== {core}: {} Nodes, {} Services, {} churn changes, steady {:?}", args.nodes, args.services, args.churn, args.steady);
+        let figures = scenarios::run_core(&cp, &args, core, peer.as_deref()).await.with_context(|| format!("core {core}"))?;
+        results.insert(core.clone(), figures);
+    }
+    let report = scenarios::Report::new(&args, results);
+    println!("{}", report.table());
+    std::fs::write(&args.json, serde_json::to_string_pretty(&report)?).with_context(|| format!("writing {}", args.json.display()))?;
+    eprintln!("figures written to {}", args.json.display());
+    Ok(())
+}

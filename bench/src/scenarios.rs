@@ -1,0 +1,616 @@
+//! The scenarios, run against one core at a time: join burst, load balancers, routes, node
+//! churn, steady state.
+
+use std::collections::{BTreeMap, HashMap};
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use anyhow::{Context, bail};
+use ccm_e2e::ControlPlane;
+use ccm_e2e::cluster::{NodeBuilder, UNINITIALIZED_TAINT};
+use ccm_provider_sdk::Listen;
+use ccm_provider_sim::config::{ApiConfig, InstanceSpec, RateLimit, RouteTableSpec};
+use ccm_provider_sim::{AdminClient, Config, Endpoints};
+use futures::StreamExt;
+use k8s_openapi::api::core::v1::{Namespace, Node, Service, ServicePort, ServiceSpec};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+use kube::Api;
+use kube::api::{DeleteParams, ListParams, Patch, PatchParams, PostParams};
+use serde::Serialize;
+
+use crate::Args;
+
+const ZONE: &str = "sim-region-1a";
+const CLUSTER_CIDR: &str = "10.64.0.0/10";
+const EXCLUDE_LABEL: &str = "node.kubernetes.io/exclude-from-external-load-balancers";
+/// How many API requests the workload sends at once.
+const PARALLEL: usize = 32;
+
+/// What one core did.
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct Figures {
+    /// Seconds from the first Node created to every Node initialised.
+    pub join_seconds: f64,
+    /// Provider calls during the join, by method.
+    pub join_calls: BTreeMap<String, u64>,
+    /// Seconds from the first Service created to every Service with an address.
+    pub lb_seconds: f64,
+    /// Provider calls while the load balancers were created, by method.
+    pub lb_calls: BTreeMap<String, u64>,
+    /// From a podCIDR set to its route in the cloud, in milliseconds.
+    pub route_p50_ms: u64,
+    /// The same, 99th percentile.
+    pub route_p99_ms: u64,
+    /// Seconds until every route existed (NaN when some were still missing after 120 s).
+    pub routes_seconds: f64,
+    /// Routes still missing 120 s after the podCIDRs were set.
+    pub routes_missing: usize,
+    /// From a Node added, removed or excluded to UpdateLoadBalancerHosts reaching the cloud,
+    /// per load balancer, in milliseconds.
+    pub churn_p50_ms: u64,
+    /// The same, 99th percentile.
+    pub churn_p99_ms: u64,
+    /// (change, load balancer) pairs that did not reach the cloud within 120 s.
+    pub churn_timeouts: usize,
+    /// Provider calls per hour at steady state, by method.
+    pub steady_calls_per_hour: BTreeMap<String, f64>,
+    /// Of those, calls that reach the cloud API (all but IdentityService).
+    pub steady_cloud_calls_per_hour: f64,
+    /// ListRoutes calls per hour at steady state.
+    pub steady_list_routes_per_hour: f64,
+    /// CPU seconds the core used during the steady state.
+    pub steady_cpu_seconds: f64,
+    /// CPU seconds the core used in all.
+    pub total_cpu_seconds: f64,
+    /// Resident memory at the end of the steady state, MiB.
+    pub rss_steady_mib: f64,
+    /// Peak resident memory, MiB.
+    pub rss_peak_mib: f64,
+}
+
+/// Every core's figures, and what they ran under.
+#[derive(Debug, Serialize)]
+pub struct Report {
+    /// Nodes joining.
+    pub nodes: usize,
+    /// Services.
+    pub services: usize,
+    /// Churn changes.
+    pub churn: usize,
+    /// Steady state seconds.
+    pub steady_seconds: u64,
+    /// Simulated API latency.
+    pub latency_ms: u64,
+    /// Simulated rate limit.
+    pub rate_limit: f64,
+    /// The machine.
+    pub machine: String,
+    /// Figures by core.
+    pub cores: BTreeMap<String, Figures>,
+}
+
+impl Report {
+    /// The report of a run.
+    pub fn new(args: &Args, cores: BTreeMap<String, Figures>) -> Self {
+        Self {
+            nodes: args.nodes,
+            services: args.services,
+            churn: args.churn,
+            steady_seconds: args.steady.as_secs(),
+            latency_ms: args.latency_ms,
+            rate_limit: args.rate_limit,
+            machine: machine(),
+            cores,
+        }
+    }
+
+    /// A table, one column per core, and the ratio of each upstream column to the Rust one.
+    pub fn table(&self) -> String {
+        let names: Vec<&String> = self.cores.keys().collect();
+        let rust = self.cores.get("rust");
+        let rows: Vec<(&str, Box<dyn Fn(&Figures) -> f64>)> = vec![
+            ("join: all initialised (s)", Box::new(|f| f.join_seconds)),
+            ("join: provider calls", Box::new(|f| f.join_calls.values().sum::<u64>() as f64)),
+            ("load balancers: all addressed (s)", Box::new(|f| f.lb_seconds)),
+            ("load balancers: provider calls", Box::new(|f| f.lb_calls.values().sum::<u64>() as f64)),
+            ("routes: podCIDR to route p50 (ms)", Box::new(|f| f.route_p50_ms as f64)),
+            ("routes: podCIDR to route p99 (ms)", Box::new(|f| f.route_p99_ms as f64)),
+            ("routes: all created (s)", Box::new(|f| f.routes_seconds)),
+            ("routes: missing after 120 s", Box::new(|f| f.routes_missing as f64)),
+            ("churn: node change to LB p50 (ms)", Box::new(|f| f.churn_p50_ms as f64)),
+            ("churn: node change to LB p99 (ms)", Box::new(|f| f.churn_p99_ms as f64)),
+            ("churn: changes not seen in 120 s", Box::new(|f| f.churn_timeouts as f64)),
+            ("steady: cloud calls per hour", Box::new(|f| f.steady_cloud_calls_per_hour)),
+            ("steady: ListRoutes per hour", Box::new(|f| f.steady_list_routes_per_hour)),
+            ("steady: CPU seconds", Box::new(|f| f.steady_cpu_seconds)),
+            ("total CPU seconds", Box::new(|f| f.total_cpu_seconds)),
+            ("RSS at steady state (MiB)", Box::new(|f| f.rss_steady_mib)),
+            ("peak RSS (MiB)", Box::new(|f| f.rss_peak_mib)),
+        ];
+        let mut out = format!(
+            "{} Nodes, {} LoadBalancer Services, {} churn changes, {} s steady state; cloud API {} ms per call, {} calls/s\n{}\n\n",
+            self.nodes, self.services, self.churn, self.steady_seconds, self.latency_ms, self.rate_limit, self.machine
+        );
+        out.push_str(&format!("{:38}", "figure"));
+        for n in &names {
+            out.push_str(&format!("{:>16}", n));
+        }
+        for n in names.iter().filter(|n| n.as_str() != "rust" && rust.is_some()) {
+            out.push_str(&format!("{:>18}", format!("{n}/rust")));
+        }
+        out.push('\n');
+        for (label, value) in rows {
+            out.push_str(&format!("{label:38}"));
+            for n in &names {
+                out.push_str(&format!("{:>16}", fmt(value(&self.cores[*n]))));
+            }
+            if let Some(r) = rust {
+                for n in names.iter().filter(|n| n.as_str() != "rust") {
+                    let (a, b) = (value(&self.cores[*n]), value(r));
+                    let ratio = if a.is_nan() || b.is_nan() {
+                        "-".into()
+                    } else if b > 0.0 {
+                        format!("{:.1}x", a / b)
+                    } else if a > 0.0 {
+                        "inf".into()
+                    } else {
+                        "-".into()
+                    };
+                    out.push_str(&format!("{ratio:>18}"));
+                }
+            }
+            out.push('\n');
+        }
+        out.push_str("\nprovider calls per hour at steady state, by method:\n");
+        for (name, f) in &self.cores {
+            out.push_str(&format!("  {name}:\n"));
+            for (m, n) in &f.steady_calls_per_hour {
+                out.push_str(&format!("    {m:50} {n:>10.0}\n"));
+            }
+        }
+        out
+    }
+}
+
+fn fmt(v: f64) -> String {
+    if v.is_nan() {
+        return "-".into();
+    }
+    if v >= 100.0 || v.fract() == 0.0 { format!("{v:.0}") } else { format!("{v:.2}") }
+}
+
+fn machine() -> String {
+    let cpus = std::thread::available_parallelism().map_or(0, |n| n.get());
+    let model = std::fs::read_to_string("/proc/cpuinfo")
+        .ok()
+        .and_then(|t| t.lines().find(|l| l.starts_with("model name")).and_then(|l| l.split(':').nth(1)).map(|s| s.trim().to_string()))
+        .unwrap_or_default();
+    let mem = std::fs::read_to_string("/proc/meminfo")
+        .ok()
+        .and_then(|t| t.lines().next().map(|l| l.split_whitespace().nth(1).unwrap_or("0").parse::<u64>().unwrap_or(0)))
+        .unwrap_or(0);
+    format!("{cpus} CPUs ({model}), {} GiB", mem / 1024 / 1024)
+}
+
+/// Builds (or finds) upstream's binary with the harness's script.
+pub fn build_peer() -> anyhow::Result<PathBuf> {
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/envtest/setup.sh");
+    eprintln!("building or finding upstream's cloud-controller-manager (tests/envtest/setup.sh peer)");
+    let out = std::process::Command::new("bash")
+        .arg(&script)
+        .arg("peer")
+        .stderr(std::process::Stdio::inherit())
+        .output()
+        .with_context(|| format!("running {}", script.display()))?;
+    if !out.status.success() {
+        bail!("{} peer failed", script.display());
+    }
+    Ok(PathBuf::from(String::from_utf8_lossy(&out.stdout).trim()))
+}
+
+fn now_ms() -> u64 {
+    SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64)
+}
+
+fn percentile(sorted: &[u64], p: f64) -> u64 {
+    if sorted.is_empty() {
+        return 0;
+    }
+    let rank = ((p / 100.0) * (sorted.len() - 1) as f64).round() as usize;
+    sorted[rank.min(sorted.len() - 1)]
+}
+
+/// A core process.
+struct CoreProcess {
+    child: tokio::process::Child,
+    pid: u32,
+}
+
+impl CoreProcess {
+    /// CPU seconds (user + system) so far.
+    fn cpu_seconds(&self) -> f64 {
+        let Ok(stat) = std::fs::read_to_string(format!("/proc/{}/stat", self.pid)) else { return 0.0 };
+        // Fields after the command (which may contain spaces) are space-separated; utime and
+        // stime are the 14th and 15th fields, in clock ticks (USER_HZ, 100 on Linux).
+        let rest = stat.rsplit_once(')').map_or("", |(_, r)| r);
+        let fields: Vec<&str> = rest.split_whitespace().collect();
+        let ticks = |i: usize| fields.get(i).and_then(|f| f.parse::<u64>().ok()).unwrap_or(0);
+        (ticks(11) + ticks(12)) as f64 / 100.0
+    }
+
+    /// (current, peak) resident memory in MiB.
+    fn rss_mib(&self) -> (f64, f64) {
+        let Ok(status) = std::fs::read_to_string(format!("/proc/{}/status", self.pid)) else { return (0.0, 0.0) };
+        let kb = |key: &str| {
+            status
+                .lines()
+                .find(|l| l.starts_with(key))
+                .and_then(|l| l.split_whitespace().nth(1))
+                .and_then(|v| v.parse::<f64>().ok())
+                .unwrap_or(0.0)
+                / 1024.0
+        };
+        (kb("VmRSS:"), kb("VmHWM:"))
+    }
+
+    async fn stop(mut self) {
+        let _ = tokio::process::Command::new("kill").args(["-TERM", &self.pid.to_string()]).status().await;
+        if tokio::time::timeout(Duration::from_secs(15), self.child.wait()).await.is_err() {
+            let _ = self.child.kill().await;
+        }
+    }
+}
+
+async fn start_core(cp: &ControlPlane, args: &Args, core: &str, peer: Option<&Path>, endpoint: &str, dir: &Path) -> anyhow::Result<CoreProcess> {
+    let kubeconfig = cp.kubeconfig_path().display().to_string();
+    let log = std::fs::File::create(format!("{}.{core}.log", args.json.display())).context("core log")?;
+    let mut cmd = match core {
+        "rust" => {
+            let mut c = tokio::process::Command::new(std::env::current_exe()?);
+            c.arg("__core").args([
+                format!("--kubeconfig={kubeconfig}"),
+                format!("--provider-endpoint={endpoint}"),
+                "--cluster-name=bench".into(),
+                format!("--cluster-cidr={CLUSTER_CIDR}"),
+                "--leader-elect=false".into(),
+                "--secure-port=0".into(),
+                format!("--log-level={}", args.core_log),
+            ]);
+            c
+        }
+        _ => {
+            let peer = peer.context("no upstream binary")?;
+            let config = dir.join("cloud.yaml");
+            std::fs::write(&config, format!("endpoint: {endpoint}\n"))?;
+            let mut c = tokio::process::Command::new(peer);
+            c.args([
+                "--cloud-provider=ccm-rs-grpc".to_string(),
+                format!("--cloud-config={}", config.display()),
+                format!("--kubeconfig={kubeconfig}"),
+                "--cluster-name=bench".into(),
+                format!("--cluster-cidr={CLUSTER_CIDR}"),
+                "--allocate-node-cidrs=false".into(),
+                "--configure-cloud-routes=true".into(),
+                "--leader-elect=false".into(),
+                "--secure-port=0".into(),
+                "--v=1".into(),
+            ]);
+            if core == "upstream-watch" {
+                c.arg("--feature-gates=CloudControllerManagerWatchBasedRoutesReconciliation=true");
+            }
+            c
+        }
+    };
+    let child = cmd.stdout(log.try_clone()?).stderr(log).kill_on_drop(true).spawn().with_context(|| format!("starting {core}"))?;
+    let pid = child.id().context("core pid")?;
+    Ok(CoreProcess { child, pid })
+}
+
+async fn calls(admin: &AdminClient) -> anyhow::Result<BTreeMap<String, u64>> {
+    let mut out = BTreeMap::new();
+    for c in admin.calls().await?.counts {
+        *out.entry(c.method).or_default() += c.count;
+    }
+    Ok(out)
+}
+
+/// Polls `check` every 250 ms until it returns Some, or fails after `timeout`.
+async fn until<T>(what: &str, timeout: Duration, mut check: impl AsyncFnMut() -> anyhow::Result<Option<T>>) -> anyhow::Result<T> {
+    let deadline = Instant::now() + timeout;
+    loop {
+        if let Some(v) = check().await? {
+            return Ok(v);
+        }
+        if Instant::now() > deadline {
+            bail!("timed out after {timeout:?} waiting for {what}");
+        }
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+}
+
+fn node_name(tag: &str, i: usize) -> String {
+    format!("{tag}-n{i}")
+}
+
+fn instance_id(tag: &str, i: usize) -> String {
+    format!("i-{tag}-{i}")
+}
+
+fn pod_cidr(i: usize) -> String {
+    format!("10.{}.{}.0/24", 64 + i / 256, i % 256)
+}
+
+async fn create_all<F, Fut>(count: usize, make: F) -> anyhow::Result<()>
+where
+    F: Fn(usize) -> Fut,
+    Fut: Future<Output = anyhow::Result<()>>,
+{
+    let results: Vec<anyhow::Result<()>> = futures::stream::iter(0..count).map(make).buffer_unordered(PARALLEL).collect().await;
+    results.into_iter().collect()
+}
+
+async fn ready(api: &Api<Node>, name: &str) -> anyhow::Result<()> {
+    let now = k8s_openapi::jiff::Timestamp::now().to_string();
+    let patch = serde_json::json!({ "status": { "conditions": [{
+        "type": "Ready", "status": "True", "reason": "KubeletReady", "lastHeartbeatTime": now, "lastTransitionTime": now
+    }] } });
+    api.patch_status(name, &PatchParams::default(), &Patch::Strategic(&patch)).await.with_context(|| format!("heartbeat {name}"))?;
+    Ok(())
+}
+
+fn lb_service(ns: &str, name: &str) -> Service {
+    Service {
+        metadata: ObjectMeta { name: Some(name.into()), namespace: Some(ns.into()), ..Default::default() },
+        spec: Some(ServiceSpec {
+            type_: Some("LoadBalancer".into()),
+            selector: Some(BTreeMap::from([("app".to_string(), name.to_string())])),
+            ports: Some(vec![ServicePort { name: Some("http".into()), port: 80, protocol: Some("TCP".into()), ..Default::default() }]),
+            ..Default::default()
+        }),
+        status: None,
+    }
+}
+
+/// Runs every scenario against `core` and cleans up after it.
+pub async fn run_core(cp: &ControlPlane, args: &Args, core: &str, peer: Option<&Path>) -> anyhow::Result<Figures> {
+    let tag = match core {
+        "rust" => "rs",
+        "upstream" => "up",
+        _ => "uw",
+    };
+    let client = cp.client().await?;
+    let nodes: Api<Node> = Api::all(client.clone());
+    let ns = format!("bench-{tag}");
+    Api::<Namespace>::all(client.clone())
+        .create(&PostParams::default(), &Namespace { metadata: ObjectMeta { name: Some(ns.clone()), ..Default::default() }, ..Default::default() })
+        .await
+        .with_context(|| format!("creating namespace {ns}"))?;
+    let services: Api<Service> = Api::namespaced(client.clone(), &ns);
+
+    // A fresh cloud: the joining instances and the ones churn adds.
+    let total = args.nodes + args.churn;
+    let mut config = Config {
+        api: ApiConfig {
+            latency_ms: args.latency_ms,
+            jitter_ms: 0,
+            rate_limit: Some(RateLimit { rps: args.rate_limit, burst: args.rate_limit.ceil() as u32 }),
+            consistency_delay_ms: 0,
+        },
+        route_tables: vec![RouteTableSpec { id: "rt-main".into(), name: "main".into(), max_routes: (total + 16) as u32, zones: Vec::new() }],
+        ..Config::default()
+    };
+    config.load_balancers.address_pool = vec!["198.18.0.0/15".into()];
+    for i in 0..total {
+        config.instances.push(InstanceSpec {
+            id: instance_id(tag, i),
+            name: node_name(tag, i),
+            zone: ZONE.into(),
+            instance_type: "sim.large".into(),
+            state: Default::default(),
+            addresses: Vec::new(),
+            tags: Default::default(),
+        });
+    }
+    let dir = tempfile::tempdir()?;
+    let (provider, admin_sock) = (dir.path().join("provider.sock"), dir.path().join("admin.sock"));
+    let (stop_sim, sim_stopped) = tokio::sync::oneshot::channel::<()>();
+    let endpoints = Endpoints { provider: Listen::Unix(provider.clone()), admin: Some(Listen::Unix(admin_sock.clone())), metadata: None };
+    let sim = tokio::spawn(ccm_provider_sim::run(config, endpoints, async move {
+        let _ = sim_stopped.await;
+    }));
+    while tokio::net::UnixStream::connect(&admin_sock).await.is_err() {
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let admin = AdminClient::new(format!("unix://{}", admin_sock.display()));
+    let endpoint = format!("unix://{}", provider.display());
+
+    let mut process = start_core(cp, args, core, peer, &endpoint, dir.path()).await?;
+    // Let the core start and list (an empty cluster) before anything is measured.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    if let Some(status) = process.child.try_wait()? {
+        bail!("{core} exited at start ({status}); see {}.{core}.log", args.json.display());
+    }
+    let mut f = Figures::default();
+    let label = format!("bench={tag}");
+
+    // === join burst ===
+    admin.reset_calls().await?;
+    let started = Instant::now();
+    create_all(args.nodes, |i| {
+        let (client, nodes, tag) = (client.clone(), nodes.clone(), tag.to_string());
+        async move {
+            let name = node_name(&tag, i);
+            NodeBuilder::new(&name).uninitialized().label("bench", &tag).label("kubernetes.io/hostname", &name).address("Hostname", &name).create(&client).await?;
+            ready(&nodes, &name).await
+        }
+    })
+    .await?;
+    let want = args.nodes;
+    until("every Node initialised", Duration::from_secs(600), async || {
+        let listed = nodes.list(&ListParams::default().labels(&label)).await?.items;
+        let done = listed
+            .iter()
+            .filter(|n| n.spec.as_ref().and_then(|s| s.taints.as_ref()).is_none_or(|t| !t.iter().any(|t| t.key == UNINITIALIZED_TAINT)))
+            .count();
+        Ok((done >= want).then_some(()))
+    })
+    .await?;
+    f.join_seconds = started.elapsed().as_secs_f64();
+    f.join_calls = calls(&admin).await?;
+    eprintln!("   join: {:.1} s, {} provider calls", f.join_seconds, f.join_calls.values().sum::<u64>());
+
+    // === load balancers ===
+    admin.reset_calls().await?;
+    let started = Instant::now();
+    create_all(args.services, |i| {
+        let services = services.clone();
+        let ns = ns.clone();
+        async move {
+            services.create(&PostParams::default(), &lb_service(&ns, &format!("lb-{i}"))).await.with_context(|| format!("service lb-{i}"))?;
+            Ok(())
+        }
+    })
+    .await?;
+    let want = args.services;
+    until("every Service with an address", Duration::from_secs(600), async || {
+        let listed = services.list(&ListParams::default()).await?.items;
+        let done = listed
+            .iter()
+            .filter(|s| s.status.as_ref().and_then(|s| s.load_balancer.as_ref()).and_then(|l| l.ingress.as_ref()).is_some_and(|i| !i.is_empty()))
+            .count();
+        Ok((done >= want).then_some(()))
+    })
+    .await?;
+    f.lb_seconds = started.elapsed().as_secs_f64();
+    f.lb_calls = calls(&admin).await?;
+    eprintln!("   load balancers: {:.1} s, {} provider calls", f.lb_seconds, f.lb_calls.values().sum::<u64>());
+
+    // === routes ===
+    let set_at: std::sync::Arc<std::sync::Mutex<HashMap<String, u64>>> = Default::default();
+    let started = Instant::now();
+    create_all(args.nodes, |i| {
+        let (nodes, set_at, tag) = (nodes.clone(), set_at.clone(), tag.to_string());
+        async move {
+            let name = node_name(&tag, i);
+            let cidr = pod_cidr(i);
+            set_at.lock().map_err(|_| anyhow::anyhow!("lock"))?.insert(name.clone(), now_ms());
+            let patch = serde_json::json!({ "spec": { "podCIDR": cidr, "podCIDRs": [cidr] } });
+            nodes.patch(&name, &PatchParams::default(), &Patch::Merge(&patch)).await.with_context(|| format!("podCIDR of {name}"))?;
+            Ok(())
+        }
+    })
+    .await?;
+    // A core that gives up on a route (and waits for its next resync) is reported, not waited for.
+    let deadline = Instant::now() + Duration::from_secs(120);
+    let mut done_at = None;
+    let routes = loop {
+        let state = admin.state().await?;
+        let routes: Vec<(String, u64)> = state
+            .route_tables
+            .iter()
+            .flat_map(|t| t.routes.iter())
+            .filter(|r| r.cluster == "bench")
+            .map(|r| (r.node_name.clone(), r.created_at_unix_ms))
+            .collect();
+        if routes.len() >= args.nodes {
+            done_at = Some(started.elapsed());
+            break routes;
+        }
+        if Instant::now() > deadline {
+            break routes;
+        }
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    };
+    f.routes_missing = args.nodes.saturating_sub(routes.len());
+    f.routes_seconds = done_at.map_or(f64::NAN, |d| d.as_secs_f64());
+    let set_at = set_at.lock().map_err(|_| anyhow::anyhow!("lock"))?.clone();
+    let mut lat: Vec<u64> = routes.iter().filter_map(|(n, at)| set_at.get(n).map(|s| at.saturating_sub(*s))).collect();
+    lat.sort_unstable();
+    (f.route_p50_ms, f.route_p99_ms) = (percentile(&lat, 50.0), percentile(&lat, 99.0));
+    eprintln!("   routes: p50 {} ms, p99 {} ms, all in {:.1} s, {} missing", f.route_p50_ms, f.route_p99_ms, f.routes_seconds, f.routes_missing);
+
+    // === node churn ===
+    let mut lat = Vec::new();
+    for change in 0..args.churn {
+        let at = now_ms();
+        match change % 3 {
+            0 => {
+                let i = args.nodes + change;
+                let name = node_name(tag, i);
+                NodeBuilder::new(&name)
+                    .label("bench", tag)
+                    .label("kubernetes.io/hostname", &name)
+                    .provider_id(&format!("sim://{ZONE}/{}", instance_id(tag, i)))
+                    .address("Hostname", &name)
+                    .create(&client)
+                    .await?;
+                ready(&nodes, &name).await?;
+            }
+            1 => {
+                nodes.delete(&node_name(tag, change), &DeleteParams::default()).await.context("removing a node")?;
+            }
+            _ => {
+                let patch = serde_json::json!({ "metadata": { "labels": { EXCLUDE_LABEL: "true" } } });
+                nodes.patch(&node_name(tag, change), &PatchParams::default(), &Patch::Merge(&patch)).await.context("excluding a node")?;
+            }
+        }
+        let deadline = Instant::now() + Duration::from_secs(120);
+        let mut seen: HashMap<String, u64> = HashMap::new();
+        while Instant::now() < deadline && seen.len() < args.services {
+            for lb in admin.state().await?.load_balancers {
+                if lb.hosts_changed_at_unix_ms >= at {
+                    seen.entry(lb.name).or_insert(lb.hosts_changed_at_unix_ms - at);
+                }
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        f.churn_timeouts += args.services.saturating_sub(seen.len());
+        lat.extend(seen.into_values());
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    lat.sort_unstable();
+    (f.churn_p50_ms, f.churn_p99_ms) = (percentile(&lat, 50.0), percentile(&lat, 99.0));
+    eprintln!("   churn: p50 {} ms, p99 {} ms, {} not seen", f.churn_p50_ms, f.churn_p99_ms, f.churn_timeouts);
+
+    // === steady state: heartbeats only ===
+    let names: Vec<String> = nodes.list(&ListParams::default().labels(&label)).await?.items.into_iter().filter_map(|n| n.metadata.name).collect();
+    admin.reset_calls().await?;
+    let cpu_before = process.cpu_seconds();
+    let started = Instant::now();
+    let beat = Duration::from_secs(10).checked_div(names.len().max(1) as u32).unwrap_or_default();
+    while started.elapsed() < args.steady {
+        for name in &names {
+            if started.elapsed() >= args.steady {
+                break;
+            }
+            let _ = ready(&nodes, name).await;
+            tokio::time::sleep(beat).await;
+        }
+    }
+    let elapsed = started.elapsed().as_secs_f64();
+    let per_hour = |n: u64| n as f64 * 3600.0 / elapsed;
+    let steady = calls(&admin).await?;
+    f.steady_calls_per_hour = steady.iter().map(|(m, n)| (m.clone(), per_hour(*n))).collect();
+    f.steady_cloud_calls_per_hour = per_hour(steady.iter().filter(|(m, _)| !m.starts_with("IdentityService/")).map(|(_, n)| n).sum());
+    f.steady_list_routes_per_hour = per_hour(steady.get("RoutesService/ListRoutes").copied().unwrap_or(0));
+    f.steady_cpu_seconds = process.cpu_seconds() - cpu_before;
+    f.total_cpu_seconds = process.cpu_seconds();
+    (f.rss_steady_mib, f.rss_peak_mib) = process.rss_mib();
+    eprintln!(
+        "   steady: {:.0} cloud calls/hour, {:.0} ListRoutes/hour, {:.2} CPU s, RSS {:.1} MiB (peak {:.1})",
+        f.steady_cloud_calls_per_hour, f.steady_list_routes_per_hour, f.steady_cpu_seconds, f.rss_steady_mib, f.rss_peak_mib
+    );
+
+    // === clean up: Services first (their finalizers need the core), then Nodes ===
+    services.delete_collection(&DeleteParams::default(), &ListParams::default()).await?;
+    let gone = until("Services deleted", Duration::from_secs(300), async || Ok(services.list(&ListParams::default()).await?.items.is_empty().then_some(()))).await;
+    if let Err(e) = gone {
+        eprintln!("   cleanup: {e:#}");
+    }
+    process.stop().await;
+    nodes.delete_collection(&DeleteParams::default(), &ListParams::default().labels(&label)).await?;
+    let _ = Api::<Namespace>::all(client.clone()).delete(&ns, &DeleteParams::default()).await;
+    let _ = stop_sim.send(());
+    let _ = sim.await;
+    Ok(f)
+}
