@@ -50,6 +50,9 @@ pub struct Args {
     /// Log filter of the cores (their stderr goes to <json>.<core>.log).
     #[arg(long, default_value = "info")]
     pub core_log: String,
+    /// Exit with an error unless every figure of every core was measured (for CI).
+    #[arg(long)]
+    pub check: bool,
 }
 
 fn main() -> anyhow::Result<()> {
@@ -82,13 +85,21 @@ async fn run(args: Args) -> anyhow::Result<()> {
     let cp = tokio::task::spawn_blocking(ccm_e2e::ControlPlane::start).await??;
     let mut results: BTreeMap<String, scenarios::Figures> = BTreeMap::new();
     for core in &args.cores {
-        eprintln!("== {core}: {} Nodes, {} Services, {} churn changes, steady {:?}", args.nodes, args.services, args.churn, args.steady);
+        eprintln!(
+            "== {core}: {} Nodes, {} Services, {} churn changes, steady {:?}",
+            args.nodes, args.services, args.churn, args.steady
+        );
         let figures = scenarios::run_core(&cp, &args, core, peer.as_deref()).await.with_context(|| format!("core {core}"))?;
         results.insert(core.clone(), figures);
     }
     let report = scenarios::Report::new(&args, results);
     println!("{}", report.table());
-    std::fs::write(&args.json, serde_json::to_string_pretty(&report)?).with_context(|| format!("writing {}", args.json.display()))?;
+    std::fs::write(&args.json, serde_json::to_string_pretty(&report)?)
+        .with_context(|| format!("writing {}", args.json.display()))?;
     eprintln!("figures written to {}", args.json.display());
+    let missing = report.missing();
+    if args.check && !missing.is_empty() {
+        anyhow::bail!("figures not measured: {}", missing.join(", "));
+    }
     Ok(())
 }

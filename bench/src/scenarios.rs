@@ -104,28 +104,50 @@ impl Report {
         }
     }
 
+    /// Figures that were not measured (a scenario that saw nothing), as `core: figure`.
+    pub fn missing(&self) -> Vec<String> {
+        let mut out = Vec::new();
+        for (core, f) in &self.cores {
+            let checks = [
+                ("join_seconds", f.join_seconds > 0.0),
+                ("join_calls", !f.join_calls.is_empty()),
+                ("lb_seconds", f.lb_seconds > 0.0),
+                ("lb_calls", !f.lb_calls.is_empty()),
+                ("route latency", f.route_p99_ms > 0 || f.routes_missing == self.nodes),
+                ("routes_seconds", !f.routes_seconds.is_nan() || f.routes_missing > 0),
+                ("churn latency", self.churn == 0 || f.churn_p99_ms > 0 || f.churn_timeouts > 0),
+                ("steady_calls_per_hour", !f.steady_calls_per_hour.is_empty()),
+                ("total_cpu_seconds", f.total_cpu_seconds > 0.0),
+                ("rss", f.rss_steady_mib > 0.0 && f.rss_peak_mib >= f.rss_steady_mib),
+            ];
+            out.extend(checks.iter().filter(|(_, ok)| !ok).map(|(name, _)| format!("{core}: {name}")));
+        }
+        out
+    }
+
     /// A table, one column per core, and the ratio of each upstream column to the Rust one.
     pub fn table(&self) -> String {
         let names: Vec<&String> = self.cores.keys().collect();
         let rust = self.cores.get("rust");
-        let rows: Vec<(&str, Box<dyn Fn(&Figures) -> f64>)> = vec![
-            ("join: all initialised (s)", Box::new(|f| f.join_seconds)),
-            ("join: provider calls", Box::new(|f| f.join_calls.values().sum::<u64>() as f64)),
-            ("load balancers: all addressed (s)", Box::new(|f| f.lb_seconds)),
-            ("load balancers: provider calls", Box::new(|f| f.lb_calls.values().sum::<u64>() as f64)),
-            ("routes: podCIDR to route p50 (ms)", Box::new(|f| f.route_p50_ms as f64)),
-            ("routes: podCIDR to route p99 (ms)", Box::new(|f| f.route_p99_ms as f64)),
-            ("routes: all created (s)", Box::new(|f| f.routes_seconds)),
-            ("routes: missing after 120 s", Box::new(|f| f.routes_missing as f64)),
-            ("churn: node change to LB p50 (ms)", Box::new(|f| f.churn_p50_ms as f64)),
-            ("churn: node change to LB p99 (ms)", Box::new(|f| f.churn_p99_ms as f64)),
-            ("churn: changes not seen in 120 s", Box::new(|f| f.churn_timeouts as f64)),
-            ("steady: cloud calls per hour", Box::new(|f| f.steady_cloud_calls_per_hour)),
-            ("steady: ListRoutes per hour", Box::new(|f| f.steady_list_routes_per_hour)),
-            ("steady: CPU seconds", Box::new(|f| f.steady_cpu_seconds)),
-            ("total CPU seconds", Box::new(|f| f.total_cpu_seconds)),
-            ("RSS at steady state (MiB)", Box::new(|f| f.rss_steady_mib)),
-            ("peak RSS (MiB)", Box::new(|f| f.rss_peak_mib)),
+        type Row = (&'static str, fn(&Figures) -> f64);
+        let rows: Vec<Row> = vec![
+            ("join: all initialised (s)", |f| f.join_seconds),
+            ("join: provider calls", |f| f.join_calls.values().sum::<u64>() as f64),
+            ("load balancers: all addressed (s)", |f| f.lb_seconds),
+            ("load balancers: provider calls", |f| f.lb_calls.values().sum::<u64>() as f64),
+            ("routes: podCIDR to route p50 (ms)", |f| f.route_p50_ms as f64),
+            ("routes: podCIDR to route p99 (ms)", |f| f.route_p99_ms as f64),
+            ("routes: all created (s)", |f| f.routes_seconds),
+            ("routes: missing after 120 s", |f| f.routes_missing as f64),
+            ("churn: node change to LB p50 (ms)", |f| f.churn_p50_ms as f64),
+            ("churn: node change to LB p99 (ms)", |f| f.churn_p99_ms as f64),
+            ("churn: changes not seen in 120 s", |f| f.churn_timeouts as f64),
+            ("steady: cloud calls per hour", |f| f.steady_cloud_calls_per_hour),
+            ("steady: ListRoutes per hour", |f| f.steady_list_routes_per_hour),
+            ("steady: CPU seconds", |f| f.steady_cpu_seconds),
+            ("total CPU seconds", |f| f.total_cpu_seconds),
+            ("RSS at steady state (MiB)", |f| f.rss_steady_mib),
+            ("peak RSS (MiB)", |f| f.rss_peak_mib),
         ];
         let mut out = format!(
             "{} Nodes, {} LoadBalancer Services, {} churn changes, {} s steady state; cloud API {} ms per call, {} calls/s\n{}\n\n",
@@ -183,7 +205,9 @@ fn machine() -> String {
     let cpus = std::thread::available_parallelism().map_or(0, |n| n.get());
     let model = std::fs::read_to_string("/proc/cpuinfo")
         .ok()
-        .and_then(|t| t.lines().find(|l| l.starts_with("model name")).and_then(|l| l.split(':').nth(1)).map(|s| s.trim().to_string()))
+        .and_then(|t| {
+            t.lines().find(|l| l.starts_with("model name")).and_then(|l| l.split(':').nth(1)).map(|s| s.trim().to_string())
+        })
         .unwrap_or_default();
     let mem = std::fs::read_to_string("/proc/meminfo")
         .ok()
@@ -261,7 +285,14 @@ impl CoreProcess {
     }
 }
 
-async fn start_core(cp: &ControlPlane, args: &Args, core: &str, peer: Option<&Path>, endpoint: &str, dir: &Path) -> anyhow::Result<CoreProcess> {
+async fn start_core(
+    cp: &ControlPlane,
+    args: &Args,
+    core: &str,
+    peer: Option<&Path>,
+    endpoint: &str,
+    dir: &Path,
+) -> anyhow::Result<CoreProcess> {
     let kubeconfig = cp.kubeconfig_path().display().to_string();
     let log = std::fs::File::create(format!("{}.{core}.log", args.json.display())).context("core log")?;
     let mut cmd = match core {
@@ -301,7 +332,8 @@ async fn start_core(cp: &ControlPlane, args: &Args, core: &str, peer: Option<&Pa
             c
         }
     };
-    let child = cmd.stdout(log.try_clone()?).stderr(log).kill_on_drop(true).spawn().with_context(|| format!("starting {core}"))?;
+    let child =
+        cmd.stdout(log.try_clone()?).stderr(log).kill_on_drop(true).spawn().with_context(|| format!("starting {core}"))?;
     let pid = child.id().context("core pid")?;
     Ok(CoreProcess { child, pid })
 }
@@ -354,7 +386,9 @@ async fn ready(api: &Api<Node>, name: &str) -> anyhow::Result<()> {
     let patch = serde_json::json!({ "status": { "conditions": [{
         "type": "Ready", "status": "True", "reason": "KubeletReady", "lastHeartbeatTime": now, "lastTransitionTime": now
     }] } });
-    api.patch_status(name, &PatchParams::default(), &Patch::Strategic(&patch)).await.with_context(|| format!("heartbeat {name}"))?;
+    api.patch_status(name, &PatchParams::default(), &Patch::Strategic(&patch))
+        .await
+        .with_context(|| format!("heartbeat {name}"))?;
     Ok(())
 }
 
@@ -364,7 +398,12 @@ fn lb_service(ns: &str, name: &str) -> Service {
         spec: Some(ServiceSpec {
             type_: Some("LoadBalancer".into()),
             selector: Some(BTreeMap::from([("app".to_string(), name.to_string())])),
-            ports: Some(vec![ServicePort { name: Some("http".into()), port: 80, protocol: Some("TCP".into()), ..Default::default() }]),
+            ports: Some(vec![ServicePort {
+                name: Some("http".into()),
+                port: 80,
+                protocol: Some("TCP".into()),
+                ..Default::default()
+            }]),
             ..Default::default()
         }),
         status: None,
@@ -382,7 +421,10 @@ pub async fn run_core(cp: &ControlPlane, args: &Args, core: &str, peer: Option<&
     let nodes: Api<Node> = Api::all(client.clone());
     let ns = format!("bench-{tag}");
     Api::<Namespace>::all(client.clone())
-        .create(&PostParams::default(), &Namespace { metadata: ObjectMeta { name: Some(ns.clone()), ..Default::default() }, ..Default::default() })
+        .create(
+            &PostParams::default(),
+            &Namespace { metadata: ObjectMeta { name: Some(ns.clone()), ..Default::default() }, ..Default::default() },
+        )
         .await
         .with_context(|| format!("creating namespace {ns}"))?;
     let services: Api<Service> = Api::namespaced(client.clone(), &ns);
@@ -396,7 +438,12 @@ pub async fn run_core(cp: &ControlPlane, args: &Args, core: &str, peer: Option<&
             rate_limit: Some(RateLimit { rps: args.rate_limit, burst: args.rate_limit.ceil() as u32 }),
             consistency_delay_ms: 0,
         },
-        route_tables: vec![RouteTableSpec { id: "rt-main".into(), name: "main".into(), max_routes: (total + 16) as u32, zones: Vec::new() }],
+        route_tables: vec![RouteTableSpec {
+            id: "rt-main".into(),
+            name: "main".into(),
+            max_routes: (total + 16) as u32,
+            zones: Vec::new(),
+        }],
         ..Config::default()
     };
     config.load_balancers.address_pool = vec!["198.18.0.0/15".into()];
@@ -414,7 +461,8 @@ pub async fn run_core(cp: &ControlPlane, args: &Args, core: &str, peer: Option<&
     let dir = tempfile::tempdir()?;
     let (provider, admin_sock) = (dir.path().join("provider.sock"), dir.path().join("admin.sock"));
     let (stop_sim, sim_stopped) = tokio::sync::oneshot::channel::<()>();
-    let endpoints = Endpoints { provider: Listen::Unix(provider.clone()), admin: Some(Listen::Unix(admin_sock.clone())), metadata: None };
+    let endpoints =
+        Endpoints { provider: Listen::Unix(provider.clone()), admin: Some(Listen::Unix(admin_sock.clone())), metadata: None };
     let sim = tokio::spawn(ccm_provider_sim::run(config, endpoints, async move {
         let _ = sim_stopped.await;
     }));
@@ -440,7 +488,13 @@ pub async fn run_core(cp: &ControlPlane, args: &Args, core: &str, peer: Option<&
         let (client, nodes, tag) = (client.clone(), nodes.clone(), tag.to_string());
         async move {
             let name = node_name(&tag, i);
-            NodeBuilder::new(&name).uninitialized().label("bench", &tag).label("kubernetes.io/hostname", &name).address("Hostname", &name).create(&client).await?;
+            NodeBuilder::new(&name)
+                .uninitialized()
+                .label("bench", &tag)
+                .label("kubernetes.io/hostname", &name)
+                .address("Hostname", &name)
+                .create(&client)
+                .await?;
             ready(&nodes, &name).await
         }
     })
@@ -450,7 +504,9 @@ pub async fn run_core(cp: &ControlPlane, args: &Args, core: &str, peer: Option<&
         let listed = nodes.list(&ListParams::default().labels(&label)).await?.items;
         let done = listed
             .iter()
-            .filter(|n| n.spec.as_ref().and_then(|s| s.taints.as_ref()).is_none_or(|t| !t.iter().any(|t| t.key == UNINITIALIZED_TAINT)))
+            .filter(|n| {
+                n.spec.as_ref().and_then(|s| s.taints.as_ref()).is_none_or(|t| !t.iter().any(|t| t.key == UNINITIALIZED_TAINT))
+            })
             .count();
         Ok((done >= want).then_some(()))
     })
@@ -466,7 +522,10 @@ pub async fn run_core(cp: &ControlPlane, args: &Args, core: &str, peer: Option<&
         let services = services.clone();
         let ns = ns.clone();
         async move {
-            services.create(&PostParams::default(), &lb_service(&ns, &format!("lb-{i}"))).await.with_context(|| format!("service lb-{i}"))?;
+            services
+                .create(&PostParams::default(), &lb_service(&ns, &format!("lb-{i}")))
+                .await
+                .with_context(|| format!("service lb-{i}"))?;
             Ok(())
         }
     })
@@ -476,7 +535,13 @@ pub async fn run_core(cp: &ControlPlane, args: &Args, core: &str, peer: Option<&
         let listed = services.list(&ListParams::default()).await?.items;
         let done = listed
             .iter()
-            .filter(|s| s.status.as_ref().and_then(|s| s.load_balancer.as_ref()).and_then(|l| l.ingress.as_ref()).is_some_and(|i| !i.is_empty()))
+            .filter(|s| {
+                s.status
+                    .as_ref()
+                    .and_then(|s| s.load_balancer.as_ref())
+                    .and_then(|l| l.ingress.as_ref())
+                    .is_some_and(|i| !i.is_empty())
+            })
             .count();
         Ok((done >= want).then_some(()))
     })
@@ -495,7 +560,10 @@ pub async fn run_core(cp: &ControlPlane, args: &Args, core: &str, peer: Option<&
             let cidr = pod_cidr(i);
             set_at.lock().map_err(|_| anyhow::anyhow!("lock"))?.insert(name.clone(), now_ms());
             let patch = serde_json::json!({ "spec": { "podCIDR": cidr, "podCIDRs": [cidr] } });
-            nodes.patch(&name, &PatchParams::default(), &Patch::Merge(&patch)).await.with_context(|| format!("podCIDR of {name}"))?;
+            nodes
+                .patch(&name, &PatchParams::default(), &Patch::Merge(&patch))
+                .await
+                .with_context(|| format!("podCIDR of {name}"))?;
             Ok(())
         }
     })
@@ -527,7 +595,10 @@ pub async fn run_core(cp: &ControlPlane, args: &Args, core: &str, peer: Option<&
     let mut lat: Vec<u64> = routes.iter().filter_map(|(n, at)| set_at.get(n).map(|s| at.saturating_sub(*s))).collect();
     lat.sort_unstable();
     (f.route_p50_ms, f.route_p99_ms) = (percentile(&lat, 50.0), percentile(&lat, 99.0));
-    eprintln!("   routes: p50 {} ms, p99 {} ms, all in {:.1} s, {} missing", f.route_p50_ms, f.route_p99_ms, f.routes_seconds, f.routes_missing);
+    eprintln!(
+        "   routes: p50 {} ms, p99 {} ms, all in {:.1} s, {} missing",
+        f.route_p50_ms, f.route_p99_ms, f.routes_seconds, f.routes_missing
+    );
 
     // === node churn ===
     let mut lat = Vec::new();
@@ -551,7 +622,10 @@ pub async fn run_core(cp: &ControlPlane, args: &Args, core: &str, peer: Option<&
             }
             _ => {
                 let patch = serde_json::json!({ "metadata": { "labels": { EXCLUDE_LABEL: "true" } } });
-                nodes.patch(&node_name(tag, change), &PatchParams::default(), &Patch::Merge(&patch)).await.context("excluding a node")?;
+                nodes
+                    .patch(&node_name(tag, change), &PatchParams::default(), &Patch::Merge(&patch))
+                    .await
+                    .context("excluding a node")?;
             }
         }
         let deadline = Instant::now() + Duration::from_secs(120);
@@ -573,7 +647,11 @@ pub async fn run_core(cp: &ControlPlane, args: &Args, core: &str, peer: Option<&
     eprintln!("   churn: p50 {} ms, p99 {} ms, {} not seen", f.churn_p50_ms, f.churn_p99_ms, f.churn_timeouts);
 
     // === steady state: heartbeats only ===
-    let names: Vec<String> = nodes.list(&ListParams::default().labels(&label)).await?.items.into_iter().filter_map(|n| n.metadata.name).collect();
+    // Let the churn's last changes (a route to delete, a load balancer to update) settle first,
+    // so they are not counted as steady-state traffic.
+    tokio::time::sleep(Duration::from_secs(12)).await;
+    let names: Vec<String> =
+        nodes.list(&ListParams::default().labels(&label)).await?.items.into_iter().filter_map(|n| n.metadata.name).collect();
     admin.reset_calls().await?;
     let cpu_before = process.cpu_seconds();
     let started = Instant::now();
@@ -591,7 +669,8 @@ pub async fn run_core(cp: &ControlPlane, args: &Args, core: &str, peer: Option<&
     let per_hour = |n: u64| n as f64 * 3600.0 / elapsed;
     let steady = calls(&admin).await?;
     f.steady_calls_per_hour = steady.iter().map(|(m, n)| (m.clone(), per_hour(*n))).collect();
-    f.steady_cloud_calls_per_hour = per_hour(steady.iter().filter(|(m, _)| !m.starts_with("IdentityService/")).map(|(_, n)| n).sum());
+    f.steady_cloud_calls_per_hour =
+        per_hour(steady.iter().filter(|(m, _)| !m.starts_with("IdentityService/")).map(|(_, n)| n).sum());
     f.steady_list_routes_per_hour = per_hour(steady.get("RoutesService/ListRoutes").copied().unwrap_or(0));
     f.steady_cpu_seconds = process.cpu_seconds() - cpu_before;
     f.total_cpu_seconds = process.cpu_seconds();
@@ -603,7 +682,10 @@ pub async fn run_core(cp: &ControlPlane, args: &Args, core: &str, peer: Option<&
 
     // === clean up: Services first (their finalizers need the core), then Nodes ===
     services.delete_collection(&DeleteParams::default(), &ListParams::default()).await?;
-    let gone = until("Services deleted", Duration::from_secs(300), async || Ok(services.list(&ListParams::default()).await?.items.is_empty().then_some(()))).await;
+    let gone = until("Services deleted", Duration::from_secs(300), async || {
+        Ok(services.list(&ListParams::default()).await?.items.is_empty().then_some(()))
+    })
+    .await;
     if let Err(e) = gone {
         eprintln!("   cleanup: {e:#}");
     }
