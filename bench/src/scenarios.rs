@@ -7,12 +7,12 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use anyhow::{Context, bail};
 use ccm_e2e::ControlPlane;
-use ccm_e2e::cluster::{NodeBuilder, UNINITIALIZED_TAINT};
+use ccm_e2e::cluster::{NodeBuilder, UNINITIALIZED_TAINT, load_balancer_ip, load_balancer_service};
 use ccm_provider_sdk::Listen;
 use ccm_provider_sim::config::{ApiConfig, InstanceSpec, RateLimit, RouteTableSpec};
 use ccm_provider_sim::{AdminClient, Config, Endpoints};
 use futures::StreamExt;
-use k8s_openapi::api::core::v1::{Namespace, Node, Service, ServicePort, ServiceSpec};
+use k8s_openapi::api::core::v1::{Namespace, Node, Service};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::Api;
 use kube::api::{DeleteParams, ListParams, Patch, PatchParams, PostParams};
@@ -392,24 +392,6 @@ async fn ready(api: &Api<Node>, name: &str) -> anyhow::Result<()> {
     Ok(())
 }
 
-fn lb_service(ns: &str, name: &str) -> Service {
-    Service {
-        metadata: ObjectMeta { name: Some(name.into()), namespace: Some(ns.into()), ..Default::default() },
-        spec: Some(ServiceSpec {
-            type_: Some("LoadBalancer".into()),
-            selector: Some(BTreeMap::from([("app".to_string(), name.to_string())])),
-            ports: Some(vec![ServicePort {
-                name: Some("http".into()),
-                port: 80,
-                protocol: Some("TCP".into()),
-                ..Default::default()
-            }]),
-            ..Default::default()
-        }),
-        status: None,
-    }
-}
-
 /// Runs every scenario against `core` and cleans up after it.
 pub async fn run_core(cp: &ControlPlane, args: &Args, core: &str, peer: Option<&Path>) -> anyhow::Result<Figures> {
     let tag = match core {
@@ -523,7 +505,7 @@ pub async fn run_core(cp: &ControlPlane, args: &Args, core: &str, peer: Option<&
         let ns = ns.clone();
         async move {
             services
-                .create(&PostParams::default(), &lb_service(&ns, &format!("lb-{i}")))
+                .create(&PostParams::default(), &load_balancer_service(&ns, &format!("lb-{i}"), &[80]))
                 .await
                 .with_context(|| format!("service lb-{i}"))?;
             Ok(())
@@ -533,16 +515,7 @@ pub async fn run_core(cp: &ControlPlane, args: &Args, core: &str, peer: Option<&
     let want = args.services;
     until("every Service with an address", Duration::from_secs(600), async || {
         let listed = services.list(&ListParams::default()).await?.items;
-        let done = listed
-            .iter()
-            .filter(|s| {
-                s.status
-                    .as_ref()
-                    .and_then(|s| s.load_balancer.as_ref())
-                    .and_then(|l| l.ingress.as_ref())
-                    .is_some_and(|i| !i.is_empty())
-            })
-            .count();
+        let done = listed.iter().filter(|s| load_balancer_ip(s).is_some()).count();
         Ok((done >= want).then_some(()))
     })
     .await?;

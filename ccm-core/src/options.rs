@@ -140,11 +140,12 @@ pub struct Options {
     #[arg(long, value_name = "DURATION", default_value = "5m", value_parser = parse_duration)]
     pub reconcile_backoff_max: Duration,
 
-    /// Queries per second to the Kubernetes API.
+    /// Writes per second to the Kubernetes API, per controller (each has a budget of its own,
+    /// as each of upstream's controllers has a client of its own); Events have as much again.
     #[arg(long, default_value_t = 20.0)]
     pub kube_api_qps: f32,
 
-    /// Burst of queries to the Kubernetes API.
+    /// Burst of writes to the Kubernetes API, per controller.
     #[arg(long, default_value_t = 30)]
     pub kube_api_burst: u32,
 

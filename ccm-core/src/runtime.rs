@@ -316,9 +316,10 @@ async fn run_controllers(
     // With --use-service-account-credentials, each controller writes as its own ServiceAccount;
     // the shared watches keep the process's credentials.
     let ctx_for = async |name: &str| -> anyhow::Result<Context> {
+        let own = ctx.for_controller();
         match &credentials {
-            Some(c) => Ok(ctx.with_client(c.client_for(name, ctl_stop.clone()).await?)),
-            None => Ok(ctx.clone()),
+            Some(c) => Ok(own.with_client(c.client_for(name, ctl_stop.clone()).await?)),
+            None => Ok(own),
         }
     };
     let mut tasks = Vec::new();

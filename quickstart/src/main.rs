@@ -9,13 +9,12 @@ use std::time::Duration;
 
 use anyhow::{Context, bail};
 use ccm_e2e::ControlPlane;
-use ccm_e2e::cluster::{NodeBuilder, UNINITIALIZED_TAINT, set_ready};
+use ccm_e2e::cluster::{NodeBuilder, UNINITIALIZED_TAINT, load_balancer_ip, load_balancer_service, set_ready};
 use ccm_provider_sdk::Listen;
 use ccm_provider_sim::config::{Address, InstanceSpec};
 use ccm_provider_sim::{AdminClient, Config, Endpoints};
 use clap::Parser;
-use k8s_openapi::api::core::v1::{Node, Service, ServicePort, ServiceSpec};
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+use k8s_openapi::api::core::v1::{Node, Service};
 use kube::Api;
 use kube::api::PostParams;
 use tokio::sync::oneshot;
@@ -115,7 +114,10 @@ async fn main() -> anyhow::Result<()> {
         set_ready(&client, &name, "True").await?;
     }
     let services: Api<Service> = Api::namespaced(client.clone(), "default");
-    services.create(&PostParams::default(), &web_service()).await.context("creating Service default/web")?;
+    services
+        .create(&PostParams::default(), &load_balancer_service("default", "web", &[80]))
+        .await
+        .context("creating Service default/web")?;
 
     step(5, "waiting for the core (at most 60 s)");
     let report = wait_and_report(&client, &admin, args.nodes).await;
@@ -148,24 +150,6 @@ async fn main() -> anyhow::Result<()> {
     report.map(|_| ())
 }
 
-fn web_service() -> Service {
-    Service {
-        metadata: ObjectMeta { name: Some("web".into()), namespace: Some("default".into()), ..Default::default() },
-        spec: Some(ServiceSpec {
-            type_: Some("LoadBalancer".into()),
-            selector: Some(BTreeMap::from([("app".to_string(), "web".to_string())])),
-            ports: Some(vec![ServicePort {
-                name: Some("http".into()),
-                port: 80,
-                protocol: Some("TCP".into()),
-                ..Default::default()
-            }]),
-            ..Default::default()
-        }),
-        status: None,
-    }
-}
-
 /// Waits until every Node is initialised, the Service has an address and every Node has its
 /// route; then describes them.
 async fn wait_and_report(client: &kube::Client, admin: &AdminClient, nodes: u8) -> anyhow::Result<String> {
@@ -181,13 +165,7 @@ async fn wait_and_report(client: &kube::Client, admin: &AdminClient, nodes: u8) 
             })
             .count();
         let service = services.get("web").await?;
-        let ip = service
-            .status
-            .as_ref()
-            .and_then(|s| s.load_balancer.as_ref())
-            .and_then(|l| l.ingress.as_ref())
-            .and_then(|i| i.first())
-            .and_then(|i| i.ip.clone());
+        let ip = load_balancer_ip(&service).map(str::to_string);
         let state = admin.state().await?;
         let routes: Vec<String> = state
             .route_tables

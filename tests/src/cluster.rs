@@ -184,10 +184,10 @@ pub async fn set_ready(client: &kube::Client, node: &str, status: &str) -> anyho
         .with_context(|| format!("setting Ready={status} on {node}"))
 }
 
-/// Creates a Service of type LoadBalancer with TCP `ports`.
-pub async fn create_load_balancer_service(env: &TestEnv, name: &str, ports: &[i32]) -> anyhow::Result<Service> {
-    let service = Service {
-        metadata: ObjectMeta { name: Some(name.into()), namespace: Some(env.namespace.clone()), ..Default::default() },
+/// A Service of type LoadBalancer named `name` in `namespace` with TCP `ports`.
+pub fn load_balancer_service(namespace: &str, name: &str, ports: &[i32]) -> Service {
+    Service {
+        metadata: ObjectMeta { name: Some(name.into()), namespace: Some(namespace.into()), ..Default::default() },
         spec: Some(ServiceSpec {
             type_: Some("LoadBalancer".into()),
             selector: Some(BTreeMap::from([("app".to_string(), name.to_string())])),
@@ -205,6 +205,16 @@ pub async fn create_load_balancer_service(env: &TestEnv, name: &str, ports: &[i3
             ..Default::default()
         }),
         status: None,
-    };
+    }
+}
+
+/// The first ingress IP of a Service's load balancer status.
+pub fn load_balancer_ip(service: &Service) -> Option<&str> {
+    service.status.as_ref()?.load_balancer.as_ref()?.ingress.as_ref()?.first()?.ip.as_deref()
+}
+
+/// Creates a Service of type LoadBalancer with TCP `ports`.
+pub async fn create_load_balancer_service(env: &TestEnv, name: &str, ports: &[i32]) -> anyhow::Result<Service> {
+    let service = load_balancer_service(&env.namespace, name, ports);
     env.services().create(&PostParams::default(), &service).await.with_context(|| format!("creating service {name}"))
 }

@@ -67,6 +67,18 @@ impl Context {
         Self { client, ..self.clone() }
     }
 
+    /// The same context with write budgets of its own: each controller gets
+    /// `--kube-api-qps`/`--kube-api-burst` for its writes (and the same again for its Events),
+    /// as each of upstream's controllers gets a client, and a rate limiter, of its own.
+    pub fn for_controller(&self) -> Self {
+        let (qps, burst) = (f64::from(self.options.kube_api_qps), self.options.kube_api_burst);
+        Self {
+            kube_writes: Arc::new(TokenBucket::new(qps, burst)),
+            event_writes: Arc::new(TokenBucket::new(qps, burst)),
+            ..self.clone()
+        }
+    }
+
     /// Waits for a token of `--kube-api-qps`/`--kube-api-burst` before a write to the API.
     pub async fn kube_write_permit(&self) {
         while let Err(wait) = self.kube_writes.try_acquire() {

@@ -108,7 +108,21 @@ pub struct RouteController {
     /// What the last listing plus our own changes said, kept across a resync to count drift.
     previous: Option<Known>,
     resolved: HashMap<(String, String), Vec<String>>,
-    reported_without_route: HashSet<String>,
+    conditions: ConditionWriter,
+}
+
+/// Writes the Nodes' NetworkUnavailable conditions in the background, one batch after the
+/// other, so that a reconcile does not wait for hundreds of status writes before the next one
+/// can create routes; a condition already written (and not yet in the cache) is not written
+/// twice.
+#[derive(Clone)]
+struct ConditionWriter {
+    ctx: Context,
+    order: Arc<tokio::sync::Mutex<()>>,
+    /// The status last written, by Node UID (a recreated Node starts afresh).
+    written: Arc<std::sync::Mutex<HashMap<String, bool>>>,
+    /// Nodes whose full-table Event was recorded.
+    reported: Arc<std::sync::Mutex<HashSet<String>>>,
 }
 
 impl RouteController {
@@ -120,13 +134,19 @@ impl RouteController {
             .iter()
             .map(|c| c.parse::<IpNet>().map_err(|_| anyhow::anyhow!("--cluster-cidr {c:?} is not a CIDR")))
             .collect::<anyhow::Result<Vec<_>>>()?;
+        let ctx_for_conditions = ctx.clone();
         Ok(Self {
             ctx,
             cluster_cidrs,
             known: None,
             previous: None,
             resolved: HashMap::new(),
-            reported_without_route: HashSet::new(),
+            conditions: ConditionWriter {
+                ctx: ctx_for_conditions,
+                order: Default::default(),
+                written: Default::default(),
+                reported: Default::default(),
+            },
         })
     }
 
@@ -449,15 +469,18 @@ impl RouteController {
             }
         }
         self.known = Some(known.clone());
-        self.update_conditions(&nodes, &desired, &known, &sync.without_route).await;
+        self.conditions.update(&nodes, &desired, &known, &sync.without_route);
         match first_error {
             Some(e) => Err(e),
             None => Ok(Some(sync)),
         }
     }
+}
 
-    async fn update_conditions(
-        &mut self,
+impl ConditionWriter {
+    /// Works out each Node's condition now and writes the changed ones in the background.
+    fn update(
+        &self,
         nodes: &[Arc<Node>],
         desired: &BTreeMap<String, BTreeMap<String, (String, pb::Route)>>,
         known: &Known,
@@ -469,21 +492,50 @@ impl RouteController {
                 wanted.entry(node.as_str()).or_default().push((table, name));
             }
         }
+        let mut todo: Vec<(Arc<Node>, bool, bool)> = Vec::new();
+        {
+            let mut written = self.written.lock().unwrap_or_else(|p| p.into_inner());
+            for node in nodes {
+                let name = node_util::name(node);
+                let Some(routes) = wanted.get(name) else { continue };
+                let ok = routes.iter().all(|(table, route)| known.routes.get(*table).is_some_and(|r| r.contains_key(*route)));
+                let (status, reason) = if ok { ("False", "RouteCreated") } else { ("True", "NoRouteCreated") };
+                let uid = node.metadata.uid.clone().unwrap_or_default();
+                let current = node
+                    .status
+                    .as_ref()
+                    .and_then(|s| s.conditions.as_ref())
+                    .and_then(|c| c.iter().find(|c| c.type_ == CONDITION));
+                if current.is_some_and(|c| c.status == status && c.reason.as_deref() == Some(reason)) {
+                    written.insert(uid, ok);
+                    continue;
+                }
+                if written.get(&uid) == Some(&ok) {
+                    continue;
+                }
+                written.insert(uid, ok);
+                todo.push((node.clone(), ok, without_route.contains(name)));
+            }
+        }
+        if todo.is_empty() {
+            return;
+        }
+        let this = self.clone();
+        tokio::spawn(async move {
+            let _in_order = this.order.lock().await;
+            this.write(todo).await;
+        });
+    }
+
+    async fn write(&self, todo: Vec<(Arc<Node>, bool, bool)>) {
         let api: Api<Node> = Api::all(self.ctx.client.clone());
-        for node in nodes {
-            let name = node_util::name(node);
-            let Some(routes) = wanted.get(name) else { continue };
-            let ok = routes.iter().all(|(table, route)| known.routes.get(*table).is_some_and(|r| r.contains_key(*route)));
+        for (node, ok, full) in todo {
+            let name = node_util::name(&node);
             let (status, reason, message) = if ok {
                 ("False", "RouteCreated", "RouteController created a route")
             } else {
                 ("True", "NoRouteCreated", "RouteController failed to create a route")
             };
-            let current =
-                node.status.as_ref().and_then(|s| s.conditions.as_ref()).and_then(|c| c.iter().find(|c| c.type_ == CONDITION));
-            if current.is_some_and(|c| c.status == status && c.reason.as_deref() == Some(reason)) {
-                continue;
-            }
             let now = k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(k8s_openapi::jiff::Timestamp::now());
             let patch = serde_json::json!({ "status": { "conditions": [{
                 "type": CONDITION, "status": status, "reason": reason, "message": message,
@@ -492,13 +544,17 @@ impl RouteController {
             self.ctx.kube_write_permit().await;
             if let Err(error) = api.patch_status(name, &PatchParams::default(), &Patch::Strategic(&patch)).await {
                 tracing::warn!(node = %name, %error, "updating NetworkUnavailable failed");
+                // Not written after all: the next reconcile tries again.
+                let uid = node.metadata.uid.clone().unwrap_or_default();
+                self.written.lock().unwrap_or_else(|p| p.into_inner()).remove(&uid);
             }
-            if !ok && without_route.contains(name) && self.reported_without_route.insert(name.to_string()) {
+            let first_report = !ok && full && self.reported.lock().unwrap_or_else(|p| p.into_inner()).insert(name.to_string());
+            if first_report {
                 let note = "Could not create a route: the route table is full (provider quota)".to_string();
                 self.ctx.event(NAME, node.as_ref(), true, "FailedToCreateRoute", note).await;
             }
             if ok {
-                self.reported_without_route.remove(name);
+                self.reported.lock().unwrap_or_else(|p| p.into_inner()).remove(name);
             }
         }
     }

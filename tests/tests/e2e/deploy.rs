@@ -8,7 +8,7 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use ccm_e2e::ControlPlane;
-use ccm_e2e::cluster::{NodeBuilder, TestEnv, UNINITIALIZED_TAINT, create_load_balancer_service, set_ready};
+use ccm_e2e::cluster::{NodeBuilder, TestEnv, UNINITIALIZED_TAINT, create_load_balancer_service, load_balancer_ip, set_ready};
 use ccm_provider_sim::Config;
 use k8s_openapi::api::authentication::v1::{TokenRequest, TokenRequestSpec};
 use k8s_openapi::api::authorization::v1::{ResourceAttributes, SubjectAccessReview, SubjectAccessReviewSpec};
@@ -264,7 +264,7 @@ async fn the_shipped_roles_are_enough_for_every_controller_and_no_broader() {
     let web = "web".to_string();
     create_load_balancer_service(&svc_env, &web, &[80]).await.expect("service");
     eventually("the load balancer's address", Duration::from_secs(30), async || {
-        svc_env.services().get(&web).await.ok()?.status?.load_balancer?.ingress?.first()?.ip.clone()
+        load_balancer_ip(&svc_env.services().get(&web).await.ok()?).map(str::to_string)
     })
     .await;
     svc_env.services().delete(&web, &DeleteParams::default()).await.expect("delete");

@@ -4,7 +4,7 @@
 use std::collections::BTreeMap;
 use std::time::Duration;
 
-use ccm_e2e::cluster::{NodeBuilder, TestEnv, UNINITIALIZED_TAINT, create_load_balancer_service};
+use ccm_e2e::cluster::{NodeBuilder, TestEnv, UNINITIALIZED_TAINT, create_load_balancer_service, load_balancer_ip};
 use ccm_provider_sim::Config;
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::Node;
@@ -29,7 +29,7 @@ async fn initialised(env: &TestEnv, name: &str) -> Option<Node> {
 
 async fn has_address(env: &TestEnv, name: &str) -> Option<String> {
     let svc = env.services().get_opt(name).await.ok().flatten()?;
-    svc.status?.load_balancer?.ingress?.first()?.ip.clone()
+    load_balancer_ip(&svc).map(str::to_string)
 }
 
 async fn holders(env: &TestEnv, names: &[String]) -> Option<BTreeMap<String, String>> {
