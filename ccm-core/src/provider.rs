@@ -60,6 +60,9 @@ pub struct Provider {
     endpoint: String,
     timeout: Duration,
     limit: Arc<Semaphore>,
+    /// Until when the provider asked every caller to hold back (its last RetryInfo): calls
+    /// wait for it before they start, instead of each finding out by being refused.
+    throttled_until: Arc<std::sync::Mutex<Option<Instant>>>,
     metrics: Metrics,
     state: Arc<RwLock<State>>,
 }
@@ -80,6 +83,7 @@ impl Provider {
             endpoint: endpoint.to_string(),
             timeout,
             limit: Arc::new(Semaphore::new(concurrency.max(1))),
+            throttled_until: Default::default(),
             metrics,
             state: Arc::new(RwLock::new(State { reason: "provider not contacted yet".into(), ..Default::default() })),
         })
@@ -110,9 +114,22 @@ impl Provider {
         }
     }
 
+    /// Waits while the provider has asked every caller to hold back.
+    async fn wait_out_throttle(&self) {
+        loop {
+            let until = *self.throttled_until.lock().unwrap_or_else(|p| p.into_inner());
+            match until {
+                Some(t) if t > Instant::now() => tokio::time::sleep_until(t).await,
+                _ => return,
+            }
+        }
+    }
+
     /// Calls the provider: a deadline on every attempt, up to three attempts for transient
-    /// codes, waiting out RetryInfo delays up to 2 s (longer ones are returned, for the
-    /// caller's queue to back off), never retrying UNIMPLEMENTED or other final codes.
+    /// codes, waiting out RetryInfo delays
+    /// up to 2 s (longer ones are returned, for the caller's queue to back off), never
+    /// retrying UNIMPLEMENTED or other final codes. A RetryInfo delay holds back every call of
+    /// this process, not only the refused one.
     pub async fn call<M: Clone, T>(
         &self,
         method: &'static str,
@@ -125,6 +142,7 @@ impl Provider {
             let mut request = Request::new(message.clone());
             request.set_timeout(self.timeout);
             let started = Instant::now();
+            self.wait_out_throttle().await;
             let result = {
                 let _permit = self.limit.acquire().await.map_err(|_| Error::unavailable("provider client closed"))?;
                 tokio::time::timeout(self.timeout + Duration::from_secs(1), rpc(self.channel.clone(), request)).await
@@ -143,6 +161,13 @@ impl Provider {
                 self.set_state(false, format!("provider unreachable: {}", status.message()), None);
             }
             let wait = error.retry_after().unwrap_or(Duration::from_millis(100 * u64::from(attempt)));
+            if let Some(delay) = error.retry_after() {
+                let until = Instant::now() + delay;
+                let mut gate = self.throttled_until.lock().unwrap_or_else(|p| p.into_inner());
+                if gate.is_none_or(|t| t < until) {
+                    *gate = Some(until);
+                }
+            }
             if !error.is_transient() || attempt >= ATTEMPTS || wait > MAX_INLINE_WAIT {
                 tracing::debug!(method, %error, attempt, "provider call failed");
                 return Err(error);

@@ -109,6 +109,8 @@ pub struct RouteController {
     previous: Option<Known>,
     resolved: HashMap<(String, String), Vec<String>>,
     conditions: ConditionWriter,
+    /// Routes created or deleted by the last reconcile, failed or not.
+    progress: u64,
 }
 
 /// Writes the Nodes' NetworkUnavailable conditions in the background, one batch after the
@@ -141,6 +143,7 @@ impl RouteController {
             known: None,
             previous: None,
             resolved: HashMap::new(),
+            progress: 0,
             conditions: ConditionWriter {
                 ctx: ctx_for_conditions,
                 order: Default::default(),
@@ -197,6 +200,7 @@ impl RouteController {
                 resync_at = Instant::now() + self.resync_delay();
             }
             let started = Instant::now();
+            self.progress = 0;
             let result = self.reconcile().await;
             self.ctx.metrics.reconcile(NAME, started.elapsed(), result.is_err());
             match result {
@@ -208,6 +212,14 @@ impl RouteController {
                 Ok(None) => {
                     failures = 0;
                     retry_at = None;
+                }
+                // The provider throttled some of the calls but the rest went through: go on
+                // as soon as it allows, without escalating the backoff (progress is not a
+                // failure), keeping what we know of the tables (our own writes are in it).
+                Err(error) if error.retry_after().is_some() && self.progress > 0 => {
+                    let wait = error.retry_after().unwrap_or_default().max(Duration::from_millis(100));
+                    tracing::debug!(%error, progress = self.progress, retry_in = ?wait, "route reconcile throttled; continuing");
+                    retry_at = Some(Instant::now() + wait);
                 }
                 Err(error) => {
                     failures += 1;
@@ -470,6 +482,7 @@ impl RouteController {
         }
         self.known = Some(known.clone());
         self.conditions.update(&nodes, &desired, &known, &sync.without_route);
+        self.progress = sync.created + sync.deleted;
         match first_error {
             Some(e) => Err(e),
             None => Ok(Some(sync)),
