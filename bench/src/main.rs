@@ -78,7 +78,7 @@ async fn run(args: Args) -> anyhow::Result<()> {
     }
     let peer = match &args.peer {
         Some(p) => Some(p.clone()),
-        None if args.cores.iter().any(|c| c.starts_with("upstream")) => Some(scenarios::build_peer()?),
+        None if args.cores.iter().any(|c| c.starts_with("upstream")) => Some(ccm_e2e::Assets::tool("peer")?),
         None => None,
     };
     eprintln!("starting the control plane");

@@ -2,7 +2,7 @@
 //! churn, steady state.
 
 use std::collections::{BTreeMap, HashMap};
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use anyhow::{Context, bail};
@@ -216,22 +216,6 @@ fn machine() -> String {
         .and_then(|t| t.lines().next().map(|l| l.split_whitespace().nth(1).unwrap_or("0").parse::<u64>().unwrap_or(0)))
         .unwrap_or(0);
     format!("{cpus} CPUs ({model}), {} GiB", mem / 1024 / 1024)
-}
-
-/// Builds (or finds) upstream's binary with the harness's script.
-pub fn build_peer() -> anyhow::Result<PathBuf> {
-    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/envtest/setup.sh");
-    eprintln!("building or finding upstream's cloud-controller-manager (tests/envtest/setup.sh peer)");
-    let out = std::process::Command::new("bash")
-        .arg(&script)
-        .arg("peer")
-        .stderr(std::process::Stdio::inherit())
-        .output()
-        .with_context(|| format!("running {}", script.display()))?;
-    if !out.status.success() {
-        bail!("{} peer failed", script.display());
-    }
-    Ok(PathBuf::from(String::from_utf8_lossy(&out.stdout).trim()))
 }
 
 fn now_ms() -> u64 {

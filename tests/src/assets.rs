@@ -45,22 +45,23 @@ impl Assets {
         Self::in_dir(Path::new(dir.trim())).checked()
     }
 
-    /// kubelet-check (`envtest/cmd/kubelet-check`): the kubelet's own drop-in loading and
-    /// exec credential provider code of the pinned release, built on first use and cached
-    /// beside the control plane.
-    pub fn kubelet_check() -> anyhow::Result<PathBuf> {
+    /// A test tool `envtest/setup.sh <tool>` builds on first use and caches beside the
+    /// control plane: `kubelet-check` (the kubelet's drop-in and credential provider code),
+    /// `helm`, or `peer` (upstream's cloud-controller-manager on cloudprovider.v1). Its path.
+    pub fn tool(tool: &str) -> anyhow::Result<PathBuf> {
         let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("envtest/setup.sh");
         let out = Command::new("bash")
             .arg(&script)
-            .arg("kubelet-check")
+            .arg(tool)
+            .stderr(std::process::Stdio::inherit())
             .output()
-            .with_context(|| format!("running {} kubelet-check", script.display()))?;
+            .with_context(|| format!("running {} {tool}", script.display()))?;
         if !out.status.success() {
-            bail!("{} kubelet-check failed: {}", script.display(), String::from_utf8_lossy(&out.stderr));
+            bail!("{} {tool} failed (its output is above)", script.display());
         }
         let path = PathBuf::from(String::from_utf8(out.stdout).context("setup.sh printed a non-UTF-8 path")?.trim());
         if !path.is_file() {
-            bail!("kubelet-check {} does not exist", path.display());
+            bail!("{tool}: {} does not exist", path.display());
         }
         Ok(path)
     }

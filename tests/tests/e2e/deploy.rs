@@ -22,13 +22,6 @@ fn deploy_dir() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../deploy")
 }
 
-fn helm() -> PathBuf {
-    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("envtest/setup.sh");
-    let out = std::process::Command::new("bash").arg(&script).arg("helm").output().expect("setup.sh helm");
-    assert!(out.status.success(), "setup.sh helm: {}", String::from_utf8_lossy(&out.stderr));
-    PathBuf::from(String::from_utf8_lossy(&out.stdout).trim())
-}
-
 /// Runs a command with `input` on stdin; its stdout, or a panic with its stderr.
 fn run(mut cmd: std::process::Command, input: Option<&[u8]>, what: &str) -> String {
     use std::io::Write;
@@ -106,7 +99,7 @@ async fn every_manifest_and_the_rendered_chart_pass_a_server_side_dry_run() {
         counts.insert(format!("kustomize/{dir}"), objects.len());
     }
     let mut helm_rules = BTreeMap::new();
-    let helm = tokio::task::spawn_blocking(helm).await.expect("helm");
+    let helm = tokio::task::spawn_blocking(|| ccm_e2e::Assets::tool("helm")).await.expect("join").expect("helm");
     let chart = deploy_dir().join("helm/ccm-rs");
     let variants: [(&str, &[&str]); 4] = [
         ("defaults", &[]),
