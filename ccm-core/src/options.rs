@@ -1,5 +1,9 @@
 //! Command-line flags, named as in the upstream cloud-controller-manager where a user would
 //! look for them. No provider-specific flag: a provider's settings belong to its sidecar.
+//!
+//! Boolean flags take `--flag`, `--flag=true` and `--flag=false`, as upstream's (pflag) do;
+//! `--flag false` (a separate word) is refused, since pflag would read it as `--flag` and a
+//! stray argument.
 
 use std::collections::BTreeSet;
 use std::net::IpAddr;
@@ -39,7 +43,7 @@ pub fn parse_duration(text: &str) -> Result<Duration, String> {
 
 /// The generic cloud-controller-manager.
 #[derive(Debug, Clone, Parser)]
-#[command(name = "cloud-controller-manager", version, about, long_about = None)]
+#[command(name = "cloud-controller-manager", version = env!("CCM_VERSION"), about, long_about = None)]
 pub struct Options {
     /// Path to a kubeconfig; in-cluster configuration when unset.
     #[arg(long, value_name = "PATH")]
@@ -104,7 +108,7 @@ pub struct Options {
     pub service_namespace: Option<String>,
 
     /// Program pod-network routes for Nodes' podCIDRs (when the provider serves Routes).
-    #[arg(long, default_value_t = true, action = clap::ArgAction::Set)]
+    #[arg(long, num_args = 0..=1, require_equals = true, default_missing_value = "true", action = clap::ArgAction::Set, default_value_t = true)]
     pub configure_cloud_routes: bool,
 
     /// The cluster's pod CIDRs (one, or an IPv4 and an IPv6 one for dual-stack); routes
@@ -150,7 +154,7 @@ pub struct Options {
     pub kube_api_burst: u32,
 
     /// Run controllers only while holding the leader lease.
-    #[arg(long, default_value_t = true, action = clap::ArgAction::Set)]
+    #[arg(long, num_args = 0..=1, require_equals = true, default_missing_value = "true", action = clap::ArgAction::Set, default_value_t = true)]
     pub leader_elect: bool,
 
     /// How long a lease is held without renewal.
@@ -175,13 +179,13 @@ pub struct Options {
 
     /// One Lease per controller (`<--leader-elect-resource-name>-<controller>`) instead of one
     /// for all, so that different replicas can lead different controllers and share the work.
-    #[arg(long)]
+    #[arg(long, num_args = 0..=1, require_equals = true, default_missing_value = "true", action = clap::ArgAction::Set, default_value_t = false)]
     pub leader_elect_per_controller: bool,
 
     /// Take part in leader migration from kube-controller-manager: controllers that move run
     /// only while this process holds the migration Lease, which kube-controller-manager
     /// (started with the same flag and configuration) competes for too.
-    #[arg(long)]
+    #[arg(long, num_args = 0..=1, require_equals = true, default_missing_value = "true", action = clap::ArgAction::Set, default_value_t = false)]
     pub enable_leader_migration: bool,
 
     /// A LeaderMigrationConfiguration file (controllermanager.config.k8s.io/v1); without it,
@@ -199,11 +203,11 @@ pub struct Options {
     pub bind_address: IpAddr,
 
     /// Serve plain HTTP on --secure-port instead of HTTPS (local runs and tests only).
-    #[arg(long)]
+    #[arg(long, num_args = 0..=1, require_equals = true, default_missing_value = "true", action = clap::ArgAction::Set, default_value_t = false)]
     pub insecure_serving: bool,
 
     /// Run each controller with its own service account's credentials.
-    #[arg(long)]
+    #[arg(long, num_args = 0..=1, require_equals = true, default_missing_value = "true", action = clap::ArgAction::Set, default_value_t = false)]
     pub use_service_account_credentials: bool,
 
     /// Feature gates, `Name=true,Other=false` (none are defined yet; unknown ones are errors).
@@ -300,6 +304,24 @@ mod tests {
         let o = parse(&["--controllers", "cloud-node"]);
         assert_eq!(o.enabled_controllers().expect("ok").into_iter().collect::<Vec<_>>(), vec!["cloud-node-controller"]);
         assert!(parse(&["--controllers=nodes"]).enabled_controllers().is_err());
+    }
+
+    #[test]
+    fn boolean_flags_take_upstream_spellings() {
+        let o = parse(&[]);
+        assert!(o.leader_elect && o.configure_cloud_routes);
+        assert!(!o.use_service_account_credentials && !o.insecure_serving && !o.leader_elect_per_controller);
+        for on in [&["--use-service-account-credentials"][..], &["--use-service-account-credentials=true"]] {
+            assert!(parse(on).use_service_account_credentials, "{on:?}");
+        }
+        assert!(!parse(&["--use-service-account-credentials=false"]).use_service_account_credentials);
+        assert!(parse(&["--leader-elect"]).leader_elect);
+        assert!(!parse(&["--leader-elect=false"]).leader_elect);
+        assert!(!parse(&["--configure-cloud-routes=false"]).configure_cloud_routes);
+        assert!(parse(&["--enable-leader-migration=true", "--leader-elect-per-controller=true"]).enable_leader_migration);
+        assert!(parse(&["--insecure-serving=true"]).insecure_serving);
+        assert!(Options::try_parse_from(["x", "--leader-elect", "false"]).is_err());
+        assert!(Options::try_parse_from(["x", "--insecure-serving=maybe"]).is_err());
     }
 
     #[test]

@@ -59,6 +59,11 @@ async fn kube_config(options: &Options) -> anyhow::Result<kube::Config> {
     })
 }
 
+/// When this environment variable is set (non-empty), the binaries parse and check their
+/// arguments, print `<binary>: arguments ok` and exit without starting anything: how the
+/// deploy tests prove that the arguments a chart or manifest renders are accepted.
+pub const CHECK_ARGS_ENV: &str = "CCM_CHECK_ARGS";
+
 /// The `cloud-controller-manager` command: parses `args` (the program name first), sets up
 /// logging, runs until SIGTERM or SIGINT, and reports how it ended.
 pub async fn main_with_args(args: impl IntoIterator<Item = std::ffi::OsString>) -> std::process::ExitCode {
@@ -67,6 +72,18 @@ pub async fn main_with_args(args: impl IntoIterator<Item = std::ffi::OsString>) 
         Ok(options) => options,
         Err(e) => e.exit(),
     };
+    if std::env::var_os(CHECK_ARGS_ENV).is_some_and(|v| !v.is_empty()) {
+        return match options.validate() {
+            Ok(()) => {
+                println!("cloud-controller-manager: arguments ok");
+                std::process::ExitCode::SUCCESS
+            }
+            Err(error) => {
+                eprintln!("cloud-controller-manager: {error}");
+                std::process::ExitCode::FAILURE
+            }
+        };
+    }
     let filter = tracing_subscriber::EnvFilter::new(&options.log_level);
     if options.log_format == "json" {
         tracing_subscriber::fmt().json().with_env_filter(filter).with_writer(std::io::stderr).init();

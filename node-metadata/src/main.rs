@@ -54,6 +54,12 @@ enum Command {
         /// The drop-in file; the kubelet reads only files ending in .conf.
         #[arg(long, value_name = "FILE")]
         out: PathBuf,
+        /// Keep running and rewrite the drop-in whenever the plugin's answer changes, asking
+        /// at this period (for a container of the node plugin's DaemonSet, which writes the
+        /// drop-in on the host for the kubelet's next start). Errors are then logged and
+        /// retried instead of ending the command; SIGTERM ends it.
+        #[arg(long, value_name = "DURATION", value_parser = humantime::parse_duration)]
+        refresh: Option<Duration>,
     },
     /// The kubelet's exec image credential provider: a CredentialProviderRequest on stdin,
     /// a CredentialProviderResponse on stdout.
@@ -72,6 +78,11 @@ enum Format {
 #[tokio::main(flavor = "current_thread")]
 async fn main() -> std::process::ExitCode {
     let args = Args::parse();
+    // CCM_CHECK_ARGS: parse the arguments only (see ccm-core's runtime::CHECK_ARGS_ENV).
+    if std::env::var_os("CCM_CHECK_ARGS").is_some_and(|v| !v.is_empty()) {
+        println!("ccm-node-metadata: arguments ok");
+        return std::process::ExitCode::SUCCESS;
+    }
     match run(args.command).await {
         Ok(()) => std::process::ExitCode::SUCCESS,
         Err(error) => {
@@ -103,13 +114,12 @@ async fn run(command: Command) -> anyhow::Result<()> {
                 None => std::io::stdout().write_all(text.as_bytes()).context("writing to stdout"),
             }
         }
-        Command::KubeletConfig { connection, out } => {
+        Command::KubeletConfig { connection, out, refresh } => {
             if out.extension().is_none_or(|e| e != "conf") {
                 bail!("--out {}: the kubelet reads only drop-in files ending in .conf", out.display());
             }
-            let plugin = Plugin::connect(&connection.endpoint, connection.timeout).await?;
-            let metadata = plugin.node_metadata().await?;
-            write_atomically(&out, &kubelet_config(&metadata, &connection.endpoint))
+            let Some(period) = refresh else { return write_kubelet_config(&connection, &out).await };
+            keep_kubelet_config(&connection, &out, period).await
         }
         Command::CredentialProvider { connection } => {
             let mut input = Vec::new();
@@ -124,6 +134,47 @@ async fn run(command: Command) -> anyhow::Result<()> {
             let mut out = serde_json::to_vec(&response).context("encoding the response")?;
             out.push(b'\n');
             std::io::stdout().write_all(&out).context("writing to stdout")
+        }
+    }
+}
+
+async fn write_kubelet_config(connection: &Connection, out: &std::path::Path) -> anyhow::Result<()> {
+    let plugin = Plugin::connect(&connection.endpoint, connection.timeout).await?;
+    let metadata = plugin.node_metadata().await?;
+    let text = kubelet_config(&metadata, &connection.endpoint);
+    // Rewrite only a changed file, so that a kept drop-in's modification time means something.
+    if std::fs::read_to_string(out).is_ok_and(|old| old == text) {
+        return Ok(());
+    }
+    write_atomically(out, &text)?;
+    eprintln!("ccm-node-metadata: wrote {}", out.display());
+    Ok(())
+}
+
+/// `kubelet-config --refresh`: writes the drop-in, then again at every period when the answer
+/// changed, until SIGTERM or SIGINT. A failure (the plugin not up yet, say) is reported and
+/// retried sooner: after 1 s, doubling up to the period.
+async fn keep_kubelet_config(connection: &Connection, out: &std::path::Path, period: Duration) -> anyhow::Result<()> {
+    let mut term =
+        tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()).context("installing a SIGTERM handler")?;
+    let mut retry = Duration::from_secs(1);
+    loop {
+        let wait = match write_kubelet_config(connection, out).await {
+            Ok(()) => {
+                retry = Duration::from_secs(1);
+                period
+            }
+            Err(error) => {
+                let wait = retry.min(period);
+                eprintln!("ccm-node-metadata: {error:#} (retrying in {})", humantime::format_duration(wait));
+                retry = (retry * 2).min(period);
+                wait
+            }
+        };
+        tokio::select! {
+            _ = tokio::time::sleep(wait) => {}
+            _ = term.recv() => return Ok(()),
+            _ = tokio::signal::ctrl_c() => return Ok(()),
         }
     }
 }

@@ -7,7 +7,9 @@
 # ../helm/go.mod (the deploy tests render the chart with it), built into
 # ${CCM_ENVTEST_CACHE:-$HOME/.cache/ccm-rs}/helm-<version>/; `setup.sh peer` prints the path of
 # grpc-cloud-controller-manager (../peer: upstream's cloud-controller-manager forwarding to a
-# cloudprovider.v1 endpoint), built into .../peer-<hash of its sources>/.
+# cloudprovider.v1 endpoint), built into .../peer-<hash of its sources>/. `setup.sh cluster`
+# builds what the real kubelet cluster adds (kubelet, kube-scheduler, kube-controller-manager,
+# kube-proxy and the static pause program) into the control plane's directory and prints it.
 #
 # - If KUBEBUILDER_ASSETS is set, or all of TEST_ASSET_KUBE_APISERVER / TEST_ASSET_ETCD /
 #   TEST_ASSET_KUBECTL are, those binaries are used and nothing is built.
@@ -20,7 +22,7 @@ set -euo pipefail
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 
 mode=${1:-control-plane}
-case "$mode" in control-plane|kubelet-check|helm|peer) ;; *) echo "usage: setup.sh [kubelet-check|helm|peer]" >&2; exit 2 ;; esac
+case "$mode" in control-plane|kubelet-check|cluster|helm|peer) ;; *) echo "usage: setup.sh [kubelet-check|cluster|helm|peer]" >&2; exit 2 ;; esac
 
 if [ "$mode" = peer ]; then
   peer_dir=$(cd "$here/../peer" && pwd)
@@ -99,6 +101,11 @@ build() {
 if [ "$mode" = kubelet-check ]; then
   build kubelet-check
   echo "$out/kubelet-check"
+  exit 0
+fi
+if [ "$mode" = cluster ]; then
+  build kubelet kube-scheduler kube-controller-manager kube-proxy pause
+  echo "$out"
   exit 0
 fi
 

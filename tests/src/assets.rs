@@ -49,21 +49,35 @@ impl Assets {
     /// control plane: `kubelet-check` (the kubelet's drop-in and credential provider code),
     /// `helm`, or `peer` (upstream's cloud-controller-manager on cloudprovider.v1). Its path.
     pub fn tool(tool: &str) -> anyhow::Result<PathBuf> {
-        let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("envtest/setup.sh");
-        let out = Command::new("bash")
-            .arg(&script)
-            .arg(tool)
-            .stderr(std::process::Stdio::inherit())
-            .output()
-            .with_context(|| format!("running {} {tool}", script.display()))?;
-        if !out.status.success() {
-            bail!("{} {tool} failed (its output is above)", script.display());
-        }
-        let path = PathBuf::from(String::from_utf8(out.stdout).context("setup.sh printed a non-UTF-8 path")?.trim());
+        let path = Self::setup(tool)?;
         if !path.is_file() {
             bail!("{tool}: {} does not exist", path.display());
         }
         Ok(path)
+    }
+
+    /// The directory `envtest/setup.sh <mode>` prints, building on first use: `cluster` for
+    /// kubelet, kube-scheduler, kube-controller-manager, kube-proxy and pause.
+    pub fn tool_dir(mode: &str) -> anyhow::Result<PathBuf> {
+        let dir = Self::setup(mode)?;
+        if !dir.is_dir() {
+            bail!("{mode}: {} is not a directory", dir.display());
+        }
+        Ok(dir)
+    }
+
+    fn setup(mode: &str) -> anyhow::Result<PathBuf> {
+        let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("envtest/setup.sh");
+        let out = Command::new("bash")
+            .arg(&script)
+            .arg(mode)
+            .stderr(std::process::Stdio::inherit())
+            .output()
+            .with_context(|| format!("running {} {mode}", script.display()))?;
+        if !out.status.success() {
+            bail!("{} {mode} failed (its output is above)", script.display());
+        }
+        Ok(PathBuf::from(String::from_utf8(out.stdout).context("setup.sh printed a non-UTF-8 path")?.trim()))
     }
 
     fn in_dir(dir: &Path) -> Self {

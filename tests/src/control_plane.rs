@@ -19,6 +19,25 @@ use crate::pki::{Ca, Pem, service_account_key};
 /// The service CIDR the API server allocates ClusterIPs from.
 pub const SERVICE_CLUSTER_IP_RANGE: &str = "10.96.0.0/16";
 
+/// How a control plane is started: [`ControlPlane::start`] uses the defaults (loopback, no
+/// kubelets); the kubelet cluster binds the API server to its bridge and turns on what pods
+/// need.
+#[derive(Debug, Clone)]
+pub struct Settings {
+    /// The address the API server binds and advertises. Loopback (the default) runs with no
+    /// `kubernetes` Service endpoints; another address gets the usual endpoint reconciler.
+    pub bind: std::net::IpAddr,
+    /// ServiceAccount admission (pods get their token volumes), off by default: the tests
+    /// without kubelets create no pods.
+    pub service_accounts: bool,
+}
+
+impl Default for Settings {
+    fn default() -> Self {
+        Self { bind: std::net::Ipv4Addr::LOCALHOST.into(), service_accounts: false }
+    }
+}
+
 /// A running etcd and kube-apiserver.
 pub struct ControlPlane {
     dir: tempfile::TempDir,
@@ -33,13 +52,13 @@ pub struct ControlPlane {
     pub startup: Duration,
 }
 
-fn free_port() -> anyhow::Result<u16> {
+pub(crate) fn free_port() -> anyhow::Result<u16> {
     Ok(TcpListener::bind("127.0.0.1:0").context("finding a free port")?.local_addr()?.port())
 }
 
 /// The log's error and fatal lines (klog's `E`/`F` prefixes, or etcd's `"level":"error"`),
 /// else its last lines: what a reader needs to see why a process died.
-fn tail(path: &Path, lines: usize) -> String {
+pub(crate) fn tail(path: &Path, lines: usize) -> String {
     let text = std::fs::read_to_string(path).unwrap_or_default();
     let all: Vec<&str> = text.lines().collect();
     let errors: Vec<&str> = all
@@ -84,11 +103,16 @@ fn token_kubeconfig_yaml(server: &str, ca: &str, token: &str, user: &str) -> Str
 impl ControlPlane {
     /// Starts etcd and kube-apiserver on free loopback ports and waits until `/readyz` is ok.
     pub fn start() -> anyhow::Result<Self> {
+        Self::start_with(&Settings::default())
+    }
+
+    /// Starts etcd and kube-apiserver as `settings` say and waits until `/readyz` is ok.
+    pub fn start_with(settings: &Settings) -> anyhow::Result<Self> {
         let assets = Assets::find()?;
         let mut last = None;
         // A free port can be taken between finding and binding it: retry with new ports.
         for _ in 0..3 {
-            match Self::try_start(&assets) {
+            match Self::try_start(&assets, settings) {
                 Ok(cp) => return Ok(cp),
                 Err(e) => last = Some(e),
             }
@@ -96,14 +120,14 @@ impl ControlPlane {
         Err(last.unwrap_or_else(|| anyhow::anyhow!("control plane did not start")))
     }
 
-    fn try_start(assets: &Assets) -> anyhow::Result<Self> {
+    fn try_start(assets: &Assets, settings: &Settings) -> anyhow::Result<Self> {
         let begin = Instant::now();
         let dir = tempfile::Builder::new().prefix("ccm-e2e-").tempdir().context("creating the control plane directory")?;
         let path = |name: &str| dir.path().join(name);
         let write = |name: &str, text: &str| std::fs::write(path(name), text).with_context(|| format!("writing {name}"));
 
         let ca = Ca::new()?;
-        let serving = ca.serving()?;
+        let serving = ca.serving(&[settings.bind])?;
         let admin = ca.client("ccm-e2e-admin", Some("system:masters"))?;
         write("ca.crt", ca.cert_pem())?;
         write("apiserver.crt", &serving.cert)?;
@@ -135,8 +159,10 @@ impl ControlPlane {
             .args(["--etcd-servers", &etcd_url])
             .arg(format!("--cert-dir={}", path("certs").display()))
             .arg(format!("--secure-port={api_port}"))
-            // No kubelets and no real "kubernetes" Service endpoints: loopback only.
-            .args(["--bind-address=127.0.0.1", "--advertise-address=127.0.0.1", "--endpoint-reconciler-type=none"])
+            .arg(format!("--bind-address={}", settings.bind))
+            .arg(format!("--advertise-address={}", settings.bind))
+            // On loopback (no kubelets) there are no real "kubernetes" Service endpoints.
+            .args(settings.bind.is_loopback().then_some("--endpoint-reconciler-type=none"))
             .arg(format!("--service-cluster-ip-range={SERVICE_CLUSTER_IP_RANGE}"))
             // As a production cluster: kubelets (system:node:<name>) are limited to their own
             // Node by the Node authorizer and NodeRestriction admission.
@@ -148,7 +174,9 @@ impl ControlPlane {
             .arg(format!("--client-ca-file={}", path("ca.crt").display()))
             .arg(format!("--tls-cert-file={}", path("apiserver.crt").display()))
             .arg(format!("--tls-private-key-file={}", path("apiserver.key").display()))
-            .arg("--disable-admission-plugins=ServiceAccount")
+            .args((!settings.service_accounts).then_some("--disable-admission-plugins=ServiceAccount"))
+            // kubectl logs/exec reach kubelets by the address the tests gave them.
+            .arg("--kubelet-preferred-address-types=InternalIP,Hostname")
             .arg(format!("--audit-policy-file={}", path("audit-policy.yaml").display()))
             .arg(format!("--audit-log-path={}", path("audit.log").display()))
             .arg("--audit-log-format=json")
@@ -160,7 +188,7 @@ impl ControlPlane {
             .spawn()
             .with_context(|| format!("starting {}", assets.kube_apiserver.display()))?;
 
-        let server = format!("https://127.0.0.1:{api_port}");
+        let server = format!("https://{}", std::net::SocketAddr::new(settings.bind, api_port));
         let kubeconfig = path("admin.kubeconfig");
         write("admin.kubeconfig", &kubeconfig_yaml(&server, ca.cert_pem(), &admin, "ccm-e2e-admin"))?;
 

@@ -11,6 +11,8 @@
 pub mod assets;
 pub mod cluster;
 pub mod control_plane;
+pub mod images;
+pub mod kubelet_cluster;
 pub mod pki;
 
 use std::sync::OnceLock;

@@ -40,11 +40,17 @@ impl Ca {
         &self.pem.cert
     }
 
-    /// A serving certificate for loopback.
-    pub fn serving(&self) -> anyhow::Result<Pem> {
+    /// A serving certificate for loopback and the given addresses (and the in-cluster names
+    /// of the `kubernetes` Service, for pods that reach the API server through it).
+    pub fn serving(&self, addresses: &[std::net::IpAddr]) -> anyhow::Result<Pem> {
         let key = KeyPair::generate()?;
-        let mut params = CertificateParams::new(vec!["localhost".to_string()])?;
+        let names =
+            ["localhost", "kubernetes", "kubernetes.default", "kubernetes.default.svc", "kubernetes.default.svc.cluster.local"];
+        let mut params = CertificateParams::new(names.iter().map(|n| n.to_string()).collect::<Vec<_>>())?;
         params.subject_alt_names.push(SanType::IpAddress("127.0.0.1".parse()?));
+        for address in addresses {
+            params.subject_alt_names.push(SanType::IpAddress(*address));
+        }
         params.distinguished_name.push(DnType::CommonName, "kube-apiserver");
         params.extended_key_usages = vec![ExtendedKeyUsagePurpose::ServerAuth];
         let cert = params.signed_by(&key, &self.issuer)?;

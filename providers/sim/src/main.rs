@@ -63,6 +63,8 @@ const PLUGIN_NAME: &str = "sim.cloudprovider.dev";
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
     let args = Args::parse();
+    // CCM_CHECK_ARGS: parse and check the arguments only (see ccm-core's runtime::CHECK_ARGS_ENV).
+    let check_only = std::env::var_os("CCM_CHECK_ARGS").is_some_and(|v| !v.is_empty());
     tracing_subscriber::fmt().with_env_filter(tracing_subscriber::EnvFilter::new(&args.log)).with_writer(std::io::stderr).init();
     if let Some(Command::NodeMetadata(a)) = args.command {
         let listen: Listen = a.listen.parse().context("--listen")?;
@@ -74,7 +76,22 @@ async fn main() -> anyhow::Result<()> {
             (None, Some(name)) => ccm_provider_sim::plugin::NodePlugin::named(a.metadata_endpoint, name),
             (None, None) => anyhow::bail!("--instance-id or --node-name is required"),
         };
+        if check_only {
+            println!("ccm-provider-sim node-metadata: arguments ok");
+            return Ok(());
+        }
         return ccm_provider_sim::plugin::run(PLUGIN_NAME, plugin, listen, ccm_provider_sdk::server::shutdown_signal()).await;
+    }
+    let parse = |flag: &str, value: Option<&str>| value.map(str::parse::<Listen>).transpose().with_context(|| flag.to_string());
+    let endpoints = ccm_provider_sim::Endpoints {
+        provider: parse("--listen", args.listen.as_deref())?.context("--listen is required")?,
+        admin: parse("--admin-listen", args.admin_listen.as_deref())?,
+        metadata: parse("--metadata-listen", args.metadata_listen.as_deref())?,
+    };
+    if check_only {
+        // The config file is the pod's (a mounted ConfigMap): checked where it is mounted.
+        println!("ccm-provider-sim: arguments ok");
+        return Ok(());
     }
     let mut config = match &args.config {
         Some(path) => ccm_provider_sim::Config::load(path)?,
@@ -83,11 +100,5 @@ async fn main() -> anyhow::Result<()> {
     if args.metadata_instance.is_some() {
         config.node_metadata_instance = args.metadata_instance.clone();
     }
-    let parse = |flag: &str, value: Option<&str>| value.map(str::parse::<Listen>).transpose().with_context(|| flag.to_string());
-    let endpoints = ccm_provider_sim::Endpoints {
-        provider: parse("--listen", args.listen.as_deref())?.context("--listen is required")?,
-        admin: parse("--admin-listen", args.admin_listen.as_deref())?,
-        metadata: parse("--metadata-listen", args.metadata_listen.as_deref())?,
-    };
     ccm_provider_sim::run(config, endpoints, ccm_provider_sdk::server::shutdown_signal()).await
 }

@@ -320,3 +320,160 @@ async fn the_shipped_roles_are_enough_for_every_controller_and_no_broader() {
     assert!(allowed(&admin, "cloud-controller-manager", "create", "serviceaccounts/token", Some("route-controller")).await);
     env.cleanup().await.expect("cleanup");
 }
+
+/// The workspace's binaries beside this test binary (`target/<profile>/`).
+fn workspace_binary(name: &str) -> PathBuf {
+    let exe = std::env::current_exe().expect("test binary path");
+    let dir = exe.parent().and_then(Path::parent).expect("target/<profile>");
+    let path = dir.join(name);
+    assert!(path.is_file(), "{} is not built (cargo build --workspace --bins)", path.display());
+    path
+}
+
+/// Every container of every workload in `objects`: (object/container, image, command + args
+/// with `$(VAR)` references expanded as the kubelet would, from the container's env or the
+/// Service variables of a Service in `objects`).
+fn containers(objects: &[serde_json::Value]) -> Vec<(String, String, Vec<String>)> {
+    let services: Vec<String> = objects
+        .iter()
+        .filter(|o| o["kind"] == "Service")
+        .filter_map(|o| o["metadata"]["name"].as_str())
+        .map(|n| n.to_uppercase().replace('-', "_"))
+        .collect();
+    let mut out = Vec::new();
+    for object in objects.iter().filter(|o| matches!(o["kind"].as_str(), Some("Deployment" | "DaemonSet"))) {
+        let spec = &object["spec"]["template"]["spec"];
+        let all =
+            spec["initContainers"].as_array().into_iter().flatten().chain(spec["containers"].as_array().into_iter().flatten());
+        for container in all {
+            let what =
+                format!("{}/{}", object["metadata"]["name"].as_str().unwrap_or("?"), container["name"].as_str().unwrap_or("?"));
+            let env: BTreeMap<String, String> = container["env"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .filter_map(|e| Some((e["name"].as_str()?.to_string(), e["value"].as_str().unwrap_or("from-field").to_string())))
+                .collect();
+            let expand = |arg: &str| {
+                let mut text = arg.to_string();
+                while let Some(start) = text.find("$(") {
+                    let end =
+                        text[start..].find(')').map(|e| start + e).unwrap_or_else(|| panic!("{what}: unclosed $( in {arg}"));
+                    let var = &text[start + 2..end];
+                    let value = if let Some(v) = env.get(var) {
+                        v.clone()
+                    } else if services.iter().any(|s| var == format!("{s}_SERVICE_HOST")) {
+                        "10.96.0.42".to_string()
+                    } else if services.iter().any(|s| var == format!("{s}_SERVICE_PORT")) {
+                        "8169".to_string()
+                    } else {
+                        panic!("{what}: {arg} refers to ${var}, which the kubelet would not set");
+                    };
+                    text.replace_range(start..=end, &value);
+                }
+                text
+            };
+            let words: Vec<String> = container["command"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .chain(container["args"].as_array().into_iter().flatten())
+                .filter_map(|a| a.as_str())
+                .map(expand)
+                .collect();
+            out.push((what, container["image"].as_str().unwrap_or_default().to_string(), words));
+        }
+    }
+    out
+}
+
+/// The binary a container runs: its command's, or its image's entrypoint.
+fn entrypoint(image: &str, words: &[String]) -> (String, usize) {
+    if let Some(first) = words.first().filter(|w| w.starts_with('/')) {
+        return (first.rsplit('/').next().unwrap_or_default().to_string(), 1);
+    }
+    let binary = if image.contains("/cloud-controller-manager:") {
+        "cloud-controller-manager"
+    } else if image.contains("/provider-sim:") {
+        "ccm-provider-sim"
+    } else {
+        panic!("no binary known for image {image}");
+    };
+    (binary.to_string(), 0)
+}
+
+/// Runs every container's command line of `yaml` through the real binary with
+/// `CCM_CHECK_ARGS` (parse and check, start nothing). Returns how many were checked.
+fn check_arguments(yaml: &str, what: &str) -> usize {
+    let objects: Vec<serde_json::Value> = yaml.split("\n---").filter_map(yaml_object).collect();
+    let list = containers(&objects);
+    assert!(!list.is_empty(), "{what}: no containers");
+    for (container, image, words) in &list {
+        let (binary, skip) = entrypoint(image, words);
+        let out = std::process::Command::new(workspace_binary(&binary))
+            .args(&words[skip..])
+            .env("CCM_CHECK_ARGS", "1")
+            .env("NODE_NAME", "node-a1")
+            .output()
+            .expect("run");
+        assert!(
+            out.status.success(),
+            "{what}: {container} ({binary} {}) is refused: {}",
+            words[skip..].join(" "),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        assert!(String::from_utf8_lossy(&out.stdout).contains("arguments ok"), "{what}: {container}");
+    }
+    list.len()
+}
+
+/// One YAML document (as helm and kustomize print them) as JSON; None for an empty one.
+fn yaml_object(doc: &str) -> Option<serde_json::Value> {
+    let content = doc.lines().any(|l| !l.trim().is_empty() && !l.trim_start().starts_with('#') && l.trim() != "---");
+    if !content {
+        return None;
+    }
+    let value: serde_json::Value = serde_saphyr::from_str(doc).unwrap_or_else(|e| panic!("not YAML: {e}\n{doc}"));
+    assert!(value.is_object(), "not an object: {doc}");
+    Some(value)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_rendered_command_line_is_accepted_by_the_real_binaries() {
+    let helm = tokio::task::spawn_blocking(|| ccm_e2e::Assets::tool("helm")).await.expect("join").expect("helm");
+    let assets = tokio::task::spawn_blocking(ccm_e2e::Assets::find).await.expect("join").expect("assets");
+    let chart = deploy_dir().join("helm/ccm-rs");
+    let variants: [(&str, &[&str]); 4] = [
+        ("defaults", &[]),
+        ("lease per controller", &["--set", "leaderElection.perController=true"]),
+        ("without service account credentials", &["--set", "useServiceAccountCredentials=false"]),
+        ("routes and migration", &["--set", "configureCloudRoutes=true,clusterCIDR=10.244.0.0/16,leaderMigration.enabled=true"]),
+    ];
+    let mut checked = 0;
+    for (name, set) in variants {
+        let mut cmd = std::process::Command::new(&helm);
+        cmd.args(["template", "ccm-rs", &chart.display().to_string(), "--namespace", "kube-system", "--kube-version", "1.37.2"]);
+        cmd.args(set);
+        checked += check_arguments(&run(cmd, None, &format!("helm template ({name})")), &format!("helm ({name})"));
+    }
+    // The two kustomize bases are installed together (the DaemonSet reads the core's Service).
+    let mut both = String::new();
+    for dir in ["core", "node-metadata"] {
+        let path = deploy_dir().join("kustomize").join(dir);
+        let mut cmd = std::process::Command::new(&assets.kubectl);
+        cmd.args(["kustomize", &path.display().to_string()]);
+        both += &run(cmd, None, &format!("kustomize {dir}"));
+        both += "\n---\n";
+    }
+    checked += check_arguments(&both, "kustomize core + node-metadata");
+    eprintln!("{checked} container command lines accepted");
+    assert!(checked >= 14, "{checked}");
+
+    // And a flag mistake is caught in seconds: the binary refuses it.
+    let out = std::process::Command::new(workspace_binary("cloud-controller-manager"))
+        .args(["--use-service-account-credentials", "true"])
+        .env("CCM_CHECK_ARGS", "1")
+        .output()
+        .expect("run");
+    assert!(!out.status.success(), "a boolean flag's value as a separate word is refused, as upstream's pflag does");
+}

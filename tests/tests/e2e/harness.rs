@@ -97,3 +97,57 @@ async fn an_owned_control_plane_stops_everything_when_dropped() {
     }
     assert!(!dir.exists(), "{} outlived its control plane", dir.display());
 }
+
+/// What of kubelet cluster `id` (bridge subnet `subnet`, like `10.250.7.`) is on the host:
+/// processes, links, routes and cgroups naming it; and the mount count and the host's
+/// iptables rules, which no cluster may change.
+fn host_footprint(id: &str, subnet: &str) -> (Vec<String>, usize, String) {
+    let sh = |script: &str| {
+        let out = std::process::Command::new("sh").args(["-c", script]).output().expect("sh");
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    };
+    let mut found: Vec<String> =
+        sh("ps -eo pid,args").lines().filter(|l| l.contains(&format!("ccm-e2e-cluster-{id}/"))).map(str::to_string).collect();
+    found.extend(sh("ip -o link").lines().filter(|l| l.contains(&format!("ccm{id}"))).map(str::to_string));
+    found.extend(sh("ip route").lines().filter(|l| l.contains(subnet)).map(str::to_string));
+    found.extend(sh(&format!("ls -d /sys/fs/cgroup/*/ccm-e2e-{id}-* 2>/dev/null")).lines().map(str::to_string));
+    let mounts = std::fs::read_to_string("/proc/self/mountinfo").expect("mountinfo").lines().count();
+    (found, mounts, sh("iptables-save 2>/dev/null | grep -v '^#'"))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_kubelet_cluster_registers_tainted_nodes_and_leaves_nothing_behind() {
+    if let Err(why) = ccm_e2e::kubelet_cluster::check_machine() {
+        assert!(std::env::var_os("CCM_E2E_REQUIRE_KUBELET_CLUSTER").is_none(), "{why}");
+        eprintln!("skipped: {why}");
+        return;
+    }
+    let (_, mounts_before, iptables_before) = host_footprint("-", "-");
+    let mut cluster = tokio::task::spawn_blocking(|| ccm_e2e::kubelet_cluster::KubeletCluster::start(2, "tear", &[]))
+        .await
+        .expect("join")
+        .expect("kubelet cluster");
+    eprintln!("kubelet cluster of 2 nodes Ready in {:.1} s", cluster.startup.as_secs_f64());
+    let client = cluster.client().await.expect("client");
+    let nodes = Api::<Node>::all(client).list(&ListParams::default()).await.expect("nodes").items;
+    assert_eq!(nodes.len(), 2);
+    for node in &nodes {
+        let taints = node.spec.as_ref().and_then(|s| s.taints.clone()).unwrap_or_default();
+        assert!(taints.iter().any(|t| t.key == ccm_e2e::cluster::UNINITIALIZED_TAINT), "{taints:?}");
+        let addresses = node.status.as_ref().and_then(|s| s.addresses.clone()).unwrap_or_default();
+        let ip = &cluster.nodes.iter().find(|n| Some(&n.name) == node.metadata.name.as_ref()).expect("ours").ip;
+        assert!(addresses.iter().any(|a| a.type_ == "InternalIP" && a.address == ip.to_string()), "{addresses:?}");
+        assert!(node.spec.as_ref().and_then(|s| s.pod_cidr.as_ref()).is_some(), "kube-controller-manager allocates podCIDRs");
+    }
+    let id = cluster.id();
+    let [a, b, c, _] = cluster.gateway.octets();
+    let subnet = format!("{a}.{b}.{c}.");
+    let (during, ..) = host_footprint(&id, &subnet);
+    assert!(during.iter().any(|l| l.contains("kubelet")), "the cluster's kubelets run: {during:#?}");
+    assert!(during.iter().any(|l| l.contains("/sys/fs/cgroup/")), "in cgroups of their own: {during:#?}");
+    tokio::task::spawn_blocking(move || cluster.stop()).await.expect("join");
+    let (after, mounts_after, iptables_after) = host_footprint(&id, &subnet);
+    assert!(after.is_empty(), "no process, link, route or cgroup of the cluster is left: {after:#?}");
+    assert_eq!(mounts_after, mounts_before, "no mount is left on the host");
+    assert_eq!(iptables_after, iptables_before, "the host's iptables rules are untouched");
+}

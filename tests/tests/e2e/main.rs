@@ -7,6 +7,7 @@ mod harness;
 mod leader;
 mod node_metadata;
 mod nodes;
+mod real_cluster;
 mod routes;
 mod services;
 mod smoke;

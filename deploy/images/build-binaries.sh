@@ -1,0 +1,29 @@
+#!/usr/bin/env bash
+# build-binaries.sh OUT BIN...: builds the named binaries of this workspace as static (musl)
+# release executables and copies them into OUT. The build stage of every Containerfile here
+# runs it, and so does build.py, which makes the same images without a container engine.
+#
+# The target follows TARGETARCH (set by `docker buildx build --platform ...`), else the
+# machine: amd64/x86_64 -> x86_64-unknown-linux-musl, arm64/aarch64 -> aarch64-unknown-linux-musl.
+# GIT_COMMIT, when set, is what `--version` reports (else the repository's HEAD, if any).
+set -euo pipefail
+[ $# -ge 2 ] || { echo "usage: build-binaries.sh OUT BIN..." >&2; exit 2; }
+out=$1; shift
+arch=${TARGETARCH:-$(uname -m)}
+case "$arch" in
+  amd64|x86_64) target=x86_64-unknown-linux-musl ;;
+  arm64|aarch64) target=aarch64-unknown-linux-musl ;;
+  *) echo "build-binaries.sh: no musl target for architecture $arch" >&2; exit 1 ;;
+esac
+cd "$(dirname "$0")/../.."
+if ! rustup target list --installed 2>/dev/null | grep -qx "$target"; then
+  rustup target add "$target" >&2
+fi
+# ring (TLS) compiles C: it needs musl's compiler wrapper (Debian: musl-tools).
+command -v musl-gcc >/dev/null || { echo "build-binaries.sh: musl-gcc not found (apt-get install musl-tools)" >&2; exit 1; }
+bins=()
+for b in "$@"; do bins+=(--bin "$b"); done
+export CCM_GIT_COMMIT=${GIT_COMMIT:-${CCM_GIT_COMMIT:-}}
+cargo build --release --locked --target "$target" "${bins[@]}" >&2
+mkdir -p "$out"
+for b in "$@"; do install -m 0755 "target/$target/release/$b" "$out/$b"; done

@@ -1,0 +1,733 @@
+//! A real kubelet cluster on this host, for what an operator installs (images, chart,
+//! kustomize): a control plane (etcd, kube-apiserver, kube-controller-manager with
+//! `--cloud-provider=external`, kube-scheduler) and several nodes, each a kubelet with its own
+//! containerd, kube-proxy, bridge CNI, root directory, network namespace, mount namespace and
+//! cgroup tree. No image registry: images are OCI archives imported into every node's
+//! containerd (see `deploy/images/build.py`).
+//!
+//! Layout, for node `i` of a cluster with id `<id>`:
+//! - a host bridge `ccm<id>` with the gateway `10.250.<k>.1/24`, which is also the address the
+//!   API server binds (pods reach it through the `kubernetes` Service);
+//! - a *holder* process (`unshare --net --mount`) that owns the node's network and mount
+//!   namespaces; containerd, the kubelet and kube-proxy enter both (`nsenter`). Its `eth0`
+//!   (a veth on the bridge) is `10.250.<k>.(10+i)`. Inside its mount namespace the node's own
+//!   directories are bind-mounted over `/var/lib/kubelet`, `/etc/kubernetes`, `/var/log/pods`,
+//!   `/var/log/containers`, `/var/lib/cni`, `/etc/cni/net.d` and `/run/containerd`, so that
+//!   hostPath volumes and the paths kubelets hard-code are per node, and every mount the node
+//!   makes vanishes with the namespace;
+//! - a cgroup `/ccm-e2e-<id>-n<i>` in every (v1) hierarchy: the node's processes run in its
+//!   `system` child, the kubelet's pods under it (`cgroupRoot`).
+//!
+//! Teardown (on drop, or by a watchdog when the test process dies) kills every process in the
+//! nodes' cgroups and the control plane, removes the cgroups, the bridge and the directory:
+//! no process, mount, link, route, namespace, cgroup or iptables rule stays behind (kube-proxy
+//! and the CNI plugins only ever touched the nodes' own network namespaces).
+//!
+//! It needs root, `unshare`/`nsenter`, iproute2, iptables, containerd and runc and the CNI
+//! plugins (`.ci/run` installs them); [`KubeletCluster::start`] says in one sentence what is
+//! missing, as [`Unavailable`].
+
+use std::net::{IpAddr, Ipv4Addr};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::OnceLock;
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, bail};
+
+use crate::assets::Assets;
+use crate::control_plane::{ControlPlane, Settings, free_port, tail};
+
+/// The pod network of the cluster; kube-controller-manager gives each Node a /24 of it.
+pub const CLUSTER_CIDR: &str = "10.244.0.0/16";
+/// The sandbox image every node's containerd uses (built here, never pulled).
+pub const PAUSE_IMAGE: &str = "ccm-e2e.local/pause:1";
+/// The ClusterIP of the cluster DNS the kubelets point pods at (no DNS server runs: the
+/// charts under test must not need one, as on a cluster whose Nodes are not initialised yet).
+pub const CLUSTER_DNS: &str = "10.96.0.10";
+const CNI_BIN: &str = "/usr/lib/cni";
+/// Host paths every kubelet or containerd hard-codes, bind-mounted per node.
+const NODE_PATHS: &[(&str, &str)] = &[
+    ("/var/lib/kubelet", "kubelet"),
+    ("/etc/kubernetes", "etc-kubernetes"),
+    ("/var/log/pods", "log/pods"),
+    ("/var/log/containers", "log/containers"),
+    ("/var/lib/cni", "cni"),
+    ("/etc/cni/net.d", "net.d"),
+    ("/run/containerd", "run-containerd"),
+    ("/run/netns", "netns"),
+];
+
+/// The machine cannot run a kubelet cluster (not root, a tool missing): the sentence says why.
+#[derive(Debug)]
+pub struct Unavailable(pub String);
+
+impl std::fmt::Display for Unavailable {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl std::error::Error for Unavailable {}
+
+/// One node: its name, address and processes.
+pub struct KubeletNode {
+    /// The Node's name (the kubelet's `--hostname-override`).
+    pub name: String,
+    /// Its InternalIP (`--node-ip`), on the cluster bridge.
+    pub ip: Ipv4Addr,
+    dir: PathBuf,
+    holder: Child,
+    containerd: Child,
+    kubelet: Option<Child>,
+    proxy: Child,
+    kubelet_args: Vec<String>,
+    cgroups: Vec<PathBuf>,
+    ns_pid: u32,
+}
+
+impl KubeletNode {
+    /// The node's own directory: `host(path)` maps a host path the node sees (such as
+    /// `/etc/kubernetes/kubelet.conf.d`) to where it really is.
+    pub fn host(&self, path: &str) -> PathBuf {
+        for (target, source) in NODE_PATHS {
+            if let Some(rest) = path.strip_prefix(target) {
+                return self.dir.join(source).join(rest.trim_start_matches('/'));
+            }
+        }
+        PathBuf::from(path)
+    }
+
+    /// The containerd socket of this node.
+    pub fn containerd_socket(&self) -> PathBuf {
+        self.dir.join("containerd.sock")
+    }
+
+    /// The kubelet's log file.
+    pub fn kubelet_log(&self) -> PathBuf {
+        self.dir.join("kubelet.log")
+    }
+}
+
+/// A running kubelet cluster. See the module documentation.
+pub struct KubeletCluster {
+    control_plane: ControlPlane,
+    /// The nodes, in order.
+    pub nodes: Vec<KubeletNode>,
+    daemons: Vec<Child>,
+    dir: PathBuf,
+    teardown: PathBuf,
+    watchdog: Option<Child>,
+    kubelet_bin: PathBuf,
+    /// The bridge's address (the API server's).
+    pub gateway: Ipv4Addr,
+    /// How long the start took.
+    pub startup: Duration,
+    torn_down: bool,
+}
+
+fn run(cmd: &mut Command, what: &str) -> anyhow::Result<String> {
+    let out = cmd.stdin(Stdio::null()).output().with_context(|| format!("{what}: starting {cmd:?}"))?;
+    if !out.status.success() {
+        bail!("{what} failed ({}): {}", out.status, String::from_utf8_lossy(&out.stderr).trim());
+    }
+    Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+}
+
+fn sh(script: &str, what: &str) -> anyhow::Result<String> {
+    run(Command::new("sh").args(["-c", script]), what)
+}
+
+/// The mounted cgroup v1 hierarchies (`/sys/fs/cgroup/<name>`), or the v2 root.
+fn cgroup_hierarchies() -> anyhow::Result<Vec<PathBuf>> {
+    let mounts = std::fs::read_to_string("/proc/self/mounts").context("reading /proc/self/mounts")?;
+    let mut out: Vec<PathBuf> = mounts
+        .lines()
+        .filter_map(|l| {
+            let f: Vec<&str> = l.split_whitespace().collect();
+            (f.len() > 2 && (f[2] == "cgroup" || f[2] == "cgroup2")).then(|| PathBuf::from(f[1]))
+        })
+        .collect();
+    out.sort();
+    out.dedup();
+    if out.is_empty() {
+        bail!("no cgroup file system is mounted");
+    }
+    Ok(out)
+}
+
+/// Checks what the cluster needs from the machine.
+pub fn check_machine() -> Result<(), Unavailable> {
+    let uid = std::fs::read_to_string("/proc/self/status")
+        .ok()
+        .and_then(|s| s.lines().find(|l| l.starts_with("Uid:")).map(|l| l.split_whitespace().nth(1).unwrap_or("").to_string()));
+    if uid.as_deref() != Some("0") {
+        return Err(Unavailable("the kubelet cluster needs root (network and mount namespaces, cgroups)".into()));
+    }
+    for tool in ["unshare", "nsenter", "ip", "iptables", "containerd", "containerd-shim-runc-v2", "runc", "ctr", "python3"] {
+        if !Command::new("sh")
+            .args(["-c", &format!("command -v {tool}")])
+            .stdout(Stdio::null())
+            .status()
+            .is_ok_and(|s| s.success())
+        {
+            return Err(Unavailable(format!("the kubelet cluster needs {tool} on PATH (.ci/run installs it)")));
+        }
+    }
+    for plugin in ["bridge", "host-local", "portmap", "loopback"] {
+        if !Path::new(CNI_BIN).join(plugin).is_file() {
+            return Err(Unavailable(format!(
+                "the kubelet cluster needs the CNI plugin {CNI_BIN}/{plugin} (containernetworking-plugins)"
+            )));
+        }
+    }
+    Ok(())
+}
+
+/// A /24 under 10.250.0.0/16 that no interface of this host uses.
+fn free_subnet() -> anyhow::Result<u8> {
+    let addrs = run(Command::new("ip").args(["-4", "-o", "addr"]), "listing addresses")?;
+    let routes = run(Command::new("ip").args(["-4", "route"]), "listing routes")?;
+    let start = (std::process::id() % 200) as u8;
+    (0..200u8)
+        .map(|i| 20 + (start.wrapping_add(i) % 200))
+        .find(|k| {
+            let prefix = format!("10.250.{k}.");
+            !addrs.contains(&prefix) && !routes.contains(&prefix)
+        })
+        .context("no free 10.250.x.0/24 subnet for the cluster bridge")
+}
+
+/// Builds (or reuses) the pause image archive from the static pause program.
+fn pause_image(cache: &Path, pause_bin: &Path) -> anyhow::Result<PathBuf> {
+    let out = cache.join("pause.tar");
+    let build_py = Path::new(env!("CARGO_MANIFEST_DIR")).join("../deploy/images/build.py");
+    run(
+        Command::new("python3")
+            .arg(&build_py)
+            .arg("--file")
+            .arg(format!("{}:/pause", pause_bin.display()))
+            .args(["--entrypoint", "/pause", "--tag", PAUSE_IMAGE, "--out"])
+            .arg(&out),
+        "building the pause image",
+    )?;
+    Ok(out)
+}
+
+fn write(path: &Path, text: &str) -> anyhow::Result<()> {
+    if let Some(parent) = path.parent() {
+        std::fs::create_dir_all(parent).with_context(|| format!("creating {}", parent.display()))?;
+    }
+    std::fs::write(path, text).with_context(|| format!("writing {}", path.display()))
+}
+
+fn log_file(path: &Path) -> anyhow::Result<(Stdio, Stdio)> {
+    let file = std::fs::File::create(path).with_context(|| format!("creating {}", path.display()))?;
+    Ok((file.try_clone()?.into(), file.into()))
+}
+
+/// A command that joins the node's `system` cgroup in every hierarchy, then enters the
+/// holder's network and mount namespaces and runs `program args`.
+fn in_node(cgroups: &[PathBuf], holder: u32, program: &Path, args: &[String]) -> Command {
+    let join: String = cgroups.iter().map(|c| format!("echo $$ > {}/system/cgroup.procs; ", c.display())).collect();
+    let mut cmd = Command::new("sh");
+    cmd.arg("-c")
+        .arg(format!("{join}exec nsenter --target \"$0\" --net --mount -- \"$@\""))
+        .arg(holder.to_string())
+        .arg(program)
+        .args(args);
+    cmd
+}
+
+fn kubeconfig_path(cp: &ControlPlane, user: &str, group: Option<&str>) -> anyhow::Result<PathBuf> {
+    cp.kubeconfig_for(user, group).with_context(|| format!("a kubeconfig for {user}"))
+}
+
+/// containerd's configuration for one node (version 2 format, containerd 1.6 and 1.7).
+fn containerd_config(node: &Path) -> String {
+    let d = node.display();
+    format!(
+        r#"version = 2
+root = "{d}/containerd/root"
+state = "{d}/containerd/state"
+disabled_plugins = ["io.containerd.snapshotter.v1.btrfs", "io.containerd.snapshotter.v1.zfs", "io.containerd.snapshotter.v1.devmapper", "io.containerd.snapshotter.v1.aufs"]
+[grpc]
+  address = "{d}/containerd.sock"
+[plugins."io.containerd.internal.v1.opt"]
+  path = "{d}/containerd/opt"
+[plugins."io.containerd.grpc.v1.cri"]
+  sandbox_image = "{PAUSE_IMAGE}"
+  # root here lacks CAP_SYS_RESOURCE: runc cannot lower oom_score_adj below the parent's.
+  restrict_oom_score_adj = true
+  disable_apparmor = true
+  [plugins."io.containerd.grpc.v1.cri".containerd]
+    snapshotter = "overlayfs"
+    default_runtime_name = "runc"
+    [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc]
+      runtime_type = "io.containerd.runc.v2"
+      [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc.options]
+        SystemdCgroup = false
+        Root = "{d}/runc"
+  [plugins."io.containerd.grpc.v1.cri".cni]
+    bin_dir = "{CNI_BIN}"
+    conf_dir = "/etc/cni/net.d"
+"#
+    )
+}
+
+fn kubelet_config(cgroup_root: &str, containerd: &Path, ca: &Path) -> String {
+    format!(
+        "apiVersion: kubelet.config.k8s.io/v1beta1\nkind: KubeletConfiguration\n\
+         failCgroupV1: false\ncgroupDriver: cgroupfs\ncgroupRoot: /{cgroup_root}\nfailSwapOn: false\n\
+         containerRuntimeEndpoint: unix://{containerd}\n\
+         authentication:\n  anonymous: {{enabled: true}}\n  webhook: {{enabled: false}}\n  x509: {{clientCAFile: {ca}}}\n\
+         authorization: {{mode: AlwaysAllow}}\n\
+         clusterDNS: [{CLUSTER_DNS}]\nclusterDomain: cluster.local\nresolvConf: /etc/resolv.conf\n\
+         readOnlyPort: 0\nhealthzBindAddress: 127.0.0.1\n\
+         # Images cannot be pulled again: never collect them, never evict for disk.\n\
+         imageGCHighThresholdPercent: 100\nimageGCLowThresholdPercent: 99\n\
+         evictionHard: {{memory.available: 1Mi, nodefs.available: 1%, imagefs.available: 1%, nodefs.inodesFree: 1%}}\n\
+         serializeImagePulls: false\nprotectKernelDefaults: false\nshutdownGracePeriod: 0s\n\
+         nodeStatusUpdateFrequency: 4s\nsyncFrequency: 10s\nfileCheckFrequency: 5s\n",
+        containerd = containerd.display(),
+        ca = ca.display(),
+    )
+}
+
+fn kube_proxy_config(name: &str, kubeconfig: &Path) -> String {
+    format!(
+        "apiVersion: kubeproxy.config.k8s.io/v1alpha1\nkind: KubeProxyConfiguration\n\
+         clientConnection: {{kubeconfig: {}}}\nhostnameOverride: {name}\nclusterCIDR: {CLUSTER_CIDR}\nmode: iptables\n\
+         # Leave the host-wide conntrack table size alone.\n\
+         conntrack: {{maxPerCore: 0, tcpEstablishedTimeout: 0s, tcpCloseWaitTimeout: 0s}}\n\
+         metricsBindAddress: 127.0.0.1:10249\nhealthzBindAddress: 127.0.0.1:10256\n",
+        kubeconfig.display()
+    )
+}
+
+/// The bridge CNI configuration for a node's podCIDR (what a network DaemonSet such as
+/// kindnet writes once kube-controller-manager has allocated the CIDR).
+fn cni_config(pod_cidr: &str) -> String {
+    format!(
+        r#"{{"cniVersion": "1.0.0", "name": "ccm-e2e", "plugins": [
+  {{"type": "bridge", "bridge": "cni0", "isGateway": true, "ipMasq": true, "hairpinMode": true,
+    "ipam": {{"type": "host-local", "ranges": [[{{"subnet": "{pod_cidr}"}}]], "routes": [{{"dst": "0.0.0.0/0"}}]}}}},
+  {{"type": "portmap", "capabilities": {{"portMappings": true}}}}
+]}}
+"#
+    )
+}
+
+impl KubeletCluster {
+    /// Starts a control plane and `nodes` kubelet nodes named `<prefix>-<i>`, imports
+    /// `images` (OCI archives) into every node, and waits until every Node is registered
+    /// and Ready (pod network configured). The Nodes keep the `uninitialized` taint: that is
+    /// the cloud-controller-manager's to remove.
+    pub fn start(nodes: usize, prefix: &str, images: &[PathBuf]) -> anyhow::Result<Self> {
+        check_machine()?;
+        let begin = Instant::now();
+        let bins = Assets::tool_dir("cluster")?;
+        let subnet = free_subnet()?;
+        let gateway = Ipv4Addr::new(10, 250, subnet, 1);
+        let id = format!("{}{subnet}", std::process::id() % 1000);
+        let dir = PathBuf::from(format!("/var/tmp/ccm-e2e-cluster-{id}"));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
+        let bridge = format!("ccm{id}");
+        let hierarchies = cgroup_hierarchies()?;
+        let cgroup_name = |i: usize| format!("ccm-e2e-{id}-n{i}");
+
+        // The teardown script comes first, so that whatever fails below is undone.
+        let teardown = dir.join("teardown.sh");
+        let roots: Vec<String> =
+            (0..nodes).flat_map(|i| hierarchies.iter().map(move |h| h.join(cgroup_name(i)).display().to_string())).collect();
+        let created: Vec<&str> = NODE_PATHS.iter().map(|(t, _)| *t).filter(|t| !Path::new(t).exists()).collect();
+        write(
+            &teardown,
+            &format!(
+                "#!/bin/sh\n# Tears down kubelet cluster {id}: processes, cgroups, bridge, files.\n\
+                 pids=\"$(cat '{dir}/pids' 2>/dev/null)\"\n\
+                 [ -n \"$pids\" ] && kill -TERM $pids 2>/dev/null\n\
+                 for _ in 1 2 3 4 5 6 7 8 9 10 11 12 13 14 15 16 17 18 19 20; do\n  left=0\n  for root in {roots}; do\n    \
+                 [ -d \"$root\" ] || continue\n    \
+                 for p in $(find \"$root\" -name cgroup.procs -exec cat {{}} + 2>/dev/null); do kill -KILL \"$p\" 2>/dev/null; left=1; done\n  done\n  \
+                 [ $left = 0 ] && break\n  sleep 0.25\ndone\n\
+                 [ -n \"$pids\" ] && kill -KILL $pids 2>/dev/null\n\
+                 for root in {roots}; do [ -d \"$root\" ] && find \"$root\" -depth -type d -exec rmdir {{}} + 2>/dev/null; done\n\
+                 for i in {indices}; do ip link del '{bridge}h'$i 2>/dev/null; done\n\
+                 ip link del '{bridge}' 2>/dev/null\n\
+                 rm -rf '{dir}'\n\
+                 for t in {created}; do rmdir \"$t\" 2>/dev/null; done\n\
+                 exit 0\n",
+                dir = dir.display(),
+                roots = roots.join(" "),
+                created = created.join(" "),
+                indices = (0..nodes).map(|i| i.to_string()).collect::<Vec<_>>().join(" "),
+            ),
+        )?;
+        let watchdog = Command::new("sh")
+            .args([
+                "-c",
+                &format!("while kill -0 {} 2>/dev/null; do sleep 1; done; sh '{}'", std::process::id(), teardown.display()),
+            ])
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .context("starting the cluster watchdog")?;
+        let undo = |e: anyhow::Error| {
+            let _ = Command::new("sh").arg(&teardown).status();
+            e
+        };
+
+        // The bridge first: the API server binds its address.
+        for target in &created {
+            std::fs::create_dir_all(target).with_context(|| format!("creating {target}")).map_err(undo)?;
+        }
+        sh(
+            &format!("ip link add {bridge} type bridge && ip addr add {gateway}/24 dev {bridge} && ip link set {bridge} up"),
+            "creating the cluster bridge",
+        )
+        .map_err(undo)?;
+        let control_plane =
+            ControlPlane::start_with(&Settings { bind: IpAddr::V4(gateway), service_accounts: true }).map_err(undo)?;
+        let mut cluster = Self {
+            control_plane,
+            nodes: Vec::new(),
+            daemons: Vec::new(),
+            dir: dir.clone(),
+            teardown: teardown.clone(),
+            watchdog: Some(watchdog),
+            kubelet_bin: bins.join("kubelet"),
+            gateway,
+            startup: Duration::ZERO,
+            torn_down: false,
+        };
+        let pause = pause_image(&dir, &bins.join("pause"))?;
+        cluster.start_controllers(&bins)?;
+        for i in 0..nodes {
+            let name = format!("{prefix}-{i}");
+            let node = cluster.start_node(i, &name, &bins, &bridge, &hierarchies, &cgroup_name(i), &pause, images)?;
+            cluster.nodes.push(node);
+        }
+        cluster.record_pids()?;
+        cluster.configure_pod_network(Duration::from_secs(90))?;
+        cluster.startup = begin.elapsed();
+        Ok(cluster)
+    }
+
+    fn record_pids(&self) -> anyhow::Result<()> {
+        let mut pids: Vec<u32> = self.daemons.iter().map(Child::id).collect();
+        pids.extend(self.control_plane.pids());
+        for n in &self.nodes {
+            pids.extend([n.holder.id(), n.containerd.id(), n.proxy.id()]);
+            pids.extend(n.kubelet.as_ref().map(Child::id));
+        }
+        let text: Vec<String> = pids.iter().map(u32::to_string).collect();
+        write(&self.dir.join("pids"), &text.join(" "))
+    }
+
+    fn spawn_logged(&self, mut cmd: Command, log: &str) -> anyhow::Result<Child> {
+        let (out, err) = log_file(&self.dir.join(log))?;
+        cmd.stdin(Stdio::null()).stdout(out).stderr(err).spawn().with_context(|| format!("starting {log}"))
+    }
+
+    fn start_controllers(&mut self, bins: &Path) -> anyhow::Result<()> {
+        let cp = &self.control_plane;
+        let admin = cp.kubeconfig_path().to_path_buf();
+        let cp_dir = cp.dir().to_path_buf();
+        let mut kcm = Command::new(bins.join("kube-controller-manager"));
+        kcm.arg(format!("--kubeconfig={}", admin.display()))
+            .arg(format!("--authentication-kubeconfig={}", admin.display()))
+            .arg(format!("--authorization-kubeconfig={}", admin.display()))
+            .args(["--cloud-provider=external", "--allocate-node-cidrs=true", "--node-cidr-mask-size=24"])
+            .arg(format!("--cluster-cidr={CLUSTER_CIDR}"))
+            .arg(format!("--service-cluster-ip-range={}", crate::control_plane::SERVICE_CLUSTER_IP_RANGE))
+            .arg(format!("--root-ca-file={}", cp_dir.join("ca.crt").display()))
+            .arg(format!("--service-account-private-key-file={}", cp_dir.join("sa.key").display()))
+            .args(["--configure-cloud-routes=false", "--leader-elect=false", "--bind-address=127.0.0.1"])
+            .arg(format!("--secure-port={}", free_port()?))
+            .arg("--v=1");
+        let kcm = self.spawn_logged(kcm, "kube-controller-manager.log")?;
+        self.daemons.push(kcm);
+        let mut scheduler = Command::new(bins.join("kube-scheduler"));
+        scheduler
+            .arg(format!("--kubeconfig={}", admin.display()))
+            .arg(format!("--authentication-kubeconfig={}", admin.display()))
+            .arg(format!("--authorization-kubeconfig={}", admin.display()))
+            .args(["--leader-elect=false", "--bind-address=127.0.0.1"])
+            .arg(format!("--secure-port={}", free_port()?))
+            .arg("--v=1");
+        let scheduler = self.spawn_logged(scheduler, "kube-scheduler.log")?;
+        self.daemons.push(scheduler);
+        Ok(())
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn start_node(
+        &self,
+        i: usize,
+        name: &str,
+        bins: &Path,
+        bridge: &str,
+        hierarchies: &[PathBuf],
+        cgroup_root: &str,
+        pause: &Path,
+        images: &[PathBuf],
+    ) -> anyhow::Result<KubeletNode> {
+        let dir = self.dir.join(format!("n{i}"));
+        for (_, source) in NODE_PATHS {
+            std::fs::create_dir_all(dir.join(source)).with_context(|| format!("creating {source} of {name}"))?;
+        }
+        std::fs::create_dir_all(dir.join("etc-kubernetes/kubelet.conf.d"))?;
+        let ip = Ipv4Addr::new(10, 250, self.gateway.octets()[2], 10 + i as u8);
+
+        // The node's cgroups, in every hierarchy (cpuset needs its cpus and mems set).
+        let cgroups: Vec<PathBuf> = hierarchies.iter().map(|h| h.join(cgroup_root)).collect();
+        for (cg, h) in cgroups.iter().zip(hierarchies) {
+            for sub in ["", "system"] {
+                let path = cg.join(sub);
+                std::fs::create_dir_all(&path).with_context(|| format!("creating cgroup {}", path.display()))?;
+                for file in ["cpuset.cpus", "cpuset.mems"] {
+                    if let Ok(value) = std::fs::read_to_string(h.join(file)) {
+                        std::fs::write(path.join(file), value.trim()).with_context(|| format!("{}/{file}", path.display()))?;
+                    }
+                }
+            }
+        }
+
+        // The holder: network and mount namespaces, with the node's directories mounted.
+        let binds: String = NODE_PATHS
+            .iter()
+            .map(|(target, source)| format!("mount --bind '{}' '{target}' && ", dir.join(source).display()))
+            .collect();
+        let join: String = cgroups.iter().map(|c| format!("echo $$ > {}/system/cgroup.procs; ", c.display())).collect();
+        let ready = dir.join("holder.ready");
+        let mut holder = Command::new("sh");
+        holder.arg("-c").arg(format!(
+            "{join}exec unshare --net --mount --propagation private -- sh -c \"{binds}touch '{}' && exec sleep infinity\"",
+            ready.display()
+        ));
+        let holder = self.spawn_logged(holder, &format!("n{i}/holder.log"))?;
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while !ready.exists() {
+            if Instant::now() > deadline {
+                bail!("node {name}: its namespaces were not ready: {}", tail(&dir.join("holder.log"), 10));
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        // sh exec'd unshare, which exec'd (no fork without --pid) the inner shell, which
+        // exec'd sleep: the holder's pid owns the namespaces.
+        let ns_pid = holder.id();
+        let host_if = format!("{bridge}h{i}");
+        sh(
+            &format!(
+                "ip link add {host_if} type veth peer name eth0 netns {ns_pid} && ip link set {host_if} master {bridge} up && \
+                 nsenter --target {ns_pid} --net sh -c 'ip link set lo up && ip addr add {ip}/24 dev eth0 && ip link set eth0 up && \
+                 ip route add default via {gw} && sysctl -qw net.ipv4.ip_forward=1'",
+                gw = self.gateway
+            ),
+            &format!("node {name}: network"),
+        )?;
+
+        let cp = &self.control_plane;
+        write(&dir.join("containerd.toml"), &containerd_config(&dir))?;
+        let containerd = self.spawn_logged(
+            in_node(&cgroups, ns_pid, Path::new("containerd"), &[format!("--config={}", dir.join("containerd.toml").display())]),
+            &format!("n{i}/containerd.log"),
+        )?;
+        let socket = dir.join("containerd.sock");
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while !socket.exists() {
+            if Instant::now() > deadline {
+                bail!("node {name}: containerd did not start: {}", tail(&dir.join("containerd.log"), 20));
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        for image in std::iter::once(pause).chain(images.iter().map(PathBuf::as_path)) {
+            run(
+                Command::new("ctr").arg("--address").arg(&socket).args(["-n", "k8s.io", "images", "import"]).arg(image),
+                &format!("node {name}: importing {}", image.display()),
+            )?;
+        }
+
+        let kubeconfig = kubeconfig_path(cp, &format!("system:node:{name}"), Some("system:nodes"))?;
+        write(&dir.join("kubelet.yaml"), &kubelet_config(cgroup_root, &socket, &cp.dir().join("ca.crt")))?;
+        let kubelet_args = vec![
+            format!("--config={}", dir.join("kubelet.yaml").display()),
+            "--config-dir=/etc/kubernetes/kubelet.conf.d".to_string(),
+            format!("--kubeconfig={}", kubeconfig.display()),
+            format!("--hostname-override={name}"),
+            format!("--node-ip={ip}"),
+            "--cloud-provider=external".to_string(),
+            "--v=1".to_string(),
+        ];
+        let kubelet =
+            self.spawn_logged(in_node(&cgroups, ns_pid, &self.kubelet_bin, &kubelet_args), &format!("n{i}/kubelet.log"))?;
+        let proxy_kubeconfig = kubeconfig_path(cp, "system:kube-proxy", None)?;
+        write(&dir.join("kube-proxy.yaml"), &kube_proxy_config(name, &proxy_kubeconfig))?;
+        let proxy = self.spawn_logged(
+            in_node(&cgroups, ns_pid, &bins.join("kube-proxy"), &[format!("--config={}", dir.join("kube-proxy.yaml").display())]),
+            &format!("n{i}/kube-proxy.log"),
+        )?;
+        Ok(KubeletNode {
+            name: name.to_string(),
+            ip,
+            dir,
+            holder,
+            containerd,
+            kubelet: Some(kubelet),
+            proxy,
+            kubelet_args,
+            cgroups,
+            ns_pid,
+        })
+    }
+
+    /// Waits for every Node to register and get its podCIDR, writes its CNI configuration,
+    /// and waits until every Node is Ready.
+    fn configure_pod_network(&self, timeout: Duration) -> anyhow::Result<()> {
+        let deadline = Instant::now() + timeout;
+        let mut configured = vec![false; self.nodes.len()];
+        loop {
+            let out = self.kubectl(&["get", "nodes", "-o", "json"]).output().context("kubectl get nodes")?;
+            let list: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap_or_default();
+            let items = list["items"].as_array().cloned().unwrap_or_default();
+            let mut ready = 0;
+            for (i, node) in self.nodes.iter().enumerate() {
+                let Some(item) = items.iter().find(|n| n["metadata"]["name"] == node.name.as_str()) else { continue };
+                if let (false, Some(cidr)) = (configured[i], item["spec"]["podCIDR"].as_str()) {
+                    write(&node.host("/etc/cni/net.d/10-ccm-e2e.conflist"), &cni_config(cidr))?;
+                    configured[i] = true;
+                }
+                let is_ready = item["status"]["conditions"]
+                    .as_array()
+                    .is_some_and(|c| c.iter().any(|c| c["type"] == "Ready" && c["status"] == "True"));
+                ready += usize::from(is_ready);
+            }
+            if ready == self.nodes.len() {
+                return Ok(());
+            }
+            if Instant::now() > deadline {
+                let logs: Vec<String> =
+                    self.nodes.iter().map(|n| format!("{}:\n{}", n.name, tail(&n.kubelet_log(), 15))).collect();
+                bail!("{ready} of {} Nodes Ready after {timeout:?}:\n{}", self.nodes.len(), logs.join("\n"));
+            }
+            std::thread::sleep(Duration::from_millis(250));
+        }
+    }
+
+    /// The control plane (API server address, kubeconfigs, CA).
+    pub fn control_plane(&self) -> &ControlPlane {
+        &self.control_plane
+    }
+
+    /// A `kubectl` command with the admin kubeconfig.
+    pub fn kubectl(&self, args: &[&str]) -> Command {
+        self.control_plane.kubectl(args)
+    }
+
+    /// An admin client.
+    pub async fn client(&self) -> anyhow::Result<kube::Client> {
+        self.control_plane.client().await
+    }
+
+    /// Imports an OCI archive into every node's containerd.
+    pub fn import_image(&self, image: &Path) -> anyhow::Result<()> {
+        for node in &self.nodes {
+            run(
+                Command::new("ctr")
+                    .arg("--address")
+                    .arg(node.containerd_socket())
+                    .args(["-n", "k8s.io", "images", "import"])
+                    .arg(image),
+                &format!("node {}: importing {}", node.name, image.display()),
+            )?;
+        }
+        Ok(())
+    }
+
+    /// Restarts node `i`'s kubelet (as `systemctl restart kubelet` would), so that it reads
+    /// its configuration and drop-ins again.
+    pub fn restart_kubelet(&mut self, i: usize) -> anyhow::Result<()> {
+        let node = self.nodes.get_mut(i).context("no such node")?;
+        if let Some(mut old) = node.kubelet.take() {
+            let _ = Command::new("kill").args(["-TERM", &old.id().to_string()]).status();
+            let _ = old.wait();
+        }
+        let log = std::fs::OpenOptions::new().append(true).create(true).open(node.kubelet_log())?;
+        let kubelet = in_node(&node.cgroups, node.ns_pid, &self.kubelet_bin, &node.kubelet_args)
+            .stdin(Stdio::null())
+            .stdout(log.try_clone()?)
+            .stderr(log)
+            .spawn()
+            .context("restarting the kubelet")?;
+        node.kubelet = Some(kubelet);
+        self.record_pids()
+    }
+
+    /// The cluster's id: in its directory (`/var/tmp/ccm-e2e-cluster-<id>`), its bridge
+    /// (`ccm<id>`) and its cgroups (`ccm-e2e-<id>-n<i>`).
+    pub fn id(&self) -> String {
+        self.dir.file_name().and_then(|n| n.to_str()).unwrap_or_default().trim_start_matches("ccm-e2e-cluster-").to_string()
+    }
+
+    /// Stops everything and removes what the cluster made (also done on drop).
+    pub fn stop(&mut self) {
+        if self.torn_down {
+            return;
+        }
+        self.torn_down = true;
+        let _ = self.record_pids();
+        let _ = Command::new("sh").arg(&self.teardown).status();
+        for child in self.daemons.iter_mut() {
+            let _ = child.wait();
+        }
+        for node in self.nodes.iter_mut() {
+            for child in [&mut node.holder, &mut node.containerd, &mut node.proxy].into_iter().chain(node.kubelet.as_mut()) {
+                let _ = child.wait();
+            }
+        }
+        self.control_plane.stop();
+        if let Some(mut w) = self.watchdog.take() {
+            let _ = w.kill();
+            let _ = w.wait();
+        }
+    }
+}
+
+impl Drop for KubeletCluster {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}
+
+static SHARED: OnceLock<Result<KubeletCluster, String>> = OnceLock::new();
+
+/// The kubelet cluster shared by the tests of this process (two nodes, `kc-0` and `kc-1`),
+/// started on first use with `images` imported; later callers' images are imported into it.
+/// `Ok(None)` when the machine cannot run one (the reason is printed), unless
+/// `CCM_E2E_REQUIRE_KUBELET_CLUSTER` is set (CI), where that is an error.
+pub fn shared(images: &[PathBuf]) -> anyhow::Result<Option<&'static KubeletCluster>> {
+    if let Err(why) = check_machine() {
+        if std::env::var_os("CCM_E2E_REQUIRE_KUBELET_CLUSTER").is_some() {
+            bail!("{why}");
+        }
+        eprintln!("skipped: {why}");
+        return Ok(None);
+    }
+    let mut first = false;
+    let cluster = SHARED
+        .get_or_init(|| {
+            first = true;
+            KubeletCluster::start(2, "kc", images).map_err(|e| format!("{e:#}"))
+        })
+        .as_ref()
+        .map_err(|e| anyhow::anyhow!("{e}"))?;
+    if !first {
+        for image in images {
+            cluster.import_image(image)?;
+        }
+    }
+    Ok(Some(cluster))
+}
