@@ -102,17 +102,17 @@ async fn every_manifest_and_the_rendered_chart_pass_a_server_side_dry_run() {
     let helm = tokio::task::spawn_blocking(|| ccm_e2e::Assets::tool("helm")).await.expect("join").expect("helm");
     let chart = deploy_dir().join("helm/ccm-rs");
     let variants: [(&str, &[&str]); 4] = [
-        ("defaults", &[]),
-        ("lease per controller", &["--set", "leaderElection.perController=true"]),
+        ("defaults", &["--set", "sim.enabled=true"]),
+        ("lease per controller", &["--set", "sim.enabled=true,leaderElection.perController=true"]),
         (
             "without service account credentials",
-            &["--set", "useServiceAccountCredentials=false", "--set", "nodeMetadata.enabled=false"],
+            &["--set", "sim.enabled=true,useServiceAccountCredentials=false", "--set", "nodeMetadata.enabled=false"],
         ),
         (
             "leader migration with a config",
             &[
                 "--set",
-                "leaderMigration.enabled=true",
+                "sim.enabled=true,leaderMigration.enabled=true",
                 "--set-string",
                 "leaderMigration.config=apiVersion: controllermanager.config.k8s.io/v1\nkind: LeaderMigrationConfiguration\nleaderName: cloud-provider-extraction-migration\nresourceLock: leases\n",
             ],
@@ -136,12 +136,39 @@ async fn every_manifest_and_the_rendered_chart_pass_a_server_side_dry_run() {
     assert!(counts["kustomize/core"] >= 20, "{counts:?}");
     assert!(counts["helm (defaults)"] >= 20, "{counts:?}");
 
-    // The chart refuses what cannot work.
+    // The chart refuses what cannot work, with a sentence saying what to do.
+    let refused = |args: &[&str]| {
+        let mut cmd = std::process::Command::new(&helm);
+        cmd.args(["template", "ccm-rs", &chart.display().to_string(), "--kube-version", "1.37.2"]).args(args);
+        let out = cmd.output().expect("helm");
+        assert!(!out.status.success(), "{args:?} is refused");
+        String::from_utf8_lossy(&out.stderr).into_owned()
+    };
+    assert!(refused(&["--namespace", "default", "--set", "sim.enabled=true"]).contains("kube-system"));
+    // No provider chosen: never the simulated cloud by accident.
+    let why = refused(&["--namespace", "kube-system"]);
+    assert!(why.contains("no provider chosen") && why.contains("sim.enabled=true"), "{why}");
+    let why = refused(&["--namespace", "kube-system", "--set", "provider.image.repository=example.com/mycloud"]);
+    assert!(why.contains("provider.name is required"), "{why}");
+    // values.schema.json catches a misspelt value.
+    let why = refused(&["--namespace", "kube-system", "--set", "sim.enabled=true,replica=3"]);
+    assert!(why.contains("replica"), "{why}");
+    // A real provider with its credentials from a Secret, and the monitors: rendered and admitted.
     let mut cmd = std::process::Command::new(&helm);
-    cmd.args(["template", "ccm-rs", &chart.display().to_string(), "--namespace", "default", "--kube-version", "1.37.2"]);
-    let out = cmd.output().expect("helm");
-    assert!(!out.status.success(), "the controllers' accounts live in kube-system");
-    assert!(String::from_utf8_lossy(&out.stderr).contains("kube-system"));
+    cmd.args(["template", "ccm-rs", &chart.display().to_string(), "--namespace", "kube-system", "--kube-version", "1.37.2"])
+        .args(["--set", "provider.name=mycloud.example.com,provider.image.repository=example.com/mycloud-provider"])
+        .args(["--set", "provider.args={--cloud-config=/etc/ccm-provider-secret/cloud.conf}"])
+        .args(["--set", "provider.existingSecret=mycloud,provider.envFrom[0].secretRef.name=mycloud-env"])
+        .args(["--set", "imagePullSecrets[0].name=registry,podLabels.team=infra,nameOverride=ccm"])
+        .args(["--set", "nodeMetadata.image.repository=example.com/mycloud-provider,nodeMetadata.args={node-plugin}"]);
+    let yaml = run(cmd, None, "helm template (a real provider)");
+    assert!(yaml.contains("secretName: mycloud") && yaml.contains("name: mycloud-env") && yaml.contains("name: registry"));
+    assert!(!yaml.contains("provider-sim"), "no trace of the sim unless asked for");
+    let objects = dry_run(cp, &yaml, "helm (a real provider)");
+    assert!(
+        objects.iter().any(|o| o["kind"] == "Deployment" && o["metadata"]["name"] == "ccm"),
+        "nameOverride names the Deployment"
+    );
 }
 
 async fn token(client: &kube::Client, account: &str) -> String {
@@ -444,10 +471,13 @@ async fn every_rendered_command_line_is_accepted_by_the_real_binaries() {
     let assets = tokio::task::spawn_blocking(ccm_e2e::Assets::find).await.expect("join").expect("assets");
     let chart = deploy_dir().join("helm/ccm-rs");
     let variants: [(&str, &[&str]); 4] = [
-        ("defaults", &[]),
-        ("lease per controller", &["--set", "leaderElection.perController=true"]),
-        ("without service account credentials", &["--set", "useServiceAccountCredentials=false"]),
-        ("routes and migration", &["--set", "configureCloudRoutes=true,clusterCIDR=10.244.0.0/16,leaderMigration.enabled=true"]),
+        ("the sim", &["--set", "sim.enabled=true"]),
+        ("lease per controller", &["--set", "sim.enabled=true,leaderElection.perController=true"]),
+        ("without service account credentials", &["--set", "sim.enabled=true,useServiceAccountCredentials=false"]),
+        (
+            "routes and migration",
+            &["--set", "sim.enabled=true,configureCloudRoutes=true,clusterCIDR=10.244.0.0/16,leaderMigration.enabled=true"],
+        ),
     ];
     let mut checked = 0;
     for (name, set) in variants {

@@ -59,8 +59,8 @@ fn sim_config(cluster: &KubeletCluster) -> String {
 fn helm_values(cluster: &KubeletCluster, dir: &Path) -> PathBuf {
     let indent = |text: &str| text.lines().map(|l| format!("      {l}\n")).collect::<String>();
     let values = format!(
-        "provider:\n  args:\n    - --config=/etc/ccm-provider/sim.toml\n    - --metadata-listen=http://0.0.0.0:8169\n    - --admin-listen=http://0.0.0.0:{ADMIN_PORT}\n\
-         \x20 config:\n    sim.toml: |\n{}clusterCIDR: {CLUSTER_CIDR}\nconfigureCloudRoutes: true\n",
+        "sim:\n  enabled: true\n  extraArgs: [--admin-listen=http://0.0.0.0:{ADMIN_PORT}]\n  config:\n    sim.toml: |\n{}\
+         clusterCIDR: {CLUSTER_CIDR}\nconfigureCloudRoutes: true\n",
         indent(&sim_config(cluster))
     );
     let path = dir.join("values.yaml");
@@ -164,7 +164,8 @@ async fn install_and_check(
 
     // Routes for the Nodes' podCIDRs, in the leader's cloud.
     let holder = eventually(&format!("{what}: a leader"), Duration::from_secs(30), async || lease_holder(&client).await).await;
-    let leader = cluster.nodes.iter().find(|n| holder.starts_with(&n.name)).expect("the leader runs on one of the nodes");
+    let leader =
+        cluster.nodes.iter().find(|n| holder.starts_with(&format!("{}_", n.name))).expect("the leader runs on one of the nodes");
     let leader_ip = leader.ip.to_string();
     let cidrs: Vec<String> = nodes
         .list(&Default::default())

@@ -8,6 +8,51 @@ helm.sh/chart: {{ .Chart.Name }}-{{ .Chart.Version }}
 {{ .image.repository }}:{{ .image.tag | default .appVersion }}
 {{- end -}}
 
+{{/* The core Deployment's name (and its pods' app.kubernetes.io/name). */}}
+{{- define "ccm-rs.fullname" -}}
+{{- if .Values.fullnameOverride }}{{ .Values.fullnameOverride | trunc 63 | trimSuffix "-" }}
+{{- else }}{{ .Values.nameOverride | default "cloud-controller-manager" | trunc 63 | trimSuffix "-" }}
+{{- end }}
+{{- end -}}
+
+{{/* The provider sidecar: the sim's when sim.enabled, else provider.*, which must be set. */}}
+{{- define "ccm-rs.provider" -}}
+{{- if .Values.sim.enabled -}}
+name: sim.cloudprovider.dev
+image: {{ toYaml .Values.sim.image | nindent 2 }}
+args:
+  - --config=/etc/ccm-provider/sim.toml
+  - --metadata-listen=http://0.0.0.0:8169
+  {{- with .Values.sim.extraArgs }}{{ toYaml . | nindent 2 }}{{ end }}
+config: {{ toYaml .Values.sim.config | nindent 2 }}
+{{- else -}}
+{{- if not .Values.provider.image.repository -}}
+{{- fail "no provider chosen: set provider.image.repository (and provider.name, provider.args) to your cloud's cloudprovider.v1 sidecar, or sim.enabled=true to try the simulated cloud (not for real clusters)" -}}
+{{- end -}}
+name: {{ required "provider.name is required (the provider's plugin name, for example mycloud.example.com)" .Values.provider.name }}
+image: {{ toYaml .Values.provider.image | nindent 2 }}
+args: {{ toYaml .Values.provider.args | nindent 2 }}
+config: {{ toYaml .Values.provider.config | nindent 2 }}
+{{- end -}}
+{{- end -}}
+
+{{/* The node plugin's image and arguments: given, else the sim's. */}}
+{{- define "ccm-rs.nodePlugin" -}}
+{{- if .Values.nodeMetadata.image.repository -}}
+image: {{ toYaml .Values.nodeMetadata.image | nindent 2 }}
+args: {{ toYaml .Values.nodeMetadata.args | nindent 2 }}
+{{- else if .Values.sim.enabled -}}
+image: {{ toYaml .Values.sim.image | nindent 2 }}
+args:
+  - node-metadata
+  # No cluster DNS before Nodes are initialised: the metadata Service's address from the
+  # variables the kubelet gives every pod (a real cloud's plugin reads its link-local service).
+  - --metadata-endpoint=http://$(CCM_PROVIDER_SIM_METADATA_SERVICE_HOST):$(CCM_PROVIDER_SIM_METADATA_SERVICE_PORT)
+{{- else -}}
+{{- fail "nodeMetadata.enabled: set nodeMetadata.image.repository and nodeMetadata.args to your provider's node plugin, or nodeMetadata.enabled=false" -}}
+{{- end -}}
+{{- end -}}
+
 {{/* The controllers' own ServiceAccounts and what each does. */}}
 {{- define "ccm-rs.controllerRules" -}}
 cloud-node-controller:
