@@ -1,6 +1,12 @@
 //! The health and metrics server on `--secure-port`: `/healthz`, `/livez`, `/readyz` and
-//! `/metrics`. HTTPS with a self-signed certificate made at start (as upstream does without
-//! `--tls-cert-file`), or plain HTTP with `--insecure-serving` for local runs and tests.
+//! `/metrics`. HTTPS with the certificate of `--tls-cert-file`/`--tls-private-key-file`
+//! (reloaded when the files change, as cert-manager rotates them), else a self-signed one made
+//! at start (as upstream does); or plain HTTP with `--insecure-serving` for local runs and tests.
+//!
+//! Requests outside `--authorization-always-allow-paths` can be authenticated and authorised by
+//! delegation to the API server, as upstream's: a bearer token is checked with a TokenReview,
+//! then the user's right to the path with a SubjectAccessReview (`get` on the non-resource URL
+//! `/metrics`); see [`crate::delegation`].
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -13,6 +19,7 @@ use axum::routing::get;
 use hyper_util::rt::{TokioExecutor, TokioIo};
 use hyper_util::service::TowerToHyperService;
 
+use crate::delegation::Delegation;
 use crate::metrics::Metrics;
 
 /// What `/readyz` checks.
@@ -26,15 +33,35 @@ struct Shared {
     readiness: Arc<dyn Readiness>,
 }
 
-/// The router.
-pub fn router(metrics: Metrics, readiness: Arc<dyn Readiness>) -> axum::Router {
+/// The router; with `delegation`, every request passes its checks first.
+pub fn router(metrics: Metrics, readiness: Arc<dyn Readiness>, delegation: Option<Arc<Delegation>>) -> axum::Router {
     let shared = Arc::new(Shared { metrics, readiness });
-    axum::Router::new()
+    let router = axum::Router::new()
         .route("/healthz", get(|| async { "ok" }))
         .route("/livez", get(|| async { "ok" }))
         .route("/readyz", get(readyz))
         .route("/metrics", get(metrics_text))
-        .with_state(shared)
+        .with_state(shared);
+    match delegation {
+        Some(d) => router.layer(axum::middleware::from_fn_with_state(d, crate::delegation::check)),
+        None => router,
+    }
+}
+
+/// Where the serving certificate comes from.
+#[derive(Debug, Clone)]
+pub enum Tls {
+    /// Plain HTTP (`--insecure-serving`).
+    None,
+    /// A self-signed certificate made at start.
+    SelfSigned,
+    /// PEM files, reloaded when they change.
+    Files {
+        /// The certificate (chain), PEM.
+        cert: std::path::PathBuf,
+        /// Its private key, PEM.
+        key: std::path::PathBuf,
+    },
 }
 
 async fn readyz(State(s): State<Arc<Shared>>) -> impl IntoResponse {
@@ -48,27 +75,44 @@ async fn metrics_text(State(s): State<Arc<Shared>>) -> impl IntoResponse {
     ([(axum::http::header::CONTENT_TYPE, "application/openmetrics-text; version=1.0.0; charset=utf-8")], s.metrics.encode())
 }
 
+/// How often the certificate files are checked for a change.
+const RELOAD_CHECK: std::time::Duration = std::time::Duration::from_secs(2);
+
 /// Binds `addr` and serves until `stop`. Returns the bound address (port 0 picks one).
 pub async fn serve(
     addr: SocketAddr,
-    insecure: bool,
+    tls: Tls,
     app: axum::Router,
     mut stop: tokio::sync::watch::Receiver<bool>,
 ) -> anyhow::Result<SocketAddr> {
     let listener = tokio::net::TcpListener::bind(addr).await.with_context(|| format!("binding the health server on {addr}"))?;
     let bound = listener.local_addr()?;
-    if insecure {
-        tokio::spawn(async move {
-            let shutdown = async move {
-                let _ = stop.wait_for(|s| *s).await;
-            };
-            if let Err(error) = axum::serve(listener, app).with_graceful_shutdown(shutdown).await {
-                tracing::error!(%error, "health server failed");
-            }
-        });
-        return Ok(bound);
-    }
-    let acceptor = tls_acceptor()?;
+    let resolver = match tls {
+        Tls::None => {
+            tokio::spawn(async move {
+                let shutdown = async move {
+                    let _ = stop.wait_for(|s| *s).await;
+                };
+                if let Err(error) = axum::serve(listener, app).with_graceful_shutdown(shutdown).await {
+                    tracing::error!(%error, "health server failed");
+                }
+            });
+            return Ok(bound);
+        }
+        Tls::SelfSigned => Arc::new(CertResolver::new(self_signed()?, None)),
+        Tls::Files { cert, key } => {
+            let loaded = load_pem(&cert, &key)?;
+            let resolver = Arc::new(CertResolver::new(loaded, Some((cert, key))));
+            tokio::spawn(resolver.clone().watch(stop.clone()));
+            resolver
+        }
+    };
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let config = rustls::ServerConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()?
+        .with_no_client_auth()
+        .with_cert_resolver(resolver);
+    let acceptor = tokio_rustls::TlsAcceptor::from(Arc::new(config));
     tokio::spawn(async move {
         loop {
             let (tcp, _) = tokio::select! {
@@ -95,16 +139,83 @@ pub async fn serve(
     Ok(bound)
 }
 
-fn tls_acceptor() -> anyhow::Result<tokio_rustls::TlsAcceptor> {
+type Files = (std::path::PathBuf, std::path::PathBuf);
+
+/// The serving certificate, swapped in place when its files change.
+#[derive(Debug)]
+struct CertResolver {
+    current: std::sync::RwLock<Arc<rustls::sign::CertifiedKey>>,
+    files: Option<Files>,
+}
+
+impl CertResolver {
+    fn new(key: rustls::sign::CertifiedKey, files: Option<Files>) -> Self {
+        Self { current: std::sync::RwLock::new(Arc::new(key)), files }
+    }
+
+    /// Reloads the files whenever their contents change, until `stop`. A file that does not
+    /// parse (say, half written) keeps the previous certificate and is tried again.
+    async fn watch(self: Arc<Self>, mut stop: tokio::sync::watch::Receiver<bool>) {
+        let Some((cert, key)) = self.files.clone() else { return };
+        let read = |cert: &std::path::Path, key: &std::path::Path| (std::fs::read(cert).ok(), std::fs::read(key).ok());
+        let mut seen = read(&cert, &key);
+        loop {
+            tokio::select! {
+                _ = tokio::time::sleep(RELOAD_CHECK) => {}
+                _ = stop.wait_for(|s| *s) => return,
+            }
+            let now = read(&cert, &key);
+            if now == seen {
+                continue;
+            }
+            match load_pem(&cert, &key) {
+                Ok(loaded) => {
+                    if let Ok(mut current) = self.current.write() {
+                        *current = Arc::new(loaded);
+                    }
+                    seen = now;
+                    tracing::info!(cert = %cert.display(), "serving certificate reloaded");
+                }
+                Err(error) => {
+                    tracing::warn!(error = %format!("{error:#}"), "serving certificate changed but does not load; keeping the previous one")
+                }
+            }
+        }
+    }
+}
+
+impl rustls::server::ResolvesServerCert for CertResolver {
+    fn resolve(&self, _hello: rustls::server::ClientHello<'_>) -> Option<Arc<rustls::sign::CertifiedKey>> {
+        self.current.read().ok().map(|c| c.clone())
+    }
+}
+
+fn certified(
+    chain: Vec<rustls::pki_types::CertificateDer<'static>>,
+    key: rustls::pki_types::PrivateKeyDer<'static>,
+) -> anyhow::Result<rustls::sign::CertifiedKey> {
+    let signing = rustls::crypto::ring::sign::any_supported_type(&key).map_err(|e| anyhow::anyhow!("serving key: {e}"))?;
+    Ok(rustls::sign::CertifiedKey::new(chain, signing))
+}
+
+fn load_pem(cert: &std::path::Path, key: &std::path::Path) -> anyhow::Result<rustls::sign::CertifiedKey> {
+    use rustls::pki_types::pem::PemObject as _;
+    let chain = rustls::pki_types::CertificateDer::pem_file_iter(cert)
+        .and_then(|certs| certs.collect::<Result<Vec<_>, _>>())
+        .map_err(|e| anyhow::anyhow!("--tls-cert-file {}: {e}", cert.display()))?;
+    if chain.is_empty() {
+        anyhow::bail!("--tls-cert-file {}: no certificate in it", cert.display());
+    }
+    let key = rustls::pki_types::PrivateKeyDer::from_pem_file(key)
+        .map_err(|e| anyhow::anyhow!("--tls-private-key-file {}: {e}", key.display()))?;
+    certified(chain, key)
+}
+
+fn self_signed() -> anyhow::Result<rustls::sign::CertifiedKey> {
     let key = rcgen::KeyPair::generate().context("generating the serving key")?;
     let params = rcgen::CertificateParams::new(vec!["localhost".to_string(), "cloud-controller-manager".to_string()])?;
     let cert = params.self_signed(&key).context("self-signing the serving certificate")?;
     let der_key =
         rustls::pki_types::PrivateKeyDer::try_from(key.serialize_der()).map_err(|e| anyhow::anyhow!("serving key: {e}"))?;
-    let provider = Arc::new(rustls::crypto::ring::default_provider());
-    let config = rustls::ServerConfig::builder_with_provider(provider)
-        .with_safe_default_protocol_versions()?
-        .with_no_client_auth()
-        .with_single_cert(vec![cert.der().clone()], der_key)?;
-    Ok(tokio_rustls::TlsAcceptor::from(Arc::new(config)))
+    certified(vec![cert.der().clone()], der_key)
 }

@@ -5,6 +5,7 @@
 
 pub mod controllers;
 pub mod credentials;
+pub mod delegation;
 pub mod http;
 pub mod informer;
 pub mod leader;

@@ -202,6 +202,31 @@ pub struct Options {
     #[arg(long, default_value = "0.0.0.0")]
     pub bind_address: IpAddr,
 
+    /// The serving certificate (PEM, may hold the chain) of --secure-port; reloaded when the
+    /// file changes. Without it a self-signed certificate is made at start.
+    #[arg(long, value_name = "FILE", requires = "tls_private_key_file")]
+    pub tls_cert_file: Option<PathBuf>,
+
+    /// The private key (PEM) of --tls-cert-file.
+    #[arg(long, value_name = "FILE", requires = "tls_cert_file")]
+    pub tls_private_key_file: Option<PathBuf>,
+
+    /// A kubeconfig with the right to create TokenReviews: bearer tokens sent to
+    /// --secure-port are checked with it. Without it, in a cluster, the pod's own
+    /// credentials are used (as upstream); elsewhere requests are not checked.
+    #[arg(long, value_name = "PATH")]
+    pub authentication_kubeconfig: Option<PathBuf>,
+
+    /// A kubeconfig with the right to create SubjectAccessReviews: each request's user must
+    /// be allowed the path (for /metrics: `get` on the non-resource URL). Defaults as
+    /// --authentication-kubeconfig.
+    #[arg(long, value_name = "PATH")]
+    pub authorization_kubeconfig: Option<PathBuf>,
+
+    /// Paths served without authentication or authorisation (a trailing `*` matches a prefix).
+    #[arg(long, value_delimiter = ',', default_value = "/healthz,/readyz,/livez")]
+    pub authorization_always_allow_paths: Vec<String>,
+
     /// Serve plain HTTP on --secure-port instead of HTTPS (local runs and tests only).
     #[arg(long, num_args = 0..=1, require_equals = true, default_missing_value = "true", action = clap::ArgAction::Set, default_value_t = false)]
     pub insecure_serving: bool,

@@ -59,6 +59,41 @@ async fn kube_config(options: &Options) -> anyhow::Result<kube::Config> {
     })
 }
 
+/// The delegated checks of the health and metrics server: with the kubeconfigs given, else
+/// in a cluster with the pod's own credentials (as upstream), else none. Plain HTTP
+/// (`--insecure-serving`) is never checked.
+async fn delegation(options: &Options) -> anyhow::Result<Option<Arc<crate::delegation::Delegation>>> {
+    if options.insecure_serving {
+        return Ok(None);
+    }
+    let client_from = async |path: &std::path::Path, flag: &str| -> anyhow::Result<kube::Client> {
+        let kubeconfig =
+            kube::config::Kubeconfig::read_from(path).with_context(|| format!("reading {flag} {}", path.display()))?;
+        let config = kube::Config::from_custom_kubeconfig(kubeconfig, &Default::default())
+            .await
+            .with_context(|| format!("loading {flag} {}", path.display()))?;
+        kube::Client::try_from(config).with_context(|| format!("{flag}: building the client"))
+    };
+    let authn = options.authentication_kubeconfig.as_deref();
+    let authz = options.authorization_kubeconfig.as_deref().or(authn);
+    let (authentication, authorization) = match (authn.or(authz), authz) {
+        (Some(n), Some(z)) => {
+            (client_from(n, "--authentication-kubeconfig").await?, client_from(z, "--authorization-kubeconfig").await?)
+        }
+        _ if options.kubeconfig.is_none() && std::env::var_os("KUBERNETES_SERVICE_HOST").is_some() => {
+            let config = kube::Config::incluster().context("in-cluster credentials for delegated authentication")?;
+            let client = kube::Client::try_from(config).context("building the delegated authentication client")?;
+            (client.clone(), client)
+        }
+        _ => return Ok(None),
+    };
+    Ok(Some(Arc::new(crate::delegation::Delegation::new(
+        authentication,
+        authorization,
+        options.authorization_always_allow_paths.clone(),
+    ))))
+}
+
 /// When this environment variable is set (non-empty), the binaries parse and check their
 /// arguments, print `<binary>: arguments ok` and exit without starting anything: how the
 /// deploy tests prove that the arguments a chart or manifest renders are accepted.
@@ -143,10 +178,17 @@ pub async fn run_until(options: Options, shutdown: impl Future<Output = ()> + Se
 
     if options.secure_port != 0 {
         let ready = Arc::new(Ready { provider: provider.clone(), nodes: nodes.clone(), services: services.clone() });
-        let app = http::router(metrics.clone(), ready);
+        let delegation = delegation(&options).await?;
+        let checked = delegation.is_some();
+        let app = http::router(metrics.clone(), ready, delegation);
         let addr = SocketAddr::new(options.bind_address, options.secure_port);
-        let bound = http::serve(addr, options.insecure_serving, app, stop.clone()).await?;
-        tracing::info!(address = %bound, tls = !options.insecure_serving, "serving /healthz, /readyz and /metrics");
+        let tls = match (&options.tls_cert_file, &options.tls_private_key_file) {
+            _ if options.insecure_serving => http::Tls::None,
+            (Some(cert), Some(key)) => http::Tls::Files { cert: cert.clone(), key: key.clone() },
+            _ => http::Tls::SelfSigned,
+        };
+        let bound = http::serve(addr, tls, app, stop.clone()).await?;
+        tracing::info!(address = %bound, tls = !options.insecure_serving, delegated_auth = checked, "serving /healthz, /readyz and /metrics");
     }
 
     let ctx = Context::new(client.clone(), provider, nodes, services, metrics.clone(), options.clone())?;

@@ -127,7 +127,9 @@ impl ControlPlane {
         let write = |name: &str, text: &str| std::fs::write(path(name), text).with_context(|| format!("writing {name}"));
 
         let ca = Ca::new()?;
-        let serving = ca.serving(&[settings.bind])?;
+        // The first address of the service range is the `kubernetes` Service's ClusterIP, which
+        // pods (kube-rs and client-go in-cluster configurations) dial by address.
+        let serving = ca.serving(&[settings.bind, std::net::Ipv4Addr::new(10, 96, 0, 1).into()])?;
         let admin = ca.client("ccm-e2e-admin", Some("system:masters"))?;
         write("ca.crt", ca.cert_pem())?;
         write("apiserver.crt", &serving.cert)?;

@@ -10,5 +10,6 @@ mod nodes;
 mod real_cluster;
 mod routes;
 mod services;
+mod serving;
 mod smoke;
 mod support;

@@ -1,0 +1,178 @@
+//! Authentication and authorisation of the health and metrics server by delegation to the
+//! API server, as upstream's `--authentication-kubeconfig` / `--authorization-kubeconfig`: a
+//! bearer token is checked with a TokenReview, the user's right to the path with a
+//! SubjectAccessReview on the non-resource URL (`get /metrics`). Paths in
+//! `--authorization-always-allow-paths` (the probes) pass without either. A request without a
+//! token is `system:anonymous` and is authorised as such (usually: forbidden).
+//!
+//! Answers are cached for [`CACHE_TTL`] per token, path and verb, as upstream caches them,
+//! so a scraper costs the API server two reviews per ten seconds at most.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use axum::extract::{Request, State};
+use axum::http::StatusCode;
+use axum::middleware::Next;
+use axum::response::{IntoResponse, Response};
+use k8s_openapi::api::authentication::v1::{TokenReview, TokenReviewSpec, UserInfo};
+use k8s_openapi::api::authorization::v1::{NonResourceAttributes, SubjectAccessReview, SubjectAccessReviewSpec};
+use kube::Api;
+use kube::api::PostParams;
+use sha2::{Digest, Sha256};
+use tokio::time::Instant;
+
+/// How long a review's answer is reused.
+pub const CACHE_TTL: Duration = Duration::from_secs(10);
+
+/// Errors of the delegated checks.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// The API server did not answer a review.
+    #[error("{review} failed: {source}")]
+    Review {
+        /// TokenReview or SubjectAccessReview.
+        review: &'static str,
+        /// The client's error.
+        #[source]
+        source: kube::Error,
+    },
+}
+
+#[derive(Debug, Clone)]
+enum Decision {
+    Unauthenticated,
+    Allowed,
+    Forbidden(String),
+}
+
+/// The delegated checks, with their clients and cache.
+pub struct Delegation {
+    authentication: kube::Client,
+    authorization: kube::Client,
+    always_allow: Vec<String>,
+    cache: Mutex<HashMap<[u8; 32], (Instant, Decision)>>,
+}
+
+impl Delegation {
+    /// Checks with TokenReviews through `authentication` and SubjectAccessReviews through
+    /// `authorization`; `always_allow` paths (exact, or a prefix ending in `*`) pass unchecked.
+    pub fn new(authentication: kube::Client, authorization: kube::Client, always_allow: Vec<String>) -> Self {
+        Self { authentication, authorization, always_allow, cache: Mutex::new(HashMap::new()) }
+    }
+
+    fn always_allowed(&self, path: &str) -> bool {
+        self.always_allow.iter().any(|p| match p.strip_suffix('*') {
+            Some(prefix) => path.starts_with(prefix),
+            None => p == path,
+        })
+    }
+
+    async fn decide(&self, token: Option<&str>, path: &str, verb: &str) -> Result<Decision, Error> {
+        let mut hasher = Sha256::new();
+        hasher.update(token.unwrap_or_default().as_bytes());
+        hasher.update([0]);
+        hasher.update(path.as_bytes());
+        hasher.update([0]);
+        hasher.update(verb.as_bytes());
+        let key: [u8; 32] = hasher.finalize().into();
+        if let Ok(cache) = self.cache.lock()
+            && let Some((at, decision)) = cache.get(&key)
+            && at.elapsed() < CACHE_TTL
+        {
+            return Ok(decision.clone());
+        }
+        let decision = self.review(token, path, verb).await?;
+        if let Ok(mut cache) = self.cache.lock() {
+            cache.retain(|_, (at, _)| at.elapsed() < CACHE_TTL);
+            cache.insert(key, (Instant::now(), decision.clone()));
+        }
+        Ok(decision)
+    }
+
+    async fn review(&self, token: Option<&str>, path: &str, verb: &str) -> Result<Decision, Error> {
+        let user = match token {
+            None => UserInfo {
+                username: Some("system:anonymous".into()),
+                groups: Some(vec!["system:unauthenticated".into()]),
+                ..Default::default()
+            },
+            Some(token) => {
+                let review = TokenReview {
+                    spec: TokenReviewSpec { token: token.to_string(), ..Default::default() },
+                    ..Default::default()
+                };
+                let answer = Api::<TokenReview>::all(self.authentication.clone())
+                    .create(&PostParams::default(), &review)
+                    .await
+                    .map_err(|source| Error::Review { review: "TokenReview", source })?;
+                match answer.status {
+                    Some(status) if status.authenticated == Some(true) => status.user.unwrap_or_default(),
+                    _ => return Ok(Decision::Unauthenticated),
+                }
+            }
+        };
+        let name = user.username.clone().unwrap_or_default();
+        let review = SubjectAccessReview {
+            spec: SubjectAccessReviewSpec {
+                user: user.username,
+                groups: user.groups,
+                uid: user.uid,
+                extra: user.extra,
+                non_resource_attributes: Some(NonResourceAttributes { path: Some(path.into()), verb: Some(verb.into()) }),
+                ..Default::default()
+            },
+            ..Default::default()
+        };
+        let answer = Api::<SubjectAccessReview>::all(self.authorization.clone())
+            .create(&PostParams::default(), &review)
+            .await
+            .map_err(|source| Error::Review { review: "SubjectAccessReview", source })?;
+        Ok(match answer.status {
+            Some(status) if status.allowed => Decision::Allowed,
+            _ => Decision::Forbidden(format!("forbidden: User \"{name}\" cannot {verb} path \"{path}\"")),
+        })
+    }
+}
+
+/// The middleware: 401 for a token the API server does not accept, 403 for a user without
+/// the right, 500 when the API server cannot be asked; otherwise the request goes on.
+pub async fn check(State(delegation): State<Arc<Delegation>>, request: Request, next: Next) -> Response {
+    let path = request.uri().path().to_string();
+    if delegation.always_allowed(&path) {
+        return next.run(request).await;
+    }
+    let token = request
+        .headers()
+        .get(axum::http::header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.strip_prefix("Bearer "))
+        .map(|t| t.trim().to_string())
+        .filter(|t| !t.is_empty());
+    let verb = request.method().as_str().to_ascii_lowercase();
+    match delegation.decide(token.as_deref(), &path, &verb).await {
+        Ok(Decision::Allowed) => next.run(request).await,
+        Ok(Decision::Unauthenticated) => (StatusCode::UNAUTHORIZED, "Unauthorized\n").into_response(),
+        Ok(Decision::Forbidden(message)) => (StatusCode::FORBIDDEN, format!("{message}\n")).into_response(),
+        Err(error) => {
+            tracing::warn!(%error, %path, "delegated authentication or authorisation failed");
+            (StatusCode::INTERNAL_SERVER_ERROR, "Internal Server Error: the API server could not check the request\n")
+                .into_response()
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn always_allowed_paths_match_exactly_or_by_prefix() {
+        let config = kube::Config::new("http://127.0.0.1:1".parse().expect("url"));
+        let client = kube::Client::try_from(config).expect("client");
+        let d = Delegation::new(client.clone(), client, vec!["/healthz".into(), "/readyz".into(), "/debug/*".into()]);
+        assert!(d.always_allowed("/healthz") && d.always_allowed("/debug/pprof"));
+        assert!(!d.always_allowed("/metrics") && !d.always_allowed("/healthz/x"));
+    }
+}

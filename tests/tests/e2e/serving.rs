@@ -1,0 +1,154 @@
+//! The health and metrics server as operators scrape it: a given certificate, reloaded when
+//! it is rotated, and /metrics authenticated and authorised by delegation to the API server
+//! (TokenReview, SubjectAccessReview), the probes always allowed.
+
+use std::path::Path;
+use std::time::Duration;
+
+use ccm_e2e::cluster::TestEnv;
+use ccm_e2e::pki::Ca;
+use ccm_provider_sim::Config;
+use k8s_openapi::api::authentication::v1::{TokenRequest, TokenRequestSpec};
+use k8s_openapi::api::core::v1::ServiceAccount;
+use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding, PolicyRule, RoleRef, Subject};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+use kube::Api;
+use kube::api::{DeleteParams, PostParams};
+
+use crate::support::{Core, Sim, eventually, free_port};
+
+/// `curl` against the server, trusting only `ca`: (HTTP status, body), or None when the TLS
+/// handshake or the connection fails (a certificate `ca` did not sign, for one).
+async fn get(port: u16, path: &str, ca: &Path, token: Option<&str>) -> Option<(u16, String)> {
+    let url = format!("https://127.0.0.1:{port}{path}");
+    let mut cmd = tokio::process::Command::new("curl");
+    cmd.args(["-s", "--max-time", "3", "-w", "\n%{http_code}", "--cacert"]).arg(ca).arg(&url);
+    if let Some(token) = token {
+        cmd.args(["-H", &format!("Authorization: Bearer {token}")]);
+    }
+    let out = cmd.output().await.ok()?;
+    if !out.status.success() {
+        return None;
+    }
+    let text = String::from_utf8_lossy(&out.stdout).into_owned();
+    let (body, code) = text.rsplit_once('\n')?;
+    Some((code.trim().parse().ok()?, body.to_string()))
+}
+
+fn write_pair(dir: &Path, ca: &Ca) {
+    let pem = ca.serving(&[]).expect("serving certificate");
+    // As a Secret volume is updated: both files replaced.
+    std::fs::write(dir.join("tls.key.new"), &pem.key).expect("key");
+    std::fs::write(dir.join("tls.crt.new"), &pem.cert).expect("cert");
+    std::fs::rename(dir.join("tls.key.new"), dir.join("tls.key")).expect("rename");
+    std::fs::rename(dir.join("tls.crt.new"), dir.join("tls.crt")).expect("rename");
+    std::fs::write(dir.join("ca.crt"), ca.cert_pem()).expect("ca");
+}
+
+async fn service_account_token(client: &kube::Client, namespace: &str, name: &str) -> String {
+    let accounts: Api<ServiceAccount> = Api::namespaced(client.clone(), namespace);
+    let account = ServiceAccount { metadata: ObjectMeta { name: Some(name.into()), ..Default::default() }, ..Default::default() };
+    accounts.create(&PostParams::default(), &account).await.expect("service account");
+    let request = TokenRequest {
+        spec: Some(TokenRequestSpec { expiration_seconds: Some(3600), ..Default::default() }),
+        ..Default::default()
+    };
+    let answer = accounts.create_token_request(name, &PostParams::default(), &request).await.expect("token");
+    answer.status.and_then(|s| s.token).expect("a token")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn metrics_are_served_with_the_given_certificate_reloaded_on_rotation_and_authorised_by_delegation() {
+    let cp = ccm_e2e::shared().expect("control plane");
+    let env = TestEnv::new(cp.client().await.expect("client"), "serve").await.expect("env");
+    let sim = Sim::start(Config::default()).await;
+    let dir = tempfile::tempdir().expect("tempdir");
+    let (first_ca, second_ca) = (Ca::new().expect("ca"), Ca::new().expect("ca"));
+    write_pair(dir.path(), &first_ca);
+    std::fs::copy(dir.path().join("ca.crt"), dir.path().join("first-ca.crt")).expect("copy");
+    let first = dir.path().join("first-ca.crt");
+
+    let port = free_port();
+    let flags = [
+        "--leader-elect=false".to_string(),
+        format!("--secure-port={port}"),
+        "--bind-address=127.0.0.1".to_string(),
+        format!("--tls-cert-file={}", dir.path().join("tls.crt").display()),
+        format!("--tls-private-key-file={}", dir.path().join("tls.key").display()),
+        // The admin may create TokenReviews and SubjectAccessReviews.
+        format!("--authentication-kubeconfig={}", cp.kubeconfig_path().display()),
+    ];
+    let flags: Vec<&str> = flags.iter().map(String::as_str).collect();
+    let core = Core::start(cp, &env, &sim, &flags);
+
+    // The probes need nothing; the certificate is the given one.
+    let (code, body) = eventually("/healthz over the given certificate", Duration::from_secs(20), async || {
+        get(port, "/healthz", &first, None).await
+    })
+    .await;
+    assert_eq!((code, body.as_str()), (200, "ok"));
+    // /metrics: anonymous is forbidden, a token the API server does not know is unauthorised.
+    let (code, body) = get(port, "/metrics", &first, None).await.expect("answer");
+    assert_eq!(code, 403, "{body}");
+    assert!(body.contains("system:anonymous"), "{body}");
+    assert_eq!(get(port, "/metrics", &first, Some("not-a-token")).await.map(|a| a.0), Some(401));
+
+    // A ServiceAccount: forbidden until granted `get` on the non-resource URL /metrics.
+    let account = format!("{}-scraper", env.prefix);
+    let token = service_account_token(&env.client, &env.namespace, &account).await;
+    let (code, body) = get(port, "/metrics", &first, Some(&token)).await.expect("answer");
+    assert_eq!(code, 403, "{body}");
+    assert!(body.contains(&format!("system:serviceaccount:{}:{account}", env.namespace)), "{body}");
+    let role = ClusterRole {
+        metadata: ObjectMeta { name: Some(account.clone()), ..Default::default() },
+        rules: Some(vec![PolicyRule {
+            non_resource_urls: Some(vec!["/metrics".into()]),
+            verbs: vec!["get".into()],
+            ..Default::default()
+        }]),
+        ..Default::default()
+    };
+    let binding = ClusterRoleBinding {
+        metadata: ObjectMeta { name: Some(account.clone()), ..Default::default() },
+        role_ref: RoleRef {
+            api_group: Some("rbac.authorization.k8s.io".into()),
+            kind: "ClusterRole".into(),
+            name: account.clone(),
+        },
+        subjects: Some(vec![Subject {
+            kind: "ServiceAccount".into(),
+            name: account.clone(),
+            namespace: Some(env.namespace.clone()),
+            ..Default::default()
+        }]),
+    };
+    let roles: Api<ClusterRole> = Api::all(env.client.clone());
+    let bindings: Api<ClusterRoleBinding> = Api::all(env.client.clone());
+    roles.create(&PostParams::default(), &role).await.expect("role");
+    bindings.create(&PostParams::default(), &binding).await.expect("binding");
+    // Decisions are cached for 10 s, as upstream's.
+    let body = eventually("/metrics once granted", Duration::from_secs(20), async || {
+        let (code, body) = get(port, "/metrics", &first, Some(&token)).await?;
+        (code == 200).then_some(body)
+    })
+    .await;
+    assert!(body.contains("ccm_"), "the core's metrics: {}", &body[..body.len().min(200)]);
+
+    // Rotation: a certificate of another CA replaces the files; the server takes it up.
+    write_pair(dir.path(), &second_ca);
+    let second = dir.path().join("ca.crt");
+    let took = std::time::Instant::now();
+    eventually("the rotated certificate", Duration::from_secs(15), async || get(port, "/healthz", &second, None).await).await;
+    eprintln!("rotated certificate served after {:.1} s", took.elapsed().as_secs_f64());
+    assert!(get(port, "/healthz", &first, None).await.is_none(), "the old certificate is no longer served");
+
+    // A half-written file keeps the last good certificate.
+    std::fs::write(dir.path().join("tls.crt"), "-----BEGIN CERTIFICATE-----\ngarbage\n").expect("write");
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    assert!(get(port, "/healthz", &second, None).await.is_some(), "a broken file does not take the server down");
+
+    core.stop().await.expect("stop");
+    let _ = bindings.delete(&account, &DeleteParams::default()).await;
+    let _ = roles.delete(&account, &DeleteParams::default()).await;
+    env.cleanup().await.expect("cleanup");
+}
