@@ -15,3 +15,4 @@ pub mod options;
 pub mod provider;
 pub mod queue;
 pub mod runtime;
+pub mod uninstall;

@@ -45,6 +45,10 @@ pub fn parse_duration(text: &str) -> Result<Duration, String> {
 #[derive(Debug, Clone, Parser)]
 #[command(name = "cloud-controller-manager", version = env!("CCM_VERSION"), about, long_about = None)]
 pub struct Options {
+    /// Without a command: run the controllers.
+    #[command(subcommand)]
+    pub command: Option<Command>,
+
     /// Path to a kubeconfig; in-cluster configuration when unset.
     #[arg(long, value_name = "PATH")]
     pub kubeconfig: Option<PathBuf>,
@@ -246,6 +250,19 @@ pub struct Options {
     /// Log filter, as RUST_LOG (for example `info,ccm_core=debug`).
     #[arg(long, default_value = "info")]
     pub log_level: String,
+}
+
+/// What `cloud-controller-manager` does other than running the controllers.
+#[derive(Debug, Clone, clap::Subcommand)]
+pub enum Command {
+    /// For uninstalling: once no cloud-controller-manager holds its Lease any more, remove the
+    /// load balancer finalizer from every Service (in --service-namespace, or all), so that
+    /// Services can still be deleted. Cloud load balancers are left in place.
+    ReleaseFinalizers {
+        /// How long to wait for the leader to stop.
+        #[arg(long, value_name = "DURATION", default_value = "60s", value_parser = parse_duration)]
+        wait: Duration,
+    },
 }
 
 impl Options {

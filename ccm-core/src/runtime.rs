@@ -125,6 +125,18 @@ pub async fn main_with_args(args: impl IntoIterator<Item = std::ffi::OsString>) 
     } else {
         tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).init();
     }
+    if let Some(crate::options::Command::ReleaseFinalizers { wait }) = &options.command {
+        return match release_finalizers(&options, *wait).await {
+            Ok(count) => {
+                println!("cloud-controller-manager: removed the load balancer finalizer from {count} Service(s)");
+                std::process::ExitCode::SUCCESS
+            }
+            Err(error) => {
+                eprintln!("cloud-controller-manager release-finalizers: {error:#}");
+                std::process::ExitCode::FAILURE
+            }
+        };
+    }
     match run(options).await {
         Ok(()) => std::process::ExitCode::SUCCESS,
         Err(error) => {
@@ -133,6 +145,18 @@ pub async fn main_with_args(args: impl IntoIterator<Item = std::ffi::OsString>) 
             std::process::ExitCode::FAILURE
         }
     }
+}
+
+async fn release_finalizers(options: &Options, wait: Duration) -> anyhow::Result<usize> {
+    let client = kube::Client::try_from(kube_config(options).await?).context("building the Kubernetes client")?;
+    Ok(crate::uninstall::release_finalizers(
+        &client,
+        &options.leader_elect_resource_namespace,
+        &options.leader_elect_resource_name,
+        options.service_namespace.as_deref(),
+        wait,
+    )
+    .await?)
 }
 
 /// Runs the cloud-controller-manager until SIGTERM or SIGINT (Ok) or until it must stop (Err).

@@ -79,7 +79,7 @@ pub struct KubeletNode {
     dir: PathBuf,
     holder: Child,
     containerd: Child,
-    kubelet: Option<Child>,
+    kubelet: std::sync::Mutex<Option<Child>>,
     proxy: Child,
     kubelet_args: Vec<String>,
     cgroups: Vec<PathBuf>,
@@ -421,7 +421,7 @@ impl KubeletCluster {
         pids.extend(self.control_plane.pids());
         for n in &self.nodes {
             pids.extend([n.holder.id(), n.containerd.id(), n.proxy.id()]);
-            pids.extend(n.kubelet.as_ref().map(Child::id));
+            pids.extend(n.kubelet.lock().ok().and_then(|k| k.as_ref().map(Child::id)));
         }
         let text: Vec<String> = pids.iter().map(u32::to_string).collect();
         write(&self.dir.join("pids"), &text.join(" "))
@@ -576,7 +576,7 @@ impl KubeletCluster {
             dir,
             holder,
             containerd,
-            kubelet: Some(kubelet),
+            kubelet: std::sync::Mutex::new(Some(kubelet)),
             proxy,
             kubelet_args,
             cgroups,
@@ -584,21 +584,24 @@ impl KubeletCluster {
         })
     }
 
-    /// Waits for every Node to register and get its podCIDR, writes its CNI configuration,
-    /// and waits until every Node is Ready.
-    fn configure_pod_network(&self, timeout: Duration) -> anyhow::Result<()> {
+    /// Waits for every Node to register and get its podCIDR, writes its CNI configuration
+    /// (again when the podCIDR changed: a Node deleted and registered anew), and waits until
+    /// every Node is Ready.
+    pub fn configure_pod_network(&self, timeout: Duration) -> anyhow::Result<()> {
         let deadline = Instant::now() + timeout;
-        let mut configured = vec![false; self.nodes.len()];
         loop {
             let out = self.kubectl(&["get", "nodes", "-o", "json"]).output().context("kubectl get nodes")?;
             let list: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap_or_default();
             let items = list["items"].as_array().cloned().unwrap_or_default();
             let mut ready = 0;
-            for (i, node) in self.nodes.iter().enumerate() {
+            for node in &self.nodes {
                 let Some(item) = items.iter().find(|n| n["metadata"]["name"] == node.name.as_str()) else { continue };
-                if let (false, Some(cidr)) = (configured[i], item["spec"]["podCIDR"].as_str()) {
-                    write(&node.host("/etc/cni/net.d/10-ccm-e2e.conflist"), &cni_config(cidr))?;
-                    configured[i] = true;
+                if let Some(cidr) = item["spec"]["podCIDR"].as_str() {
+                    let path = node.host("/etc/cni/net.d/10-ccm-e2e.conflist");
+                    let text = cni_config(cidr);
+                    if std::fs::read_to_string(&path).ok().as_deref() != Some(text.as_str()) {
+                        write(&path, &text)?;
+                    }
                 }
                 let is_ready = item["status"]["conditions"]
                     .as_array()
@@ -649,9 +652,10 @@ impl KubeletCluster {
 
     /// Restarts node `i`'s kubelet (as `systemctl restart kubelet` would), so that it reads
     /// its configuration and drop-ins again.
-    pub fn restart_kubelet(&mut self, i: usize) -> anyhow::Result<()> {
-        let node = self.nodes.get_mut(i).context("no such node")?;
-        if let Some(mut old) = node.kubelet.take() {
+    pub fn restart_kubelet(&self, i: usize) -> anyhow::Result<()> {
+        let node = self.nodes.get(i).context("no such node")?;
+        let mut slot = node.kubelet.lock().map_err(|_| anyhow::anyhow!("kubelet lock poisoned"))?;
+        if let Some(mut old) = slot.take() {
             let _ = Command::new("kill").args(["-TERM", &old.id().to_string()]).status();
             let _ = old.wait();
         }
@@ -662,8 +666,24 @@ impl KubeletCluster {
             .stderr(log)
             .spawn()
             .context("restarting the kubelet")?;
-        node.kubelet = Some(kubelet);
+        *slot = Some(kubelet);
+        drop(slot);
         self.record_pids()
+    }
+
+    /// Gives an imported image another name on every node (`ctr images tag`), as a registry
+    /// would serve a new tag of the same build.
+    pub fn tag_image(&self, from: &str, to: &str) -> anyhow::Result<()> {
+        for node in &self.nodes {
+            run(
+                Command::new("ctr")
+                    .arg("--address")
+                    .arg(node.containerd_socket())
+                    .args(["-n", "k8s.io", "images", "tag", "--force", from, to]),
+                &format!("node {}: tagging {from} as {to}", node.name),
+            )?;
+        }
+        Ok(())
     }
 
     /// The cluster's id: in its directory (`/var/tmp/ccm-e2e-cluster-<id>`), its bridge
@@ -684,7 +704,12 @@ impl KubeletCluster {
             let _ = child.wait();
         }
         for node in self.nodes.iter_mut() {
-            for child in [&mut node.holder, &mut node.containerd, &mut node.proxy].into_iter().chain(node.kubelet.as_mut()) {
+            for child in [&mut node.holder, &mut node.containerd, &mut node.proxy] {
+                let _ = child.wait();
+            }
+            if let Ok(mut kubelet) = node.kubelet.lock()
+                && let Some(child) = kubelet.as_mut()
+            {
                 let _ = child.wait();
             }
         }

@@ -125,7 +125,11 @@ async fn every_manifest_and_the_rendered_chart_pass_a_server_side_dry_run() {
         let yaml = run(cmd, None, &format!("helm template ({name})"));
         let objects = dry_run(cp, &yaml, &format!("helm ({name})"));
         if name == "defaults" {
-            helm_rules = rules(&objects);
+            // Helm's uninstall hook (its own account, which only releases finalizers) has no
+            // kustomize counterpart.
+            let installed: Vec<serde_json::Value> =
+                objects.iter().filter(|o| o["metadata"]["annotations"]["helm.sh/hook"].is_null()).cloned().collect();
+            helm_rules = rules(&installed);
         }
         counts.insert(format!("helm ({name})"), objects.len());
     }
@@ -368,7 +372,7 @@ fn containers(objects: &[serde_json::Value]) -> Vec<(String, String, Vec<String>
         .map(|n| n.to_uppercase().replace('-', "_"))
         .collect();
     let mut out = Vec::new();
-    for object in objects.iter().filter(|o| matches!(o["kind"].as_str(), Some("Deployment" | "DaemonSet"))) {
+    for object in objects.iter().filter(|o| matches!(o["kind"].as_str(), Some("Deployment" | "DaemonSet" | "Job"))) {
         let spec = &object["spec"]["template"]["spec"];
         let all =
             spec["initContainers"].as_array().into_iter().flatten().chain(spec["containers"].as_array().into_iter().flatten());
@@ -470,10 +474,11 @@ async fn every_rendered_command_line_is_accepted_by_the_real_binaries() {
     let helm = tokio::task::spawn_blocking(|| ccm_e2e::Assets::tool("helm")).await.expect("join").expect("helm");
     let assets = tokio::task::spawn_blocking(ccm_e2e::Assets::find).await.expect("join").expect("assets");
     let chart = deploy_dir().join("helm/ccm-rs");
-    let variants: [(&str, &[&str]); 4] = [
+    let variants: [(&str, &[&str]); 5] = [
         ("the sim", &["--set", "sim.enabled=true"]),
         ("lease per controller", &["--set", "sim.enabled=true,leaderElection.perController=true"]),
         ("without service account credentials", &["--set", "sim.enabled=true,useServiceAccountCredentials=false"]),
+        ("a given serving certificate", &["--set", "sim.enabled=true,tls.secretName=ccm-tls"]),
         (
             "routes and migration",
             &["--set", "sim.enabled=true,configureCloudRoutes=true,clusterCIDR=10.244.0.0/16,leaderMigration.enabled=true"],
@@ -497,7 +502,7 @@ async fn every_rendered_command_line_is_accepted_by_the_real_binaries() {
     }
     checked += check_arguments(&both, "kustomize core + node-metadata");
     eprintln!("{checked} container command lines accepted");
-    assert!(checked >= 14, "{checked}");
+    assert!(checked >= 20, "{checked}");
 
     // And a flag mistake is caught in seconds: the binary refuses it.
     let out = std::process::Command::new(workspace_binary("cloud-controller-manager"))
@@ -506,4 +511,63 @@ async fn every_rendered_command_line_is_accepted_by_the_real_binaries() {
         .output()
         .expect("run");
     assert!(!out.status.success(), "a boolean flag's value as a separate word is refused, as upstream's pflag does");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn release_finalizers_waits_for_the_leader_then_frees_every_service() {
+    use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::{MicroTime, ObjectMeta};
+
+    let cp = ccm_e2e::shared().expect("control plane");
+    let env = TestEnv::new(cp.client().await.expect("client"), "uninstall").await.expect("env");
+    let svc = create_load_balancer_service(&env, "web", &[80]).await.expect("service");
+    let services = env.services();
+    let patch =
+        serde_json::json!({"metadata": {"finalizers": ["service.kubernetes.io/load-balancer-cleanup", "example.com/keep"]}});
+    services.patch("web", &kube::api::PatchParams::default(), &kube::api::Patch::Merge(&patch)).await.expect("finalizers");
+    // A live leader, in a namespace of the test's own (as the chart's kube-system Lease).
+    let leases: Api<Lease> = Api::namespaced(env.client.clone(), &env.namespace);
+    let lease = Lease {
+        metadata: ObjectMeta { name: Some("cloud-controller-manager".into()), ..Default::default() },
+        spec: Some(LeaseSpec {
+            holder_identity: Some("node-a_1_abc".into()),
+            lease_duration_seconds: Some(15),
+            renew_time: Some(MicroTime(jiff::Timestamp::now())),
+            ..Default::default()
+        }),
+    };
+    leases.create(&PostParams::default(), &lease).await.expect("lease");
+    let release = |wait: &str| {
+        let mut cmd = std::process::Command::new(workspace_binary("cloud-controller-manager"));
+        cmd.arg(format!("--kubeconfig={}", cp.kubeconfig_path().display()))
+            .arg(format!("--leader-elect-resource-namespace={}", env.namespace))
+            .arg(format!("--service-namespace={}", env.namespace))
+            .args(["release-finalizers", &format!("--wait={wait}")]);
+        cmd.output().expect("run")
+    };
+    let out = release("2s");
+    assert!(!out.status.success(), "a live leader: nothing is released");
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("still held by node-a_1_abc"),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let kept = services.get("web").await.expect("service").metadata.finalizers.unwrap_or_default();
+    assert!(kept.contains(&"service.kubernetes.io/load-balancer-cleanup".to_string()));
+
+    // Released (as the core does on SIGTERM): the finalizer goes, the other one stays.
+    let patch = serde_json::json!({"spec": {"holderIdentity": null}});
+    leases
+        .patch("cloud-controller-manager", &kube::api::PatchParams::default(), &kube::api::Patch::Merge(&patch))
+        .await
+        .expect("release");
+    let out = release("2s");
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(String::from_utf8_lossy(&out.stdout).contains("from 1 Service(s)"));
+    let kept = services.get("web").await.expect("service").metadata.finalizers.unwrap_or_default();
+    assert_eq!(kept, vec!["example.com/keep".to_string()]);
+    assert_eq!(svc.metadata.name.as_deref(), Some("web"));
+    let patch = serde_json::json!({"metadata": {"finalizers": null}});
+    services.patch("web", &kube::api::PatchParams::default(), &kube::api::Patch::Merge(&patch)).await.expect("clear");
+    env.cleanup().await.expect("cleanup");
 }

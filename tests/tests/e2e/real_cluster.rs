@@ -104,20 +104,21 @@ async fn sim_state(node_ip: &str) -> Option<serde_json::Value> {
     (status == 200).then(|| serde_json::from_str(&body).ok()).flatten()
 }
 
-/// Installs with `install`, checks everything a user would look at, and removes it again.
-async fn install_and_check(
-    cluster: &KubeletCluster,
-    what: &str,
-    install: std::process::Command,
-    uninstall: std::process::Command,
-) {
-    let client = cluster.client().await.expect("client");
-    let begin = Instant::now();
-    run(install, &format!("{what}: install"));
+async fn kube_system_pods(client: &kube::Client, selector: &str) -> Vec<Pod> {
+    let pods: Api<Pod> = Api::namespaced(client.clone(), "kube-system");
+    pods.list(&ListParams::default().labels(selector)).await.map(|l| l.items).unwrap_or_default()
+}
 
-    // The core pods (core + provider sidecar over the shared socket) Running and Ready.
+const CORE_PODS: &str = "app.kubernetes.io/name=cloud-controller-manager";
+
+/// What a user looks at after an install: the core pods Ready (core + sidecar over the shared
+/// socket), every Node initialised by the installed core, the node plugin on every node, a
+/// LoadBalancer Service's address and the routes. Returns the leader's node address and the
+/// time from `begin` until every Node was initialised.
+async fn check_install(cluster: &KubeletCluster, what: &str, begin: Instant) -> (String, Duration) {
+    let client = cluster.client().await.expect("client");
     let core = eventually(&format!("{what}: two Ready core pods"), Duration::from_secs(120), async || {
-        let pods = ready_pods(&client, "app.kubernetes.io/name=cloud-controller-manager").await;
+        let pods = ready_pods(&client, CORE_PODS).await;
         (pods.len() == 2).then_some(pods)
     })
     .await;
@@ -126,8 +127,6 @@ async fn install_and_check(
         let names: BTreeMap<String, bool> = statuses.iter().map(|s| (s.name.clone(), s.ready)).collect();
         assert_eq!(names, BTreeMap::from([("cloud-controller-manager".into(), true), ("provider".into(), true)]), "{what}");
     }
-
-    // Every real Node initialised by the installed core.
     let nodes: Api<Node> = Api::all(client.clone());
     eventually(&format!("{what}: every Node initialised"), Duration::from_secs(120), async || {
         let list = nodes.list(&Default::default()).await.ok()?.items;
@@ -140,14 +139,11 @@ async fn install_and_check(
         let real = cluster.nodes.iter().find(|n| Some(&n.name) == node.metadata.name.as_ref()).expect("a node of ours");
         assert!(addresses.iter().any(|a| a.type_ == "InternalIP" && a.address == real.ip.to_string()), "{what}: {addresses:?}");
     }
-
-    // The node plugin on every node.
     eventually(&format!("{what}: node-metadata on every node"), Duration::from_secs(60), async || {
         (ready_pods(&client, "app.kubernetes.io/name=ccm-node-metadata").await.len() == cluster.nodes.len()).then_some(())
     })
     .await;
 
-    // A LoadBalancer Service gets its address.
     let services: Api<Service> = Api::namespaced(client.clone(), "default");
     let svc: Service = serde_json::from_value(serde_json::json!({
         "apiVersion": "v1", "kind": "Service", "metadata": {"name": "web"},
@@ -156,17 +152,12 @@ async fn install_and_check(
     .expect("service");
     services.create(&Default::default(), &svc).await.expect("create service");
     let address = eventually(&format!("{what}: the Service's address"), Duration::from_secs(60), async || {
-        let svc = services.get("web").await.ok()?;
-        svc.status?.load_balancer?.ingress?.first()?.ip.clone()
+        services.get("web").await.ok()?.status?.load_balancer?.ingress?.first()?.ip.clone()
     })
     .await;
     assert!(address.starts_with("203.0.113."), "{what}: {address}");
 
-    // Routes for the Nodes' podCIDRs, in the leader's cloud.
-    let holder = eventually(&format!("{what}: a leader"), Duration::from_secs(30), async || lease_holder(&client).await).await;
-    let leader =
-        cluster.nodes.iter().find(|n| holder.starts_with(&format!("{}_", n.name))).expect("the leader runs on one of the nodes");
-    let leader_ip = leader.ip.to_string();
+    let leader_ip = leader_ip(cluster, &client, what).await;
     let cidrs: Vec<String> = nodes
         .list(&Default::default())
         .await
@@ -177,31 +168,45 @@ async fn install_and_check(
         .collect();
     assert_eq!(cidrs.len(), cluster.nodes.len(), "{what}: kube-controller-manager allocated podCIDRs");
     eventually(&format!("{what}: a route per podCIDR"), Duration::from_secs(60), async || {
-        let state = sim_state(&leader_ip).await?;
-        let text = state.to_string();
+        let text = sim_state(&leader_ip).await?.to_string();
         cidrs.iter().all(|c| text.contains(c.as_str())).then_some(())
     })
     .await;
     eprintln!("{what}: install to every Node initialised: {:.1} s", all_initialised.as_secs_f64());
+    (leader_ip, all_initialised)
+}
 
-    // Uninstall; the Service goes first, so its load balancer is deleted while the core runs.
-    services.delete("web", &DeleteParams::default()).await.expect("delete service");
-    eventually(&format!("{what}: the Service deleted (finalizer released)"), Duration::from_secs(60), async || {
-        services.get_opt("web").await.ok()?.is_none().then_some(())
+/// The address of the node whose core holds the Lease.
+async fn leader_ip(cluster: &KubeletCluster, client: &kube::Client, what: &str) -> String {
+    let holder = eventually(&format!("{what}: a leader"), Duration::from_secs(30), async || lease_holder(client).await).await;
+    let leader =
+        cluster.nodes.iter().find(|n| holder.starts_with(&format!("{}_", n.name))).expect("the leader runs on one of the nodes");
+    leader.ip.to_string()
+}
+
+/// Removes what an install left and puts the Nodes back as a fresh cluster's kubelets would
+/// have them (the taint back, no providerID), so the next install initialises them itself.
+async fn reset_nodes(cluster: &KubeletCluster) {
+    let client = cluster.client().await.expect("client");
+    let nodes: Api<Node> = Api::all(client.clone());
+    eventually("the core pods gone", Duration::from_secs(90), async || {
+        kube_system_pods(&client, "app.kubernetes.io/part-of=ccm-rs").await.is_empty().then_some(())
     })
     .await;
-    run(uninstall, &format!("{what}: uninstall"));
-    eventually(&format!("{what}: the core pods gone"), Duration::from_secs(90), async || {
-        let pods: Api<Pod> = Api::namespaced(client.clone(), "kube-system");
-        pods.list(&ListParams::default().labels("app.kubernetes.io/part-of=ccm-rs")).await.ok()?.items.is_empty().then_some(())
-    })
-    .await;
-    // The next install must initialise the Nodes itself: put the taint back, as a fresh
-    // cluster's kubelets would have it.
     for node in &cluster.nodes {
-        let patch = serde_json::json!({"spec": {"taints": [{"key": UNINITIALIZED, "value": "true", "effect": "NoSchedule"}],
-            "providerID": null}});
-        let _ = nodes.patch(&node.name, &PatchParams::default(), &Patch::Merge(&patch)).await;
+        // The drop-in the node plugin wrote would hand the kubelet a providerID: a fresh
+        // node has none.
+        let _ = std::fs::remove_file(node.host("/etc/kubernetes/kubelet.conf.d/50-cloud.conf"));
+        // providerID is immutable once set: the Node is registered again by its kubelet.
+        let _ = nodes.delete(&node.name, &DeleteParams::default()).await;
+    }
+    for i in 0..cluster.nodes.len() {
+        tokio::task::block_in_place(|| cluster.restart_kubelet(i)).expect("restart kubelet");
+    }
+    tokio::task::block_in_place(|| cluster.configure_pod_network(Duration::from_secs(90))).expect("nodes back");
+    for node in &cluster.nodes {
+        let patch = serde_json::json!({"metadata": {"labels": {"node-role.kubernetes.io/control-plane": ""}}});
+        nodes.patch(&node.name, &PatchParams::default(), &Patch::Merge(&patch)).await.expect("label");
     }
 }
 
@@ -209,6 +214,40 @@ fn helm(cluster: &KubeletCluster, helm: &Path, args: &[&str]) -> std::process::C
     let mut cmd = std::process::Command::new(helm);
     cmd.arg("--kubeconfig").arg(cluster.control_plane().kubeconfig_path()).args(args);
     cmd
+}
+
+/// The provider writes of each sim instance seen (sidecar instances come and go with pods):
+/// (node address, instance start, times of its writes in ms).
+type Writes = Vec<(String, u64, Vec<u64>)>;
+
+const WRITES: &[&str] = &[
+    "RoutesService/CreateRoute",
+    "RoutesService/DeleteRoute",
+    "LoadBalancersService/EnsureLoadBalancer",
+    "LoadBalancersService/UpdateLoadBalancerHosts",
+    "LoadBalancersService/EnsureLoadBalancerDeleted",
+];
+
+/// Polls every sidecar's call log until `stop`, collecting writes per sim instance.
+async fn watch_writes(ips: Vec<String>, mut stop: tokio::sync::oneshot::Receiver<()>) -> Writes {
+    let mut seen: BTreeMap<(String, u64), Vec<u64>> = BTreeMap::new();
+    loop {
+        for ip in &ips {
+            let Some((200, body)) = http_get(&format!("http://{ip}:{ADMIN_PORT}"), "/calls/log").await else { continue };
+            let Ok(calls) = serde_json::from_str::<Vec<serde_json::Value>>(&body) else { continue };
+            let Some(start) = calls.first().and_then(|c| c["at_unix_ms"].as_u64()) else { continue };
+            let writes: Vec<u64> = calls
+                .iter()
+                .filter(|c| c["method"].as_str().is_some_and(|m| WRITES.contains(&m)))
+                .filter_map(|c| c["at_unix_ms"].as_u64())
+                .collect();
+            seen.insert((ip.clone(), start), writes);
+        }
+        if stop.try_recv().is_ok() {
+            return seen.into_iter().map(|((ip, start), w)| (ip, start, w)).collect();
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -233,11 +272,207 @@ async fn the_chart_and_the_kustomize_bases_run_on_real_kubelets() {
     let helm_bin = tokio::task::spawn_blocking(|| ccm_e2e::Assets::tool("helm")).await.expect("join").expect("helm");
     let chart = deploy_dir().join("helm/ccm-rs").display().to_string();
     let values = helm_values(cluster, work.path()).display().to_string();
-    install_and_check(
-        cluster,
-        "helm",
+    let ips: Vec<String> = cluster.nodes.iter().map(|n| n.ip.to_string()).collect();
+
+    // === Helm ===
+    let begin = Instant::now();
+    run(
         helm(cluster, &helm_bin, &["install", "ccm-rs", &chart, "--namespace", "kube-system", "--values", &values]),
-        helm(cluster, &helm_bin, &["uninstall", "ccm-rs", "--namespace", "kube-system", "--wait"]),
-    )
+        "helm install",
+    );
+    check_install(cluster, "helm", begin).await;
+
+    // The node plugin wrote the kubelet drop-in on every node's host path; a kubelet started
+    // with it registers its Node with the plugin's providerID (shown before the core could
+    // set it: the core is scaled to zero, and the Node is registered anew).
+    for node in &cluster.nodes {
+        let path = node.host("/etc/kubernetes/kubelet.conf.d/50-cloud.conf");
+        let text = eventually("the kubelet drop-in", Duration::from_secs(30), async || std::fs::read_to_string(&path).ok()).await;
+        assert!(text.contains("providerID: \"sim://sim-region-1"), "{text}");
+    }
+    run(cluster.kubectl(&["-n", "kube-system", "scale", "deployment/cloud-controller-manager", "--replicas=0"]), "scale to 0");
+    eventually("no core pod", Duration::from_secs(60), async || {
+        kube_system_pods(&client, CORE_PODS).await.is_empty().then_some(())
+    })
     .await;
+    let last = cluster.nodes.len() - 1;
+    let name = cluster.nodes[last].name.clone();
+    nodes.delete(&name, &DeleteParams::default()).await.expect("delete node");
+    tokio::task::block_in_place(|| cluster.restart_kubelet(last)).expect("restart kubelet");
+    let node =
+        eventually("the Node registered again", Duration::from_secs(60), async || nodes.get_opt(&name).await.ok().flatten())
+            .await;
+    let spec = node.spec.clone().unwrap_or_default();
+    assert_eq!(spec.provider_id.as_deref(), Some(format!("sim://sim-region-1{}/i-real-{last}", ["a", "b"][last % 2]).as_str()));
+    assert!(spec.taints.unwrap_or_default().iter().any(|t| t.key == UNINITIALIZED), "still the core's to initialise");
+    let patch = serde_json::json!({"metadata": {"labels": {"node-role.kubernetes.io/control-plane": ""}}});
+    nodes.patch(&name, &PatchParams::default(), &Patch::Merge(&patch)).await.expect("label");
+    tokio::task::block_in_place(|| cluster.configure_pod_network(Duration::from_secs(60))).expect("pod network");
+    run(cluster.kubectl(&["-n", "kube-system", "scale", "deployment/cloud-controller-manager", "--replicas=2"]), "scale to 2");
+    eventually("the Node initialised again", Duration::from_secs(90), async || {
+        nodes.get(&name).await.ok().filter(initialised).map(|_| ())
+    })
+    .await;
+    eventually("two Ready core pods again", Duration::from_secs(90), async || {
+        (ready_pods(&client, CORE_PODS).await.len() == 2).then_some(())
+    })
+    .await;
+
+    // Leader handover: deleting the leader's pod hands the Lease over (it is released on
+    // SIGTERM; the other replica, or the replacement, takes it).
+    let mut handovers = Vec::new();
+    for _ in 0..3 {
+        let old = eventually("a leader", Duration::from_secs(30), async || lease_holder(&client).await).await;
+        let pod = kube_system_pods(&client, CORE_PODS)
+            .await
+            .into_iter()
+            .find(|p| p.spec.as_ref().and_then(|s| s.node_name.as_deref()).is_some_and(|n| old.starts_with(&format!("{n}_"))))
+            .expect("the leader's pod");
+        let pods: Api<Pod> = Api::namespaced(client.clone(), "kube-system");
+        let t0 = Instant::now();
+        pods.delete(pod.metadata.name.as_deref().unwrap_or_default(), &DeleteParams::default()).await.expect("delete leader pod");
+        eventually("a new leader", Duration::from_secs(30), async || lease_holder(&client).await.filter(|h| *h != old)).await;
+        handovers.push(t0.elapsed());
+        eventually("two Ready core pods", Duration::from_secs(90), async || {
+            (ready_pods(&client, CORE_PODS).await.len() == 2).then_some(())
+        })
+        .await;
+    }
+    handovers.sort();
+    eprintln!("leader handover after deleting the leader's pod: median {:.2} s ({handovers:?})", handovers[1].as_secs_f64());
+    assert!(handovers[1] < Duration::from_secs(10), "a graceful handover takes well under the 15 s lease: {handovers:?}");
+
+    // A rolling upgrade to a new tag keeps exactly one leader acting: the sidecars' call logs
+    // never show two instances writing at once.
+    tokio::task::block_in_place(|| {
+        cluster.tag_image(&format!("{}:{}", images::CORE, images::TAG), &format!("{}:0.1.1", images::CORE))
+    })
+    .expect("tag");
+    let (stop_tx, stop_rx) = tokio::sync::oneshot::channel();
+    let watcher = tokio::spawn(watch_writes(ips.clone(), stop_rx));
+    run(
+        helm(
+            cluster,
+            &helm_bin,
+            &["upgrade", "ccm-rs", &chart, "-n", "kube-system", "--values", &values, "--set", "image.tag=0.1.1", "--wait"],
+        ),
+        "helm upgrade",
+    );
+    eventually("both replicas on the new tag", Duration::from_secs(120), async || {
+        let pods = ready_pods(&client, CORE_PODS).await;
+        let upgraded = pods.iter().filter(|p| {
+            p.spec
+                .as_ref()
+                .is_some_and(|s| s.containers.iter().any(|c| c.image.as_deref() == Some(&format!("{}:0.1.1", images::CORE))))
+        });
+        (upgraded.count() == 2).then_some(())
+    })
+    .await;
+    let leader_ip = leader_ip(cluster, &client, "after the upgrade").await;
+    eventually("the new leader's load balancer", Duration::from_secs(60), async || {
+        sim_state(&leader_ip).await?["load_balancers"].as_array().filter(|l| !l.is_empty()).map(|_| ())
+    })
+    .await;
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let _ = stop_tx.send(());
+    let writes = watcher.await.expect("watcher");
+    let spans: Vec<(String, u64, u64)> = writes
+        .iter()
+        .filter(|(_, _, w)| !w.is_empty())
+        .map(|(ip, _, w)| (ip.clone(), *w.iter().min().unwrap_or(&0), *w.iter().max().unwrap_or(&0)))
+        .collect();
+    eprintln!("writing sidecar instances during the upgrade (node, first write, last write): {spans:?}");
+    assert!(!spans.is_empty(), "the upgrade's new leader wrote");
+    for (i, a) in spans.iter().enumerate() {
+        for b in &spans[i + 1..] {
+            assert!(a.2 < b.1 || b.2 < a.1, "two instances wrote at once: {a:?} and {b:?}");
+        }
+    }
+
+    // Draining a control-plane node: the PodDisruptionBudget lets one replica go.
+    let drained = cluster.nodes[0].name.clone();
+    run(
+        cluster.kubectl(&["drain", &drained, "--ignore-daemonsets", "--delete-emptydir-data", "--timeout=90s"]),
+        "kubectl drain (two control-plane nodes)",
+    );
+    run(cluster.kubectl(&["uncordon", &drained]), "uncordon");
+    // A single control-plane node (the other one loses the role): one replica runs, the second
+    // waits (its host port is taken), and with replicas=1, as documented for such clusters,
+    // the node still drains.
+    let other = cluster.nodes[1].name.clone();
+    run(cluster.kubectl(&["label", "node", &other, "node-role.kubernetes.io/control-plane-"]), "unlabel");
+    run(
+        helm(
+            cluster,
+            &helm_bin,
+            &["upgrade", "ccm-rs", &chart, "-n", "kube-system", "--values", &values, "--set", "image.tag=0.1.1,replicas=1"],
+        ),
+        "helm upgrade (single control-plane node)",
+    );
+    let pods: Api<Pod> = Api::namespaced(client.clone(), "kube-system");
+    for pod in kube_system_pods(&client, CORE_PODS).await {
+        if pod.spec.as_ref().and_then(|s| s.node_name.as_deref()) == Some(other.as_str()) {
+            let _ = pods.delete(pod.metadata.name.as_deref().unwrap_or_default(), &DeleteParams::default()).await;
+        }
+    }
+    eventually("one core pod, on the control-plane node", Duration::from_secs(90), async || {
+        let pods = ready_pods(&client, CORE_PODS).await;
+        (pods.len() == 1 && pods[0].spec.as_ref()?.node_name.as_deref() == Some(drained.as_str())).then_some(())
+    })
+    .await;
+    run(
+        cluster.kubectl(&["drain", &drained, "--ignore-daemonsets", "--delete-emptydir-data", "--timeout=90s"]),
+        "kubectl drain (a single control-plane node)",
+    );
+    run(cluster.kubectl(&["uncordon", &drained]), "uncordon");
+    run(cluster.kubectl(&["label", "node", &other, "node-role.kubernetes.io/control-plane="]), "label");
+
+    // Uninstall with the Service still there: its finalizer is released by the chart's hook,
+    // so deleting it afterwards does not hang.
+    run(
+        helm(cluster, &helm_bin, &["uninstall", "ccm-rs", "--namespace", "kube-system", "--wait", "--timeout", "3m"]),
+        "helm uninstall",
+    );
+    let services: Api<Service> = Api::namespaced(client.clone(), "default");
+    let finalizers = services.get("web").await.expect("service").metadata.finalizers.unwrap_or_default();
+    assert!(finalizers.is_empty(), "no finalizer left on the Service: {finalizers:?}");
+    services.delete("web", &DeleteParams::default()).await.expect("delete service");
+    eventually("the Service deleted", Duration::from_secs(30), async || {
+        services.get_opt("web").await.ok()?.is_none().then_some(())
+    })
+    .await;
+    reset_nodes(cluster).await;
+
+    // === kustomize === (its base carries the sim's placeholder inventory: the test's own
+    // inventory goes in through the ConfigMap, as an overlay would)
+    // kustomize takes only relative paths to bases: the overlay lives in target/.
+    let overlay = tempfile::Builder::new()
+        .prefix("kustomize-overlay-")
+        .tempdir_in(deploy_dir().join("../target"))
+        .expect("overlay");
+    let kustomize_dir = overlay.path().to_path_buf();
+    std::fs::write(kustomize_dir.join("sim.toml"), sim_config(cluster)).expect("sim.toml");
+    std::fs::write(
+        kustomize_dir.join("kustomization.yaml"),
+        format!(
+            "apiVersion: kustomize.config.k8s.io/v1beta1\nkind: Kustomization\nresources:\n  - {core}\n  - {plugin}\n\
+             configMapGenerator:\n  - name: ccm-provider-sim\n    namespace: kube-system\n    behavior: replace\n    files: [sim.toml]\n\
+             generatorOptions:\n  disableNameSuffixHash: true\n\
+             patches:\n  - target: {{kind: Deployment, name: cloud-controller-manager}}\n    patch: |\n\
+             \x20     - {{op: add, path: /spec/template/spec/containers/1/args/-, value: --admin-listen=http://0.0.0.0:{ADMIN_PORT}}}\n\
+             \x20     - {{op: add, path: /spec/template/spec/containers/0/args/-, value: --cluster-cidr={CLUSTER_CIDR}}}\n",
+            core = "../../deploy/kustomize/core",
+            plugin = "../../deploy/kustomize/node-metadata",
+        ),
+    )
+    .expect("kustomization");
+    let begin = Instant::now();
+    run(cluster.kubectl(&["apply", "-k", &kustomize_dir.display().to_string()]), "kubectl apply -k");
+    check_install(cluster, "kustomize", begin).await;
+    services.delete("web", &DeleteParams::default()).await.expect("delete service");
+    eventually("kustomize: the Service deleted (finalizer released by the core)", Duration::from_secs(60), async || {
+        services.get_opt("web").await.ok()?.is_none().then_some(())
+    })
+    .await;
+    run(cluster.kubectl(&["delete", "-k", &kustomize_dir.display().to_string(), "--wait=true"]), "kubectl delete -k");
 }
