@@ -105,7 +105,10 @@ def run_build_binaries(command, out_dir, args):
     words = shlex.split(command)
     if len(words) < 3 or words[0] != BUILD_BINARIES:
         raise BuildError(f"RUN {command!r}: the build stage must run {BUILD_BINARIES} OUT BIN...")
-    env = dict(os.environ)
+    # Run from inside `cargo test` (the deploy tests), cargo's per-crate variables would make
+    # build scripts see a different environment than a direct run, and rebuild everything.
+    per_crate = ("CARGO_PKG_", "CARGO_MANIFEST_", "CARGO_BIN_", "CARGO_CRATE_", "CARGO_PRIMARY_", "CARGO_TARGET_TMPDIR", "CARGO_RUSTC_")
+    env = {k: v for k, v in os.environ.items() if not k.startswith(per_crate) and k not in ("CARGO", "OUT_DIR")}
     env["TARGETARCH"] = args.get("TARGETARCH") or go_arch()
     if args.get("GIT_COMMIT"):
         env["GIT_COMMIT"] = args["GIT_COMMIT"]

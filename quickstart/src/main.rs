@@ -33,6 +33,11 @@ struct Args {
     /// Log filter of the core and the sim (as RUST_LOG).
     #[arg(long, default_value = "warn")]
     log: String,
+    /// Real kubelets instead of Node objects: the harness's kubelet cluster on this host
+    /// (root; containerd, runc, CNI plugins), the project's images built and imported, and the
+    /// Helm chart installed with the simulated cloud. `--nodes` is then at most 4.
+    #[arg(long)]
+    real_nodes: bool,
 }
 
 const CLUSTER_CIDR: &str = "10.244.0.0/16";
@@ -46,6 +51,9 @@ fn step(n: u8, text: &str) {
 async fn main() -> anyhow::Result<()> {
     let args = Args::parse();
     tracing_subscriber::fmt().with_env_filter(tracing_subscriber::EnvFilter::new(&args.log)).with_writer(std::io::stderr).init();
+    if args.real_nodes {
+        return real_nodes(&args).await;
+    }
 
     step(
         1,
@@ -232,4 +240,119 @@ async fn wait_for_socket(path: &std::path::Path) -> anyhow::Result<()> {
 
 fn free_port() -> anyhow::Result<u16> {
     Ok(std::net::TcpListener::bind("127.0.0.1:0").context("finding a free port")?.local_addr()?.port())
+}
+
+/// The sim's admin API on each provider sidecar's node (hostNetwork), for the report.
+const ADMIN_PORT: u16 = 8170;
+
+/// `--real-nodes`: kubelets, the images, the chart.
+async fn real_nodes(args: &Args) -> anyhow::Result<()> {
+    use ccm_e2e::kubelet_cluster::{self, KubeletCluster};
+    let nodes = usize::from(args.nodes.min(4));
+    kubelet_cluster::check_machine().map_err(|e| anyhow::anyhow!("--real-nodes: {e}"))?;
+    step(
+        1,
+        "images: deploy/images/*.Containerfile as OCI archives, static musl binaries (the first build takes about 10 minutes)",
+    );
+    let images = tokio::task::spawn_blocking(ccm_e2e::images::project).await??;
+    step(
+        2,
+        "kubelet cluster: a control plane with kube-controller-manager and kube-scheduler, kubelets with containerd, bridge CNI and kube-proxy",
+    );
+    let cluster = tokio::task::spawn_blocking(move || KubeletCluster::start(nodes, "node", &images.archives()))
+        .await
+        .context("starting the cluster")??;
+    eprintln!("      {nodes} kubelets Ready in {:.1} s, their Nodes tainted uninitialized", cluster.startup.as_secs_f64());
+    cluster.label_control_plane()?;
+    step(3, "helm install: the chart with the simulated cloud (sim.enabled=true) and its inventory of these nodes");
+    let work = tempfile::Builder::new().prefix("ccm-quickstart-").tempdir().context("creating a work directory")?;
+    let values = work.path().join("values.yaml");
+    std::fs::write(&values, cluster.sim_chart_values(ADMIN_PORT)).context("writing the chart values")?;
+    let helm = tokio::task::spawn_blocking(|| ccm_e2e::Assets::tool("helm")).await??;
+    let chart = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../deploy/helm/ccm-rs");
+    let out = std::process::Command::new(&helm)
+        .arg("--kubeconfig")
+        .arg(cluster.control_plane().kubeconfig_path())
+        .args(["install", "ccm-rs"])
+        .arg(&chart)
+        .args(["--namespace", "kube-system", "--values"])
+        .arg(&values)
+        .output()
+        .context("running helm")?;
+    if !out.status.success() {
+        bail!("helm install failed: {}", String::from_utf8_lossy(&out.stderr));
+    }
+    let client = cluster.client().await?;
+    step(4, "creating a LoadBalancer Service");
+    let services: Api<Service> = Api::namespaced(client.clone(), "default");
+    services
+        .create(&PostParams::default(), &load_balancer_service("default", "web", &[80]))
+        .await
+        .context("creating Service default/web")?;
+    step(5, "waiting for the installed core (at most 120 s)");
+    let report = real_report(&cluster, &client, nodes).await;
+    match &report {
+        Ok(text) => println!("{text}"),
+        Err(e) => eprintln!("the core did not finish in time: {e:#}"),
+    }
+    let cp = cluster.control_plane();
+    let kubectl = cp.kubectl(&[]).get_program().to_string_lossy().into_owned();
+    println!("kubeconfig: {}", cp.kubeconfig_path().display());
+    println!("  try: {kubectl} --kubeconfig {} get pods -A -o wide", cp.kubeconfig_path().display());
+    for node in &cluster.nodes {
+        println!("  {}: kubelet log {}", node.name, node.kubelet_log().display());
+    }
+    if !args.once && report.is_ok() {
+        eprintln!("running; press Ctrl-C to stop and clean up");
+        ccm_provider_sdk::server::shutdown_signal().await;
+    }
+    eprintln!("stopping: tearing the cluster down");
+    tokio::task::spawn_blocking(move || drop(cluster)).await?;
+    report.map(|_| ())
+}
+
+async fn real_report(
+    cluster: &ccm_e2e::kubelet_cluster::KubeletCluster,
+    client: &kube::Client,
+    nodes: usize,
+) -> anyhow::Result<String> {
+    use k8s_openapi::api::coordination::v1::Lease;
+    let node_api: Api<Node> = Api::all(client.clone());
+    let services: Api<Service> = Api::namespaced(client.clone(), "default");
+    let leases: Api<Lease> = Api::namespaced(client.clone(), "kube-system");
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(120);
+    loop {
+        let listed = node_api.list(&Default::default()).await?.items;
+        let initialised = listed
+            .iter()
+            .filter(|n| {
+                !n.spec.as_ref().and_then(|s| s.taints.as_ref()).is_some_and(|t| t.iter().any(|t| t.key == UNINITIALIZED_TAINT))
+            })
+            .count();
+        let ip = load_balancer_ip(&services.get("web").await?).map(str::to_string);
+        let holder = leases.get_opt("cloud-controller-manager").await?.and_then(|l| l.spec?.holder_identity).unwrap_or_default();
+        let leader = cluster.nodes.iter().find(|n| holder.starts_with(&format!("{}_", n.name)));
+        let state = match leader {
+            Some(n) => AdminClient::new(format!("http://{}:{ADMIN_PORT}", n.ip)).state().await.ok(),
+            None => None,
+        };
+        let routes: Vec<String> = state
+            .iter()
+            .flat_map(|s| s.route_tables.iter())
+            .flat_map(|t| t.routes.iter().map(move |r| format!("{} -> {} (table {})", r.destination_cidr, r.node_name, t.id)))
+            .collect();
+        if let (true, Some(ip), Some(state)) = (initialised == nodes && routes.len() == nodes, ip.as_deref(), state.as_ref()) {
+            let mut text = describe(&listed, ip, &routes, state);
+            text.push_str(&format!("\nThe core leading: {holder} (Lease kube-system/cloud-controller-manager)\n"));
+            return Ok(text);
+        }
+        if tokio::time::Instant::now() >= deadline {
+            bail!(
+                "after 120 s: {initialised} of {nodes} Nodes initialised, Service address {}, {} routes",
+                ip.as_deref().unwrap_or("none"),
+                routes.len()
+            );
+        }
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
 }

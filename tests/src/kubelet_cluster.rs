@@ -599,8 +599,18 @@ impl KubeletCluster {
                 if let Some(cidr) = item["spec"]["podCIDR"].as_str() {
                     let path = node.host("/etc/cni/net.d/10-ccm-e2e.conflist");
                     let text = cni_config(cidr);
-                    if std::fs::read_to_string(&path).ok().as_deref() != Some(text.as_str()) {
-                        write(&path, &text)?;
+                    match std::fs::read_to_string(&path) {
+                        Ok(old) if old == text => {}
+                        Ok(_) => {
+                            // A new podCIDR (the Node registered anew): the bridge plugin
+                            // refuses a bridge that still has the old gateway address.
+                            let _ = sh(
+                                &format!("nsenter --target {} --net ip link del cni0", node.ns_pid),
+                                "removing the old pod bridge",
+                            );
+                            write(&path, &text)?;
+                        }
+                        Err(_) => write(&path, &text)?,
                     }
                 }
                 let is_ready = item["status"]["conditions"]
@@ -618,6 +628,50 @@ impl KubeletCluster {
             }
             std::thread::sleep(Duration::from_millis(250));
         }
+    }
+
+    /// A sim inventory (TOML) for this cluster: one instance `i-real-<i>` per node, named as
+    /// the Node, in zones `sim-region-1a`/`-1b` alternately, of type `sim.medium`, with the
+    /// kubelet's own address (the kubelet's provided-node-ip must be among the cloud's); a
+    /// route table and a load balancer address pool (203.0.113.0/28).
+    pub fn sim_inventory(&self) -> String {
+        let mut toml = String::from(
+            "region = \"sim-region-1\"\ncache_ttl_seconds = 30\n\n[[route_tables]]\nid = \"rt-main\"\nname = \"main\"\nmax_routes = 50\n\n\
+             [load_balancers]\naddress_pool = [\"203.0.113.0/28\"]\nmax_name_length = 32\n",
+        );
+        for (i, node) in self.nodes.iter().enumerate() {
+            toml.push_str(&format!(
+                "\n[[instances]]\nid = \"i-real-{i}\"\nname = \"{}\"\nzone = \"sim-region-1{}\"\ninstance_type = \"sim.medium\"\n\
+                 addresses = [{{ type = \"InternalIP\", address = \"{}\" }}]\n",
+                node.name,
+                ["a", "b"][i % 2],
+                node.ip
+            ));
+        }
+        toml
+    }
+
+    /// Helm values that install the chart with the simulated cloud for this cluster: its
+    /// [`sim_inventory`](Self::sim_inventory), routes for [`CLUSTER_CIDR`], and the sim's
+    /// admin API on each sidecar's node address at `admin_port` (to look inside the cloud).
+    pub fn sim_chart_values(&self, admin_port: u16) -> String {
+        let inventory: String = self.sim_inventory().lines().map(|l| format!("      {l}\n")).collect();
+        format!(
+            "sim:\n  enabled: true\n  extraArgs: [--admin-listen=http://0.0.0.0:{admin_port}]\n  config:\n    sim.toml: |\n{inventory}\
+             clusterCIDR: {CLUSTER_CIDR}\nconfigureCloudRoutes: true\n"
+        )
+    }
+
+    /// Labels every Node a control-plane node, as the chart's nodeSelector expects (an
+    /// admin's label: a kubelet may not set node-role labels on itself).
+    pub fn label_control_plane(&self) -> anyhow::Result<()> {
+        for node in &self.nodes {
+            run(
+                &mut self.kubectl(&["label", "--overwrite", "node", &node.name, "node-role.kubernetes.io/control-plane="]),
+                &format!("labelling {}", node.name),
+            )?;
+        }
+        Ok(())
     }
 
     /// The control plane (API server address, kubeconfigs, CA).

@@ -35,36 +35,11 @@ fn run(mut cmd: std::process::Command, what: &str) -> String {
     String::from_utf8_lossy(&out.stdout).into_owned()
 }
 
-/// The sim inventory for the cluster's nodes: one instance per Node, named as the Node, with
-/// the kubelet's own address (the kubelet's provided-node-ip must be among the cloud's).
-fn sim_config(cluster: &KubeletCluster) -> String {
-    let mut toml = String::from(
-        "region = \"sim-region-1\"\ncache_ttl_seconds = 30\n\n[[route_tables]]\nid = \"rt-main\"\nname = \"main\"\nmax_routes = 50\n\n\
-         [load_balancers]\naddress_pool = [\"203.0.113.0/28\"]\nmax_name_length = 32\n",
-    );
-    for (i, node) in cluster.nodes.iter().enumerate() {
-        toml.push_str(&format!(
-            "\n[[instances]]\nid = \"i-real-{i}\"\nname = \"{}\"\nzone = \"sim-region-1{}\"\ninstance_type = \"sim.medium\"\n\
-             addresses = [{{ type = \"InternalIP\", address = \"{}\" }}]\n",
-            node.name,
-            ["a", "b"][i % 2],
-            node.ip
-        ));
-    }
-    toml
-}
-
 /// Helm values for the test: the sim's inventory of the real nodes, routes, and the sim's
 /// admin API on each sidecar's node address (to read the cloud's state).
 fn helm_values(cluster: &KubeletCluster, dir: &Path) -> PathBuf {
-    let indent = |text: &str| text.lines().map(|l| format!("      {l}\n")).collect::<String>();
-    let values = format!(
-        "sim:\n  enabled: true\n  extraArgs: [--admin-listen=http://0.0.0.0:{ADMIN_PORT}]\n  config:\n    sim.toml: |\n{}\
-         clusterCIDR: {CLUSTER_CIDR}\nconfigureCloudRoutes: true\n",
-        indent(&sim_config(cluster))
-    );
     let path = dir.join("values.yaml");
-    std::fs::write(&path, values).expect("values");
+    std::fs::write(&path, cluster.sim_chart_values(ADMIN_PORT)).expect("values");
     path
 }
 
@@ -204,10 +179,7 @@ async fn reset_nodes(cluster: &KubeletCluster) {
         tokio::task::block_in_place(|| cluster.restart_kubelet(i)).expect("restart kubelet");
     }
     tokio::task::block_in_place(|| cluster.configure_pod_network(Duration::from_secs(90))).expect("nodes back");
-    for node in &cluster.nodes {
-        let patch = serde_json::json!({"metadata": {"labels": {"node-role.kubernetes.io/control-plane": ""}}});
-        nodes.patch(&node.name, &PatchParams::default(), &Patch::Merge(&patch)).await.expect("label");
-    }
+    tokio::task::block_in_place(|| cluster.label_control_plane()).expect("labels");
 }
 
 fn helm(cluster: &KubeletCluster, helm: &Path, args: &[&str]) -> std::process::Command {
@@ -262,12 +234,7 @@ async fn the_chart_and_the_kustomize_bases_run_on_real_kubelets() {
     eprintln!("kubelet cluster: {} nodes started in {:.1} s", cluster.nodes.len(), cluster.startup.as_secs_f64());
     let client = cluster.client().await.expect("client");
     let nodes: Api<Node> = Api::all(client.clone());
-    for node in &cluster.nodes {
-        // Control-plane nodes, as the chart's nodeSelector expects (an admin's label: a
-        // kubelet may not set node-role labels on itself).
-        let patch = serde_json::json!({"metadata": {"labels": {"node-role.kubernetes.io/control-plane": ""}}});
-        nodes.patch(&node.name, &PatchParams::default(), &Patch::Merge(&patch)).await.expect("label");
-    }
+    tokio::task::block_in_place(|| cluster.label_control_plane()).expect("labels");
     let work = tempfile::tempdir().expect("tempdir");
     let helm_bin = tokio::task::spawn_blocking(|| ccm_e2e::Assets::tool("helm")).await.expect("join").expect("helm");
     let chart = deploy_dir().join("helm/ccm-rs").display().to_string();
@@ -315,6 +282,10 @@ async fn the_chart_and_the_kustomize_bases_run_on_real_kubelets() {
     .await;
     eventually("two Ready core pods again", Duration::from_secs(90), async || {
         (ready_pods(&client, CORE_PODS).await.len() == 2).then_some(())
+    })
+    .await;
+    eventually("the node plugin back on the re-registered Node", Duration::from_secs(60), async || {
+        (ready_pods(&client, "app.kubernetes.io/name=ccm-node-metadata").await.len() == cluster.nodes.len()).then_some(())
     })
     .await;
 
@@ -446,12 +417,10 @@ async fn the_chart_and_the_kustomize_bases_run_on_real_kubelets() {
     // === kustomize === (its base carries the sim's placeholder inventory: the test's own
     // inventory goes in through the ConfigMap, as an overlay would)
     // kustomize takes only relative paths to bases: the overlay lives in target/.
-    let overlay = tempfile::Builder::new()
-        .prefix("kustomize-overlay-")
-        .tempdir_in(deploy_dir().join("../target"))
-        .expect("overlay");
+    let overlay =
+        tempfile::Builder::new().prefix("kustomize-overlay-").tempdir_in(deploy_dir().join("../target")).expect("overlay");
     let kustomize_dir = overlay.path().to_path_buf();
-    std::fs::write(kustomize_dir.join("sim.toml"), sim_config(cluster)).expect("sim.toml");
+    std::fs::write(kustomize_dir.join("sim.toml"), cluster.sim_inventory()).expect("sim.toml");
     std::fs::write(
         kustomize_dir.join("kustomization.yaml"),
         format!(
