@@ -16,7 +16,19 @@ fn ccm(args: &[&str]) -> std::process::Output {
 fn version_and_help_need_no_cluster() {
     let out = ccm(&["--version"]);
     assert!(out.status.success());
-    assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), format!("cloud-controller-manager {}", env!("CARGO_PKG_VERSION")));
+    // The version and the commit it was built from.
+    let head = Command::new("git")
+        .args(["rev-parse", "--short=12", "HEAD"])
+        .current_dir(concat!(env!("CARGO_MANIFEST_DIR"), "/.."))
+        .output()
+        .ok()
+        .filter(|o| o.status.success())
+        .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string())
+        .unwrap_or_else(|| "unknown".into());
+    assert_eq!(
+        String::from_utf8_lossy(&out.stdout).trim(),
+        format!("cloud-controller-manager {} (commit {head})", env!("CARGO_PKG_VERSION"))
+    );
     let out = ccm(&["--help"]);
     assert!(out.status.success());
     let help = String::from_utf8_lossy(&out.stdout);

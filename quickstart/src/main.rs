@@ -128,7 +128,10 @@ async fn main() -> anyhow::Result<()> {
         .context("creating Service default/web")?;
 
     step(5, "waiting for the core (at most 60 s)");
-    let report = wait_and_report(&client, &admin, args.nodes).await;
+    let report = wait_and_report(&client, usize::from(args.nodes), Duration::from_secs(60), async || {
+        Some((admin.state().await.ok()?, String::new()))
+    })
+    .await;
     match &report {
         Ok(text) => println!("{text}"),
         Err(e) => eprintln!("the core did not finish in time: {e:#}"),
@@ -159,11 +162,17 @@ async fn main() -> anyhow::Result<()> {
 }
 
 /// Waits until every Node is initialised, the Service has an address and every Node has its
-/// route; then describes them.
-async fn wait_and_report(client: &kube::Client, admin: &AdminClient, nodes: u8) -> anyhow::Result<String> {
+/// route in the cloud that `cloud` reads (its state, and a line to add to the report); then
+/// describes them.
+async fn wait_and_report(
+    client: &kube::Client,
+    nodes: usize,
+    timeout: Duration,
+    mut cloud: impl AsyncFnMut() -> Option<(ccm_provider_sim::cloud::Snapshot, String)>,
+) -> anyhow::Result<String> {
     let node_api: Api<Node> = Api::all(client.clone());
     let services: Api<Service> = Api::namespaced(client.clone(), "default");
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
+    let deadline = tokio::time::Instant::now() + timeout;
     loop {
         let listed = node_api.list(&Default::default()).await?.items;
         let initialised = listed
@@ -172,20 +181,19 @@ async fn wait_and_report(client: &kube::Client, admin: &AdminClient, nodes: u8) 
                 !n.spec.as_ref().and_then(|s| s.taints.as_ref()).is_some_and(|t| t.iter().any(|t| t.key == UNINITIALIZED_TAINT))
             })
             .count();
-        let service = services.get("web").await?;
-        let ip = load_balancer_ip(&service).map(str::to_string);
-        let state = admin.state().await?;
+        let ip = load_balancer_ip(&services.get("web").await?).map(str::to_string);
+        let state = cloud().await;
         let routes: Vec<String> = state
-            .route_tables
             .iter()
+            .flat_map(|(s, _)| s.route_tables.iter())
             .flat_map(|t| t.routes.iter().map(move |r| format!("{} -> {} (table {})", r.destination_cidr, r.node_name, t.id)))
             .collect();
-        if initialised == usize::from(nodes) && ip.is_some() && routes.len() == usize::from(nodes) {
-            return Ok(describe(&listed, ip.as_deref().unwrap_or_default(), &routes, &state));
+        if let (true, Some(ip), Some((state, note))) = (initialised == nodes && routes.len() == nodes, ip.as_deref(), &state) {
+            return Ok(describe(&listed, ip, &routes, state) + note);
         }
         if tokio::time::Instant::now() >= deadline {
             bail!(
-                "after 60 s: {initialised} of {nodes} Nodes initialised, Service address {}, {} of {nodes} routes",
+                "after {timeout:?}: {initialised} of {nodes} Nodes initialised, Service address {}, {} of {nodes} routes",
                 ip.as_deref().unwrap_or("none"),
                 routes.len()
             );
@@ -290,7 +298,15 @@ async fn real_nodes(args: &Args) -> anyhow::Result<()> {
         .await
         .context("creating Service default/web")?;
     step(5, "waiting for the installed core (at most 120 s)");
-    let report = real_report(&cluster, &client, nodes).await;
+    let leases: Api<k8s_openapi::api::coordination::v1::Lease> = Api::namespaced(client.clone(), "kube-system");
+    let report = wait_and_report(&client, nodes, Duration::from_secs(120), async || {
+        // The leader's cloud: each sidecar is a simulated cloud of its own.
+        let holder = leases.get_opt("cloud-controller-manager").await.ok()??.spec?.holder_identity?;
+        let leader = cluster.nodes.iter().find(|n| holder.starts_with(&format!("{}_", n.name)))?;
+        let state = AdminClient::new(format!("http://{}:{ADMIN_PORT}", leader.ip)).state().await.ok()?;
+        Some((state, format!("\nThe core leading: {holder} (Lease kube-system/cloud-controller-manager)\n")))
+    })
+    .await;
     match &report {
         Ok(text) => println!("{text}"),
         Err(e) => eprintln!("the core did not finish in time: {e:#}"),
@@ -309,50 +325,4 @@ async fn real_nodes(args: &Args) -> anyhow::Result<()> {
     eprintln!("stopping: tearing the cluster down");
     tokio::task::spawn_blocking(move || drop(cluster)).await?;
     report.map(|_| ())
-}
-
-async fn real_report(
-    cluster: &ccm_e2e::kubelet_cluster::KubeletCluster,
-    client: &kube::Client,
-    nodes: usize,
-) -> anyhow::Result<String> {
-    use k8s_openapi::api::coordination::v1::Lease;
-    let node_api: Api<Node> = Api::all(client.clone());
-    let services: Api<Service> = Api::namespaced(client.clone(), "default");
-    let leases: Api<Lease> = Api::namespaced(client.clone(), "kube-system");
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(120);
-    loop {
-        let listed = node_api.list(&Default::default()).await?.items;
-        let initialised = listed
-            .iter()
-            .filter(|n| {
-                !n.spec.as_ref().and_then(|s| s.taints.as_ref()).is_some_and(|t| t.iter().any(|t| t.key == UNINITIALIZED_TAINT))
-            })
-            .count();
-        let ip = load_balancer_ip(&services.get("web").await?).map(str::to_string);
-        let holder = leases.get_opt("cloud-controller-manager").await?.and_then(|l| l.spec?.holder_identity).unwrap_or_default();
-        let leader = cluster.nodes.iter().find(|n| holder.starts_with(&format!("{}_", n.name)));
-        let state = match leader {
-            Some(n) => AdminClient::new(format!("http://{}:{ADMIN_PORT}", n.ip)).state().await.ok(),
-            None => None,
-        };
-        let routes: Vec<String> = state
-            .iter()
-            .flat_map(|s| s.route_tables.iter())
-            .flat_map(|t| t.routes.iter().map(move |r| format!("{} -> {} (table {})", r.destination_cidr, r.node_name, t.id)))
-            .collect();
-        if let (true, Some(ip), Some(state)) = (initialised == nodes && routes.len() == nodes, ip.as_deref(), state.as_ref()) {
-            let mut text = describe(&listed, ip, &routes, state);
-            text.push_str(&format!("\nThe core leading: {holder} (Lease kube-system/cloud-controller-manager)\n"));
-            return Ok(text);
-        }
-        if tokio::time::Instant::now() >= deadline {
-            bail!(
-                "after 120 s: {initialised} of {nodes} Nodes initialised, Service address {}, {} routes",
-                ip.as_deref().unwrap_or("none"),
-                routes.len()
-            );
-        }
-        tokio::time::sleep(Duration::from_millis(500)).await;
-    }
 }

@@ -372,6 +372,30 @@ async fn the_chart_and_the_kustomize_bases_run_on_real_kubelets() {
     // the node still drains.
     let other = cluster.nodes[1].name.clone();
     run(cluster.kubectl(&["label", "node", &other, "node-role.kubernetes.io/control-plane-"]), "unlabel");
+    let pods: Api<Pod> = Api::namespaced(client.clone(), "kube-system");
+    for pod in kube_system_pods(&client, CORE_PODS).await {
+        if pod.spec.as_ref().and_then(|s| s.node_name.as_deref()) == Some(other.as_str()) {
+            let _ = pods.delete(pod.metadata.name.as_deref().unwrap_or_default(), &DeleteParams::default()).await;
+        }
+    }
+    // With two replicas, the second cannot share the node (its host port is taken): it waits,
+    // unscheduled, instead of crash-looping beside the first.
+    eventually("the second replica Pending, the first leading", Duration::from_secs(60), async || {
+        let all = kube_system_pods(&client, CORE_PODS).await;
+        let pending = all.iter().filter(|p| p.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Pending")).count();
+        let unscheduled = all.iter().any(|p| {
+            p.status.as_ref().and_then(|s| s.conditions.as_ref()).is_some_and(|c| {
+                c.iter().any(|c| {
+                    c.type_ == "PodScheduled"
+                        && c.status == "False"
+                        && c.message.as_deref().is_some_and(|m| m.contains("free ports"))
+                })
+            })
+        });
+        (pending == 1 && unscheduled && ready_pods(&client, CORE_PODS).await.len() == 1 && lease_holder(&client).await.is_some())
+            .then_some(())
+    })
+    .await;
     run(
         helm(
             cluster,
@@ -380,12 +404,6 @@ async fn the_chart_and_the_kustomize_bases_run_on_real_kubelets() {
         ),
         "helm upgrade (single control-plane node)",
     );
-    let pods: Api<Pod> = Api::namespaced(client.clone(), "kube-system");
-    for pod in kube_system_pods(&client, CORE_PODS).await {
-        if pod.spec.as_ref().and_then(|s| s.node_name.as_deref()) == Some(other.as_str()) {
-            let _ = pods.delete(pod.metadata.name.as_deref().unwrap_or_default(), &DeleteParams::default()).await;
-        }
-    }
     eventually("one core pod, on the control-plane node", Duration::from_secs(90), async || {
         let pods = ready_pods(&client, CORE_PODS).await;
         (pods.len() == 1 && pods[0].spec.as_ref()?.node_name.as_deref() == Some(drained.as_str())).then_some(())
