@@ -341,7 +341,6 @@ impl KubeletCluster {
         let teardown = dir.join("teardown.sh");
         let roots: Vec<String> =
             (0..nodes).flat_map(|i| hierarchies.iter().map(move |h| h.join(cgroup_name(i)).display().to_string())).collect();
-        let created: Vec<&str> = NODE_PATHS.iter().map(|(t, _)| *t).filter(|t| !Path::new(t).exists()).collect();
         write(
             &teardown,
             &format!(
@@ -357,11 +356,9 @@ impl KubeletCluster {
                  for i in {indices}; do ip link del '{bridge}h'$i 2>/dev/null; done\n\
                  ip link del '{bridge}' 2>/dev/null\n\
                  rm -rf '{dir}'\n\
-                 for t in {created}; do rmdir \"$t\" 2>/dev/null; done\n\
                  exit 0\n",
                 dir = dir.display(),
                 roots = roots.join(" "),
-                created = created.join(" "),
                 indices = (0..nodes).map(|i| i.to_string()).collect::<Vec<_>>().join(" "),
             ),
         )?;
@@ -381,7 +378,9 @@ impl KubeletCluster {
         };
 
         // The bridge first: the API server binds its address.
-        for target in &created {
+        // The nodes' mount points on the host. They stay (empty) afterwards: removing one
+        // while another cluster's nodes have it mounted would detach their mounts.
+        for (target, _) in NODE_PATHS {
             std::fs::create_dir_all(target).with_context(|| format!("creating {target}")).map_err(undo)?;
         }
         sh(
