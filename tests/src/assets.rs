@@ -31,18 +31,8 @@ impl Assets {
         if let Some(dir) = var("KUBEBUILDER_ASSETS") {
             return Self::in_dir(&dir).checked();
         }
-        let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("envtest/setup.sh");
-        // setup.sh reports its progress on stderr (minutes when it builds): let it through.
-        let out = Command::new("bash")
-            .arg(&script)
-            .stderr(std::process::Stdio::inherit())
-            .output()
-            .with_context(|| format!("running {}", script.display()))?;
-        if !out.status.success() {
-            bail!("{} failed (its output is above)", script.display());
-        }
-        let dir = String::from_utf8(out.stdout).context("setup.sh printed a non-UTF-8 path")?;
-        Self::in_dir(Path::new(dir.trim())).checked()
+        let dir = Self::setup("control-plane")?;
+        Self::in_dir(&dir).checked()
     }
 
     /// A test tool `envtest/setup.sh <tool>` builds on first use and caches beside the
@@ -66,6 +56,8 @@ impl Assets {
         Ok(dir)
     }
 
+    /// Runs `envtest/setup.sh <mode>` and returns the path it prints. setup.sh reports its
+    /// progress on stderr (minutes when it builds): it is let through.
     fn setup(mode: &str) -> anyhow::Result<PathBuf> {
         let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("envtest/setup.sh");
         let out = Command::new("bash")

@@ -226,10 +226,16 @@ fn log_file(path: &Path) -> anyhow::Result<(Stdio, Stdio)> {
     Ok((file.try_clone()?.into(), file.into()))
 }
 
+/// Shell commands that move the running shell into the node's `system` cgroup of every
+/// hierarchy (what it starts then runs there too).
+fn join_cgroups(cgroups: &[PathBuf]) -> String {
+    cgroups.iter().map(|c| format!("echo $$ > {}/system/cgroup.procs; ", c.display())).collect()
+}
+
 /// A command that joins the node's `system` cgroup in every hierarchy, then enters the
 /// holder's network and mount namespaces and runs `program args`.
 fn in_node(cgroups: &[PathBuf], holder: u32, program: &Path, args: &[String]) -> Command {
-    let join: String = cgroups.iter().map(|c| format!("echo $$ > {}/system/cgroup.procs; ", c.display())).collect();
+    let join = join_cgroups(cgroups);
     let mut cmd = Command::new("sh");
     cmd.arg("-c")
         .arg(format!("{join}exec nsenter --target \"$0\" --net --mount -- \"$@\""))
@@ -500,7 +506,7 @@ impl KubeletCluster {
             .iter()
             .map(|(target, source)| format!("mount --bind '{}' '{target}' && ", dir.join(source).display()))
             .collect();
-        let join: String = cgroups.iter().map(|c| format!("echo $$ > {}/system/cgroup.procs; ", c.display())).collect();
+        let join = join_cgroups(&cgroups);
         let ready = dir.join("holder.ready");
         let mut holder = Command::new("sh");
         holder.arg("-c").arg(format!(
