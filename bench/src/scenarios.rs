@@ -424,6 +424,7 @@ pub async fn run_core(cp: &ControlPlane, args: &Args, core: &str, peer: Option<&
             state: Default::default(),
             addresses: Vec::new(),
             tags: Default::default(),
+            ..Default::default()
         });
     }
     let dir = tempfile::tempdir()?;

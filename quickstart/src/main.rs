@@ -75,6 +75,7 @@ async fn main() -> anyhow::Result<()> {
             state: Default::default(),
             addresses: vec![Address { kind: "InternalIP".into(), address: format!("10.0.0.{}", u16::from(i) + 10) }],
             tags: BTreeMap::from([("team".to_string(), "quickstart".to_string())]),
+            ..Default::default()
         });
     }
     let provider = work.path().join("provider.sock");

@@ -44,6 +44,23 @@ pub fn needs_init(ctx: &Context, node: &Node) -> bool {
     node_util::has_taint(node, TAINT_UNINITIALIZED) && !ctx.ignores(node) && node.metadata.deletion_timestamp.is_none()
 }
 
+/// Whether an initialised Node lacks GA topology labels whose beta counterparts it carries.
+fn needs_labels(ctx: &Context, node: &Node) -> bool {
+    !node_util::has_taint(node, TAINT_UNINITIALIZED)
+        && node.metadata.deletion_timestamp.is_none()
+        && !ctx.ignores(node)
+        && !node_util::missing_ga_labels(node).is_empty()
+}
+
+/// An instance answer: metadata when the provider says it exists. "Exists" without metadata
+/// is an invalid answer, never "gone".
+fn answer(exists: bool, metadata: Option<pb::InstanceMetadata>) -> Result<Option<pb::InstanceMetadata>, Error> {
+    match (exists, metadata) {
+        (true, None) => Err(Error::internal("the provider said the instance exists but sent no metadata")),
+        (exists, metadata) => Ok(metadata.filter(|_| exists)),
+    }
+}
+
 /// What initialisation acts on; a change of it retries a failing Node at once.
 fn fingerprint(node: &Node) -> u64 {
     let mut h = std::collections::hash_map::DefaultHasher::new();
@@ -92,7 +109,7 @@ pub async fn metadata_for(ctx: &Context, lookups: Vec<pb::InstanceLookup>) -> Ve
         };
         return in_batches(&lookups, call, |r: pb::InstanceMetadataResult| match r.error {
             Some(e) => Err(Error::from_item_error(&e)),
-            None => Ok(r.metadata.filter(|_| r.exists)),
+            None => answer(r.exists, r.metadata),
         })
         .await;
     }
@@ -103,7 +120,7 @@ pub async fn metadata_for(ctx: &Context, lookups: Vec<pb::InstanceLookup>) -> Ve
                 InstancesServiceClient::new(ch).instance_metadata(r).await
             })
             .await
-            .map(|a| a.metadata.filter(|_| a.exists))
+            .and_then(|a| answer(a.exists, a.metadata))
     }))
     .await
 }
@@ -157,7 +174,7 @@ impl NodeController {
     }
 
     fn enqueue(&self, node: &Node) {
-        if needs_init(&self.ctx, node) {
+        if needs_init(&self.ctx, node) || needs_labels(&self.ctx, node) {
             self.ctx.metrics.queue_add(NAME);
             self.queue.add_changed(node_util::name(node).to_string(), fingerprint(node));
         }
@@ -217,6 +234,10 @@ impl NodeController {
         let mut todo: Vec<(usize, Arc<Node>)> = Vec::new();
         for (i, key) in keys.iter().enumerate() {
             let Some(node) = self.ctx.nodes.store().get(&ObjectRef::new(key)) else { continue };
+            if needs_labels(&self.ctx, &node) {
+                outcomes[i] = self.add_ga_labels(&node).await;
+                continue;
+            }
             if !needs_init(&self.ctx, &node) {
                 continue;
             }
@@ -250,6 +271,26 @@ impl NodeController {
             outcomes[*i] = outcome;
         }
         outcomes
+    }
+
+    /// Adds the GA topology labels an initialised Node lacks from their beta counterparts, as
+    /// upstream does for Nodes of older kubelets and images. No provider call.
+    async fn add_ga_labels(&self, node: &Node) -> Outcome {
+        let name = node_util::name(node);
+        let labels = node_util::missing_ga_labels(node);
+        let patch = serde_json::json!({ "metadata": { "labels": labels } });
+        self.ctx.kube_write_permit().await;
+        let api: Api<Node> = Api::all(self.ctx.client.clone());
+        match api.patch(name, &PatchParams::default(), &Patch::Merge(&patch)).await {
+            Ok(_) => {
+                tracing::info!(node = %name, labels = ?labels, "GA topology labels added from their beta counterparts");
+                Outcome::Success
+            }
+            Err(error) => {
+                tracing::warn!(node = %name, %error, "adding GA topology labels failed");
+                Outcome::Retry { fingerprint: Some(fingerprint(node)), retry_after: None }
+            }
+        }
     }
 
     async fn initialise_one(
@@ -307,8 +348,10 @@ impl NodeController {
         let name = node_util::name(node);
         let api: Api<Node> = Api::all(self.ctx.client.clone());
         let addresses = node_util::desired_addresses(node, &meta.addresses).map_err(InitError::Invalid)?;
-        if addresses.is_empty() {
-            return Err(InitError::Invalid(format!("the provider reported no addresses for {}", meta.provider_id)));
+        if node_util::provider_id(node).is_none() && meta.provider_id.is_empty() {
+            return Err(InitError::Invalid(format!(
+                "the provider found the instance of node {name} but reported no providerID for it"
+            )));
         }
         // Zone, region and instance type are the cloud's: what a Node claims for them (a
         // kubelet that set them from the node's metadata) is verified against the cloud's
@@ -323,6 +366,9 @@ impl NodeController {
                 labels.owned.insert(key.to_string(), value.clone());
             }
         }
+        // GA labels from the beta ones a Node of an older kubelet carries, where the cloud
+        // said nothing of its own.
+        labels.offered.extend(node_util::missing_ga_labels(node));
         for (k, v) in &meta.additional_labels {
             if !node_util::reserved_label_domain(k) && node_util::valid_label_key(k) && node_util::valid_label_value(v) {
                 labels.offered.insert(k.clone(), v.clone());
@@ -387,7 +433,8 @@ impl NodeController {
     ) -> Result<(Node, Vec<String>), kube::Error> {
         let name = node_util::name(node);
         let mut version = node.metadata.resource_version.clone();
-        if node_util::addresses(node) != addresses {
+        // An instance without addresses (yet) keeps what its kubelet reported, as upstream.
+        if !addresses.is_empty() && !node_util::same_addresses(&node_util::addresses(node), addresses) {
             self.ctx.kube_write_permit().await;
             let patch = serde_json::json!({ "metadata": { "resourceVersion": version }, "status": { "addresses": addresses } });
             let after = api.patch_status(name, &PatchParams::default(), &Patch::Merge(&patch)).await?;
@@ -430,7 +477,7 @@ impl NodeController {
         for (node, result) in nodes.iter().zip(results) {
             let Ok(Some(meta)) = result else { continue };
             let Ok(addresses) = node_util::desired_addresses(node, &meta.addresses) else { continue };
-            if addresses.is_empty() || node_util::addresses(node) == addresses {
+            if addresses.is_empty() || node_util::same_addresses(&node_util::addresses(node), &addresses) {
                 continue;
             }
             self.ctx.kube_write_permit().await;

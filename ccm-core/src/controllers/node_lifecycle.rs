@@ -1,9 +1,10 @@
 //! The node lifecycle controller (`cloud-node-lifecycle-controller`): every
-//! `--node-monitor-period`, asks the provider about the instances of NotReady Nodes (and of
-//! Nodes with the shutdown taint): an explicit "does not exist" deletes the Node, a shut-down
-//! instance gets the shutdown taint, a running one loses it. An error, a timeout or a rate
-//! limit changes nothing. A Ready Node is never deleted; with every Node Ready this controller
-//! makes no provider call at all.
+//! `--node-monitor-period`, asks the provider about the instances of NotReady Nodes: an
+//! explicit "does not exist" deletes the Node, a shut-down instance gets the shutdown taint, a
+//! running one loses it. An error, a timeout or a rate limit changes nothing. A Ready Node is
+//! never deleted and loses the shutdown taint without the provider being asked (as upstream:
+//! a recovered Node must not stay unschedulable through a cloud outage); with every Node Ready
+//! this controller makes no provider call at all.
 
 use std::sync::Arc;
 
@@ -61,13 +62,23 @@ impl NodeLifecycleController {
         if self.ctx.provider.identity().is_none() {
             return pass;
         }
-        let candidates: Vec<Arc<Node>> = self
+        let managed: Vec<Arc<Node>> = self
             .ctx
             .managed_nodes()
-            .filter(|n| !node_util::is_ready(n) || node_util::has_taint(n, TAINT_SHUTDOWN))
             // A Node still being initialised is the node controller's.
             .filter(|n| !node_util::has_taint(n, TAINT_UNINITIALIZED))
             .collect();
+        let (ready, candidates): (Vec<Arc<Node>>, Vec<Arc<Node>>) = managed.into_iter().partition(|n| node_util::is_ready(n));
+        for node in ready.iter().filter(|n| node_util::has_taint(n, TAINT_SHUTDOWN)) {
+            let name = node_util::name(node).to_string();
+            match self.set_shutdown_taint(node, false).await {
+                Ok(()) => pass.untainted.push(name),
+                Err(error) => {
+                    tracing::warn!(node = %name, %error, "removing the shutdown taint from a Ready node failed");
+                    pass.errors += 1;
+                }
+            }
+        }
         if candidates.is_empty() {
             return pass;
         }
@@ -86,9 +97,6 @@ impl NodeLifecycleController {
                     let exists = meta.as_ref().is_some_and(|m| m.state() != pb::InstanceState::Terminated);
                     let shutdown = meta.as_ref().is_some_and(|m| m.state() == pb::InstanceState::Stopped);
                     if !exists {
-                        if node_util::is_ready(node) {
-                            continue;
-                        }
                         match self.delete(node).await {
                             Ok(()) => pass.deleted.push(name),
                             Err(error) => {
@@ -96,7 +104,7 @@ impl NodeLifecycleController {
                                 pass.errors += 1;
                             }
                         }
-                    } else if shutdown && !node_util::is_ready(node) && !node_util::has_taint(node, TAINT_SHUTDOWN) {
+                    } else if shutdown && !node_util::has_taint(node, TAINT_SHUTDOWN) {
                         match self.set_shutdown_taint(node, true).await {
                             Ok(()) => pass.tainted.push(name),
                             Err(error) => {

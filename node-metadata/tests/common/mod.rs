@@ -36,6 +36,7 @@ impl Node {
                 Address { kind: "InternalIP".into(), address: "fd00:2::7".into() },
             ],
             tags: Default::default(),
+            ..Default::default()
         });
         config.registry_credentials.push(RegistryCredentialSpec {
             registry: "*.registry.sim.dev".into(),

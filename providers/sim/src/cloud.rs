@@ -15,7 +15,7 @@ use ipnet::IpNet;
 use serde::{Deserialize, Serialize};
 use tokio::time::Instant;
 
-use crate::config::{Address, ApiConfig, Config, Fault, FaultCode, InstanceSpec, RateLimit, RouteTableSpec, State};
+use crate::config::{Address, Answer, ApiConfig, Config, Fault, FaultCode, InstanceSpec, RateLimit, RouteTableSpec, State};
 
 /// The providerID scheme of the sim.
 pub const PROVIDER_ID_SCHEME: &str = "sim://";
@@ -78,7 +78,7 @@ impl Instance {
             region: region.to_string(),
             addresses,
             hostname: self.spec.name.clone(),
-            additional_labels: Default::default(),
+            additional_labels: self.spec.labels.clone().into_iter().collect(),
             state: instance_state(state) as i32,
             node_name: self.spec.name.clone(),
         }
@@ -309,20 +309,20 @@ impl Cloud {
                     && f.subject.as_deref().is_none_or(|s| !subject.is_empty() && subject.contains(s))
             };
             if let Some(f) = gate.faults.iter().filter(applies).find(|f| f.down) {
-                return Err(fault_error(f.code, method));
+                return Err(fault_error(f, method));
             }
             if let Some(limiter) = &gate.limiter {
                 limiter.check()?;
             }
             let jitter = if gate.api.jitter_ms > 0 { rand::random_range(0..=gate.api.jitter_ms) } else { 0 };
             let fault = gate.faults.iter().filter(applies).find(|f| f.error_rate > 0.0 && rand::random::<f64>() < f.error_rate);
-            (Duration::from_millis(gate.api.latency_ms + jitter), fault.map(|f| f.code))
+            (Duration::from_millis(gate.api.latency_ms + jitter), fault.cloned())
         };
         if !latency.is_zero() {
             tokio::time::sleep(latency).await;
         }
         match fault {
-            Some(code) => Err(fault_error(code, method)),
+            Some(fault) => Err(fault_error(&fault, method)),
             None => Ok(()),
         }
     }
@@ -364,7 +364,7 @@ impl Cloud {
         if world.instances.get(&spec.id).is_some_and(|i| i.state.current.is_some()) {
             return Err(Error::already_exists(format!("instance {} exists", spec.id)));
         }
-        if spec.addresses.is_empty() {
+        if spec.addresses.is_empty() && !spec.no_addresses {
             let n = world.next_internal;
             world.next_internal += 1;
             let ip = Ipv4Addr::from(u32::from(Ipv4Addr::new(10, 0, 0, 0)) + n);
@@ -435,6 +435,20 @@ impl Cloud {
     pub fn instance(&self, lookup: &pb::InstanceLookup) -> Result<Option<pb::InstanceMetadata>> {
         let world = self.world();
         Ok(self.find(&world, lookup)?.map(|(i, s)| i.metadata(&self.region, s)))
+    }
+
+    /// What a metadata read answers about one instance: [`Cloud::instance`], shaped by the
+    /// instance's configured [`crate::config::Answer`].
+    pub fn instance_answer(&self, lookup: &pb::InstanceLookup) -> Result<Option<pb::InstanceMetadata>> {
+        let world = self.world();
+        let Some((instance, state)) = self.find(&world, lookup)? else { return Ok(None) };
+        let mut metadata = instance.metadata(&self.region, state);
+        match instance.spec.answer {
+            Answer::Normal => {}
+            Answer::EmptyProviderId => metadata.provider_id.clear(),
+            Answer::NoMetadata => return Ok(None),
+        }
+        Ok(Some(metadata))
     }
 
     /// An instance's tags as reads show them.
@@ -837,11 +851,12 @@ impl Cloud {
     }
 }
 
-fn fault_error(code: FaultCode, method: &str) -> Error {
-    match code {
-        FaultCode::Unavailable => Error::Unavailable { message: format!("{method}: injected fault"), retry_after: None },
+fn fault_error(fault: &Fault, method: &str) -> Error {
+    let hint = fault.retry_after_ms.map(Duration::from_millis);
+    match fault.code {
+        FaultCode::Unavailable => Error::Unavailable { message: format!("{method}: injected fault"), retry_after: hint },
         FaultCode::Internal => Error::internal(format!("{method}: injected fault")),
-        FaultCode::RateLimited => Error::RateLimited { retry_after: Duration::from_secs(1) },
+        FaultCode::RateLimited => Error::RateLimited { retry_after: hint.unwrap_or(Duration::from_secs(1)) },
         FaultCode::DeadlineExceeded => Error::DeadlineExceeded { message: format!("{method}: injected fault") },
     }
 }
@@ -864,6 +879,7 @@ mod tests {
                 state: State::Running,
                 addresses: Vec::new(),
                 tags: Default::default(),
+                ..Default::default()
             });
         }
         Cloud::new(&config).expect("cloud")

@@ -91,7 +91,7 @@ pub struct RateLimit {
 }
 
 /// An injected fault.
-#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
 #[serde(deny_unknown_fields)]
 pub struct Fault {
     /// The method, as in `CreateRoute`, or `*` for every cloud call.
@@ -108,6 +108,11 @@ pub struct Fault {
     /// Only calls about objects whose name contains this (a load balancer, a route).
     #[serde(default)]
     pub subject: Option<String>,
+    /// The RetryInfo delay the error carries, in milliseconds: for `rate_limited` (1 s when
+    /// unset) and `unavailable` (none when unset), to drive a core with a hint of a chosen
+    /// length.
+    #[serde(default)]
+    pub retry_after_ms: Option<u64>,
 }
 
 /// The error an injected fault answers.
@@ -148,6 +153,49 @@ pub struct InstanceSpec {
     /// Tags.
     #[serde(default)]
     pub tags: BTreeMap<String, String>,
+    /// Labels the cloud offers for the instance's Node beside zone, region and type
+    /// (`additional_labels`; the core drops those in the `kubernetes.io` and `k8s.io` domains).
+    #[serde(default)]
+    pub labels: BTreeMap<String, String>,
+    /// The instance has no addresses at all (none is assigned), as one whose network is not
+    /// attached yet.
+    #[serde(default)]
+    pub no_addresses: bool,
+    /// How metadata reads answer about this instance, to drive a core through a provider's
+    /// odd but possible answers.
+    #[serde(default)]
+    pub answer: Answer,
+}
+
+impl Default for InstanceSpec {
+    fn default() -> Self {
+        Self {
+            id: String::new(),
+            name: String::new(),
+            zone: default_zone(),
+            instance_type: default_type(),
+            state: State::default(),
+            addresses: Vec::new(),
+            tags: BTreeMap::new(),
+            labels: BTreeMap::new(),
+            no_addresses: false,
+            answer: Answer::default(),
+        }
+    }
+}
+
+/// How metadata reads answer about an instance.
+#[derive(Debug, Clone, Copy, Default, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "snake_case")]
+pub enum Answer {
+    /// Truthfully.
+    #[default]
+    Normal,
+    /// With the metadata but an empty providerID.
+    EmptyProviderId,
+    /// With neither metadata nor an error (as a Go provider whose InstanceMetadata returns
+    /// nil, nil): through the protocol, "no such instance".
+    NoMetadata,
 }
 
 fn default_zone() -> String {

@@ -45,7 +45,7 @@ impl ccm_provider_sdk::Instances for SimProvider {
 
     async fn instance_metadata(&self, lookup: &pb::InstanceLookup) -> Result<Option<pb::InstanceMetadata>> {
         self.cloud.api_call("InstanceMetadata").await?;
-        self.cloud.instance(lookup)
+        self.cloud.instance_answer(lookup)
     }
 
     async fn list_instances(&self, page: &PageRequest) -> Result<Page<pb::InstanceMetadata>> {
@@ -69,7 +69,7 @@ impl ccm_provider_sdk::Instances for SimProvider {
 
     async fn batch_instance_metadata(&self, lookups: &[pb::InstanceLookup]) -> Result<Vec<Result<Option<pb::InstanceMetadata>>>> {
         self.cloud.api_call("BatchInstanceMetadata").await?;
-        Ok(lookups.iter().map(|l| self.cloud.instance(l)).collect())
+        Ok(lookups.iter().map(|l| self.cloud.instance_answer(l)).collect())
     }
 }
 

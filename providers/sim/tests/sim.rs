@@ -290,6 +290,7 @@ async fn rate_limits_faults_lifecycle_and_lag() {
         state: Default::default(),
         addresses: Vec::new(),
         tags: Default::default(),
+        ..Default::default()
     };
     let provider_id = sim.admin.add_instance(&spec).await.expect("add");
     assert_eq!(provider_id, "sim://sim-region-1a/i-new");
@@ -316,6 +317,7 @@ async fn rate_limits_faults_lifecycle_and_lag() {
             down: true,
             code: Default::default(),
             subject: None,
+            retry_after_ms: None,
         }])
         .await
         .expect("faults");

@@ -99,6 +99,7 @@ pub fn instance(id: String, name: String, zone: &str) -> ccm_provider_sim::confi
         state: Default::default(),
         addresses: Vec::new(),
         tags: Default::default(),
+        ..Default::default()
     }
 }
 

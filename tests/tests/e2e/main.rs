@@ -13,3 +13,4 @@ mod services;
 mod serving;
 mod smoke;
 mod support;
+mod upstream;

@@ -95,11 +95,10 @@ async fn a_node_is_initialised_from_the_cloud() {
         addresses,
         vec![
             ("InternalIP".to_string(), "10.1.0.6".to_string()),
-            ("InternalIP".to_string(), "10.1.0.5".to_string()),
             ("ExternalIP".to_string(), "198.51.100.5".to_string()),
             ("Hostname".to_string(), name.clone()),
         ],
-        "provided node IP first, the kubelet's hostname kept"
+        "the provided node IP is the only InternalIP, the kubelet's hostname kept"
     );
     let l = labels(&node);
     assert_eq!(l.get("topology.kubernetes.io/zone").map(String::as_str), Some("sim-region-1a"));
@@ -238,7 +237,14 @@ async fn gone_instances_delete_nodes_stopped_ones_taint_them_and_errors_change_n
     let core = Core::start(cp, &env, &sim, &["--leader-elect=false", "--node-monitor-period=300ms"]);
 
     // An unavailable provider: the Node of a terminated instance stays.
-    let down = Fault { method: "*".into(), error_rate: 0.0, down: true, code: FaultCode::Unavailable, subject: None };
+    let down = Fault {
+        method: "*".into(),
+        error_rate: 0.0,
+        down: true,
+        code: FaultCode::Unavailable,
+        subject: None,
+        retry_after_ms: None,
+    };
     sim.admin.set_faults(&[down]).await.expect("faults");
     sim.admin.instance_action("i-flaky", "terminate").await.expect("terminate");
     tokio::time::sleep(Duration::from_secs(3)).await;
@@ -328,6 +334,7 @@ async fn rate_limits_are_waited_out_and_retries_back_off_despite_updates() {
         down: false,
         code: FaultCode::RateLimited,
         subject: None,
+        retry_after_ms: None,
     });
     let sim = Sim::start(config).await;
     NodeBuilder::new(&name).uninitialized().label(TEST_LABEL, &env.prefix).create(&env.client).await.expect("node");

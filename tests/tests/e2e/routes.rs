@@ -315,6 +315,7 @@ async fn a_failing_provider_is_backed_off_then_converges() {
         down: true,
         code: FaultCode::Unavailable,
         subject: None,
+        retry_after_ms: None,
     });
     let sim = Sim::start(config).await;
     node(&env, &a, &["10.244.1.0/24"]).await;
@@ -332,6 +333,7 @@ async fn a_failing_provider_is_backed_off_then_converges() {
             down: false,
             code: FaultCode::RateLimited,
             subject: None,
+            retry_after_ms: None,
         }])
         .await
         .expect("throttle");

@@ -114,7 +114,14 @@ async fn a_service_deleted_while_the_provider_is_down_keeps_its_finalizer_until_
     create_load_balancer_service(&env, "web", &[80]).await.expect("service");
     eventually("an ingress IP", Duration::from_secs(20), async || ingress_ip(&env, "web").await).await;
 
-    let down = Fault { method: "*".into(), error_rate: 0.0, down: true, code: FaultCode::Unavailable, subject: None };
+    let down = Fault {
+        method: "*".into(),
+        error_rate: 0.0,
+        down: true,
+        code: FaultCode::Unavailable,
+        subject: None,
+        retry_after_ms: None,
+    };
     sim.admin.set_faults(&[down]).await.expect("down");
     env.services().delete("web", &DeleteParams::default()).await.expect("delete");
     tokio::time::sleep(Duration::from_secs(3)).await;
@@ -227,6 +234,7 @@ async fn a_failing_service_backs_off_alone_and_its_retry_reads_the_newest_spec()
         down: true,
         code: FaultCode::Unavailable,
         subject: Some("-bad-".into()),
+        retry_after_ms: None,
     });
     let sim = Sim::start(config).await;
     let mut flags = service_flags(&env);

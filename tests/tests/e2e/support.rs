@@ -99,6 +99,7 @@ pub fn instance(id: &str, node: &str, zone: &str) -> InstanceSpec {
         state: Default::default(),
         addresses: Vec::new(),
         tags: Default::default(),
+        ..Default::default()
     }
 }
 

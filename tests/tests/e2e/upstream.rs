@@ -1,0 +1,354 @@
+//! Behaviour users rely on because upstream's cloud-controller-manager has it: each test here
+//! drives one case end to end (real API server, the core, the sim over a unix socket) and
+//! failed before the core followed upstream.
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use ccm_e2e::cluster::{NodeBuilder, TestEnv, UNINITIALIZED_TAINT, set_ready};
+use ccm_provider_sim::Config;
+use ccm_provider_sim::config::{Address, Answer, Fault, FaultCode};
+use k8s_openapi::api::core::v1::{Event, Node, NodeAddress};
+use kube::Api;
+use kube::api::ListParams;
+
+use crate::support::{Core, Sim, TEST_LABEL, eventually, instance};
+
+const SHUTDOWN_TAINT: &str = "node.cloudprovider.kubernetes.io/shutdown";
+
+fn has_taint(node: &Node, key: &str) -> bool {
+    node.spec.as_ref().and_then(|s| s.taints.as_ref()).is_some_and(|t| t.iter().any(|t| t.key == key))
+}
+
+fn labels(node: &Node) -> BTreeMap<String, String> {
+    node.metadata.labels.clone().unwrap_or_default()
+}
+
+fn addresses(node: &Node) -> Vec<String> {
+    node.status
+        .as_ref()
+        .and_then(|s| s.addresses.clone())
+        .unwrap_or_default()
+        .into_iter()
+        .map(|a: NodeAddress| format!("{}={}", a.type_, a.address))
+        .collect()
+}
+
+fn address(kind: &str, ip: &str) -> Address {
+    Address { kind: kind.into(), address: ip.into() }
+}
+
+async fn initialised(env: &TestEnv, name: &str) -> Option<Node> {
+    let node = env.nodes().get_opt(name).await.ok().flatten()?;
+    (!has_taint(&node, UNINITIALIZED_TAINT)).then_some(node)
+}
+
+async fn event_reasons(env: &TestEnv, object: &str) -> Vec<String> {
+    let events: Api<Event> = Api::all(env.client.clone());
+    let list = events.list(&ListParams::default().fields(&format!("involvedObject.name={object}"))).await.expect("events");
+    list.items.into_iter().filter_map(|e| e.reason).collect()
+}
+
+fn down() -> Fault {
+    Fault { method: "*".into(), error_rate: 0.0, down: true, code: FaultCode::Unavailable, subject: None, retry_after_ms: None }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_ready_node_loses_the_shutdown_taint_whatever_the_cloud_says() {
+    let cp = ccm_e2e::shared().expect("control plane");
+    let env = TestEnv::new(cp.client().await.expect("client"), "up-shut").await.expect("env");
+    let (recovered, outage) = (env.node_name("recovered"), env.node_name("outage"));
+    let mut config = Config::default();
+    for (id, n) in [("i-rec", &recovered), ("i-out", &outage)] {
+        let mut spec = instance(id, n, "sim-region-1a");
+        spec.state = ccm_provider_sim::config::State::Stopped;
+        config.instances.push(spec);
+    }
+    let sim = Sim::start(config).await;
+    // Ready, tainted, and the cloud still says "stopped" (its view lags, or the instance
+    // was restarted behind its back): the taint goes.
+    NodeBuilder::new(&recovered)
+        .label(TEST_LABEL, &env.prefix)
+        .provider_id("sim://sim-region-1a/i-rec")
+        .taint(SHUTDOWN_TAINT, "", "NoSchedule")
+        .create(&env.client)
+        .await
+        .expect("node");
+    set_ready(&env.client, &recovered, "True").await.expect("ready");
+    NodeBuilder::new(&outage)
+        .label(TEST_LABEL, &env.prefix)
+        .provider_id("sim://sim-region-1a/i-out")
+        .create(&env.client)
+        .await
+        .expect("node");
+    set_ready(&env.client, &outage, "False").await.expect("not ready");
+    let core = Core::start(
+        cp,
+        &env,
+        &sim,
+        &["--leader-elect=false", "--controllers=cloud-node-lifecycle", "--node-monitor-period=300ms"],
+    );
+
+    eventually("the Ready node's shutdown taint removed", Duration::from_secs(10), async || {
+        (!has_taint(&env.nodes().get(&recovered).await.ok()?, SHUTDOWN_TAINT)).then_some(())
+    })
+    .await;
+    eventually("the stopped NotReady node tainted", Duration::from_secs(10), async || {
+        has_taint(&env.nodes().get(&outage).await.ok()?, SHUTDOWN_TAINT).then_some(())
+    })
+    .await;
+
+    // The node comes back while the cloud API is down: the taint still goes at once.
+    sim.admin.set_faults(&[down()]).await.expect("faults");
+    set_ready(&env.client, &outage, "True").await.expect("ready");
+    eventually("the shutdown taint removed during a cloud outage", Duration::from_secs(10), async || {
+        (!has_taint(&env.nodes().get(&outage).await.ok()?, SHUTDOWN_TAINT)).then_some(())
+    })
+    .await;
+    sim.admin.set_faults(&[]).await.expect("clear");
+    core.stop().await.expect("stop");
+    env.cleanup().await.expect("cleanup");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_provided_node_ip_is_the_only_address_of_its_type() {
+    let cp = ccm_e2e::shared().expect("control plane");
+    let env = TestEnv::new(cp.client().await.expect("client"), "up-nodeip").await.expect("env");
+    let (single, both, dual) = (env.node_name("single"), env.node_name("both"), env.node_name("dual"));
+    let mut config = Config::default();
+    let mut spec = instance("i-single", &single, "sim-region-1a");
+    spec.addresses =
+        vec![address("InternalIP", "10.0.0.1"), address("InternalIP", "10.0.0.2"), address("ExternalIP", "198.51.100.7")];
+    config.instances.push(spec);
+    // A node IP that is both an InternalIP and an ExternalIP (a public-IP-only instance).
+    let mut spec = instance("i-both", &both, "sim-region-1a");
+    spec.addresses =
+        vec![address("InternalIP", "10.0.1.1"), address("InternalIP", "198.51.100.8"), address("ExternalIP", "198.51.100.8")];
+    config.instances.push(spec);
+    let mut spec = instance("i-dual", &dual, "sim-region-1a");
+    spec.addresses = vec![
+        address("InternalIP", "10.0.2.1"),
+        address("InternalIP", "10.0.2.2"),
+        address("InternalIP", "fd00::1"),
+        address("InternalIP", "fd00::2"),
+        address("ExternalIP", "198.51.100.9"),
+    ];
+    config.instances.push(spec);
+    let sim = Sim::start(config).await;
+    for (n, ip) in [(&single, "10.0.0.2"), (&both, "198.51.100.8"), (&dual, "10.0.2.2,fd00::2")] {
+        NodeBuilder::new(n)
+            .label(TEST_LABEL, &env.prefix)
+            .uninitialized()
+            .annotation("alpha.kubernetes.io/provided-node-ip", ip)
+            .address("Hostname", n)
+            .create(&env.client)
+            .await
+            .expect("node");
+    }
+    let core = Core::start(cp, &env, &sim, &["--leader-elect=false", "--controllers=cloud-node"]);
+    let got = eventually("initialised", Duration::from_secs(20), async || initialised(&env, &single).await).await;
+    assert_eq!(
+        addresses(&got),
+        vec!["InternalIP=10.0.0.2".to_string(), "ExternalIP=198.51.100.7".into(), format!("Hostname={single}")],
+        "the excluded InternalIP 10.0.0.1 is not advertised"
+    );
+    let got = eventually("initialised", Duration::from_secs(20), async || initialised(&env, &both).await).await;
+    assert_eq!(
+        addresses(&got),
+        vec!["InternalIP=198.51.100.8".to_string(), "ExternalIP=198.51.100.8".into(), format!("Hostname={both}")]
+    );
+    let got = eventually("initialised", Duration::from_secs(20), async || initialised(&env, &dual).await).await;
+    assert_eq!(
+        addresses(&got),
+        vec![
+            "InternalIP=10.0.2.2".to_string(),
+            "InternalIP=fd00::2".into(),
+            "ExternalIP=198.51.100.9".into(),
+            format!("Hostname={dual}")
+        ]
+    );
+    core.stop().await.expect("stop");
+    env.cleanup().await.expect("cleanup");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn reordered_addresses_are_no_change_and_a_new_primary_is_one() {
+    let cp = ccm_e2e::shared().expect("control plane");
+    let env = TestEnv::new(cp.client().await.expect("client"), "up-order").await.expect("env");
+    let name = env.node_name("a");
+    let mut config = Config::default();
+    let mut spec = instance("i-a", &name, "sim-region-1a");
+    spec.addresses = vec![address("InternalIP", "10.0.3.1"), address("ExternalIP", "198.51.100.3")];
+    config.instances.push(spec);
+    let sim = Sim::start(config).await;
+    NodeBuilder::new(&name).label(TEST_LABEL, &env.prefix).uninitialized().create(&env.client).await.expect("node");
+    let core = Core::start(
+        cp,
+        &env,
+        &sim,
+        &["--leader-elect=false", "--controllers=cloud-node", "--node-status-update-frequency=300ms"],
+    );
+    let node = eventually("initialised", Duration::from_secs(20), async || initialised(&env, &name).await).await;
+    assert_eq!(addresses(&node), vec!["InternalIP=10.0.3.1".to_string(), "ExternalIP=198.51.100.3".into()]);
+    // Let the first refresh pass settle, then reorder the cloud's answer.
+    tokio::time::sleep(Duration::from_millis(800)).await;
+    let before = env.nodes().get(&name).await.expect("node").metadata.resource_version;
+    sim.admin
+        .set_addresses("i-a", &[address("ExternalIP", "198.51.100.3"), address("InternalIP", "10.0.3.1")])
+        .await
+        .expect("reorder");
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let after = env.nodes().get(&name).await.expect("node");
+    assert_eq!(after.metadata.resource_version, before, "the same addresses in another order are not rewritten");
+    // A new primary InternalIP is a change.
+    sim.admin
+        .set_addresses(
+            "i-a",
+            &[address("InternalIP", "10.0.3.2"), address("InternalIP", "10.0.3.1"), address("ExternalIP", "198.51.100.3")],
+        )
+        .await
+        .expect("new primary");
+    eventually("the new primary written", Duration::from_secs(10), async || {
+        let n = env.nodes().get(&name).await.ok()?;
+        (addresses(&n).first().map(String::as_str) == Some("InternalIP=10.0.3.2")).then_some(())
+    })
+    .await;
+    core.stop().await.expect("stop");
+    env.cleanup().await.expect("cleanup");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn beta_topology_labels_give_the_missing_ga_ones() {
+    let cp = ccm_e2e::shared().expect("control plane");
+    let env = TestEnv::new(cp.client().await.expect("client"), "up-beta").await.expect("env");
+    let (old, mixed, joining) = (env.node_name("old"), env.node_name("mixed"), env.node_name("joining"));
+    let mut config = Config::default();
+    config.instances.push(instance("i-old", &old, "sim-region-1a"));
+    config.instances.push(instance("i-mixed", &mixed, "sim-region-1a"));
+    config.instances.push(instance("i-join", &joining, "sim-region-1b"));
+    let sim = Sim::start(config).await;
+    // An initialised Node of an old kubelet: beta labels only.
+    NodeBuilder::new(&old)
+        .label(TEST_LABEL, &env.prefix)
+        .provider_id("sim://sim-region-1a/i-old")
+        .label("failure-domain.beta.kubernetes.io/zone", "legacy-zone")
+        .label("failure-domain.beta.kubernetes.io/region", "legacy-region")
+        .label("beta.kubernetes.io/instance-type", "legacy.type")
+        .create(&env.client)
+        .await
+        .expect("node");
+    // Both zone labels, disagreeing: the GA one is left alone.
+    NodeBuilder::new(&mixed)
+        .label(TEST_LABEL, &env.prefix)
+        .provider_id("sim://sim-region-1a/i-mixed")
+        .label("failure-domain.beta.kubernetes.io/zone", "beta-zone")
+        .label("topology.kubernetes.io/zone", "ga-zone")
+        .create(&env.client)
+        .await
+        .expect("node");
+    // Joining: the cloud's values win over the beta ones.
+    NodeBuilder::new(&joining)
+        .label(TEST_LABEL, &env.prefix)
+        .uninitialized()
+        .label("failure-domain.beta.kubernetes.io/zone", "stale-zone")
+        .create(&env.client)
+        .await
+        .expect("node");
+    sim.admin.reset_calls().await.expect("reset");
+    let core = Core::start(cp, &env, &sim, &["--leader-elect=false", "--controllers=cloud-node"]);
+    let got = eventually("GA labels on the old node", Duration::from_secs(10), async || {
+        let n = env.nodes().get(&old).await.ok()?;
+        labels(&n).contains_key("topology.kubernetes.io/zone").then_some(n)
+    })
+    .await;
+    let l = labels(&got);
+    assert_eq!(l.get("topology.kubernetes.io/zone").map(String::as_str), Some("legacy-zone"));
+    assert_eq!(l.get("topology.kubernetes.io/region").map(String::as_str), Some("legacy-region"));
+    assert_eq!(l.get("node.kubernetes.io/instance-type").map(String::as_str), Some("legacy.type"));
+    assert_eq!(l.get("failure-domain.beta.kubernetes.io/zone").map(String::as_str), Some("legacy-zone"), "beta kept");
+    let got = eventually("joining node initialised", Duration::from_secs(20), async || initialised(&env, &joining).await).await;
+    assert_eq!(labels(&got).get("topology.kubernetes.io/zone").map(String::as_str), Some("sim-region-1b"));
+    let got = env.nodes().get(&mixed).await.expect("node");
+    assert_eq!(labels(&got).get("topology.kubernetes.io/zone").map(String::as_str), Some("ga-zone"));
+    assert!(!labels(&got).contains_key("topology.kubernetes.io/region"));
+    core.stop().await.expect("stop");
+    env.cleanup().await.expect("cleanup");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn odd_instance_answers_are_handled_as_upstream_or_refused_clearly() {
+    let cp = ccm_e2e::shared().expect("control plane");
+    let env = TestEnv::new(cp.client().await.expect("client"), "up-odd").await.expect("env");
+    let labelled = env.node_name("labelled");
+    let bare = env.node_name("bare");
+    let anonymous = env.node_name("anonymous");
+    let claimed = env.node_name("claimed");
+    let silent = env.node_name("silent");
+    let mut config = Config::default();
+    let mut spec = instance("i-labelled", &labelled, "sim-region-1a");
+    spec.labels = BTreeMap::from([
+        ("example.com/pool".to_string(), "gold".to_string()),
+        ("node.kubernetes.io/role".to_string(), "db".to_string()),
+        ("k8s.io/owner".to_string(), "x".to_string()),
+        ("team.kubernetes.io/a".to_string(), "b".to_string()),
+    ]);
+    config.instances.push(spec);
+    let mut spec = instance("i-bare", &bare, "sim-region-1a");
+    spec.no_addresses = true;
+    config.instances.push(spec);
+    for (id, n) in [("i-anon", &anonymous), ("i-claimed", &claimed)] {
+        let mut spec = instance(id, n, "sim-region-1a");
+        spec.answer = Answer::EmptyProviderId;
+        config.instances.push(spec);
+    }
+    let mut spec = instance("i-silent", &silent, "sim-region-1a");
+    spec.answer = Answer::NoMetadata;
+    config.instances.push(spec);
+    let sim = Sim::start(config).await;
+    for n in [&labelled, &anonymous, &silent] {
+        NodeBuilder::new(n).label(TEST_LABEL, &env.prefix).uninitialized().create(&env.client).await.expect("node");
+    }
+    NodeBuilder::new(&bare)
+        .label(TEST_LABEL, &env.prefix)
+        .uninitialized()
+        .address("InternalIP", "192.168.7.7")
+        .address("Hostname", &bare)
+        .create(&env.client)
+        .await
+        .expect("node");
+    NodeBuilder::new(&claimed)
+        .label(TEST_LABEL, &env.prefix)
+        .uninitialized()
+        .provider_id("sim://sim-region-1a/i-claimed")
+        .create(&env.client)
+        .await
+        .expect("node");
+    let core = Core::start(cp, &env, &sim, &["--leader-elect=false", "--controllers=cloud-node,cloud-node-lifecycle"]);
+
+    // Additional labels: those in the kubernetes.io and k8s.io domains are dropped.
+    let got = eventually("labelled initialised", Duration::from_secs(20), async || initialised(&env, &labelled).await).await;
+    let l = labels(&got);
+    assert_eq!(l.get("example.com/pool").map(String::as_str), Some("gold"));
+    for reserved in ["node.kubernetes.io/role", "k8s.io/owner", "team.kubernetes.io/a"] {
+        assert!(!l.contains_key(reserved), "{reserved} must not be copied from the provider");
+    }
+    // No addresses in the cloud: initialised, keeping what the kubelet reported.
+    let got = eventually("bare initialised", Duration::from_secs(20), async || initialised(&env, &bare).await).await;
+    assert_eq!(addresses(&got), vec!["InternalIP=192.168.7.7".to_string(), format!("Hostname={bare}")]);
+    // An empty providerID for a Node that has none: refused with a Warning, taint kept.
+    eventually("a NodeInitializationFailed event", Duration::from_secs(10), async || {
+        event_reasons(&env, &anonymous).await.contains(&"NodeInitializationFailed".to_string()).then_some(())
+    })
+    .await;
+    // The same answer for a Node that has its providerID already: nothing missing.
+    let got = eventually("claimed initialised", Duration::from_secs(20), async || initialised(&env, &claimed).await).await;
+    assert_eq!(got.spec.and_then(|s| s.provider_id).as_deref(), Some("sim://sim-region-1a/i-claimed"));
+    // No metadata and no error: the Node waits, tainted, and is never deleted for it.
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    for n in [&anonymous, &silent] {
+        let node = env.nodes().get_opt(n).await.expect("get").unwrap_or_else(|| panic!("{n} must not be deleted"));
+        assert!(has_taint(&node, UNINITIALIZED_TAINT), "{n} stays uninitialised");
+    }
+    core.stop().await.expect("stop");
+    env.cleanup().await.expect("cleanup");
+}
