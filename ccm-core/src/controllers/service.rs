@@ -7,10 +7,18 @@
 //!   affinity, requested IP, traffic policy, health-check port, IP families, annotations);
 //!   a change of the node set alone is UpdateLoadBalancerHosts.
 //! - The node set: Nodes with a providerID, not being deleted, without the
-//!   `node.kubernetes.io/exclude-from-external-load-balancers` label or the
-//!   `ToBeDeletedByClusterAutoscaler` taint. Readiness plays no part. Node changes are
-//!   coalesced for 50 ms, then every load balancer whose set changed is updated.
-//! - Keys back off per Service (see `queue.rs`); a retry reads the newest Service from the cache.
+//!   `ToBeDeletedByClusterAutoscaler` taint, and whose
+//!   `node.kubernetes.io/exclude-from-external-load-balancers` label, when present, reads as
+//!   false (upstream parses it as a Go boolean: an empty or unparsable value excludes).
+//!   Readiness plays no part. Node changes are coalesced for 50 ms, then every load balancer
+//!   whose set changed is updated.
+//! - Source ranges are upstream's: `spec.loadBalancerSourceRanges`, or when empty the
+//!   `service.beta.kubernetes.io/load-balancer-source-ranges` annotation, each trimmed of
+//!   whitespace, in canonical form, duplicates merged. A malformed one is a Warning Event and
+//!   no provider call.
+//! - Keys back off per Service (see `queue.rs`); a retry reads the newest Service from the
+//!   cache. The controller's own writes (the finalizer, the status) are not changes: they
+//!   never cut a backoff short.
 
 use std::collections::{BTreeMap, HashMap};
 use std::hash::{Hash, Hasher};
@@ -40,6 +48,8 @@ pub const NAME: &str = "service-lb-controller";
 pub const FINALIZER: &str = "service.kubernetes.io/load-balancer-cleanup";
 /// Nodes with this label are not load balancer backends.
 pub const LABEL_EXCLUDE: &str = "node.kubernetes.io/exclude-from-external-load-balancers";
+/// The annotation upstream reads source ranges from when the spec has none.
+pub const ANNOTATION_SOURCE_RANGES: &str = "service.beta.kubernetes.io/load-balancer-source-ranges";
 /// Nodes with this taint are being removed by the cluster autoscaler.
 pub const TAINT_TO_BE_DELETED: &str = "ToBeDeletedByClusterAutoscaler";
 const NODE_COALESCE: Duration = Duration::from_millis(50);
@@ -52,13 +62,52 @@ fn has_finalizer(svc: &Service) -> bool {
     svc.metadata.finalizers.as_ref().is_some_and(|f| f.iter().any(|f| f == FINALIZER))
 }
 
-/// What the controller acts on: what the provider sees, plus the finalizer and deletion.
+fn is_load_balancer(svc: &Service) -> bool {
+    svc.spec.as_ref().and_then(|s| s.type_.as_deref()) == Some("LoadBalancer") && svc.metadata.deletion_timestamp.is_none()
+}
+
+/// What the controller acts on: what the provider sees, deletion, and the finalizer of a
+/// Service that no longer wants a load balancer. The finalizer of one that does is the
+/// controller's own write, so its appearance is no news (it would cut a backoff short).
 fn fingerprint(svc: &Service) -> u64 {
     let mut h = std::collections::hash_map::DefaultHasher::new();
     provider_fingerprint(svc).hash(&mut h);
     svc.metadata.deletion_timestamp.is_some().hash(&mut h);
-    has_finalizer(svc).hash(&mut h);
+    (has_finalizer(svc) && !is_load_balancer(svc)).hash(&mut h);
     h.finish()
+}
+
+/// The Service's source ranges as upstream reads them: the spec's, or when it has none the
+/// annotation's (comma-separated); each trimmed, in canonical form (host bits cleared),
+/// duplicates merged, in first-seen order. Empty: no restriction.
+pub fn source_ranges(svc: &Service) -> Result<Vec<String>, String> {
+    let spec: Vec<String> = svc.spec.as_ref().and_then(|s| s.load_balancer_source_ranges.clone()).unwrap_or_default();
+    let (origin, texts): (&str, Vec<String>) = if !spec.is_empty() {
+        ("spec.loadBalancerSourceRanges", spec)
+    } else {
+        let annotation = svc.metadata.annotations.as_ref().and_then(|a| a.get(ANNOTATION_SOURCE_RANGES));
+        match annotation.map(|v| v.trim()).filter(|v| !v.is_empty()) {
+            Some(v) => (ANNOTATION_SOURCE_RANGES, v.split(',').map(str::to_string).collect()),
+            None => return Ok(Vec::new()),
+        }
+    };
+    let mut out: Vec<String> = Vec::new();
+    for text in &texts {
+        let net: ipnet::IpNet =
+            text.trim().parse().map_err(|_| format!("{origin}: {text:?} is not a CIDR (such as 10.0.0.0/8)"))?;
+        let canonical = net.trunc().to_string();
+        if !out.contains(&canonical) {
+            out.push(canonical);
+        }
+    }
+    Ok(out)
+}
+
+/// Whether the exclusion label keeps a Node out of load balancers: present and not one of
+/// Go's `strconv.ParseBool` false values, as upstream reads it.
+fn excluded_by_label(node: &Node) -> bool {
+    let value = node.metadata.labels.as_ref().and_then(|l| l.get(LABEL_EXCLUDE));
+    value.is_some_and(|v| !matches!(v.as_str(), "0" | "f" | "F" | "false" | "FALSE" | "False"))
 }
 
 /// What the provider sees of a Service; a change of it means a new Ensure.
@@ -70,7 +119,7 @@ fn provider_fingerprint(svc: &Service) -> u64 {
         for p in spec.ports.iter().flatten() {
             (&p.name, &p.protocol, p.port, p.node_port).hash(&mut h);
         }
-        spec.load_balancer_source_ranges.hash(&mut h);
+        source_ranges(svc).hash(&mut h);
         spec.session_affinity.hash(&mut h);
         spec.session_affinity_config.as_ref().and_then(|c| c.client_ip.as_ref()).and_then(|c| c.timeout_seconds).hash(&mut h);
         spec.load_balancer_ip.hash(&mut h);
@@ -87,7 +136,7 @@ fn provider_fingerprint(svc: &Service) -> u64 {
 pub fn is_backend(ctx: &Context, node: &Node) -> bool {
     node_util::provider_id(node).is_some()
         && node.metadata.deletion_timestamp.is_none()
-        && !node.metadata.labels.as_ref().is_some_and(|l| l.contains_key(LABEL_EXCLUDE))
+        && !excluded_by_label(node)
         && !node_util::has_taint(node, TAINT_TO_BE_DELETED)
         && !ctx.ignores(node)
 }
@@ -273,6 +322,8 @@ impl ServiceController {
         }
     }
 
+    /// The protocol's view of a Service. Its source ranges must have been checked with
+    /// [`source_ranges`]; a malformed one is left out here.
     fn lb_service(&self, svc: &Service) -> pb::LoadBalancerService {
         let spec = svc.spec.clone().unwrap_or_default();
         let limits = self
@@ -320,7 +371,7 @@ impl ServiceController {
                 .and_then(|c| c.timeout_seconds)
                 .unwrap_or(0)
                 .max(0) as u32,
-            source_ranges: spec.load_balancer_source_ranges.unwrap_or_default(),
+            source_ranges: source_ranges(svc).unwrap_or_default(),
             ip_families: spec
                 .ip_families
                 .unwrap_or_default()
@@ -372,6 +423,10 @@ impl ServiceController {
                 tracing::warn!(service = %k, %error, "writing the service failed");
                 Outcome::Retry { fingerprint: Some(fp), retry_after: None }
             }
+            // Retried when the Service changes, and otherwise after the longest backoff.
+            Err(SyncError::Invalid) => {
+                Outcome::Retry { fingerprint: Some(fp), retry_after: Some(self.ctx.options.reconcile_backoff_max) }
+            }
         }
     }
 
@@ -384,6 +439,11 @@ impl ServiceController {
         }
         if self.ctx.provider.identity().is_none() {
             return Err(SyncError::Provider(Error::unavailable("provider not ready")));
+        }
+        if let Err(why) = source_ranges(svc) {
+            tracing::warn!(service = %k, %why, "invalid service; no load balancer until it is fixed");
+            self.ctx.event(NAME, svc, true, "SyncLoadBalancerFailed", format!("Invalid service: {why}")).await;
+            return Err(SyncError::Invalid);
         }
         if !has_finalizer(svc) {
             let mut finalizers = svc.metadata.finalizers.clone().unwrap_or_default();
@@ -566,4 +626,69 @@ impl ServiceController {
 enum SyncError {
     Provider(Error),
     Kube(kube::Error),
+    /// The Service itself is wrong (an Event says how); no provider call was made.
+    Invalid,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use k8s_openapi::api::core::v1::ServiceSpec;
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+
+    fn svc(spec: &[&str], annotation: Option<&str>) -> Service {
+        let annotations = annotation.map(|a| [(ANNOTATION_SOURCE_RANGES.to_string(), a.to_string())].into());
+        Service {
+            metadata: ObjectMeta { annotations, ..Default::default() },
+            spec: Some(ServiceSpec {
+                load_balancer_source_ranges: Some(spec.iter().map(|s| s.to_string()).collect()),
+                ..Default::default()
+            }),
+            status: None,
+        }
+    }
+
+    #[test]
+    fn source_ranges_are_trimmed_merged_and_the_spec_wins() {
+        let got = source_ranges(&svc(&[" 10.0.0.0/8", "10.0.0.0/8 ", "192.168.1.7/24"], Some("1.2.3.0/24"))).expect("ok");
+        assert_eq!(got, vec!["10.0.0.0/8".to_string(), "192.168.1.0/24".into()]);
+        let got = source_ranges(&svc(&[], Some(" 1.2.3.0/24 , fd00::/8,1.2.3.0/24"))).expect("ok");
+        assert_eq!(got, vec!["1.2.3.0/24".to_string(), "fd00::/8".into()]);
+        assert_eq!(source_ranges(&svc(&[], Some("  "))).expect("ok"), Vec::<String>::new());
+        let err = source_ranges(&svc(&["10.0.0.0/99"], None)).expect_err("bad");
+        assert!(err.contains("spec.loadBalancerSourceRanges") && err.contains("10.0.0.0/99"), "{err}");
+        assert!(source_ranges(&svc(&[], Some("1.2.3.0/24,"))).is_err(), "an empty item, as upstream");
+    }
+
+    #[test]
+    fn the_exclusion_label_reads_as_a_go_boolean() {
+        let node = |v: Option<&str>| Node {
+            metadata: ObjectMeta { labels: v.map(|v| [(LABEL_EXCLUDE.to_string(), v.to_string())].into()), ..Default::default() },
+            ..Default::default()
+        };
+        assert!(!excluded_by_label(&node(None)));
+        for keep in ["false", "False", "FALSE", "0", "f", "F"] {
+            assert!(!excluded_by_label(&node(Some(keep))), "{keep:?} keeps the node");
+        }
+        for exclude in ["", "true", "1", "yes", "no", "garbage"] {
+            assert!(excluded_by_label(&node(Some(exclude))), "{exclude:?} excludes the node");
+        }
+    }
+
+    #[test]
+    fn the_finalizer_of_a_load_balancer_service_is_no_news() {
+        let mut s = svc(&[], None);
+        if let Some(spec) = s.spec.as_mut() {
+            spec.type_ = Some("LoadBalancer".into());
+        }
+        let before = fingerprint(&s);
+        s.metadata.finalizers = Some(vec![FINALIZER.into()]);
+        assert_eq!(fingerprint(&s), before);
+        if let Some(spec) = s.spec.as_mut() {
+            spec.type_ = Some("ClusterIP".into());
+        }
+        let with = fingerprint(&s);
+        s.metadata.finalizers = None;
+        assert_ne!(fingerprint(&s), with, "for a Service leaving LoadBalancer, the finalizer matters");
+    }
 }

@@ -234,6 +234,12 @@ pub struct LoadBalancerView {
     pub ports: Vec<u32>,
     /// When its backends last changed, ms since the epoch.
     pub hosts_changed_at_unix_ms: u64,
+    /// The source ranges it admits (empty: any).
+    #[serde(default)]
+    pub source_ranges: Vec<String>,
+    /// The UID of the Service it was made for.
+    #[serde(default)]
+    pub service_uid: String,
 }
 
 impl Cloud {
@@ -845,6 +851,8 @@ impl Cloud {
                     nodes: lb.nodes.clone(),
                     ports: lb.service.ports.iter().map(|p| p.port).collect(),
                     hosts_changed_at_unix_ms: lb.hosts_changed_at_unix_ms,
+                    source_ranges: lb.service.source_ranges.clone(),
+                    service_uid: lb.service.uid.clone(),
                 })
                 .collect(),
         }
