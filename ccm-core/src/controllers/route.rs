@@ -98,6 +98,76 @@ pub struct Sync {
     pub corrections: u64,
     /// Nodes left without a route (quota).
     pub without_route: BTreeSet<String>,
+    /// Cloud routes kept for a Node although another tool named them (adopted).
+    pub adopted: u64,
+}
+
+/// What one table needs.
+#[derive(Debug, Default, PartialEq)]
+struct TablePlan {
+    /// Our route name → the name of the cloud route that serves it under another name.
+    adopted: BTreeMap<String, String>,
+    /// Cloud routes to delete.
+    deletes: Vec<String>,
+    /// Routes to create, with their Node.
+    missing: Vec<(String, pb::Route)>,
+}
+
+fn same_address_set(a: &[pb::NodeAddress], b: &[pb::NodeAddress]) -> bool {
+    a.len() == b.len() && a.iter().all(|x| b.contains(x)) && b.iter().all(|x| a.contains(x))
+}
+
+/// Whether a cloud route serves a wanted one: the same destination and target Node (and
+/// instance, when both say), not a blackhole, and, when the provider records target
+/// addresses, the same set of them. Names play no part: a route another tool made (upstream's
+/// cloud-controller-manager before a migration, an administrator) is adopted, not replaced.
+fn serves(have: &pb::Route, want: &pb::Route, addresses: bool) -> bool {
+    let default = pb::RouteTarget::default();
+    let (h, w) = (have.target.as_ref().unwrap_or(&default), want.target.as_ref().unwrap_or(&default));
+    !have.blackhole
+        && have.destination_cidr == want.destination_cidr
+        && h.node_name == w.node_name
+        && (w.provider_id.is_empty() || h.provider_id.is_empty() || h.provider_id == w.provider_id)
+        && (!addresses || same_address_set(&have.target_addresses, &want.target_addresses))
+}
+
+/// Matches a table's cloud routes to the wanted ones: each wanted route is served by the
+/// cloud route of its own name if that one serves it, else by any unmatched one that does;
+/// cloud routes inside the cluster CIDRs that serve none are deleted.
+fn plan_table(
+    have: &BTreeMap<String, pb::Route>,
+    want: &BTreeMap<String, (String, pb::Route)>,
+    addresses: bool,
+    in_cluster: impl Fn(&str) -> bool,
+) -> TablePlan {
+    let mut by_destination: HashMap<&str, Vec<&pb::Route>> = HashMap::new();
+    for route in have.values() {
+        by_destination.entry(route.destination_cidr.as_str()).or_default().push(route);
+    }
+    let mut used: HashSet<&str> = HashSet::new();
+    let mut plan = TablePlan::default();
+    for (ours, (node, w)) in want {
+        let candidates = by_destination.get(w.destination_cidr.as_str()).map(Vec::as_slice).unwrap_or_default();
+        let found = have
+            .get(ours)
+            .filter(|h| !used.contains(h.name.as_str()) && serves(h, w, addresses))
+            .or_else(|| candidates.iter().copied().find(|h| !used.contains(h.name.as_str()) && serves(h, w, addresses)));
+        match found {
+            Some(h) => {
+                used.insert(h.name.as_str());
+                if h.name != *ours {
+                    plan.adopted.insert(ours.clone(), h.name.clone());
+                }
+            }
+            None => plan.missing.push((node.clone(), w.clone())),
+        }
+    }
+    plan.deletes = have
+        .values()
+        .filter(|r| in_cluster(&r.destination_cidr) && !used.contains(r.name.as_str()))
+        .map(|r| r.name.clone())
+        .collect();
+    plan
 }
 
 /// The route controller.
@@ -111,6 +181,8 @@ pub struct RouteController {
     conditions: ConditionWriter,
     /// Routes created or deleted by the last reconcile, failed or not.
     progress: u64,
+    /// Cloud routes adopted (table, name), so each is logged once.
+    adopted: HashSet<(String, String)>,
 }
 
 /// Writes the Nodes' NetworkUnavailable conditions in the background, one batch after the
@@ -144,6 +216,7 @@ impl RouteController {
             previous: None,
             resolved: HashMap::new(),
             progress: 0,
+            adopted: HashSet::new(),
             conditions: ConditionWriter {
                 ctx: ctx_for_conditions,
                 order: Default::default(),
@@ -369,52 +442,60 @@ impl RouteController {
             let Some(node_tables) = tables.get(&(name.clone(), provider_id.clone())) else { continue };
             for cidr in pod_cidrs(node).into_iter().filter(|c| self.in_cluster(c)) {
                 for table in node_tables {
+                    let target_addresses = if caps.target_addresses {
+                        node_util::addresses(node).iter().map(node_util::to_proto_address).collect()
+                    } else {
+                        Vec::new()
+                    };
                     let route = pb::Route {
                         name: route_name(&self.ctx.options.cluster_name, &name, &cidr),
                         target: Some(pb::RouteTarget { node_name: name.clone(), provider_id: provider_id.clone() }),
                         destination_cidr: cidr.clone(),
                         table_id: table.clone(),
                         blackhole: false,
+                        target_addresses,
                     };
                     desired.entry(table.clone()).or_default().insert(route.name.clone(), (name.clone(), route));
                 }
             }
         }
 
-        let same = |have: &pb::Route, want: &pb::Route| {
-            let (h, w) = (have.target.clone().unwrap_or_default(), want.target.clone().unwrap_or_default());
-            have.destination_cidr == want.destination_cidr
-                && h.node_name == w.node_name
-                && (w.provider_id.is_empty() || h.provider_id == w.provider_id)
-        };
+        let addresses = caps.target_addresses;
+        // Nodes the cloud's routes point at now: one left without podCIDRs still has its
+        // routes until they are deleted, and its network is unavailable meanwhile.
+        let targeted: HashSet<String> = known
+            .routes
+            .values()
+            .flat_map(|routes| routes.values())
+            .filter(|r| self.in_cluster(&r.destination_cidr))
+            .filter_map(|r| r.target.as_ref().map(|t| t.node_name.clone()))
+            .collect();
         let mut deletes: Vec<(String, String)> = Vec::new();
         let mut creates: Vec<(String, pb::Route)> = Vec::new();
         for table in &known.tables {
             let have = known.routes.get(&table.id).cloned().unwrap_or_default();
             let want = desired.get(&table.id).cloned().unwrap_or_default();
-            for (name, route) in &have {
-                if !self.in_cluster(&route.destination_cidr) {
-                    continue;
-                }
-                let keep = !route.blackhole && want.get(name).is_some_and(|(_, w)| same(route, w));
-                if !keep {
-                    deletes.push((table.id.clone(), name.clone()));
+            let plan = plan_table(&have, &want, addresses, |cidr| self.in_cluster(cidr));
+            for (ours, theirs) in &plan.adopted {
+                if self.adopted.insert((table.id.clone(), theirs.clone())) {
+                    tracing::info!(table = %table.id, route = %theirs, instead_of = %ours, "adopted a route made under another name");
                 }
             }
+            sync.adopted += plan.adopted.len() as u64;
+            deletes.extend(plan.deletes.into_iter().map(|name| (table.id.clone(), name)));
             let max = if table.max_routes > 0 { table.max_routes } else { caps.max_routes_per_table } as usize;
             let remaining = have.len() - deletes.iter().filter(|(t, _)| *t == table.id).count();
             let mut room = if max > 0 { max.saturating_sub(remaining) } else { usize::MAX };
             // Deterministic order: by node name, then CIDR.
-            let mut missing: Vec<&(String, pb::Route)> =
-                want.values().filter(|(_, w)| have.get(&w.name).is_none_or(|h| h.blackhole || !same(h, w))).collect();
+            let mut missing = plan.missing;
             missing.sort_by(|a, b| (&a.0, &a.1.destination_cidr).cmp(&(&b.0, &b.1.destination_cidr)));
             for (node, route) in missing {
                 if room == 0 {
-                    sync.without_route.insert(node.clone());
+                    sync.without_route.insert(node);
                     continue;
                 }
                 room -= 1;
-                creates.push((node.clone(), route.clone()));
+                creates.push((node, route));
             }
         }
 
@@ -481,7 +562,7 @@ impl RouteController {
             }
         }
         self.known = Some(known.clone());
-        self.conditions.update(&nodes, &desired, &known, &sync.without_route);
+        self.conditions.update(&nodes, &desired, &known, &sync.without_route, &targeted, addresses);
         self.progress = sync.created + sync.deleted;
         match first_error {
             Some(e) => Err(e),
@@ -498,20 +579,37 @@ impl ConditionWriter {
         desired: &BTreeMap<String, BTreeMap<String, (String, pb::Route)>>,
         known: &Known,
         without_route: &BTreeSet<String>,
+        targeted: &HashSet<String>,
+        addresses: bool,
     ) {
-        let mut wanted: HashMap<&str, Vec<(&String, &String)>> = HashMap::new();
+        let mut wanted: HashMap<&str, Vec<(&String, &pb::Route)>> = HashMap::new();
         for (table, routes) in desired {
-            for (name, (node, _)) in routes {
-                wanted.entry(node.as_str()).or_default().push((table, name));
+            for (node, route) in routes.values() {
+                wanted.entry(node.as_str()).or_default().push((table, route));
             }
         }
+        let mut by_destination: HashMap<(&str, &str), Vec<&pb::Route>> = HashMap::new();
+        for (table, routes) in &known.routes {
+            for route in routes.values() {
+                by_destination.entry((table.as_str(), route.destination_cidr.as_str())).or_default().push(route);
+            }
+        }
+        let served = |table: &str, want: &pb::Route| {
+            by_destination
+                .get(&(table, want.destination_cidr.as_str()))
+                .is_some_and(|routes| routes.iter().any(|have| serves(have, want, addresses)))
+        };
         let mut todo: Vec<(Arc<Node>, bool, bool)> = Vec::new();
         {
             let mut written = self.written.lock().unwrap_or_else(|p| p.into_inner());
             for node in nodes {
                 let name = node_util::name(node);
-                let Some(routes) = wanted.get(name) else { continue };
-                let ok = routes.iter().all(|(table, route)| known.routes.get(*table).is_some_and(|r| r.contains_key(*route)));
+                let ok = match wanted.get(name) {
+                    Some(routes) => routes.iter().all(|(table, route)| served(table, route)),
+                    // No podCIDR, yet cloud routes still point at it (upstream: NoRouteCreated).
+                    None if pod_cidrs(node).is_empty() && targeted.contains(name) => false,
+                    None => continue,
+                };
                 let (status, reason) = if ok { ("False", "RouteCreated") } else { ("True", "NoRouteCreated") };
                 let uid = node.metadata.uid.clone().unwrap_or_default();
                 let current = node
@@ -619,6 +717,59 @@ mod tests {
         assert!(!relevant(Some(&a), &node(&["10.244.1.0/24"], "10.0.0.1", "b")), "labels do not trigger");
         assert!(relevant(Some(&a), &node(&["10.244.2.0/24"], "10.0.0.1", "a")));
         assert!(relevant(Some(&a), &node(&["10.244.1.0/24"], "10.0.0.2", "a")));
+    }
+
+    fn route(name: &str, node: &str, cidr: &str, ip: &str) -> pb::Route {
+        pb::Route {
+            name: name.into(),
+            target: Some(pb::RouteTarget { node_name: node.into(), provider_id: String::new() }),
+            destination_cidr: cidr.into(),
+            target_addresses: vec![pb::NodeAddress { r#type: pb::NodeAddressType::InternalIp as i32, address: ip.into() }],
+            ..Default::default()
+        }
+    }
+
+    fn want(routes: &[pb::Route]) -> BTreeMap<String, (String, pb::Route)> {
+        routes
+            .iter()
+            .map(|r| (r.name.clone(), (r.target.as_ref().map(|t| t.node_name.clone()).unwrap_or_default(), r.clone())))
+            .collect()
+    }
+
+    fn have(routes: &[pb::Route]) -> BTreeMap<String, pb::Route> {
+        routes.iter().map(|r| (r.name.clone(), r.clone())).collect()
+    }
+
+    #[test]
+    fn routes_of_other_names_are_adopted_and_foreign_cidrs_left_alone() {
+        let ours = route("c-a-10.244.1.0-24", "a", "10.244.1.0/24", "10.0.0.1");
+        let theirs = route("kubernetes-3f2a", "a", "10.244.1.0/24", "10.0.0.1");
+        let stale = route("kubernetes-9c1b", "gone", "10.244.9.0/24", "10.0.0.9");
+        let foreign = route("vpn", "a", "192.168.0.0/16", "10.0.0.1");
+        let plan =
+            plan_table(&have(&[theirs, stale, foreign]), &want(std::slice::from_ref(&ours)), false, |c| c.starts_with("10.244."));
+        assert_eq!(plan.adopted, BTreeMap::from([(ours.name.clone(), "kubernetes-3f2a".to_string())]));
+        assert_eq!(plan.deletes, vec!["kubernetes-9c1b".to_string()], "only the stale route inside the cluster CIDR");
+        assert!(plan.missing.is_empty(), "nothing to create: no traffic gap");
+    }
+
+    #[test]
+    fn a_route_of_our_name_is_preferred_and_changed_addresses_replace_it() {
+        let ours = route("c-a-10.244.1.0-24", "a", "10.244.1.0/24", "10.0.0.1");
+        let twin = route("other", "a", "10.244.1.0/24", "10.0.0.1");
+        let plan = plan_table(&have(&[ours.clone(), twin]), &want(std::slice::from_ref(&ours)), false, |_| true);
+        assert!(plan.adopted.is_empty());
+        assert_eq!(plan.deletes, vec!["other".to_string()], "one route per destination is enough");
+        let moved = route("c-a-10.244.1.0-24", "a", "10.244.1.0/24", "10.0.0.2");
+        let plan = plan_table(&have(std::slice::from_ref(&ours)), &want(std::slice::from_ref(&moved)), true, |_| true);
+        assert_eq!(plan.deletes, vec![ours.name.clone()]);
+        assert_eq!(plan.missing, vec![("a".to_string(), moved.clone())]);
+        let plan = plan_table(&have(std::slice::from_ref(&ours)), &want(&[moved]), false, |_| true);
+        assert_eq!(plan, TablePlan::default(), "addresses do not matter when the provider does not record them");
+        let mut hole = ours.clone();
+        hole.blackhole = true;
+        let plan = plan_table(&have(&[hole]), &want(std::slice::from_ref(&ours)), false, |_| true);
+        assert_eq!((plan.deletes.len(), plan.missing.len()), (1, 1), "a blackhole is replaced");
     }
 
     #[test]

@@ -761,6 +761,7 @@ impl<F: FnMut(&CheckResult)> Suite<F> {
             destination_cidr: cidr,
             table_id: String::new(),
             blackhole: false,
+            target_addresses: Vec::new(),
         })
     }
 

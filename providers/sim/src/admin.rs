@@ -167,6 +167,7 @@ async fn add_route(State(a): Shared, Json(spec): Json<RouteSpec>) -> Result<Stat
         destination_cidr: spec.destination_cidr,
         table_id: spec.table_id,
         blackhole: false,
+        target_addresses: Vec::new(),
     };
     a.cloud.create_route(&spec.cluster, route).map_err(AdminError)?;
     Ok(StatusCode::CREATED)

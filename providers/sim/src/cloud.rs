@@ -96,6 +96,17 @@ pub(crate) fn address_type(kind: &str) -> pb::NodeAddressType {
     }
 }
 
+fn address_type_name(t: pb::NodeAddressType) -> &'static str {
+    match t {
+        pb::NodeAddressType::Hostname => "Hostname",
+        pb::NodeAddressType::InternalIp => "InternalIP",
+        pb::NodeAddressType::ExternalIp => "ExternalIP",
+        pb::NodeAddressType::InternalDns => "InternalDNS",
+        pb::NodeAddressType::ExternalDns => "ExternalDNS",
+        pb::NodeAddressType::Unspecified => "Unspecified",
+    }
+}
+
 fn instance_state(s: State) -> pb::InstanceState {
     match s {
         State::Pending => pb::InstanceState::Pending,
@@ -155,6 +166,7 @@ struct Gate {
 pub struct Cloud {
     region: String,
     ipv6_routes: bool,
+    route_target_addresses: bool,
     batch_reads: bool,
     cache_ttl: Option<Duration>,
     max_name_length: u32,
@@ -217,6 +229,9 @@ pub struct RouteView {
     pub provider_id: String,
     /// When it was created, in ms since the Unix epoch.
     pub created_at_unix_ms: u64,
+    /// The target addresses it records (`Type=address`), when the cloud records them.
+    #[serde(default)]
+    pub target_addresses: Vec<String>,
 }
 
 /// A load balancer in a snapshot.
@@ -258,6 +273,7 @@ impl Cloud {
         let cloud = Self {
             region: config.region.clone(),
             ipv6_routes: config.ipv6_routes,
+            route_target_addresses: config.route_target_addresses,
             batch_reads: config.batch_reads,
             cache_ttl: (config.cache_ttl_seconds > 0).then(|| Duration::from_secs(config.cache_ttl_seconds)),
             max_name_length: config.load_balancers.max_name_length,
@@ -541,7 +557,12 @@ impl Cloud {
     pub fn route_capabilities(&self) -> pb::RoutesCapabilities {
         let world = self.world();
         let max = world.tables.iter().map(|t| t.spec.max_routes).filter(|m| *m > 0).min().unwrap_or(0);
-        pb::RoutesCapabilities { multiple_tables: world.tables.len() > 1, max_routes_per_table: max, ipv6: self.ipv6_routes }
+        pb::RoutesCapabilities {
+            multiple_tables: world.tables.len() > 1,
+            max_routes_per_table: max,
+            ipv6: self.ipv6_routes,
+            target_addresses: self.route_target_addresses,
+        }
     }
 
     /// Every route table.
@@ -604,6 +625,9 @@ impl Cloud {
         target.provider_id = instance.provider_id();
         route.target = Some(target);
         route.blackhole = false;
+        if !self.route_target_addresses {
+            route.target_addresses.clear();
+        }
         let table = &mut world.tables[index];
         route.table_id = table.spec.id.clone();
         let key = (cluster.to_string(), route.name.clone());
@@ -835,6 +859,12 @@ impl Cloud {
                                 node_name: target.node_name,
                                 provider_id: target.provider_id,
                                 created_at_unix_ms: r.created_at_unix_ms,
+                                target_addresses: r
+                                    .route
+                                    .target_addresses
+                                    .iter()
+                                    .map(|a| format!("{}={}", address_type_name(a.r#type()), a.address))
+                                    .collect(),
                             }
                         })
                         .collect(),

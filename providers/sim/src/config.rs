@@ -24,6 +24,9 @@ pub struct Config {
     pub route_tables: Vec<RouteTableSpec>,
     /// Whether IPv6 routes are supported.
     pub ipv6_routes: bool,
+    /// Whether routes record their target's addresses (advertised as
+    /// `RoutesCapabilities.target_addresses`), as clouds whose routes point at an address do.
+    pub route_target_addresses: bool,
     /// Load balancer behaviour.
     pub load_balancers: LoadBalancerConfig,
     /// The instance whose metadata NodeMetadataService serves; unset means the sim does not
@@ -48,6 +51,7 @@ impl Default for Config {
             instances: Vec::new(),
             route_tables: vec![RouteTableSpec { id: "rt-main".into(), name: "main".into(), max_routes: 200, zones: Vec::new() }],
             ipv6_routes: true,
+            route_target_addresses: false,
             load_balancers: LoadBalancerConfig::default(),
             node_metadata_instance: None,
             batch_reads: true,

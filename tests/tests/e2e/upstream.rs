@@ -479,3 +479,113 @@ async fn the_first_failure_waits_its_backoff() {
     core.stop().await.expect("stop");
     env.cleanup().await.expect("cleanup");
 }
+
+fn route_flags(env: &TestEnv) -> Vec<String> {
+    vec![
+        "--leader-elect=false".to_string(),
+        "--controllers=route".to_string(),
+        "--cluster-cidr=10.244.0.0/16".to_string(),
+        format!("--cluster-name={}", env.prefix),
+    ]
+}
+
+async fn routed_node(env: &TestEnv, name: &str, cidr: Option<&str>, ip: &str) {
+    let mut b = NodeBuilder::new(name).label(TEST_LABEL, &env.prefix).address("InternalIP", ip);
+    if let Some(c) = cidr {
+        b = b.pod_cidr(c);
+    }
+    b.create(&env.client).await.expect("node");
+}
+
+async fn network_condition(env: &TestEnv, node: &str) -> Option<(String, String)> {
+    let n: Node = env.nodes().get(node).await.ok()?;
+    let c = n.status?.conditions?.into_iter().find(|c| c.type_ == "NetworkUnavailable")?;
+    Some((c.status, c.reason.unwrap_or_default()))
+}
+
+async fn cloud_routes(sim: &Sim, cluster: &str) -> Vec<ccm_provider_sim::cloud::RouteView> {
+    let state = sim.admin.state().await.expect("state");
+    state.route_tables.into_iter().flat_map(|t| t.routes).filter(|r| r.cluster == cluster).collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn routes_made_under_another_name_are_adopted_not_recreated() {
+    use ccm_provider_sim::admin::RouteSpec;
+    let cp = ccm_e2e::shared().expect("control plane");
+    let env = TestEnv::new(cp.client().await.expect("client"), "up-adopt").await.expect("env");
+    let (a, b, c) = (env.node_name("a"), env.node_name("b"), env.node_name("c"));
+    let mut config = Config::default();
+    for (id, n) in [("i-a", &a), ("i-b", &b), ("i-c", &c)] {
+        config.instances.push(instance(id, n, "sim-region-1a"));
+    }
+    let sim = Sim::start(config).await;
+    // What upstream's cloud-controller-manager left behind: a route named after the Node's
+    // UID for a, and one for c, whose podCIDR has since been released.
+    for (name, cidr, node) in [("kubernetes-0b1c2d3e", "10.244.1.0/24", &a), ("kubernetes-4f5a6b7c", "10.244.5.0/24", &c)] {
+        let spec = RouteSpec {
+            cluster: env.prefix.clone(),
+            table_id: String::new(),
+            name: name.into(),
+            destination_cidr: cidr.into(),
+            node_name: node.clone(),
+        };
+        sim.admin.add_route(&spec).await.expect("route");
+    }
+    let made_at =
+        cloud_routes(&sim, &env.prefix).await.into_iter().find(|r| r.node_name == a).expect("a's route").created_at_unix_ms;
+    routed_node(&env, &a, Some("10.244.1.0/24"), "10.0.0.1").await;
+    routed_node(&env, &b, Some("10.244.2.0/24"), "10.0.0.2").await;
+    routed_node(&env, &c, None, "10.0.0.3").await;
+    sim.admin.reset_calls().await.expect("reset");
+    let core = Core::start(cp, &env, &sim, &route_flags(&env).iter().map(String::as_str).collect::<Vec<_>>());
+
+    for n in [&a, &b] {
+        eventually("NetworkUnavailable=False", Duration::from_secs(20), async || {
+            (network_condition(&env, n).await? == ("False".to_string(), "RouteCreated".to_string())).then_some(())
+        })
+        .await;
+    }
+    // A Node without a podCIDR that a cloud route still points at: its network is unavailable.
+    eventually("NetworkUnavailable=True for c", Duration::from_secs(10), async || {
+        (network_condition(&env, &c).await? == ("True".to_string(), "NoRouteCreated".to_string())).then_some(())
+    })
+    .await;
+    eventually("c's stale route deleted", Duration::from_secs(10), async || {
+        (!cloud_routes(&sim, &env.prefix).await.iter().any(|r| r.node_name == c)).then_some(())
+    })
+    .await;
+    let routes = cloud_routes(&sim, &env.prefix).await;
+    let kept = routes.iter().find(|r| r.node_name == a).expect("a's route");
+    assert_eq!((kept.name.as_str(), kept.created_at_unix_ms), ("kubernetes-0b1c2d3e", made_at), "adopted, never recreated");
+    assert_eq!(sim.admin.call_count("RoutesService/CreateRoute").await.expect("calls"), 1, "only b's route is created");
+    assert_eq!(sim.admin.call_count("RoutesService/DeleteRoute").await.expect("calls"), 1, "only c's stale route is deleted");
+    core.stop().await.expect("stop");
+    env.cleanup().await.expect("cleanup");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn routes_that_record_addresses_follow_the_nodes_addresses() {
+    use kube::api::{Patch, PatchParams};
+    let cp = ccm_e2e::shared().expect("control plane");
+    let env = TestEnv::new(cp.client().await.expect("client"), "up-raddr").await.expect("env");
+    let a = env.node_name("a");
+    let mut config = Config { route_target_addresses: true, ..Default::default() };
+    config.instances.push(instance("i-a", &a, "sim-region-1a"));
+    let sim = Sim::start(config).await;
+    routed_node(&env, &a, Some("10.244.1.0/24"), "10.0.0.1").await;
+    let core = Core::start(cp, &env, &sim, &route_flags(&env).iter().map(String::as_str).collect::<Vec<_>>());
+    let route = eventually("a route recording the address", Duration::from_secs(20), async || {
+        cloud_routes(&sim, &env.prefix).await.into_iter().find(|r| r.node_name == a)
+    })
+    .await;
+    assert_eq!(route.target_addresses, vec!["InternalIP=10.0.0.1".to_string()]);
+    let patch = serde_json::json!({ "status": { "addresses": [{ "type": "InternalIP", "address": "10.0.0.7" }] } });
+    env.nodes().patch_status(&a, &PatchParams::default(), &Patch::Merge(&patch)).await.expect("new address");
+    eventually("the route replaced with the new address", Duration::from_secs(20), async || {
+        let routes = cloud_routes(&sim, &env.prefix).await;
+        (routes.len() == 1 && routes[0].target_addresses == vec!["InternalIP=10.0.0.7".to_string()]).then_some(())
+    })
+    .await;
+    core.stop().await.expect("stop");
+    env.cleanup().await.expect("cleanup");
+}

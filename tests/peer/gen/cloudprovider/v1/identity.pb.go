@@ -299,9 +299,13 @@ type RoutesCapabilities struct {
 	// The most routes one table holds; 0 means no known limit.
 	MaxRoutesPerTable uint32 `protobuf:"varint,2,opt,name=max_routes_per_table,json=maxRoutesPerTable,proto3" json:"max_routes_per_table,omitempty"`
 	// Routes with IPv6 destination CIDRs are supported.
-	Ipv6          bool `protobuf:"varint,3,opt,name=ipv6,proto3" json:"ipv6,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	Ipv6 bool `protobuf:"varint,3,opt,name=ipv6,proto3" json:"ipv6,omitempty"`
+	// Routes record their target Node's addresses (Route.target_addresses): the core replaces
+	// a route (delete, then create) when its Node's addresses change, as upstream does for
+	// providers that set EnableNodeAddresses.
+	TargetAddresses bool `protobuf:"varint,4,opt,name=target_addresses,json=targetAddresses,proto3" json:"target_addresses,omitempty"`
+	unknownFields   protoimpl.UnknownFields
+	sizeCache       protoimpl.SizeCache
 }
 
 func (x *RoutesCapabilities) Reset() {
@@ -351,6 +355,13 @@ func (x *RoutesCapabilities) GetMaxRoutesPerTable() uint32 {
 func (x *RoutesCapabilities) GetIpv6() bool {
 	if x != nil {
 		return x.Ipv6
+	}
+	return false
+}
+
+func (x *RoutesCapabilities) GetTargetAddresses() bool {
+	if x != nil {
+		return x.TargetAddresses
 	}
 	return false
 }
@@ -603,11 +614,12 @@ const file_cloudprovider_v1_identity_proto_rawDesc = "" +
 	"\x1cGetPluginCapabilitiesRequest\"8\n" +
 	"\x15InstancesCapabilities\x12\x1f\n" +
 	"\vbatch_reads\x18\x01 \x01(\bR\n" +
-	"batchReads\"\x82\x01\n" +
+	"batchReads\"\xad\x01\n" +
 	"\x12RoutesCapabilities\x12'\n" +
 	"\x0fmultiple_tables\x18\x01 \x01(\bR\x0emultipleTables\x12/\n" +
 	"\x14max_routes_per_table\x18\x02 \x01(\rR\x11maxRoutesPerTable\x12\x12\n" +
-	"\x04ipv6\x18\x03 \x01(\bR\x04ipv6\"{\n" +
+	"\x04ipv6\x18\x03 \x01(\bR\x04ipv6\x12)\n" +
+	"\x10target_addresses\x18\x04 \x01(\bR\x0ftargetAddresses\"{\n" +
 	"\x19LoadBalancersCapabilities\x12&\n" +
 	"\x0fmax_name_length\x18\x01 \x01(\rR\rmaxNameLength\x126\n" +
 	"\x17allowed_name_characters\x18\x02 \x01(\tR\x15allowedNameCharacters\"\xb3\x02\n" +

@@ -155,9 +155,14 @@ type Route struct {
 	TableId string `protobuf:"bytes,4,opt,name=table_id,json=tableId,proto3" json:"table_id,omitempty"`
 	// True when the route points at nothing (its instance is gone): the core deletes such
 	// routes. Set by the provider; ignored in CreateRoute.
-	Blackhole     bool `protobuf:"varint,5,opt,name=blackhole,proto3" json:"blackhole,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	Blackhole bool `protobuf:"varint,5,opt,name=blackhole,proto3" json:"blackhole,omitempty"`
+	// The target Node's addresses when the route was made (status.addresses), for providers
+	// whose routes depend on them (RoutesCapabilities.target_addresses): the core sends them
+	// in CreateRoute, the provider stores them and returns them in ListRoutes, and a route
+	// whose addresses differ from its Node's is replaced. Empty otherwise.
+	TargetAddresses []*NodeAddress `protobuf:"bytes,6,rep,name=target_addresses,json=targetAddresses,proto3" json:"target_addresses,omitempty"`
+	unknownFields   protoimpl.UnknownFields
+	sizeCache       protoimpl.SizeCache
 }
 
 func (x *Route) Reset() {
@@ -223,6 +228,13 @@ func (x *Route) GetBlackhole() bool {
 		return x.Blackhole
 	}
 	return false
+}
+
+func (x *Route) GetTargetAddresses() []*NodeAddress {
+	if x != nil {
+		return x.TargetAddresses
+	}
+	return nil
 }
 
 // Request of ListRouteTables.
@@ -835,13 +847,14 @@ const file_cloudprovider_v1_routes_proto_rawDesc = "" +
 	"\vRouteTarget\x12\x1b\n" +
 	"\tnode_name\x18\x01 \x01(\tR\bnodeName\x12\x1f\n" +
 	"\vprovider_id\x18\x02 \x01(\tR\n" +
-	"providerId\"\xb6\x01\n" +
+	"providerId\"\x80\x02\n" +
 	"\x05Route\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x125\n" +
 	"\x06target\x18\x02 \x01(\v2\x1d.cloudprovider.v1.RouteTargetR\x06target\x12)\n" +
 	"\x10destination_cidr\x18\x03 \x01(\tR\x0fdestinationCidr\x12\x19\n" +
 	"\btable_id\x18\x04 \x01(\tR\atableId\x12\x1c\n" +
-	"\tblackhole\x18\x05 \x01(\bR\tblackhole\"T\n" +
+	"\tblackhole\x18\x05 \x01(\bR\tblackhole\x12H\n" +
+	"\x10target_addresses\x18\x06 \x03(\v2\x1d.cloudprovider.v1.NodeAddressR\x0ftargetAddresses\"T\n" +
 	"\x16ListRouteTablesRequest\x12\x1b\n" +
 	"\tpage_size\x18\x01 \x01(\rR\bpageSize\x12\x1d\n" +
 	"\n" +
@@ -913,34 +926,36 @@ var file_cloudprovider_v1_routes_proto_goTypes = []any{
 	(*ResolveRouteTablesRequest)(nil),  // 11: cloudprovider.v1.ResolveRouteTablesRequest
 	(*RouteTableAssignment)(nil),       // 12: cloudprovider.v1.RouteTableAssignment
 	(*ResolveRouteTablesResponse)(nil), // 13: cloudprovider.v1.ResolveRouteTablesResponse
-	(*durationpb.Duration)(nil),        // 14: google.protobuf.Duration
-	(*ItemError)(nil),                  // 15: cloudprovider.v1.ItemError
+	(*NodeAddress)(nil),                // 14: cloudprovider.v1.NodeAddress
+	(*durationpb.Duration)(nil),        // 15: google.protobuf.Duration
+	(*ItemError)(nil),                  // 16: cloudprovider.v1.ItemError
 }
 var file_cloudprovider_v1_routes_proto_depIdxs = []int32{
 	1,  // 0: cloudprovider.v1.Route.target:type_name -> cloudprovider.v1.RouteTarget
-	0,  // 1: cloudprovider.v1.ListRouteTablesResponse.tables:type_name -> cloudprovider.v1.RouteTable
-	2,  // 2: cloudprovider.v1.ListRoutesResponse.routes:type_name -> cloudprovider.v1.Route
-	14, // 3: cloudprovider.v1.ListRoutesResponse.cache_ttl:type_name -> google.protobuf.Duration
-	2,  // 4: cloudprovider.v1.CreateRouteRequest.route:type_name -> cloudprovider.v1.Route
-	2,  // 5: cloudprovider.v1.CreateRouteResponse.route:type_name -> cloudprovider.v1.Route
-	1,  // 6: cloudprovider.v1.ResolveRouteTablesRequest.targets:type_name -> cloudprovider.v1.RouteTarget
-	15, // 7: cloudprovider.v1.RouteTableAssignment.error:type_name -> cloudprovider.v1.ItemError
-	12, // 8: cloudprovider.v1.ResolveRouteTablesResponse.assignments:type_name -> cloudprovider.v1.RouteTableAssignment
-	3,  // 9: cloudprovider.v1.RoutesService.ListRouteTables:input_type -> cloudprovider.v1.ListRouteTablesRequest
-	5,  // 10: cloudprovider.v1.RoutesService.ListRoutes:input_type -> cloudprovider.v1.ListRoutesRequest
-	7,  // 11: cloudprovider.v1.RoutesService.CreateRoute:input_type -> cloudprovider.v1.CreateRouteRequest
-	9,  // 12: cloudprovider.v1.RoutesService.DeleteRoute:input_type -> cloudprovider.v1.DeleteRouteRequest
-	11, // 13: cloudprovider.v1.RoutesService.ResolveRouteTables:input_type -> cloudprovider.v1.ResolveRouteTablesRequest
-	4,  // 14: cloudprovider.v1.RoutesService.ListRouteTables:output_type -> cloudprovider.v1.ListRouteTablesResponse
-	6,  // 15: cloudprovider.v1.RoutesService.ListRoutes:output_type -> cloudprovider.v1.ListRoutesResponse
-	8,  // 16: cloudprovider.v1.RoutesService.CreateRoute:output_type -> cloudprovider.v1.CreateRouteResponse
-	10, // 17: cloudprovider.v1.RoutesService.DeleteRoute:output_type -> cloudprovider.v1.DeleteRouteResponse
-	13, // 18: cloudprovider.v1.RoutesService.ResolveRouteTables:output_type -> cloudprovider.v1.ResolveRouteTablesResponse
-	14, // [14:19] is the sub-list for method output_type
-	9,  // [9:14] is the sub-list for method input_type
-	9,  // [9:9] is the sub-list for extension type_name
-	9,  // [9:9] is the sub-list for extension extendee
-	0,  // [0:9] is the sub-list for field type_name
+	14, // 1: cloudprovider.v1.Route.target_addresses:type_name -> cloudprovider.v1.NodeAddress
+	0,  // 2: cloudprovider.v1.ListRouteTablesResponse.tables:type_name -> cloudprovider.v1.RouteTable
+	2,  // 3: cloudprovider.v1.ListRoutesResponse.routes:type_name -> cloudprovider.v1.Route
+	15, // 4: cloudprovider.v1.ListRoutesResponse.cache_ttl:type_name -> google.protobuf.Duration
+	2,  // 5: cloudprovider.v1.CreateRouteRequest.route:type_name -> cloudprovider.v1.Route
+	2,  // 6: cloudprovider.v1.CreateRouteResponse.route:type_name -> cloudprovider.v1.Route
+	1,  // 7: cloudprovider.v1.ResolveRouteTablesRequest.targets:type_name -> cloudprovider.v1.RouteTarget
+	16, // 8: cloudprovider.v1.RouteTableAssignment.error:type_name -> cloudprovider.v1.ItemError
+	12, // 9: cloudprovider.v1.ResolveRouteTablesResponse.assignments:type_name -> cloudprovider.v1.RouteTableAssignment
+	3,  // 10: cloudprovider.v1.RoutesService.ListRouteTables:input_type -> cloudprovider.v1.ListRouteTablesRequest
+	5,  // 11: cloudprovider.v1.RoutesService.ListRoutes:input_type -> cloudprovider.v1.ListRoutesRequest
+	7,  // 12: cloudprovider.v1.RoutesService.CreateRoute:input_type -> cloudprovider.v1.CreateRouteRequest
+	9,  // 13: cloudprovider.v1.RoutesService.DeleteRoute:input_type -> cloudprovider.v1.DeleteRouteRequest
+	11, // 14: cloudprovider.v1.RoutesService.ResolveRouteTables:input_type -> cloudprovider.v1.ResolveRouteTablesRequest
+	4,  // 15: cloudprovider.v1.RoutesService.ListRouteTables:output_type -> cloudprovider.v1.ListRouteTablesResponse
+	6,  // 16: cloudprovider.v1.RoutesService.ListRoutes:output_type -> cloudprovider.v1.ListRoutesResponse
+	8,  // 17: cloudprovider.v1.RoutesService.CreateRoute:output_type -> cloudprovider.v1.CreateRouteResponse
+	10, // 18: cloudprovider.v1.RoutesService.DeleteRoute:output_type -> cloudprovider.v1.DeleteRouteResponse
+	13, // 19: cloudprovider.v1.RoutesService.ResolveRouteTables:output_type -> cloudprovider.v1.ResolveRouteTablesResponse
+	15, // [15:20] is the sub-list for method output_type
+	10, // [10:15] is the sub-list for method input_type
+	10, // [10:10] is the sub-list for extension type_name
+	10, // [10:10] is the sub-list for extension extendee
+	0,  // [0:10] is the sub-list for field type_name
 }
 
 func init() { file_cloudprovider_v1_routes_proto_init() }
