@@ -28,6 +28,11 @@ struct LeaseLabels {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct OutcomeLabels {
+    outcome: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct ControllerLabels {
     controller: String,
 }
@@ -56,6 +61,7 @@ pub struct Metrics {
     route_corrections: Counter,
     nodes_without_route: Gauge<i64, AtomicI64>,
     service_node_sync: Histogram,
+    orphans: Family<OutcomeLabels, Counter>,
 }
 
 impl Default for Metrics {
@@ -83,6 +89,12 @@ impl Metrics {
         let route_corrections = Counter::default();
         let nodes_without_route = Gauge::<i64, AtomicI64>::default();
         let service_node_sync = latency_histogram();
+        let orphans = Family::<OutcomeLabels, Counter>::default();
+        registry.register(
+            "ccm_load_balancer_orphans",
+            "Load balancers whose Service is gone: deleted, or refused (a sweep over --max-load-balancer-deletions)",
+            orphans.clone(),
+        );
         registry.register(
             "ccm_service_node_sync_duration_seconds",
             "From a change of the load balancer node set to every load balancer updated",
@@ -128,12 +140,18 @@ impl Metrics {
             route_corrections,
             nodes_without_route,
             service_node_sync,
+            orphans,
         }
     }
 
     /// A node set change fully applied to load balancers.
     pub fn service_node_sync(&self, elapsed: Duration) {
         self.service_node_sync.observe(elapsed.as_secs_f64());
+    }
+
+    /// Orphaned load balancers deleted, or refused by the deletion bound.
+    pub fn load_balancer_orphans(&self, outcome: &str, n: u64) {
+        self.orphans.get_or_create(&OutcomeLabels { outcome: outcome.into() }).inc_by(n);
     }
 
     /// One full route reconcile, with what it changed.

@@ -106,6 +106,20 @@ pub struct Options {
     #[arg(long, value_name = "CLASS")]
     pub load_balancer_class: Option<String>,
 
+    /// How often the service controller lists the provider's load balancers to find those
+    /// whose Service is gone (deleted without its finalizer, or while no core ran): at start,
+    /// then at a random time between this period and twice it. One ListLoadBalancers page per
+    /// 100 load balancers; `0s` sweeps only at start. Needs a provider that advertises
+    /// listing.
+    #[arg(long, value_name = "DURATION", default_value = "1h", value_parser = parse_duration)]
+    pub load_balancer_resync_period: Duration,
+
+    /// Most orphaned load balancers one sweep deletes. A sweep that finds more deletes none
+    /// of them (a log line and `ccm_load_balancer_orphans{outcome="refused"}` say so): that
+    /// many Services gone at once is more likely a wrong answer than a fact.
+    #[arg(long, value_name = "N", default_value_t = 10)]
+    pub max_load_balancer_deletions: usize,
+
     /// Only handle Services in this namespace (all namespaces when unset), for example to run
     /// a second cloud-controller-manager for one team's load balancers.
     #[arg(long, value_name = "NAMESPACE")]

@@ -5,8 +5,8 @@
 
 use ccm_proto::v1::{
     GetImageCredentialsRequest, GetImageCredentialsResponse, InstanceLookup, InstanceMetadata, InstanceState,
-    InstancesCapabilities, LoadBalancerNode, LoadBalancerService, LoadBalancerStatus, LoadBalancersCapabilities, Route,
-    RouteTable, RouteTarget, RoutesCapabilities,
+    InstancesCapabilities, LoadBalancerNode, LoadBalancerService, LoadBalancerStatus, LoadBalancerSummary,
+    LoadBalancersCapabilities, Route, RouteTable, RouteTarget, RoutesCapabilities,
 };
 use std::collections::HashMap;
 
@@ -154,6 +154,14 @@ pub trait LoadBalancers: Send + Sync + 'static {
 
     /// Deletes the load balancer; OK when absent.
     async fn ensure_load_balancer_deleted(&self, service: &LoadBalancerService) -> Result<()>;
+
+    /// The cluster's load balancers, one page in a stable order, with the Service each was
+    /// ensured for. Advertise it with `LoadBalancersCapabilities { list: true, .. }`; the
+    /// default is UNIMPLEMENTED.
+    async fn list_load_balancers(&self, cluster_name: &str, page: &PageRequest) -> Result<Page<LoadBalancerSummary>> {
+        let _ = (cluster_name, page);
+        Err(crate::Error::Unimplemented { message: "ListLoadBalancers".into() })
+    }
 }
 
 /// NodeMetadataService, served by the kubelet-side plugin (see [`crate::node_plugin`]).

@@ -764,6 +764,21 @@ impl LoadBalancersService for LoadBalancersAdapter {
             })
             .await
     }
+
+    async fn list_load_balancers(
+        &self,
+        req: Request<pb::ListLoadBalancersRequest>,
+    ) -> std::result::Result<Response<pb::ListLoadBalancersResponse>, Status> {
+        let req = req.into_inner();
+        self.obs
+            .call("LoadBalancersService/ListLoadBalancers", async {
+                let page = PageRequest::new(req.page_size, req.page_token);
+                page.after()?;
+                let page = self.inner.list_load_balancers(&req.cluster_name, &page).await?;
+                Ok(pb::ListLoadBalancersResponse { load_balancers: page.items, next_page_token: page.next_page_token })
+            })
+            .await
+    }
 }
 
 // === impl NodeMetadataAdapter ===

@@ -16,6 +16,13 @@
 //!   `service.beta.kubernetes.io/load-balancer-source-ranges` annotation, each trimmed of
 //!   whitespace, in canonical form, duplicates merged. A malformed one is a Warning Event and
 //!   no provider call.
+//! - Nothing leaks when the finalizer is bypassed: a Service the controller knew to have a
+//!   load balancer that is deleted without the finalizer (or leaves type LoadBalancer without
+//!   it) has its load balancer deleted from the event. After a restart, a sweep at start and
+//!   every `--load-balancer-resync-period` lists the provider's load balancers (when it
+//!   advertises listing) and deletes those named by our scheme for this cluster whose Service
+//!   UID no longer exists, each confirmed by a read of the Service, at most
+//!   `--max-load-balancer-deletions` per sweep (more, and it deletes none).
 //! - Keys back off per Service (see `queue.rs`); a retry reads the newest Service from the
 //!   cache. The controller's own writes (the finalizer, the status) are not changes: they
 //!   never cut a backoff short.
@@ -53,6 +60,11 @@ pub const ANNOTATION_SOURCE_RANGES: &str = "service.beta.kubernetes.io/load-bala
 /// Nodes with this taint are being removed by the cluster autoscaler.
 pub const TAINT_TO_BE_DELETED: &str = "ToBeDeletedByClusterAutoscaler";
 const NODE_COALESCE: Duration = Duration::from_millis(50);
+/// Queue keys of load balancers whose Service is gone: this prefix and the Service UID
+/// (never a `namespace/name`: `!` is not allowed in either).
+const ORPHAN_KEY: char = '!';
+/// Pages one listing may take before it is abandoned as broken.
+const MAX_PAGES: usize = 10_000;
 
 fn key(svc: &Service) -> String {
     format!("{}/{}", svc.metadata.namespace.as_deref().unwrap_or_default(), svc.metadata.name.as_deref().unwrap_or_default())
@@ -60,6 +72,14 @@ fn key(svc: &Service) -> String {
 
 fn has_finalizer(svc: &Service) -> bool {
     svc.metadata.finalizers.as_ref().is_some_and(|f| f.iter().any(|f| f == FINALIZER))
+}
+
+fn is_load_balancer_type(svc: &Service) -> bool {
+    svc.spec.as_ref().and_then(|s| s.type_.as_deref()) == Some("LoadBalancer")
+}
+
+fn has_ingress(svc: &Service) -> bool {
+    svc.status.as_ref().and_then(|s| s.load_balancer.as_ref()).and_then(|l| l.ingress.as_ref()).is_some_and(|i| !i.is_empty())
 }
 
 fn is_load_balancer(svc: &Service) -> bool {
@@ -165,6 +185,11 @@ pub struct ServiceController {
     ensured: Mutex<HashMap<String, Ensured>>,
     /// When the node set last changed, for the node-sync latency metric.
     node_change_at: Mutex<Option<Instant>>,
+    /// Load balancers to delete whose Service is gone or no longer wants one, by Service UID:
+    /// the last Service seen (or, from a sweep, its namespace, name and UID).
+    orphans: Mutex<HashMap<String, Service>>,
+    /// UIDs of Services whose load balancer this controller deleted through the finalizer.
+    cleaned: Mutex<std::collections::HashSet<String>>,
 }
 
 impl ServiceController {
@@ -173,7 +198,14 @@ impl ServiceController {
         let o = &ctx.options;
         let config =
             QueueConfig { base_delay: o.reconcile_backoff_base, max_delay: o.reconcile_backoff_max, qps: 100.0, burst: 500 };
-        Self { ctx, queue: Arc::new(WorkQueue::new(config)), ensured: Default::default(), node_change_at: Default::default() }
+        Self {
+            ctx,
+            queue: Arc::new(WorkQueue::new(config)),
+            ensured: Default::default(),
+            node_change_at: Default::default(),
+            orphans: Default::default(),
+            cleaned: Default::default(),
+        }
     }
 
     fn handled(&self, svc: &Service) -> bool {
@@ -194,7 +226,11 @@ impl ServiceController {
     /// Runs until `stop`.
     pub async fn run(self, stop: tokio::sync::watch::Receiver<bool>) {
         let this = Arc::new(self);
-        let mut tasks = vec![tokio::spawn(this.clone().feed(stop.clone())), tokio::spawn(this.clone().node_feed(stop.clone()))];
+        let mut tasks = vec![
+            tokio::spawn(this.clone().feed(stop.clone())),
+            tokio::spawn(this.clone().node_feed(stop.clone())),
+            tokio::spawn(this.clone().sweep_loop(stop.clone())),
+        ];
         for _ in 0..this.ctx.options.concurrent_service_syncs.max(1) {
             tasks.push(tokio::spawn(this.clone().worker()));
         }
@@ -226,12 +262,23 @@ impl ServiceController {
                     if self.interesting(&new) {
                         self.ctx.metrics.queue_add(NAME);
                         self.queue.add_changed(key(&new), fingerprint(&new));
+                    } else if self.handled(&new)
+                        && self.ensured.lock().unwrap_or_else(|p| p.into_inner()).contains_key(&key(&new))
+                    {
+                        // It left type LoadBalancer with its finalizer removed by someone else.
+                        self.ensured.lock().unwrap_or_else(|p| p.into_inner()).remove(&key(&new));
+                        self.orphaned(&new, "no longer wants a load balancer and has no finalizer");
                     }
                 }
                 Ok(Change::Deleted(svc)) => {
                     let k = key(&svc);
                     self.queue.forget(&k);
-                    self.ensured.lock().unwrap_or_else(|p| p.into_inner()).remove(&k);
+                    let knew = self.ensured.lock().unwrap_or_else(|p| p.into_inner()).remove(&k).is_some() || has_ingress(&svc);
+                    let uid = svc.metadata.uid.clone().unwrap_or_default();
+                    let cleaned = self.cleaned.lock().unwrap_or_else(|p| p.into_inner()).remove(&uid);
+                    if knew && !cleaned && self.handled(&svc) && is_load_balancer_type(&svc) {
+                        self.orphaned(&svc, "was deleted without the finalizer");
+                    }
                 }
                 Err(RecvError::Lagged(_)) => {
                     for svc in self.ctx.services.store().state() {
@@ -243,6 +290,169 @@ impl ServiceController {
                 Err(RecvError::Closed) => return,
             }
             self.ctx.metrics.queue_depth(NAME, self.queue.stats().depth);
+        }
+    }
+
+    /// Queues the deletion of the load balancer of `svc`, a Service gone or no longer wanting
+    /// one.
+    fn orphaned(&self, svc: &Service, why: &str) {
+        let Some(uid) = svc.metadata.uid.clone().filter(|u| !u.is_empty()) else { return };
+        tracing::info!(service = %key(svc), %uid, "service {why}; deleting its load balancer");
+        self.orphans.lock().unwrap_or_else(|p| p.into_inner()).insert(uid.clone(), svc.clone());
+        self.queue.add(format!("{ORPHAN_KEY}{uid}"));
+    }
+
+    /// Sweeps for orphaned load balancers once the caches are synced and the provider is
+    /// known, then every `--load-balancer-resync-period` (jittered up to twice it).
+    async fn sweep_loop(self: Arc<Self>, mut stop: tokio::sync::watch::Receiver<bool>) {
+        self.ctx.services.wait_synced().await;
+        while self.ctx.provider.identity().is_none() {
+            if !super::sleep_or_stop(Duration::from_secs(1), &mut stop).await {
+                return;
+            }
+        }
+        loop {
+            match self.sweep().await {
+                Ok(n) if n > 0 => tracing::info!(orphans = n, "load balancers of gone Services queued for deletion"),
+                Ok(_) => {}
+                Err(error) => {
+                    tracing::warn!(%error, "listing load balancers failed; nothing deleted, next sweep at the next resync")
+                }
+            }
+            let period = self.ctx.options.load_balancer_resync_period;
+            if period.is_zero() {
+                return;
+            }
+            let wait = period + period.mul_f64(rand::random::<f64>());
+            if !super::sleep_or_stop(wait, &mut stop).await {
+                return;
+            }
+        }
+    }
+
+    /// Lists the cluster's load balancers and queues the deletion of those named by our scheme
+    /// for a Service UID that no longer exists (checked in the cache, then by reading the
+    /// Service). Returns how many were queued. A failed page aborts the sweep.
+    pub async fn sweep(&self) -> Result<usize, Error> {
+        let Some(identity) = self.ctx.provider.identity() else { return Ok(0) };
+        let caps = identity.capabilities.load_balancers.clone().unwrap_or_default();
+        if !identity.serves(ServiceType::LoadBalancers) || !caps.list {
+            return Ok(0);
+        }
+        let limits = NameLimits::from_capabilities(&caps);
+        let cluster = self.ctx.options.cluster_name.clone();
+        let mut listed: Vec<pb::LoadBalancerSummary> = Vec::new();
+        let mut token = String::new();
+        for page in 0.. {
+            if page >= MAX_PAGES {
+                return Err(Error::internal(format!("ListLoadBalancers returned more than {MAX_PAGES} pages")));
+            }
+            let request = pb::ListLoadBalancersRequest { cluster_name: cluster.clone(), page_size: 0, page_token: token.clone() };
+            let answer = self
+                .ctx
+                .provider
+                .call("LoadBalancersService/ListLoadBalancers", request, async |ch, r| {
+                    LoadBalancersServiceClient::new(ch).list_load_balancers(r).await
+                })
+                .await?;
+            listed.extend(answer.load_balancers);
+            if answer.next_page_token.is_empty() {
+                break;
+            }
+            if answer.next_page_token == token {
+                return Err(Error::internal("ListLoadBalancers repeated its page token"));
+            }
+            token = answer.next_page_token;
+        }
+        let known: std::collections::HashSet<String> =
+            self.ctx.services.store().state().iter().filter_map(|s| s.metadata.uid.clone()).collect();
+        let pending: std::collections::HashSet<String> =
+            self.orphans.lock().unwrap_or_else(|p| p.into_inner()).keys().cloned().collect();
+        let scope = self.ctx.options.service_namespace.as_deref();
+        let suspects: Vec<pb::LoadBalancerSummary> = listed
+            .into_iter()
+            .filter(|l| !l.uid.is_empty() && !known.contains(&l.uid) && !pending.contains(&l.uid))
+            .filter(|l| scope.is_none_or(|ns| ns == l.namespace))
+            .filter(|l| load_balancer_name(&cluster, &l.namespace, &l.name, &l.uid, &limits) == l.load_balancer_name)
+            .collect();
+        // The cache may lag: only a read of the Service that finds it gone (or under
+        // another UID) confirms it.
+        let mut confirmed = Vec::new();
+        for l in suspects {
+            let api: Api<Service> = Api::namespaced(self.ctx.client.clone(), &l.namespace);
+            match api.get_opt(&l.name).await {
+                Ok(Some(svc)) if svc.metadata.uid.as_deref() == Some(l.uid.as_str()) => {}
+                Ok(_) => confirmed.push(l),
+                Err(error) => {
+                    tracing::warn!(service = %format!("{}/{}", l.namespace, l.name), %error, "could not confirm that the service is gone; its load balancer stays")
+                }
+            }
+        }
+        let max = self.ctx.options.max_load_balancer_deletions;
+        if confirmed.len() > max {
+            let names: Vec<&str> = confirmed.iter().map(|l| l.load_balancer_name.as_str()).collect();
+            tracing::warn!(
+                orphans = confirmed.len(),
+                max,
+                load_balancers = ?names,
+                "more load balancers look orphaned than --max-load-balancer-deletions allows in one sweep; deleting none"
+            );
+            self.ctx.metrics.load_balancer_orphans("refused", confirmed.len() as u64);
+            return Ok(0);
+        }
+        for l in &confirmed {
+            let svc = Service {
+                metadata: kube::api::ObjectMeta {
+                    namespace: Some(l.namespace.clone()),
+                    name: Some(l.name.clone()),
+                    uid: Some(l.uid.clone()),
+                    ..Default::default()
+                },
+                ..Default::default()
+            };
+            self.orphaned(&svc, "is gone (found by the load balancer sweep)");
+        }
+        Ok(confirmed.len())
+    }
+
+    /// Deletes the load balancer of a gone Service (queue key `!<uid>`).
+    async fn delete_orphan(&self, uid: &str) -> Outcome {
+        let Some(svc) = self.orphans.lock().unwrap_or_else(|p| p.into_inner()).get(uid).cloned() else {
+            return Outcome::Success;
+        };
+        // Wanted again (same UID: the type changed back): the normal path owns it.
+        let back =
+            self.ctx.services.store().state().into_iter().any(|s| s.metadata.uid.as_deref() == Some(uid) && self.interesting(&s));
+        if back {
+            self.orphans.lock().unwrap_or_else(|p| p.into_inner()).remove(uid);
+            return Outcome::Success;
+        }
+        if self.ctx.provider.identity().is_none() {
+            return Outcome::Retry { fingerprint: None, retry_after: None };
+        }
+        let lb = self.lb_service(&svc);
+        let name = lb.load_balancer_name.clone();
+        let request = pb::EnsureLoadBalancerDeletedRequest { service: Some(lb) };
+        match self
+            .ctx
+            .provider
+            .call("LoadBalancersService/EnsureLoadBalancerDeleted", request, async |ch, r| {
+                LoadBalancersServiceClient::new(ch).ensure_load_balancer_deleted(r).await
+            })
+            .await
+        {
+            Ok(_) => {
+                self.orphans.lock().unwrap_or_else(|p| p.into_inner()).remove(uid);
+                self.ctx.metrics.load_balancer_orphans("deleted", 1);
+                tracing::info!(service = %key(&svc), %uid, load_balancer = %name, "deleted the load balancer of a gone service");
+                let note = format!("Deleted load balancer {name}: its Service is gone or no longer wants one");
+                self.ctx.event(NAME, &svc, false, "DeletedLoadBalancer", note).await;
+                Outcome::Success
+            }
+            Err(error) => {
+                tracing::warn!(service = %key(&svc), %uid, %error, "deleting the load balancer of a gone service failed");
+                Outcome::Retry { fingerprint: None, retry_after: error.retry_after() }
+            }
         }
     }
 
@@ -403,6 +613,9 @@ impl ServiceController {
     }
 
     async fn reconcile(&self, k: &str) -> Outcome {
+        if let Some(uid) = k.strip_prefix(ORPHAN_KEY) {
+            return self.delete_orphan(uid).await;
+        }
         let (ns, name) = k.split_once('/').unwrap_or(("", k));
         // Always the newest Service: never a copy from before a failure.
         let Some(svc) = self.ctx.services.store().get(&ObjectRef::new(name).within(ns)) else {
@@ -603,6 +816,9 @@ impl ServiceController {
             return Err(SyncError::Provider(error));
         }
         self.ensured.lock().unwrap_or_else(|p| p.into_inner()).remove(&k);
+        if let Some(uid) = svc.metadata.uid.clone() {
+            self.cleaned.lock().unwrap_or_else(|p| p.into_inner()).insert(uid);
+        }
         if svc.metadata.deletion_timestamp.is_none() {
             self.write_status(svc, &pb::LoadBalancerStatus::default()).await.map_err(SyncError::Kube)?;
         }

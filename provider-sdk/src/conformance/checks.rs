@@ -249,6 +249,7 @@ impl<F: FnMut(&CheckResult)> Suite<F> {
         gated!(lbs, why, "load-balancers.ensure-idempotent", self.lb_ensure_again());
         gated!(lbs, why, "load-balancers.get-present", self.lb_get_present());
         gated!(lbs, why, "load-balancers.update-hosts", self.lb_update_hosts());
+        gated!(lbs, why, "load-balancers.list", self.lb_list());
         gated!(lbs, why, "load-balancers.update-hosts-absent", self.lb_update_hosts_absent());
         gated!(lbs, why, "load-balancers.ensure-empty-name", self.lb_empty_name());
         gated!(lbs, why, "load-balancers.ensure-name-too-long", self.lb_name_too_long());
@@ -1142,6 +1143,52 @@ impl<F: FnMut(&CheckResult)> Suite<F> {
             ensure(status.ingress == ensured.ingress, || format!("Get says {status:?}, Ensure said {ensured:?}"))
         })
         .await
+    }
+
+    /// When listing is advertised: the ensured load balancers are listed, page by page, with
+    /// the Service each was ensured for, and only for their own cluster.
+    async fn lb_list(&mut self) -> Check {
+        if !self.caps.load_balancers.as_ref().is_some_and(|c| c.list) {
+            return Err(skip("ListLoadBalancers is not advertised"));
+        }
+        let (main, second) = (self.lb_service("main"), self.lb_service("listed"));
+        self.ensure_lb(main.clone()).await?;
+        self.ensure_lb(second.clone()).await?;
+        let list = async |cluster: &str| {
+            all_pages("ListLoadBalancers", 1, async |page_token| {
+                let request = pb::ListLoadBalancersRequest { cluster_name: cluster.into(), page_size: 1, page_token };
+                let page = self.lbs.clone().list_load_balancers(self.req(request)).await.ctx("ListLoadBalancers")?;
+                Ok((page.load_balancers, page.next_page_token))
+            })
+            .await
+        };
+        self.eventually(async || {
+            let listed = list("ccm-conformance").await?;
+            for want in [&main, &second] {
+                let found = listed.iter().find(|l| l.load_balancer_name == want.load_balancer_name);
+                let found = found.ok_or_else(|| fail(format!("{} is not listed", want.load_balancer_name)))?;
+                ensure(
+                    (found.namespace.as_str(), found.name.as_str(), found.uid.as_str())
+                        == (&want.namespace, &want.name, &want.uid),
+                    || {
+                        format!(
+                            "{} is listed for {}/{} ({}), not the Service it was ensured for",
+                            found.load_balancer_name, found.namespace, found.name, found.uid
+                        )
+                    },
+                )?;
+            }
+            let names: Vec<&str> = listed.iter().map(|l| l.load_balancer_name.as_str()).collect();
+            let mut unique = names.clone();
+            unique.sort_unstable();
+            unique.dedup();
+            ensure(unique.len() == names.len(), || format!("pages repeat load balancers: {names:?}"))
+        })
+        .await?;
+        let other = list("ccm-conformance-other-cluster").await?;
+        ensure(!other.iter().any(|l| l.load_balancer_name == main.load_balancer_name), || {
+            "another cluster's listing shows this cluster's load balancer".into()
+        })
     }
 
     async fn lb_update_hosts(&mut self) -> Check {

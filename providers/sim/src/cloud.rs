@@ -706,6 +706,7 @@ impl Cloud {
         pb::LoadBalancersCapabilities {
             max_name_length: self.max_name_length,
             allowed_name_characters: self.allowed_name_characters.clone(),
+            list: true,
         }
     }
 
@@ -724,6 +725,23 @@ impl Cloud {
                 ports,
             }],
         }
+    }
+
+    /// The cluster's load balancers as reads show them, with the Service each was made for.
+    pub fn load_balancers(&self, cluster: &str) -> Vec<pb::LoadBalancerSummary> {
+        let world = self.world();
+        world
+            .load_balancers
+            .values()
+            .filter(|lb| lb.exists.seen() && lb.service.cluster_name == cluster)
+            .map(|lb| pb::LoadBalancerSummary {
+                load_balancer_name: lb.service.load_balancer_name.clone(),
+                namespace: lb.service.namespace.clone(),
+                name: lb.service.name.clone(),
+                uid: lb.service.uid.clone(),
+                status: Some(Self::status(lb)),
+            })
+            .collect()
     }
 
     /// A load balancer's status as reads show it.

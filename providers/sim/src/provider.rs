@@ -156,6 +156,11 @@ impl ccm_provider_sdk::LoadBalancers for SimProvider {
         self.cloud.delete_load_balancer(&service.load_balancer_name);
         Ok(())
     }
+
+    async fn list_load_balancers(&self, cluster_name: &str, page: &PageRequest) -> Result<Page<pb::LoadBalancerSummary>> {
+        self.cloud.api_call("ListLoadBalancers").await?;
+        paginate(self.cloud.load_balancers(cluster_name), |l| l.load_balancer_name.as_str(), page)
+    }
 }
 
 #[tonic::async_trait]

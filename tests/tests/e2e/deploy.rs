@@ -325,11 +325,12 @@ async fn the_shipped_roles_are_enough_for_every_controller_and_no_broader() {
     }
 
     // No broader than needed: what a controller does not do stays forbidden.
-    let checks: [(&str, &str, &str, Option<&str>, bool); 14] = [
+    let checks: [(&str, &str, &str, Option<&str>, bool); 15] = [
         ("route-controller", "patch", "nodes/status", None, true),
         ("route-controller", "delete", "nodes", None, false),
         ("route-controller", "patch", "nodes", None, false),
         ("service-lb-controller", "patch", "services/status", None, true),
+        ("service-lb-controller", "get", "services", None, true),
         ("service-lb-controller", "patch", "nodes", None, false),
         ("service-lb-controller", "delete", "services", None, false),
         ("cloud-node-controller", "patch", "nodes", None, true),

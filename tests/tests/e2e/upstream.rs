@@ -589,3 +589,110 @@ async fn routes_that_record_addresses_follow_the_nodes_addresses() {
     core.stop().await.expect("stop");
     env.cleanup().await.expect("cleanup");
 }
+
+async fn without_finalizer(env: &TestEnv, name: &str) {
+    use kube::api::{Patch, PatchParams};
+    let patch = serde_json::json!({ "metadata": { "finalizers": null } });
+    env.services().patch(name, &PatchParams::default(), &Patch::Merge(&patch)).await.expect("finalizer removed");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_service_deleted_without_its_finalizer_loses_its_load_balancer() {
+    use kube::api::DeleteParams;
+    let cp = ccm_e2e::shared().expect("control plane");
+    let env = TestEnv::new(cp.client().await.expect("client"), "up-leak").await.expect("env");
+    let node = env.node_name("n");
+    let mut config = Config::default();
+    config.instances.push(instance("i-n", &node, "sim-region-1a"));
+    let sim = Sim::start(config).await;
+    backend(&env, &node, "i-n", None).await;
+    // A write budget of two, then one per 5 s: once the finalizer and the status are written,
+    // the controller cannot put the finalizer back before the tool's delete lands.
+    let core = start_services(cp, &env, &sim, &["--load-balancer-resync-period=0s", "--kube-api-qps=0.2", "--kube-api-burst=2"]);
+    ccm_e2e::cluster::create_load_balancer_service(&env, "web", &[80]).await.expect("service");
+    eventually("an address", Duration::from_secs(20), async || ingress_ip(&env, "web").await).await;
+    // A tool strips the finalizer and deletes the Service straight away.
+    without_finalizer(&env, "web").await;
+    env.services().delete("web", &DeleteParams::default()).await.expect("delete");
+    eventually("the load balancer deleted", Duration::from_secs(10), async || lb_of(&sim, "web").await.is_none().then_some(()))
+        .await;
+    core.stop().await.expect("stop");
+    env.cleanup().await.expect("cleanup");
+}
+
+/// A load balancer ensured straight through the provider, as another cluster or tool would.
+async fn foreign_load_balancer(sim: &Sim, cluster: &str, lb_name: &str, uid: &str) {
+    use ccm_provider_sdk::proto::load_balancers_service_client::LoadBalancersServiceClient;
+    use ccm_provider_sdk::proto::{EnsureLoadBalancerRequest, LoadBalancerService, ServicePort};
+    let channel = ccm_provider_sdk::client::connect_lazy(&sim.endpoint).expect("channel");
+    let service = LoadBalancerService {
+        cluster_name: cluster.into(),
+        namespace: "elsewhere".into(),
+        name: "svc".into(),
+        uid: uid.into(),
+        load_balancer_name: lb_name.into(),
+        ports: vec![ServicePort { name: "p".into(), protocol: 1, port: 443, node_port: 30443 }],
+        ..Default::default()
+    };
+    LoadBalancersServiceClient::new(channel)
+        .ensure_load_balancer(EnsureLoadBalancerRequest { service: Some(service), nodes: Vec::new() })
+        .await
+        .expect("foreign load balancer");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn after_a_restart_orphaned_load_balancers_are_swept_within_bounds() {
+    use kube::api::DeleteParams;
+    let cp = ccm_e2e::shared().expect("control plane");
+    let env = TestEnv::new(cp.client().await.expect("client"), "up-sweep").await.expect("env");
+    let node = env.node_name("n");
+    let mut config = Config::default();
+    config.instances.push(instance("i-n", &node, "sim-region-1a"));
+    let sim = Sim::start(config).await;
+    backend(&env, &node, "i-n", None).await;
+    let core = start_services(cp, &env, &sim, &[]);
+    for name in ["gone-a", "gone-b", "kept"] {
+        ccm_e2e::cluster::create_load_balancer_service(&env, name, &[80]).await.expect("service");
+    }
+    for name in ["gone-a", "gone-b", "kept"] {
+        eventually("an address", Duration::from_secs(20), async || ingress_ip(&env, name).await).await;
+    }
+    core.stop().await.expect("stop");
+    // While no core runs: two Services deleted past their finalizer.
+    for name in ["gone-a", "gone-b"] {
+        without_finalizer(&env, name).await;
+        env.services().delete(name, &DeleteParams::default()).await.expect("delete");
+    }
+    // Load balancers the sweep must never touch: another cluster's, and one of this cluster
+    // not named by our scheme.
+    foreign_load_balancer(&sim, "another-cluster", "another-cluster-svc-12345678", "0000-gone-1").await;
+    foreign_load_balancer(&sim, "kubernetes", "made-by-hand", "0000-gone-2").await;
+    let total = sim.admin.state().await.expect("state").load_balancers.len();
+    assert_eq!(total, 5);
+
+    // Two orphans, at most one deletion allowed per sweep: none is deleted.
+    sim.admin.reset_calls().await.expect("reset");
+    let bounded = start_services(cp, &env, &sim, &["--load-balancer-resync-period=500ms", "--max-load-balancer-deletions=1"]);
+    eventually("two sweeps", Duration::from_secs(10), async || {
+        (sim.admin.call_count("LoadBalancersService/ListLoadBalancers").await.ok()? >= 2).then_some(())
+    })
+    .await;
+    assert_eq!(sim.admin.state().await.expect("state").load_balancers.len(), 5, "over the bound: nothing deleted");
+    assert_eq!(sim.admin.call_count("LoadBalancersService/EnsureLoadBalancerDeleted").await.expect("calls"), 0);
+    bounded.stop().await.expect("stop");
+
+    // Within the bound: the sweep at start deletes exactly the two orphans.
+    let core = start_services(cp, &env, &sim, &[]);
+    eventually("the orphans deleted", Duration::from_secs(10), async || {
+        let state = sim.admin.state().await.ok()?;
+        let names: Vec<String> = state.load_balancers.iter().map(|l| l.service.clone()).collect();
+        (state.load_balancers.len() == 3).then_some(names)
+    })
+    .await;
+    assert!(lb_of(&sim, "kept").await.is_some(), "the live Service keeps its load balancer");
+    assert!(lb_of(&sim, "gone-a").await.is_none() && lb_of(&sim, "gone-b").await.is_none());
+    let names: Vec<String> = sim.admin.state().await.expect("state").load_balancers.into_iter().map(|l| l.name).collect();
+    assert!(names.iter().any(|n| n == "made-by-hand") && names.iter().any(|n| n.starts_with("another-cluster")), "{names:?}");
+    core.stop().await.expect("stop");
+    env.cleanup().await.expect("cleanup");
+}

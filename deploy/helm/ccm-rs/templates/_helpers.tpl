@@ -63,6 +63,6 @@ cloud-node-lifecycle-controller:
 route-controller:
   - {apiGroups: [""], resources: [nodes/status], verbs: [patch]}
 service-lb-controller:
-  - {apiGroups: [""], resources: [services], verbs: [patch]}
+  - {apiGroups: [""], resources: [services], verbs: [get, patch]}
   - {apiGroups: [""], resources: [services/status], verbs: [patch]}
 {{- end -}}

@@ -375,8 +375,11 @@ type LoadBalancersCapabilities struct {
 	// Every character a name may contain. Empty means lowercase letters, digits and '-'.
 	// Names always start with a letter and never end with '-'.
 	AllowedNameCharacters string `protobuf:"bytes,2,opt,name=allowed_name_characters,json=allowedNameCharacters,proto3" json:"allowed_name_characters,omitempty"`
-	unknownFields         protoimpl.UnknownFields
-	sizeCache             protoimpl.SizeCache
+	// ListLoadBalancers is implemented: the provider records, per load balancer, the Service
+	// (namespace, name, UID) it was ensured for, and lists the cluster's load balancers.
+	List          bool `protobuf:"varint,3,opt,name=list,proto3" json:"list,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *LoadBalancersCapabilities) Reset() {
@@ -421,6 +424,13 @@ func (x *LoadBalancersCapabilities) GetAllowedNameCharacters() string {
 		return x.AllowedNameCharacters
 	}
 	return ""
+}
+
+func (x *LoadBalancersCapabilities) GetList() bool {
+	if x != nil {
+		return x.List
+	}
+	return false
 }
 
 // Response of GetPluginCapabilities.
@@ -619,10 +629,11 @@ const file_cloudprovider_v1_identity_proto_rawDesc = "" +
 	"\x0fmultiple_tables\x18\x01 \x01(\bR\x0emultipleTables\x12/\n" +
 	"\x14max_routes_per_table\x18\x02 \x01(\rR\x11maxRoutesPerTable\x12\x12\n" +
 	"\x04ipv6\x18\x03 \x01(\bR\x04ipv6\x12)\n" +
-	"\x10target_addresses\x18\x04 \x01(\bR\x0ftargetAddresses\"{\n" +
+	"\x10target_addresses\x18\x04 \x01(\bR\x0ftargetAddresses\"\x8f\x01\n" +
 	"\x19LoadBalancersCapabilities\x12&\n" +
 	"\x0fmax_name_length\x18\x01 \x01(\rR\rmaxNameLength\x126\n" +
-	"\x17allowed_name_characters\x18\x02 \x01(\tR\x15allowedNameCharacters\"\xb3\x02\n" +
+	"\x17allowed_name_characters\x18\x02 \x01(\tR\x15allowedNameCharacters\x12\x12\n" +
+	"\x04list\x18\x03 \x01(\bR\x04list\"\xb3\x02\n" +
 	"\x1dGetPluginCapabilitiesResponse\x129\n" +
 	"\bservices\x18\x01 \x03(\x0e2\x1d.cloudprovider.v1.ServiceTypeR\bservices\x12E\n" +
 	"\tinstances\x18\x02 \x01(\v2'.cloudprovider.v1.InstancesCapabilitiesR\tinstances\x12<\n" +

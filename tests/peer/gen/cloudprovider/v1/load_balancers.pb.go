@@ -1168,6 +1168,208 @@ func (*EnsureLoadBalancerDeletedResponse) Descriptor() ([]byte, []int) {
 	return file_cloudprovider_v1_load_balancers_proto_rawDescGZIP(), []int{13}
 }
 
+// Request of ListLoadBalancers.
+type ListLoadBalancersRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The cluster whose load balancers to list; a provider never lists another cluster's.
+	ClusterName string `protobuf:"bytes,1,opt,name=cluster_name,json=clusterName,proto3" json:"cluster_name,omitempty"`
+	// The most load balancers to return; 0 lets the provider choose (at most 1000).
+	PageSize uint32 `protobuf:"varint,2,opt,name=page_size,json=pageSize,proto3" json:"page_size,omitempty"`
+	// The next_page_token of the previous page; empty for the first.
+	PageToken     string `protobuf:"bytes,3,opt,name=page_token,json=pageToken,proto3" json:"page_token,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ListLoadBalancersRequest) Reset() {
+	*x = ListLoadBalancersRequest{}
+	mi := &file_cloudprovider_v1_load_balancers_proto_msgTypes[14]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ListLoadBalancersRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ListLoadBalancersRequest) ProtoMessage() {}
+
+func (x *ListLoadBalancersRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_cloudprovider_v1_load_balancers_proto_msgTypes[14]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ListLoadBalancersRequest.ProtoReflect.Descriptor instead.
+func (*ListLoadBalancersRequest) Descriptor() ([]byte, []int) {
+	return file_cloudprovider_v1_load_balancers_proto_rawDescGZIP(), []int{14}
+}
+
+func (x *ListLoadBalancersRequest) GetClusterName() string {
+	if x != nil {
+		return x.ClusterName
+	}
+	return ""
+}
+
+func (x *ListLoadBalancersRequest) GetPageSize() uint32 {
+	if x != nil {
+		return x.PageSize
+	}
+	return 0
+}
+
+func (x *ListLoadBalancersRequest) GetPageToken() string {
+	if x != nil {
+		return x.PageToken
+	}
+	return ""
+}
+
+// One load balancer of the cluster, with the Service it was made for.
+type LoadBalancerSummary struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The load balancer's name (the load_balancer_name it was ensured with).
+	LoadBalancerName string `protobuf:"bytes,1,opt,name=load_balancer_name,json=loadBalancerName,proto3" json:"load_balancer_name,omitempty"`
+	// The Service's namespace, as recorded at Ensure.
+	Namespace string `protobuf:"bytes,2,opt,name=namespace,proto3" json:"namespace,omitempty"`
+	// The Service's name, as recorded at Ensure.
+	Name string `protobuf:"bytes,3,opt,name=name,proto3" json:"name,omitempty"`
+	// The Service's UID, as recorded at Ensure; empty when the provider did not record it
+	// (the core then never deletes the load balancer on the listing's word).
+	Uid string `protobuf:"bytes,4,opt,name=uid,proto3" json:"uid,omitempty"`
+	// Its status.
+	Status        *LoadBalancerStatus `protobuf:"bytes,5,opt,name=status,proto3" json:"status,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *LoadBalancerSummary) Reset() {
+	*x = LoadBalancerSummary{}
+	mi := &file_cloudprovider_v1_load_balancers_proto_msgTypes[15]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *LoadBalancerSummary) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*LoadBalancerSummary) ProtoMessage() {}
+
+func (x *LoadBalancerSummary) ProtoReflect() protoreflect.Message {
+	mi := &file_cloudprovider_v1_load_balancers_proto_msgTypes[15]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use LoadBalancerSummary.ProtoReflect.Descriptor instead.
+func (*LoadBalancerSummary) Descriptor() ([]byte, []int) {
+	return file_cloudprovider_v1_load_balancers_proto_rawDescGZIP(), []int{15}
+}
+
+func (x *LoadBalancerSummary) GetLoadBalancerName() string {
+	if x != nil {
+		return x.LoadBalancerName
+	}
+	return ""
+}
+
+func (x *LoadBalancerSummary) GetNamespace() string {
+	if x != nil {
+		return x.Namespace
+	}
+	return ""
+}
+
+func (x *LoadBalancerSummary) GetName() string {
+	if x != nil {
+		return x.Name
+	}
+	return ""
+}
+
+func (x *LoadBalancerSummary) GetUid() string {
+	if x != nil {
+		return x.Uid
+	}
+	return ""
+}
+
+func (x *LoadBalancerSummary) GetStatus() *LoadBalancerStatus {
+	if x != nil {
+		return x.Status
+	}
+	return nil
+}
+
+// Response of ListLoadBalancers.
+type ListLoadBalancersResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// One page of load balancers.
+	LoadBalancers []*LoadBalancerSummary `protobuf:"bytes,1,rep,name=load_balancers,json=loadBalancers,proto3" json:"load_balancers,omitempty"`
+	// The token of the next page; empty on the last page.
+	NextPageToken string `protobuf:"bytes,2,opt,name=next_page_token,json=nextPageToken,proto3" json:"next_page_token,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ListLoadBalancersResponse) Reset() {
+	*x = ListLoadBalancersResponse{}
+	mi := &file_cloudprovider_v1_load_balancers_proto_msgTypes[16]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ListLoadBalancersResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ListLoadBalancersResponse) ProtoMessage() {}
+
+func (x *ListLoadBalancersResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_cloudprovider_v1_load_balancers_proto_msgTypes[16]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ListLoadBalancersResponse.ProtoReflect.Descriptor instead.
+func (*ListLoadBalancersResponse) Descriptor() ([]byte, []int) {
+	return file_cloudprovider_v1_load_balancers_proto_rawDescGZIP(), []int{16}
+}
+
+func (x *ListLoadBalancersResponse) GetLoadBalancers() []*LoadBalancerSummary {
+	if x != nil {
+		return x.LoadBalancers
+	}
+	return nil
+}
+
+func (x *ListLoadBalancersResponse) GetNextPageToken() string {
+	if x != nil {
+		return x.NextPageToken
+	}
+	return ""
+}
+
 var File_cloudprovider_v1_load_balancers_proto protoreflect.FileDescriptor
 
 const file_cloudprovider_v1_load_balancers_proto_rawDesc = "" +
@@ -1236,7 +1438,21 @@ const file_cloudprovider_v1_load_balancers_proto_rawDesc = "" +
 	"\x1fUpdateLoadBalancerHostsResponse\"c\n" +
 	" EnsureLoadBalancerDeletedRequest\x12?\n" +
 	"\aservice\x18\x01 \x01(\v2%.cloudprovider.v1.LoadBalancerServiceR\aservice\"#\n" +
-	"!EnsureLoadBalancerDeletedResponse*[\n" +
+	"!EnsureLoadBalancerDeletedResponse\"y\n" +
+	"\x18ListLoadBalancersRequest\x12!\n" +
+	"\fcluster_name\x18\x01 \x01(\tR\vclusterName\x12\x1b\n" +
+	"\tpage_size\x18\x02 \x01(\rR\bpageSize\x12\x1d\n" +
+	"\n" +
+	"page_token\x18\x03 \x01(\tR\tpageToken\"\xc5\x01\n" +
+	"\x13LoadBalancerSummary\x12,\n" +
+	"\x12load_balancer_name\x18\x01 \x01(\tR\x10loadBalancerName\x12\x1c\n" +
+	"\tnamespace\x18\x02 \x01(\tR\tnamespace\x12\x12\n" +
+	"\x04name\x18\x03 \x01(\tR\x04name\x12\x10\n" +
+	"\x03uid\x18\x04 \x01(\tR\x03uid\x12<\n" +
+	"\x06status\x18\x05 \x01(\v2$.cloudprovider.v1.LoadBalancerStatusR\x06status\"\x91\x01\n" +
+	"\x19ListLoadBalancersResponse\x12L\n" +
+	"\x0eload_balancers\x18\x01 \x03(\v2%.cloudprovider.v1.LoadBalancerSummaryR\rloadBalancers\x12&\n" +
+	"\x0fnext_page_token\x18\x02 \x01(\tR\rnextPageToken*[\n" +
 	"\bProtocol\x12\x18\n" +
 	"\x14PROTOCOL_UNSPECIFIED\x10\x00\x12\x10\n" +
 	"\fPROTOCOL_TCP\x10\x01\x12\x10\n" +
@@ -1257,12 +1473,13 @@ const file_cloudprovider_v1_load_balancers_proto_rawDesc = "" +
 	"\x06IpMode\x12\x17\n" +
 	"\x13IP_MODE_UNSPECIFIED\x10\x00\x12\x0f\n" +
 	"\vIP_MODE_VIP\x10\x01\x12\x11\n" +
-	"\rIP_MODE_PROXY\x10\x022\xf6\x03\n" +
+	"\rIP_MODE_PROXY\x10\x022\xe4\x04\n" +
 	"\x14LoadBalancersService\x12f\n" +
 	"\x0fGetLoadBalancer\x12(.cloudprovider.v1.GetLoadBalancerRequest\x1a).cloudprovider.v1.GetLoadBalancerResponse\x12o\n" +
 	"\x12EnsureLoadBalancer\x12+.cloudprovider.v1.EnsureLoadBalancerRequest\x1a,.cloudprovider.v1.EnsureLoadBalancerResponse\x12~\n" +
 	"\x17UpdateLoadBalancerHosts\x120.cloudprovider.v1.UpdateLoadBalancerHostsRequest\x1a1.cloudprovider.v1.UpdateLoadBalancerHostsResponse\x12\x84\x01\n" +
-	"\x19EnsureLoadBalancerDeleted\x122.cloudprovider.v1.EnsureLoadBalancerDeletedRequest\x1a3.cloudprovider.v1.EnsureLoadBalancerDeletedResponseB\xc8\x01\n" +
+	"\x19EnsureLoadBalancerDeleted\x122.cloudprovider.v1.EnsureLoadBalancerDeletedRequest\x1a3.cloudprovider.v1.EnsureLoadBalancerDeletedResponse\x12l\n" +
+	"\x11ListLoadBalancers\x12*.cloudprovider.v1.ListLoadBalancersRequest\x1a+.cloudprovider.v1.ListLoadBalancersResponseB\xc8\x01\n" +
 	"\x14com.cloudprovider.v1B\x12LoadBalancersProtoP\x01Z;github.com/ccm-rs/peer/gen/cloudprovider/v1;cloudproviderv1\xa2\x02\x03CXX\xaa\x02\x10Cloudprovider.V1\xca\x02\x10Cloudprovider\\V1\xe2\x02\x1cCloudprovider\\V1\\GPBMetadata\xea\x02\x11Cloudprovider::V1b\x06proto3"
 
 var (
@@ -1278,7 +1495,7 @@ func file_cloudprovider_v1_load_balancers_proto_rawDescGZIP() []byte {
 }
 
 var file_cloudprovider_v1_load_balancers_proto_enumTypes = make([]protoimpl.EnumInfo, 5)
-var file_cloudprovider_v1_load_balancers_proto_msgTypes = make([]protoimpl.MessageInfo, 16)
+var file_cloudprovider_v1_load_balancers_proto_msgTypes = make([]protoimpl.MessageInfo, 19)
 var file_cloudprovider_v1_load_balancers_proto_goTypes = []any{
 	(Protocol)(0),                             // 0: cloudprovider.v1.Protocol
 	(SessionAffinity)(0),                      // 1: cloudprovider.v1.SessionAffinity
@@ -1299,9 +1516,12 @@ var file_cloudprovider_v1_load_balancers_proto_goTypes = []any{
 	(*UpdateLoadBalancerHostsResponse)(nil),   // 16: cloudprovider.v1.UpdateLoadBalancerHostsResponse
 	(*EnsureLoadBalancerDeletedRequest)(nil),  // 17: cloudprovider.v1.EnsureLoadBalancerDeletedRequest
 	(*EnsureLoadBalancerDeletedResponse)(nil), // 18: cloudprovider.v1.EnsureLoadBalancerDeletedResponse
-	nil,                 // 19: cloudprovider.v1.LoadBalancerService.AnnotationsEntry
-	nil,                 // 20: cloudprovider.v1.LoadBalancerNode.LabelsEntry
-	(*NodeAddress)(nil), // 21: cloudprovider.v1.NodeAddress
+	(*ListLoadBalancersRequest)(nil),          // 19: cloudprovider.v1.ListLoadBalancersRequest
+	(*LoadBalancerSummary)(nil),               // 20: cloudprovider.v1.LoadBalancerSummary
+	(*ListLoadBalancersResponse)(nil),         // 21: cloudprovider.v1.ListLoadBalancersResponse
+	nil,                                       // 22: cloudprovider.v1.LoadBalancerService.AnnotationsEntry
+	nil,                                       // 23: cloudprovider.v1.LoadBalancerNode.LabelsEntry
+	(*NodeAddress)(nil),                       // 24: cloudprovider.v1.NodeAddress
 }
 var file_cloudprovider_v1_load_balancers_proto_depIdxs = []int32{
 	0,  // 0: cloudprovider.v1.ServicePort.protocol:type_name -> cloudprovider.v1.Protocol
@@ -1309,9 +1529,9 @@ var file_cloudprovider_v1_load_balancers_proto_depIdxs = []int32{
 	1,  // 2: cloudprovider.v1.LoadBalancerService.session_affinity:type_name -> cloudprovider.v1.SessionAffinity
 	2,  // 3: cloudprovider.v1.LoadBalancerService.ip_families:type_name -> cloudprovider.v1.IpFamily
 	3,  // 4: cloudprovider.v1.LoadBalancerService.external_traffic_policy:type_name -> cloudprovider.v1.ExternalTrafficPolicy
-	19, // 5: cloudprovider.v1.LoadBalancerService.annotations:type_name -> cloudprovider.v1.LoadBalancerService.AnnotationsEntry
-	21, // 6: cloudprovider.v1.LoadBalancerNode.addresses:type_name -> cloudprovider.v1.NodeAddress
-	20, // 7: cloudprovider.v1.LoadBalancerNode.labels:type_name -> cloudprovider.v1.LoadBalancerNode.LabelsEntry
+	22, // 5: cloudprovider.v1.LoadBalancerService.annotations:type_name -> cloudprovider.v1.LoadBalancerService.AnnotationsEntry
+	24, // 6: cloudprovider.v1.LoadBalancerNode.addresses:type_name -> cloudprovider.v1.NodeAddress
+	23, // 7: cloudprovider.v1.LoadBalancerNode.labels:type_name -> cloudprovider.v1.LoadBalancerNode.LabelsEntry
 	0,  // 8: cloudprovider.v1.PortStatus.protocol:type_name -> cloudprovider.v1.Protocol
 	4,  // 9: cloudprovider.v1.LoadBalancerIngress.ip_mode:type_name -> cloudprovider.v1.IpMode
 	8,  // 10: cloudprovider.v1.LoadBalancerIngress.ports:type_name -> cloudprovider.v1.PortStatus
@@ -1324,19 +1544,23 @@ var file_cloudprovider_v1_load_balancers_proto_depIdxs = []int32{
 	6,  // 17: cloudprovider.v1.UpdateLoadBalancerHostsRequest.service:type_name -> cloudprovider.v1.LoadBalancerService
 	7,  // 18: cloudprovider.v1.UpdateLoadBalancerHostsRequest.nodes:type_name -> cloudprovider.v1.LoadBalancerNode
 	6,  // 19: cloudprovider.v1.EnsureLoadBalancerDeletedRequest.service:type_name -> cloudprovider.v1.LoadBalancerService
-	11, // 20: cloudprovider.v1.LoadBalancersService.GetLoadBalancer:input_type -> cloudprovider.v1.GetLoadBalancerRequest
-	13, // 21: cloudprovider.v1.LoadBalancersService.EnsureLoadBalancer:input_type -> cloudprovider.v1.EnsureLoadBalancerRequest
-	15, // 22: cloudprovider.v1.LoadBalancersService.UpdateLoadBalancerHosts:input_type -> cloudprovider.v1.UpdateLoadBalancerHostsRequest
-	17, // 23: cloudprovider.v1.LoadBalancersService.EnsureLoadBalancerDeleted:input_type -> cloudprovider.v1.EnsureLoadBalancerDeletedRequest
-	12, // 24: cloudprovider.v1.LoadBalancersService.GetLoadBalancer:output_type -> cloudprovider.v1.GetLoadBalancerResponse
-	14, // 25: cloudprovider.v1.LoadBalancersService.EnsureLoadBalancer:output_type -> cloudprovider.v1.EnsureLoadBalancerResponse
-	16, // 26: cloudprovider.v1.LoadBalancersService.UpdateLoadBalancerHosts:output_type -> cloudprovider.v1.UpdateLoadBalancerHostsResponse
-	18, // 27: cloudprovider.v1.LoadBalancersService.EnsureLoadBalancerDeleted:output_type -> cloudprovider.v1.EnsureLoadBalancerDeletedResponse
-	24, // [24:28] is the sub-list for method output_type
-	20, // [20:24] is the sub-list for method input_type
-	20, // [20:20] is the sub-list for extension type_name
-	20, // [20:20] is the sub-list for extension extendee
-	0,  // [0:20] is the sub-list for field type_name
+	10, // 20: cloudprovider.v1.LoadBalancerSummary.status:type_name -> cloudprovider.v1.LoadBalancerStatus
+	20, // 21: cloudprovider.v1.ListLoadBalancersResponse.load_balancers:type_name -> cloudprovider.v1.LoadBalancerSummary
+	11, // 22: cloudprovider.v1.LoadBalancersService.GetLoadBalancer:input_type -> cloudprovider.v1.GetLoadBalancerRequest
+	13, // 23: cloudprovider.v1.LoadBalancersService.EnsureLoadBalancer:input_type -> cloudprovider.v1.EnsureLoadBalancerRequest
+	15, // 24: cloudprovider.v1.LoadBalancersService.UpdateLoadBalancerHosts:input_type -> cloudprovider.v1.UpdateLoadBalancerHostsRequest
+	17, // 25: cloudprovider.v1.LoadBalancersService.EnsureLoadBalancerDeleted:input_type -> cloudprovider.v1.EnsureLoadBalancerDeletedRequest
+	19, // 26: cloudprovider.v1.LoadBalancersService.ListLoadBalancers:input_type -> cloudprovider.v1.ListLoadBalancersRequest
+	12, // 27: cloudprovider.v1.LoadBalancersService.GetLoadBalancer:output_type -> cloudprovider.v1.GetLoadBalancerResponse
+	14, // 28: cloudprovider.v1.LoadBalancersService.EnsureLoadBalancer:output_type -> cloudprovider.v1.EnsureLoadBalancerResponse
+	16, // 29: cloudprovider.v1.LoadBalancersService.UpdateLoadBalancerHosts:output_type -> cloudprovider.v1.UpdateLoadBalancerHostsResponse
+	18, // 30: cloudprovider.v1.LoadBalancersService.EnsureLoadBalancerDeleted:output_type -> cloudprovider.v1.EnsureLoadBalancerDeletedResponse
+	21, // 31: cloudprovider.v1.LoadBalancersService.ListLoadBalancers:output_type -> cloudprovider.v1.ListLoadBalancersResponse
+	27, // [27:32] is the sub-list for method output_type
+	22, // [22:27] is the sub-list for method input_type
+	22, // [22:22] is the sub-list for extension type_name
+	22, // [22:22] is the sub-list for extension extendee
+	0,  // [0:22] is the sub-list for field type_name
 }
 
 func init() { file_cloudprovider_v1_load_balancers_proto_init() }
@@ -1351,7 +1575,7 @@ func file_cloudprovider_v1_load_balancers_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_cloudprovider_v1_load_balancers_proto_rawDesc), len(file_cloudprovider_v1_load_balancers_proto_rawDesc)),
 			NumEnums:      5,
-			NumMessages:   16,
+			NumMessages:   19,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

@@ -23,6 +23,7 @@ const (
 	LoadBalancersService_EnsureLoadBalancer_FullMethodName        = "/cloudprovider.v1.LoadBalancersService/EnsureLoadBalancer"
 	LoadBalancersService_UpdateLoadBalancerHosts_FullMethodName   = "/cloudprovider.v1.LoadBalancersService/UpdateLoadBalancerHosts"
 	LoadBalancersService_EnsureLoadBalancerDeleted_FullMethodName = "/cloudprovider.v1.LoadBalancersService/EnsureLoadBalancerDeleted"
+	LoadBalancersService_ListLoadBalancers_FullMethodName         = "/cloudprovider.v1.LoadBalancersService/ListLoadBalancers"
 )
 
 // LoadBalancersServiceClient is the client API for LoadBalancersService service.
@@ -49,6 +50,12 @@ type LoadBalancersServiceClient interface {
 	// Deletes the load balancer and everything the provider made for it. Deleting an absent
 	// load balancer is OK.
 	EnsureLoadBalancerDeleted(ctx context.Context, in *EnsureLoadBalancerDeletedRequest, opts ...grpc.CallOption) (*EnsureLoadBalancerDeletedResponse, error)
+	// The cluster's load balancers, paginated in a stable order, each with the Service it was
+	// made for as the provider recorded it at Ensure. Only called when the provider advertises
+	// LoadBalancersCapabilities.list; read-only. The core finds with it the load balancers
+	// whose Service is gone (deleted without its finalizer, or while the core was down) and
+	// deletes only those named by its own scheme for a Service UID that no longer exists.
+	ListLoadBalancers(ctx context.Context, in *ListLoadBalancersRequest, opts ...grpc.CallOption) (*ListLoadBalancersResponse, error)
 }
 
 type loadBalancersServiceClient struct {
@@ -99,6 +106,16 @@ func (c *loadBalancersServiceClient) EnsureLoadBalancerDeleted(ctx context.Conte
 	return out, nil
 }
 
+func (c *loadBalancersServiceClient) ListLoadBalancers(ctx context.Context, in *ListLoadBalancersRequest, opts ...grpc.CallOption) (*ListLoadBalancersResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(ListLoadBalancersResponse)
+	err := c.cc.Invoke(ctx, LoadBalancersService_ListLoadBalancers_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 // LoadBalancersServiceServer is the server API for LoadBalancersService service.
 // All implementations must embed UnimplementedLoadBalancersServiceServer
 // for forward compatibility.
@@ -123,6 +140,12 @@ type LoadBalancersServiceServer interface {
 	// Deletes the load balancer and everything the provider made for it. Deleting an absent
 	// load balancer is OK.
 	EnsureLoadBalancerDeleted(context.Context, *EnsureLoadBalancerDeletedRequest) (*EnsureLoadBalancerDeletedResponse, error)
+	// The cluster's load balancers, paginated in a stable order, each with the Service it was
+	// made for as the provider recorded it at Ensure. Only called when the provider advertises
+	// LoadBalancersCapabilities.list; read-only. The core finds with it the load balancers
+	// whose Service is gone (deleted without its finalizer, or while the core was down) and
+	// deletes only those named by its own scheme for a Service UID that no longer exists.
+	ListLoadBalancers(context.Context, *ListLoadBalancersRequest) (*ListLoadBalancersResponse, error)
 	mustEmbedUnimplementedLoadBalancersServiceServer()
 }
 
@@ -144,6 +167,9 @@ func (UnimplementedLoadBalancersServiceServer) UpdateLoadBalancerHosts(context.C
 }
 func (UnimplementedLoadBalancersServiceServer) EnsureLoadBalancerDeleted(context.Context, *EnsureLoadBalancerDeletedRequest) (*EnsureLoadBalancerDeletedResponse, error) {
 	return nil, status.Errorf(codes.Unimplemented, "method EnsureLoadBalancerDeleted not implemented")
+}
+func (UnimplementedLoadBalancersServiceServer) ListLoadBalancers(context.Context, *ListLoadBalancersRequest) (*ListLoadBalancersResponse, error) {
+	return nil, status.Errorf(codes.Unimplemented, "method ListLoadBalancers not implemented")
 }
 func (UnimplementedLoadBalancersServiceServer) mustEmbedUnimplementedLoadBalancersServiceServer() {}
 func (UnimplementedLoadBalancersServiceServer) testEmbeddedByValue()                              {}
@@ -238,6 +264,24 @@ func _LoadBalancersService_EnsureLoadBalancerDeleted_Handler(srv interface{}, ct
 	return interceptor(ctx, in, info, handler)
 }
 
+func _LoadBalancersService_ListLoadBalancers_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(ListLoadBalancersRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(LoadBalancersServiceServer).ListLoadBalancers(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: LoadBalancersService_ListLoadBalancers_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(LoadBalancersServiceServer).ListLoadBalancers(ctx, req.(*ListLoadBalancersRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 // LoadBalancersService_ServiceDesc is the grpc.ServiceDesc for LoadBalancersService service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -260,6 +304,10 @@ var LoadBalancersService_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "EnsureLoadBalancerDeleted",
 			Handler:    _LoadBalancersService_EnsureLoadBalancerDeleted_Handler,
+		},
+		{
+			MethodName: "ListLoadBalancers",
+			Handler:    _LoadBalancersService_ListLoadBalancers_Handler,
 		},
 	},
 	Streams:  []grpc.StreamDesc{},
