@@ -696,3 +696,49 @@ async fn after_a_restart_orphaned_load_balancers_are_swept_within_bounds() {
     core.stop().await.expect("stop");
     env.cleanup().await.expect("cleanup");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_throttling_hint_holds_back_every_call_for_its_length() {
+    let cp = ccm_e2e::shared().expect("control plane");
+    let env = TestEnv::new(cp.client().await.expect("client"), "up-hint").await.expect("env");
+    let (a, b) = (env.node_name("a"), env.node_name("b"));
+    let mut config = Config::default();
+    config.instances.push(instance("i-a", &a, "sim-region-1a"));
+    config.instances.push(instance("i-b", &b, "sim-region-1a"));
+    // Throttled, asking for 3 s: far longer than the 200 ms backoff the tests run with.
+    config.faults.push(Fault {
+        method: "BatchInstanceMetadata".into(),
+        down: true,
+        code: FaultCode::RateLimited,
+        retry_after_ms: Some(3000),
+        ..Default::default()
+    });
+    let sim = Sim::start(config).await;
+    let core = Core::start(cp, &env, &sim, &["--leader-elect=false", "--controllers=cloud-node"]);
+    NodeBuilder::new(&a).label(TEST_LABEL, &env.prefix).uninitialized().create(&env.client).await.expect("node");
+    let refused_at = eventually("the throttled call", Duration::from_secs(10), async || {
+        let log = sim.admin.call_log().await.ok()?;
+        log.into_iter()
+            .find(|c| c.method.ends_with("/BatchInstanceMetadata") && c.code == "RESOURCE_EXHAUSTED")
+            .map(|c| c.at_unix_ms)
+    })
+    .await;
+    sim.admin.set_faults(&[]).await.expect("clear");
+    // Another Node arrives meanwhile: its lookup waits out the same hint.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    NodeBuilder::new(&b).label(TEST_LABEL, &env.prefix).uninitialized().create(&env.client).await.expect("node");
+    for n in [&a, &b] {
+        eventually("initialised after the hint", Duration::from_secs(15), async || initialised(&env, n).await).await;
+    }
+    let log = sim.admin.call_log().await.expect("log");
+    let after: Vec<u64> = log
+        .iter()
+        .filter(|c| c.method.starts_with("InstancesService/") && c.at_unix_ms > refused_at)
+        .map(|c| c.at_unix_ms)
+        .collect();
+    assert!(!after.is_empty());
+    let first = after.iter().min().copied().unwrap_or_default();
+    assert!(first >= refused_at + 2900, "the next instance call came {} ms after a 3000 ms hint", first - refused_at);
+    core.stop().await.expect("stop");
+    env.cleanup().await.expect("cleanup");
+}
