@@ -99,6 +99,8 @@ enum Breakage {
     RepeatsAcrossPages,
     RouteCreateNotIdempotent,
     DeleteAbsentFails,
+    /// Advertises ListLoadBalancers and lists nothing.
+    ListsNothing,
 }
 
 struct Broken {
@@ -190,6 +192,13 @@ impl ccm_provider_sdk::LoadBalancers for Broken {
             return Err(Error::not_found("no such load balancer"));
         }
         self.inner.ensure_load_balancer_deleted(s).await
+    }
+
+    async fn list_load_balancers(&self, cluster: &str, page: &PageRequest) -> Result<Page<pb::LoadBalancerSummary>> {
+        if self.breakage == Breakage::ListsNothing {
+            return Ok(Page { items: Vec::new(), next_page_token: String::new() });
+        }
+        self.inner.list_load_balancers(cluster, page).await
     }
 }
 
@@ -493,4 +502,10 @@ async fn the_node_plugin_subcommand_serves_the_instance_it_runs_on() {
     assert!(!plugin.exists(), "the socket is removed on exit");
     let _ = tx.send(());
     let _ = sim.await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn suite_catches_a_load_balancer_listing_that_misses_load_balancers() {
+    let report = report_for(Breakage::ListsNothing).await;
+    assert_fails(&report, &["load-balancers.list"]);
 }
