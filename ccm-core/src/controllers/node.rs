@@ -545,6 +545,15 @@ mod tests {
     }
 
     #[test]
+    fn exists_without_metadata_is_an_error_never_gone() {
+        assert!(answer(true, None).is_err(), "exists, but no metadata: invalid");
+        assert_eq!(answer(false, None).expect("ok"), None, "explicitly absent");
+        let meta = pb::InstanceMetadata { provider_id: "sim://z/i-1".into(), ..Default::default() };
+        assert_eq!(answer(false, Some(meta.clone())).expect("ok"), None, "absent wins over stray metadata");
+        assert_eq!(answer(true, Some(meta.clone())).expect("ok"), Some(meta));
+    }
+
+    #[test]
     fn cloud_owned_labels_are_corrected_and_others_only_added() {
         let mut labels = Labels::default();
         labels.owned.insert(node_util::LABEL_ZONE.into(), "zone-b".into());
