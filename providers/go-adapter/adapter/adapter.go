@@ -1,0 +1,154 @@
+// Package adapter serves any k8s.io/cloud-provider cloudprovider.Interface as a
+// cloudprovider.v1 provider: Identity, Instances (from InstancesV2, or Instances and Zones),
+// Routes and LoadBalancers, as the implementation offers them. See ../README.md for what is
+// translated and how.
+package adapter
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"os"
+	"strings"
+
+	pb "github.com/ccm-rs/go-adapter/gen/cloudprovider/v1"
+	"google.golang.org/grpc"
+	cloudprovider "k8s.io/cloud-provider"
+	"k8s.io/klog/v2"
+)
+
+// Options says how to serve.
+type Options struct {
+	// Listen is `unix:///path/provider.sock` (created 0600, a stale file replaced) or
+	// `tcp://host:port`.
+	Listen string
+	// Name is the plugin name (GetPluginInfo); default `<provider>.go-adapter.ccm-rs.dev`.
+	Name string
+	// Version is the plugin version; default "0.0.0".
+	Version string
+	// ProviderIDScheme is the scheme of the providerIDs the cloud issues; default the
+	// provider's name (upstream builds providerIDs as `<ProviderName()>://…`).
+	ProviderIDScheme string
+	// BatchReads advertises BatchInstanceMetadata as cheap: set it for providers that
+	// coalesce their cloud reads (the AWS provider batches DescribeInstances).
+	BatchReads bool
+	// BatchConcurrency bounds the per-instance calls of one batch read; default 16.
+	BatchConcurrency int
+}
+
+func (o Options) withDefaults(cloud cloudprovider.Interface) Options {
+	if o.Name == "" {
+		o.Name = strings.ToLower(cloud.ProviderName()) + ".go-adapter.ccm-rs.dev"
+	}
+	if o.Version == "" {
+		o.Version = "0.0.0"
+	}
+	if o.ProviderIDScheme == "" {
+		o.ProviderIDScheme = cloud.ProviderName()
+	}
+	if o.BatchConcurrency <= 0 {
+		o.BatchConcurrency = 16
+	}
+	return o
+}
+
+// NewServer registers, on a new gRPC server, every service the cloud offers.
+func NewServer(cloud cloudprovider.Interface, opts Options) *grpc.Server {
+	opts = opts.withDefaults(cloud)
+	server := grpc.NewServer()
+	id := &identity{opts: opts}
+	v2, hasV2 := cloud.InstancesV2()
+	v1, hasV1 := cloud.Instances()
+	zones, hasZones := cloud.Zones()
+	switch {
+	case hasV2 && v2 != nil:
+		pb.RegisterInstancesServiceServer(server, &instances{cloud: cloud, v2: v2, batchSize: opts.BatchConcurrency})
+		id.services = append(id.services, pb.ServiceType_SERVICE_TYPE_INSTANCES)
+	case hasV1 && v1 != nil:
+		s := &instances{cloud: cloud, v1: v1, batchSize: opts.BatchConcurrency}
+		if hasZones {
+			s.zones = zones
+		}
+		pb.RegisterInstancesServiceServer(server, s)
+		id.services = append(id.services, pb.ServiceType_SERVICE_TYPE_INSTANCES)
+	}
+	if r, ok := cloud.Routes(); ok && r != nil {
+		pb.RegisterRoutesServiceServer(server, &routes{routes: r, name: cloud.ProviderName()})
+		id.services = append(id.services, pb.ServiceType_SERVICE_TYPE_ROUTES)
+	}
+	if lb, ok := cloud.LoadBalancer(); ok && lb != nil {
+		pb.RegisterLoadBalancersServiceServer(server, &loadBalancers{lb: lb})
+		id.services = append(id.services, pb.ServiceType_SERVICE_TYPE_LOAD_BALANCERS)
+	}
+	if !cloud.HasClusterID() {
+		klog.Warning("the provider has no cluster ID: it cannot tell this cluster's cloud resources from another's")
+	}
+	pb.RegisterIdentityServiceServer(server, id)
+	return server
+}
+
+// Listen opens the endpoint: a unix socket (0600, a stale socket file replaced; the path
+// must end in .sock) or TCP.
+func Listen(endpoint string) (net.Listener, error) {
+	switch {
+	case strings.HasPrefix(endpoint, "unix://"):
+		path := strings.TrimPrefix(endpoint, "unix://")
+		if !strings.HasSuffix(path, ".sock") {
+			return nil, fmt.Errorf("--listen %q: a unix socket path must end in .sock", endpoint)
+		}
+		if info, err := os.Lstat(path); err == nil {
+			if info.Mode()&os.ModeSocket == 0 {
+				return nil, fmt.Errorf("--listen %q: the path exists and is not a socket", endpoint)
+			}
+			if err := os.Remove(path); err != nil {
+				return nil, fmt.Errorf("removing the stale socket %s: %w", path, err)
+			}
+		}
+		l, err := net.Listen("unix", path)
+		if err != nil {
+			return nil, fmt.Errorf("listening on %s: %w", path, err)
+		}
+		if err := os.Chmod(path, 0o600); err != nil {
+			_ = l.Close()
+			return nil, fmt.Errorf("restricting %s to its owner: %w", path, err)
+		}
+		return l, nil
+	case strings.HasPrefix(endpoint, "tcp://"):
+		l, err := net.Listen("tcp", strings.TrimPrefix(endpoint, "tcp://"))
+		if err != nil {
+			return nil, fmt.Errorf("listening on %s: %w", endpoint, err)
+		}
+		return l, nil
+	default:
+		return nil, fmt.Errorf("--listen %q: use unix:///path/provider.sock or tcp://host:port", endpoint)
+	}
+}
+
+// Serve serves the cloud on opts.Listen until ctx ends, then stops gracefully and removes
+// its unix socket.
+func Serve(ctx context.Context, cloud cloudprovider.Interface, opts Options) error {
+	l, err := Listen(opts.Listen)
+	if err != nil {
+		return err
+	}
+	server := NewServer(cloud, opts)
+	done := make(chan struct{})
+	go func() {
+		select {
+		case <-ctx.Done():
+			server.GracefulStop()
+		case <-done:
+		}
+	}()
+	klog.InfoS("serving cloudprovider.v1", "provider", cloud.ProviderName(), "listen", opts.Listen)
+	err = server.Serve(l)
+	close(done)
+	if path, ok := strings.CutPrefix(opts.Listen, "unix://"); ok {
+		_ = os.Remove(path)
+	}
+	if errors.Is(err, grpc.ErrServerStopped) {
+		return nil
+	}
+	return err
+}

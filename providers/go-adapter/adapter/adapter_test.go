@@ -1,0 +1,319 @@
+package adapter
+
+import (
+	"context"
+	"errors"
+	"net"
+	"path/filepath"
+	"testing"
+	"time"
+
+	pb "github.com/ccm-rs/go-adapter/gen/cloudprovider/v1"
+	"google.golang.org/genproto/googleapis/rpc/errdetails"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/status"
+	v1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/types"
+	cloudprovider "k8s.io/cloud-provider"
+	"k8s.io/cloud-provider/api"
+	"k8s.io/cloud-provider/fake"
+)
+
+// serve runs the adapter for cloud on a real unix socket and returns a client connection.
+func serve(t *testing.T, cloud cloudprovider.Interface, opts Options) *grpc.ClientConn {
+	t.Helper()
+	opts.Listen = "unix://" + filepath.Join(t.TempDir(), "provider.sock")
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- Serve(ctx, cloud, opts) }()
+	path := opts.Listen[len("unix://"):]
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		if c, err := net.Dial("unix", path); err == nil {
+			_ = c.Close()
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the adapter did not listen on %s", path)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	conn, err := grpc.NewClient("unix://"+path, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		_ = conn.Close()
+		cancel()
+		if err := <-done; err != nil {
+			t.Errorf("Serve: %v", err)
+		}
+	})
+	return conn
+}
+
+func fakeCloud() *fake.Cloud {
+	return &fake.Cloud{
+		EnableInstancesV2:  true,
+		ExistsByProviderID: true,
+		Provider:           "fake",
+		ProviderID:         map[types.NodeName]string{"node-a": "fake://zone-a/i-a"},
+		InstanceTypes:      map[types.NodeName]string{"fake://zone-a/i-a": "fake.large"},
+		Addresses:          []v1.NodeAddress{{Type: v1.NodeInternalIP, Address: "10.0.0.1"}, {Type: v1.NodeHostName, Address: "node-a"}},
+		Zone:               cloudprovider.Zone{FailureDomain: "zone-a", Region: "region-1"},
+		AdditionalLabels:   map[string]string{"example.com/pool": "gold"},
+		RouteMap:           map[string]*fake.Route{},
+		ExternalIP:         net.ParseIP("192.0.2.10"),
+	}
+}
+
+func ctx(t *testing.T) context.Context {
+	c, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	t.Cleanup(cancel)
+	return c
+}
+
+func TestIdentityAdvertisesWhatTheCloudOffers(t *testing.T) {
+	cloud := fakeCloud()
+	cloud.DisableRoutes = true
+	conn := serve(t, cloud, Options{BatchReads: true})
+	id := pb.NewIdentityServiceClient(conn)
+	info, err := id.GetPluginInfo(ctx(t), &pb.GetPluginInfoRequest{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if info.GetName() != "fake.go-adapter.ccm-rs.dev" || info.GetProviderIdScheme() != "fake" {
+		t.Errorf("info %v", info)
+	}
+	caps, err := id.GetPluginCapabilities(ctx(t), &pb.GetPluginCapabilitiesRequest{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := map[pb.ServiceType]bool{}
+	for _, s := range caps.GetServices() {
+		got[s] = true
+	}
+	if !got[pb.ServiceType_SERVICE_TYPE_INSTANCES] || !got[pb.ServiceType_SERVICE_TYPE_LOAD_BALANCERS] || got[pb.ServiceType_SERVICE_TYPE_ROUTES] {
+		t.Errorf("services %v: instances and load balancers, no routes", caps.GetServices())
+	}
+	if !caps.GetInstances().GetBatchReads() {
+		t.Error("batch reads as configured")
+	}
+	if _, err := pb.NewRoutesServiceClient(conn).ListRouteTables(ctx(t), &pb.ListRouteTablesRequest{}); status.Code(err) != codes.Unimplemented {
+		t.Errorf("an unadvertised service answers UNIMPLEMENTED, got %v", err)
+	}
+}
+
+func TestInstanceMetadataIsTranslated(t *testing.T) {
+	cloud := fakeCloud()
+	conn := serve(t, cloud, Options{})
+	instances := pb.NewInstancesServiceClient(conn)
+	lookup := &pb.InstanceLookup{NodeName: "node-a"}
+	r, err := instances.InstanceMetadata(ctx(t), &pb.InstanceMetadataRequest{Instance: lookup})
+	if err != nil {
+		t.Fatal(err)
+	}
+	m := r.GetMetadata()
+	if !r.GetExists() || m.GetProviderId() != "fake://zone-a/i-a" || m.GetInstanceId() != "i-a" || m.GetZone() != "zone-a" ||
+		m.GetRegion() != "region-1" || m.GetState() != pb.InstanceState_INSTANCE_STATE_RUNNING ||
+		m.GetAdditionalLabels()["example.com/pool"] != "gold" {
+		t.Errorf("metadata %v", r)
+	}
+	if len(m.GetAddresses()) != 2 || m.GetAddresses()[0].GetType() != pb.NodeAddressType_NODE_ADDRESS_TYPE_INTERNAL_IP {
+		t.Errorf("addresses %v", m.GetAddresses())
+	}
+
+	cloud.NodeShutdown = true
+	r, err = instances.InstanceMetadata(ctx(t), &pb.InstanceMetadataRequest{Instance: lookup})
+	if err != nil || r.GetMetadata().GetState() != pb.InstanceState_INSTANCE_STATE_STOPPED {
+		t.Errorf("a shut down instance is STOPPED: %v %v", r, err)
+	}
+	cloud.ExistsByProviderID = false
+	r, err = instances.InstanceMetadata(ctx(t), &pb.InstanceMetadataRequest{Instance: lookup})
+	if err != nil || r.GetExists() {
+		t.Errorf("InstanceExists false is exists=false: %v %v", r, err)
+	}
+	cloud.ExistsByProviderID = true
+	cloud.OverrideInstanceMetadata = func(context.Context, *v1.Node) (*cloudprovider.InstanceMetadata, error) { return nil, nil }
+	if _, err := instances.InstanceMetadata(ctx(t), &pb.InstanceMetadataRequest{Instance: lookup}); status.Code(err) != codes.Unavailable {
+		t.Errorf("exists with no metadata is an error, never absent: %v", err)
+	}
+	cloud.OverrideInstanceMetadata = func(context.Context, *v1.Node) (*cloudprovider.InstanceMetadata, error) {
+		return nil, cloudprovider.InstanceNotFound
+	}
+	r, err = instances.InstanceMetadata(ctx(t), &pb.InstanceMetadataRequest{Instance: lookup})
+	if err != nil || r.GetExists() {
+		t.Errorf("InstanceNotFound is exists=false: %v %v", r, err)
+	}
+}
+
+func TestBatchReadsAnswerPerItemInOrder(t *testing.T) {
+	cloud := fakeCloud()
+	cloud.OverrideInstanceMetadata = func(_ context.Context, node *v1.Node) (*cloudprovider.InstanceMetadata, error) {
+		switch node.Name {
+		case "slow-down":
+			return nil, api.NewRetryError("throttled", 3*time.Second)
+		case "broken":
+			return nil, errors.New("cloud API error")
+		}
+		return &cloudprovider.InstanceMetadata{ProviderID: "fake://z/" + node.Name}, nil
+	}
+	conn := serve(t, cloud, Options{BatchConcurrency: 2})
+	var lookups []*pb.InstanceLookup
+	for _, n := range []string{"a", "slow-down", "b", "broken", "c"} {
+		lookups = append(lookups, &pb.InstanceLookup{NodeName: n})
+	}
+	r, err := pb.NewInstancesServiceClient(conn).BatchInstanceMetadata(ctx(t), &pb.BatchInstanceMetadataRequest{Instances: lookups})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(r.GetResults()) != 5 {
+		t.Fatalf("%d results", len(r.GetResults()))
+	}
+	for i, want := range []string{"fake://z/a", "", "fake://z/b", "", "fake://z/c"} {
+		if got := r.GetResults()[i].GetMetadata().GetProviderId(); got != want {
+			t.Errorf("result %d: %q, want %q", i, got, want)
+		}
+	}
+	throttled := r.GetResults()[1].GetError()
+	if codes.Code(throttled.GetCode()) != codes.ResourceExhausted || throttled.GetRetryAfterMs() != 3000 || throttled.GetReason() != "RATE_LIMITED" {
+		t.Errorf("api.RetryError is RESOURCE_EXHAUSTED with its delay: %v", throttled)
+	}
+	if codes.Code(r.GetResults()[3].GetError().GetCode()) != codes.Unavailable {
+		t.Errorf("other errors are transient: %v", r.GetResults()[3].GetError())
+	}
+}
+
+func TestRetryErrorsCarryRetryInfo(t *testing.T) {
+	cloud := fakeCloud()
+	cloud.OverrideInstanceMetadata = func(context.Context, *v1.Node) (*cloudprovider.InstanceMetadata, error) {
+		return nil, api.NewRetryError("slow down", 1500*time.Millisecond)
+	}
+	conn := serve(t, cloud, Options{})
+	_, err := pb.NewInstancesServiceClient(conn).InstanceMetadata(ctx(t), &pb.InstanceMetadataRequest{Instance: &pb.InstanceLookup{NodeName: "x"}})
+	st := status.Convert(err)
+	var delay time.Duration
+	for _, d := range st.Details() {
+		if ri, ok := d.(*errdetails.RetryInfo); ok {
+			delay = ri.GetRetryDelay().AsDuration()
+		}
+	}
+	if st.Code() != codes.ResourceExhausted || delay != 1500*time.Millisecond {
+		t.Errorf("got %v with delay %v", st, delay)
+	}
+}
+
+func TestRoutesAreIdempotentAndPaginated(t *testing.T) {
+	cloud := fakeCloud()
+	conn := serve(t, cloud, Options{})
+	routes := pb.NewRoutesServiceClient(conn)
+	create := func(name, node, cidr string) (*pb.CreateRouteResponse, error) {
+		return routes.CreateRoute(ctx(t), &pb.CreateRouteRequest{ClusterName: "c", Route: &pb.Route{
+			Name: name, Target: &pb.RouteTarget{NodeName: node}, DestinationCidr: cidr,
+		}})
+	}
+	for i, cidr := range []string{"10.244.1.0/24", "10.244.2.0/24", "10.244.3.0/24"} {
+		if _, err := create("ours-"+cidr, []string{"a", "b", "c"}[i], cidr); err != nil {
+			t.Fatal(err)
+		}
+	}
+	again, err := create("ours-again", "a", "10.244.1.0/24")
+	if err != nil {
+		t.Fatalf("creating an existing route again is OK: %v", err)
+	}
+	if again.GetRoute().GetName() != "c-a-10.244.1.0/24" {
+		t.Errorf("answered with the provider's own name: %v", again.GetRoute())
+	}
+	if _, err := create("other", "b", "10.244.1.0/24"); status.Code(err) != codes.AlreadyExists {
+		t.Errorf("the same destination to another node: %v", err)
+	}
+	var names []string
+	token := ""
+	for {
+		page, err := routes.ListRoutes(ctx(t), &pb.ListRoutesRequest{ClusterName: "c", PageSize: 2, PageToken: token})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(page.GetRoutes()) > 2 {
+			t.Fatalf("page of %d", len(page.GetRoutes()))
+		}
+		for _, r := range page.GetRoutes() {
+			names = append(names, r.GetName())
+		}
+		if token = page.GetNextPageToken(); token == "" {
+			break
+		}
+	}
+	if len(names) != 3 {
+		t.Errorf("listed %v", names)
+	}
+	if _, err := routes.DeleteRoute(ctx(t), &pb.DeleteRouteRequest{ClusterName: "c", Name: names[0]}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := routes.DeleteRoute(ctx(t), &pb.DeleteRouteRequest{ClusterName: "c", Name: names[0]}); err != nil {
+		t.Errorf("deleting an absent route is OK: %v", err)
+	}
+	if len(cloud.RouteMap) != 2 {
+		t.Errorf("%d routes left", len(cloud.RouteMap))
+	}
+	if _, err := routes.ListRoutes(ctx(t), &pb.ListRoutesRequest{ClusterName: "c", PageToken: "zz"}); status.Code(err) != codes.InvalidArgument {
+		t.Errorf("a malformed token: %v", err)
+	}
+}
+
+func TestLoadBalancerServicesAreTranslated(t *testing.T) {
+	cloud := fakeCloud()
+	conn := serve(t, cloud, Options{})
+	lbs := pb.NewLoadBalancersServiceClient(conn)
+	svc := &pb.LoadBalancerService{
+		ClusterName: "c", Namespace: "ns", Name: "web", Uid: "0a1b2c3d-0000-1111-2222-333344445555", LoadBalancerName: "c-ns-web-1234",
+		Ports:                         []*pb.ServicePort{{Name: "http", Protocol: pb.Protocol_PROTOCOL_TCP, Port: 80, NodePort: 30080}, {Name: "dns", Protocol: pb.Protocol_PROTOCOL_UDP, Port: 53, NodePort: 30053}},
+		SessionAffinity:               pb.SessionAffinity_SESSION_AFFINITY_CLIENT_IP,
+		SessionAffinityTimeoutSeconds: 600,
+		SourceRanges:                  []string{"10.0.0.0/8"},
+		IpFamilies:                    []pb.IpFamily{pb.IpFamily_IP_FAMILY_IPV4, pb.IpFamily_IP_FAMILY_IPV6},
+		RequestedIp:                   "192.0.2.10",
+		ExternalTrafficPolicy:         pb.ExternalTrafficPolicy_EXTERNAL_TRAFFIC_POLICY_LOCAL,
+		HealthCheckNodePort:           32000,
+		Annotations:                   map[string]string{"example.com/lb": "fast"},
+		LoadBalancerClass:             "example.com/lb",
+	}
+	nodes := []*pb.LoadBalancerNode{{Name: "node-a", ProviderId: "fake://zone-a/i-a", Labels: map[string]string{"pool": "x"}}}
+	r, err := lbs.EnsureLoadBalancer(ctx(t), &pb.EnsureLoadBalancerRequest{Service: svc, Nodes: nodes})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(r.GetStatus().GetIngress()) != 1 || r.GetStatus().GetIngress()[0].GetIp() != "192.0.2.10" || len(r.GetStatus().GetIngress()[0].GetPorts()) != 2 {
+		t.Errorf("status %v", r.GetStatus())
+	}
+	if len(cloud.EnsureCalls) != 1 {
+		t.Fatalf("%d ensure calls", len(cloud.EnsureCalls))
+	}
+	got := cloud.EnsureCalls[0].Service
+	spec := got.Spec
+	if got.Namespace != "ns" || got.Name != "web" || string(got.UID) != svc.GetUid() || got.Annotations["example.com/lb"] != "fast" ||
+		spec.Type != v1.ServiceTypeLoadBalancer || len(spec.Ports) != 2 || spec.Ports[1].Protocol != v1.ProtocolUDP || spec.Ports[1].NodePort != 30053 ||
+		spec.SessionAffinity != v1.ServiceAffinityClientIP || *spec.SessionAffinityConfig.ClientIP.TimeoutSeconds != 600 ||
+		spec.LoadBalancerSourceRanges[0] != "10.0.0.0/8" || len(spec.IPFamilies) != 2 || spec.IPFamilies[1] != v1.IPv6Protocol ||
+		spec.LoadBalancerIP != "192.0.2.10" || spec.ExternalTrafficPolicy != v1.ServiceExternalTrafficPolicyLocal ||
+		spec.HealthCheckNodePort != 32000 || *spec.LoadBalancerClass != "example.com/lb" {
+		t.Errorf("service as the provider saw it: %+v", got)
+	}
+	if n := cloud.EnsureCalls[0].Hosts; len(n) != 1 || n[0].Spec.ProviderID != "fake://zone-a/i-a" || n[0].Labels["pool"] != "x" {
+		t.Errorf("nodes %+v", n)
+	}
+	if _, err := lbs.UpdateLoadBalancerHosts(ctx(t), &pb.UpdateLoadBalancerHostsRequest{Service: svc}); err != nil || len(cloud.UpdateCalls) != 1 {
+		t.Errorf("update: %v, %d calls", err, len(cloud.UpdateCalls))
+	}
+	if _, err := lbs.EnsureLoadBalancerDeleted(ctx(t), &pb.EnsureLoadBalancerDeletedRequest{Service: svc}); err != nil {
+		t.Error(err)
+	}
+	if _, err := lbs.EnsureLoadBalancer(ctx(t), &pb.EnsureLoadBalancerRequest{Service: &pb.LoadBalancerService{Name: "x"}}); status.Code(err) != codes.InvalidArgument {
+		t.Errorf("a Service without namespace and UID: %v", err)
+	}
+	if _, err := lbs.ListLoadBalancers(ctx(t), &pb.ListLoadBalancersRequest{}); status.Code(err) != codes.Unimplemented {
+		t.Errorf("listing: %v", err)
+	}
+}

@@ -1,0 +1,230 @@
+package adapter
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+
+	pb "github.com/ccm-rs/go-adapter/gen/cloudprovider/v1"
+	v1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/types"
+	cloudprovider "k8s.io/cloud-provider"
+)
+
+// instances serves InstancesService from InstancesV2, or from Instances and Zones for
+// providers that have only the older interfaces.
+type instances struct {
+	pb.UnimplementedInstancesServiceServer
+	cloud     cloudprovider.Interface
+	v2        cloudprovider.InstancesV2
+	v1        cloudprovider.Instances
+	zones     cloudprovider.Zones
+	batchSize int
+}
+
+// read is what the cloud says of one instance: its metadata and state, or absent. Three
+// interface calls (exists, then metadata and shutdown together), since the interface has no
+// call that answers all: providers that batch their cloud reads (AWS) coalesce them.
+// "Exists" with no metadata (nil, nil) is an error, never "absent": the core would delete the
+// Node of a NotReady instance that exists.
+func (s *instances) read(ctx context.Context, l *pb.InstanceLookup) (*pb.InstanceMetadata, bool, error) {
+	node := lookupNode(l)
+	if s.v2 != nil {
+		return s.readV2(ctx, node)
+	}
+	return s.readV1(ctx, node)
+}
+
+func (s *instances) readV2(ctx context.Context, node *v1.Node) (*pb.InstanceMetadata, bool, error) {
+	exists, err := s.v2.InstanceExists(ctx, node)
+	if errors.Is(err, cloudprovider.InstanceNotFound) {
+		return nil, false, nil
+	}
+	if err != nil {
+		return nil, false, err
+	}
+	if !exists {
+		return nil, false, nil
+	}
+	var (
+		wg       sync.WaitGroup
+		meta     *cloudprovider.InstanceMetadata
+		shutdown bool
+		metaErr  error
+		shutErr  error
+	)
+	wg.Add(2)
+	go func() { defer wg.Done(); meta, metaErr = s.v2.InstanceMetadata(ctx, node) }()
+	go func() { defer wg.Done(); shutdown, shutErr = s.v2.InstanceShutdown(ctx, node) }()
+	wg.Wait()
+	if errors.Is(metaErr, cloudprovider.InstanceNotFound) || errors.Is(shutErr, cloudprovider.InstanceNotFound) {
+		return nil, false, nil
+	}
+	if metaErr != nil {
+		return nil, false, metaErr
+	}
+	if shutErr != nil && !errors.Is(shutErr, cloudprovider.NotImplemented) {
+		return nil, false, shutErr
+	}
+	if meta == nil {
+		return nil, false, fmt.Errorf("the provider says the instance of node %q exists but returned no metadata", node.Name)
+	}
+	out := &pb.InstanceMetadata{
+		ProviderId:       meta.ProviderID,
+		InstanceType:     meta.InstanceType,
+		Zone:             meta.Zone,
+		Region:           meta.Region,
+		Addresses:        fromNodeAddresses(meta.NodeAddresses),
+		AdditionalLabels: meta.AdditionalLabels,
+		State:            pb.InstanceState_INSTANCE_STATE_RUNNING,
+		NodeName:         node.Name,
+		InstanceId:       instanceID(meta.ProviderID),
+	}
+	if out.ProviderId == "" {
+		out.ProviderId = node.Spec.ProviderID
+	}
+	if shutdown {
+		out.State = pb.InstanceState_INSTANCE_STATE_STOPPED
+	}
+	return out, true, nil
+}
+
+func (s *instances) readV1(ctx context.Context, node *v1.Node) (*pb.InstanceMetadata, bool, error) {
+	providerID := node.Spec.ProviderID
+	if providerID == "" {
+		id, err := cloudprovider.GetInstanceProviderID(ctx, s.cloud, types.NodeName(node.Name))
+		if errors.Is(err, cloudprovider.InstanceNotFound) {
+			return nil, false, nil
+		}
+		if err != nil {
+			return nil, false, err
+		}
+		providerID = id
+	}
+	exists, err := s.v1.InstanceExistsByProviderID(ctx, providerID)
+	if errors.Is(err, cloudprovider.InstanceNotFound) || (err == nil && !exists) {
+		return nil, false, nil
+	}
+	if err != nil {
+		return nil, false, err
+	}
+	addresses, err := s.v1.NodeAddressesByProviderID(ctx, providerID)
+	if err != nil {
+		return nil, false, err
+	}
+	instanceType, err := s.v1.InstanceTypeByProviderID(ctx, providerID)
+	if err != nil && !errors.Is(err, cloudprovider.NotImplemented) {
+		return nil, false, err
+	}
+	out := &pb.InstanceMetadata{
+		ProviderId:   providerID,
+		InstanceId:   instanceID(providerID),
+		InstanceType: instanceType,
+		Addresses:    fromNodeAddresses(addresses),
+		State:        pb.InstanceState_INSTANCE_STATE_RUNNING,
+		NodeName:     node.Name,
+	}
+	if s.zones != nil {
+		zone, err := s.zones.GetZoneByProviderID(ctx, providerID)
+		if err != nil && !errors.Is(err, cloudprovider.NotImplemented) {
+			return nil, false, err
+		}
+		out.Zone, out.Region = zone.FailureDomain, zone.Region
+	}
+	shutdown, err := s.v1.InstanceShutdownByProviderID(ctx, providerID)
+	if err != nil && !errors.Is(err, cloudprovider.NotImplemented) {
+		return nil, false, err
+	}
+	if shutdown {
+		out.State = pb.InstanceState_INSTANCE_STATE_STOPPED
+	}
+	return out, true, nil
+}
+
+// instanceID is the last path element of a providerID (`aws:///us-east-1a/i-0abc` → `i-0abc`).
+func instanceID(providerID string) string {
+	for i := len(providerID) - 1; i >= 0; i-- {
+		if providerID[i] == '/' {
+			return providerID[i+1:]
+		}
+	}
+	return providerID
+}
+
+func (s *instances) InstanceMetadata(ctx context.Context, req *pb.InstanceMetadataRequest) (*pb.InstanceMetadataResponse, error) {
+	if req.GetInstance() == nil {
+		return nil, invalidArgument("INVALID_ARGUMENT", "instance is required")
+	}
+	meta, exists, err := s.read(ctx, req.GetInstance())
+	if err != nil {
+		return nil, toStatus(err)
+	}
+	return &pb.InstanceMetadataResponse{Exists: exists, Metadata: meta}, nil
+}
+
+func (s *instances) InstanceExists(ctx context.Context, req *pb.InstanceExistsRequest) (*pb.InstanceExistsResponse, error) {
+	if req.GetInstance() == nil {
+		return nil, invalidArgument("INVALID_ARGUMENT", "instance is required")
+	}
+	node := lookupNode(req.GetInstance())
+	var (
+		exists bool
+		err    error
+	)
+	if s.v2 != nil {
+		exists, err = s.v2.InstanceExists(ctx, node)
+	} else {
+		_, exists, err = s.readV1(ctx, node)
+	}
+	if errors.Is(err, cloudprovider.InstanceNotFound) {
+		return &pb.InstanceExistsResponse{Exists: false}, nil
+	}
+	if err != nil {
+		return nil, toStatus(err)
+	}
+	return &pb.InstanceExistsResponse{Exists: exists}, nil
+}
+
+func (s *instances) InstanceShutdown(ctx context.Context, req *pb.InstanceShutdownRequest) (*pb.InstanceShutdownResponse, error) {
+	if req.GetInstance() == nil {
+		return nil, invalidArgument("INVALID_ARGUMENT", "instance is required")
+	}
+	meta, exists, err := s.read(ctx, req.GetInstance())
+	if err != nil {
+		return nil, toStatus(err)
+	}
+	return &pb.InstanceShutdownResponse{Exists: exists, Shutdown: exists && meta.GetState() == pb.InstanceState_INSTANCE_STATE_STOPPED}, nil
+}
+
+// BatchInstanceMetadata reads each instance with its own calls, at most batchSize at once,
+// each with its own error, in request order.
+func (s *instances) BatchInstanceMetadata(ctx context.Context, req *pb.BatchInstanceMetadataRequest) (*pb.BatchInstanceMetadataResponse, error) {
+	if len(req.GetInstances()) > 500 {
+		return nil, invalidArgument("INVALID_ARGUMENT", fmt.Sprintf("at most 500 instances per call, got %d", len(req.GetInstances())))
+	}
+	results := make([]*pb.InstanceMetadataResult, len(req.GetInstances()))
+	limit := make(chan struct{}, s.batchSize)
+	var wg sync.WaitGroup
+	for i, l := range req.GetInstances() {
+		wg.Add(1)
+		go func(i int, l *pb.InstanceLookup) {
+			defer wg.Done()
+			limit <- struct{}{}
+			defer func() { <-limit }()
+			meta, exists, err := s.read(ctx, l)
+			if err != nil {
+				results[i] = &pb.InstanceMetadataResult{Error: itemError(err)}
+				return
+			}
+			results[i] = &pb.InstanceMetadataResult{Exists: exists, Metadata: meta}
+		}(i, l)
+	}
+	wg.Wait()
+	return &pb.BatchInstanceMetadataResponse{Results: results}, nil
+}
+
+// ListInstances: cloudprovider.Interface cannot list instances.
+func (s *instances) ListInstances(context.Context, *pb.ListInstancesRequest) (*pb.ListInstancesResponse, error) {
+	return nil, unimplemented("cloudprovider.Interface has no call that lists instances")
+}

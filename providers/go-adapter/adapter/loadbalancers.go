@@ -1,0 +1,86 @@
+package adapter
+
+import (
+	"context"
+
+	pb "github.com/ccm-rs/go-adapter/gen/cloudprovider/v1"
+	cloudprovider "k8s.io/cloud-provider"
+	"k8s.io/klog/v2"
+)
+
+// loadBalancers serves LoadBalancersService from cloudprovider.LoadBalancer. The provider
+// names its load balancers itself (GetLoadBalancerName, usually upstream's `a` + UID), so the
+// core's load_balancer_name is only logged next to it: existing load balancers are found as
+// the provider always found them.
+type loadBalancers struct {
+	pb.UnimplementedLoadBalancersServiceServer
+	lb cloudprovider.LoadBalancer
+}
+
+func (s *loadBalancers) service(in *pb.LoadBalancerService) (*pb.LoadBalancerService, error) {
+	if in == nil || in.GetUid() == "" || in.GetName() == "" || in.GetNamespace() == "" {
+		return nil, invalidArgument("INVALID_ARGUMENT", "the Service's namespace, name and UID are required")
+	}
+	return in, nil
+}
+
+func (s *loadBalancers) GetLoadBalancer(ctx context.Context, req *pb.GetLoadBalancerRequest) (*pb.GetLoadBalancerResponse, error) {
+	in, err := s.service(req.GetService())
+	if err != nil {
+		return nil, err
+	}
+	status, exists, err := s.lb.GetLoadBalancer(ctx, in.GetClusterName(), toService(in))
+	if err != nil {
+		return nil, toStatus(err)
+	}
+	if !exists {
+		return &pb.GetLoadBalancerResponse{}, nil
+	}
+	return &pb.GetLoadBalancerResponse{Exists: true, Status: fromStatus(status)}, nil
+}
+
+func (s *loadBalancers) EnsureLoadBalancer(ctx context.Context, req *pb.EnsureLoadBalancerRequest) (*pb.EnsureLoadBalancerResponse, error) {
+	in, err := s.service(req.GetService())
+	if err != nil {
+		return nil, err
+	}
+	if len(in.GetPorts()) == 0 {
+		return nil, invalidArgument("INVALID_ARGUMENT", "a load balancer needs at least one port")
+	}
+	svc := toService(in)
+	klog.V(2).InfoS("ensuring load balancer", "service", in.GetNamespace()+"/"+in.GetName(),
+		"providerName", s.lb.GetLoadBalancerName(ctx, in.GetClusterName(), svc), "coreName", in.GetLoadBalancerName(),
+		"nodes", len(req.GetNodes()))
+	status, err := s.lb.EnsureLoadBalancer(ctx, in.GetClusterName(), svc, backendNodes(req.GetNodes()))
+	if err != nil {
+		return nil, toStatus(err)
+	}
+	return &pb.EnsureLoadBalancerResponse{Status: fromStatus(status)}, nil
+}
+
+func (s *loadBalancers) UpdateLoadBalancerHosts(ctx context.Context, req *pb.UpdateLoadBalancerHostsRequest) (*pb.UpdateLoadBalancerHostsResponse, error) {
+	in, err := s.service(req.GetService())
+	if err != nil {
+		return nil, err
+	}
+	if err := s.lb.UpdateLoadBalancer(ctx, in.GetClusterName(), toService(in), backendNodes(req.GetNodes())); err != nil {
+		return nil, toStatus(err)
+	}
+	return &pb.UpdateLoadBalancerHostsResponse{}, nil
+}
+
+func (s *loadBalancers) EnsureLoadBalancerDeleted(ctx context.Context, req *pb.EnsureLoadBalancerDeletedRequest) (*pb.EnsureLoadBalancerDeletedResponse, error) {
+	in, err := s.service(req.GetService())
+	if err != nil {
+		return nil, err
+	}
+	if err := s.lb.EnsureLoadBalancerDeleted(ctx, in.GetClusterName(), toService(in)); err != nil {
+		return nil, toStatus(err)
+	}
+	return &pb.EnsureLoadBalancerDeletedResponse{}, nil
+}
+
+// ListLoadBalancers: cloudprovider.LoadBalancer cannot list.
+func (s *loadBalancers) ListLoadBalancers(context.Context, *pb.ListLoadBalancersRequest) (*pb.ListLoadBalancersResponse, error) {
+	return nil, unimplemented("cloudprovider.LoadBalancer has no call that lists load balancers")
+}

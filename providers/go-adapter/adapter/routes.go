@@ -1,0 +1,178 @@
+package adapter
+
+import (
+	"context"
+	"encoding/hex"
+	"fmt"
+	"sort"
+
+	pb "github.com/ccm-rs/go-adapter/gen/cloudprovider/v1"
+	"google.golang.org/grpc/codes"
+	"k8s.io/apimachinery/pkg/types"
+	cloudprovider "k8s.io/cloud-provider"
+)
+
+// defaultTable is the one route table the adapter lists: cloudprovider.Routes has no tables
+// (a provider with several handles them inside CreateRoute).
+const defaultTable = "default"
+
+// routes serves RoutesService from cloudprovider.Routes. Providers key routes by destination
+// and target, not by the name the core chooses (CreateRoute's nameHint): the adapter lists the
+// provider's routes under the provider's own names, creates only when no route to the same
+// destination exists (idempotent), and deletes by finding the named route in a fresh listing.
+type routes struct {
+	pb.UnimplementedRoutesServiceServer
+	routes cloudprovider.Routes
+	name   string
+}
+
+func (s *routes) ListRouteTables(_ context.Context, req *pb.ListRouteTablesRequest) (*pb.ListRouteTablesResponse, error) {
+	if req.GetPageToken() != "" {
+		return nil, invalidArgument("INVALID_PAGE_TOKEN", fmt.Sprintf("malformed page token %q", req.GetPageToken()))
+	}
+	return &pb.ListRouteTablesResponse{Tables: []*pb.RouteTable{{Id: defaultTable, Name: s.name + " routes"}}}, nil
+}
+
+func (s *routes) checkTable(table string) error {
+	if table != "" && table != defaultTable {
+		return invalidArgument("UNKNOWN_ROUTE_TABLE", fmt.Sprintf("route table %q does not exist", table))
+	}
+	return nil
+}
+
+func toRoute(r *cloudprovider.Route) *pb.Route {
+	return &pb.Route{
+		Name:            r.Name,
+		Target:          &pb.RouteTarget{NodeName: string(r.TargetNode)},
+		DestinationCidr: r.DestinationCIDR,
+		TableId:         defaultTable,
+		Blackhole:       r.Blackhole,
+		TargetAddresses: fromNodeAddresses(r.TargetNodeAddresses),
+	}
+}
+
+// list is the cluster's routes, sorted by name.
+func (s *routes) list(ctx context.Context, cluster string) ([]*cloudprovider.Route, error) {
+	all, err := s.routes.ListRoutes(ctx, cluster)
+	if err != nil {
+		return nil, err
+	}
+	sort.Slice(all, func(i, j int) bool { return all[i].Name < all[j].Name })
+	return all, nil
+}
+
+// ListRoutes pages through the provider's listing by name: a page token is the hex of the
+// last name served, so routes added or removed between pages shift nothing.
+func (s *routes) ListRoutes(ctx context.Context, req *pb.ListRoutesRequest) (*pb.ListRoutesResponse, error) {
+	if err := s.checkTable(req.GetTableId()); err != nil {
+		return nil, err
+	}
+	var after string
+	if t := req.GetPageToken(); t != "" {
+		b, err := hex.DecodeString(t)
+		if err != nil || len(b) == 0 {
+			return nil, invalidArgument("INVALID_PAGE_TOKEN", fmt.Sprintf("malformed page token %q", t))
+		}
+		after = string(b)
+	}
+	all, err := s.list(ctx, req.GetClusterName())
+	if err != nil {
+		return nil, toStatus(err)
+	}
+	size := int(req.GetPageSize())
+	if size <= 0 || size > 1000 {
+		size = 1000
+	}
+	out := &pb.ListRoutesResponse{}
+	for _, r := range all {
+		if after != "" && r.Name <= after {
+			continue
+		}
+		if len(out.Routes) == size {
+			out.NextPageToken = hex.EncodeToString([]byte(out.Routes[len(out.Routes)-1].Name))
+			break
+		}
+		out.Routes = append(out.Routes, toRoute(r))
+	}
+	return out, nil
+}
+
+// CreateRoute is idempotent: a route to the same destination and target is returned as it
+// is; one to the same destination and another target is ALREADY_EXISTS.
+func (s *routes) CreateRoute(ctx context.Context, req *pb.CreateRouteRequest) (*pb.CreateRouteResponse, error) {
+	want := req.GetRoute()
+	if want == nil || want.GetName() == "" || want.GetDestinationCidr() == "" || want.GetTarget().GetNodeName() == "" {
+		return nil, invalidArgument("INVALID_ARGUMENT", "a route needs a name, a destination and a target node")
+	}
+	if err := s.checkTable(want.GetTableId()); err != nil {
+		return nil, err
+	}
+	find := func() (*cloudprovider.Route, error) {
+		all, err := s.list(ctx, req.GetClusterName())
+		if err != nil {
+			return nil, err
+		}
+		for _, r := range all {
+			if r.DestinationCIDR == want.GetDestinationCidr() {
+				return r, nil
+			}
+		}
+		return nil, nil
+	}
+	existing, err := find()
+	if err != nil {
+		return nil, toStatus(err)
+	}
+	if existing != nil {
+		if string(existing.TargetNode) != want.GetTarget().GetNodeName() {
+			return nil, newStatus(codes.AlreadyExists, "ALREADY_EXISTS",
+				fmt.Sprintf("destination %s is routed to %s already", want.GetDestinationCidr(), existing.TargetNode), 0)
+		}
+		return &pb.CreateRouteResponse{Route: toRoute(existing)}, nil
+	}
+	route := &cloudprovider.Route{
+		Name:                want.GetName(),
+		TargetNode:          types.NodeName(want.GetTarget().GetNodeName()),
+		TargetNodeAddresses: toNodeAddresses(want.GetTargetAddresses()),
+		DestinationCIDR:     want.GetDestinationCidr(),
+	}
+	if err := s.routes.CreateRoute(ctx, req.GetClusterName(), want.GetName(), route); err != nil {
+		return nil, toStatus(err)
+	}
+	// The provider may store it under a name of its own: answer with what it stored.
+	if stored, err := find(); err == nil && stored != nil {
+		return &pb.CreateRouteResponse{Route: toRoute(stored)}, nil
+	}
+	return &pb.CreateRouteResponse{Route: toRoute(route)}, nil
+}
+
+// DeleteRoute deletes the route of that name in the provider's listing; absent is OK.
+func (s *routes) DeleteRoute(ctx context.Context, req *pb.DeleteRouteRequest) (*pb.DeleteRouteResponse, error) {
+	if req.GetName() == "" {
+		return nil, invalidArgument("INVALID_ARGUMENT", "a route name is required")
+	}
+	if err := s.checkTable(req.GetTableId()); err != nil {
+		return nil, err
+	}
+	all, err := s.list(ctx, req.GetClusterName())
+	if err != nil {
+		return nil, toStatus(err)
+	}
+	for _, r := range all {
+		if r.Name == req.GetName() {
+			if err := s.routes.DeleteRoute(ctx, req.GetClusterName(), r); err != nil {
+				return nil, toStatus(err)
+			}
+		}
+	}
+	return &pb.DeleteRouteResponse{}, nil
+}
+
+// ResolveRouteTables: every target's routes go to the one table.
+func (s *routes) ResolveRouteTables(_ context.Context, req *pb.ResolveRouteTablesRequest) (*pb.ResolveRouteTablesResponse, error) {
+	out := &pb.ResolveRouteTablesResponse{}
+	for range req.GetTargets() {
+		out.Assignments = append(out.Assignments, &pb.RouteTableAssignment{TableIds: []string{defaultTable}})
+	}
+	return out, nil
+}

@@ -1,0 +1,172 @@
+// Package sidecar is the main of a cloudprovider.v1 sidecar built from an existing Go
+// provider: import the cloud's provider package (its init registers it with
+// k8s.io/cloud-provider), then call Main. Flags are upstream's where they exist
+// (--cloud-provider, --cloud-config, --kubeconfig, -v) plus --listen.
+package sidecar
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"net/http"
+	"os"
+	"os/signal"
+	"syscall"
+	"time"
+
+	"github.com/ccm-rs/go-adapter/adapter"
+	"k8s.io/client-go/informers"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/rest"
+	"k8s.io/client-go/tools/clientcmd"
+	cloudprovider "k8s.io/cloud-provider"
+	"k8s.io/controller-manager/pkg/clientbuilder"
+	"k8s.io/klog/v2"
+)
+
+// Version is the sidecar's version, set at build time (-ldflags -X).
+var Version = "0.0.0-dev"
+
+// Main runs the sidecar with the process's arguments and exits: 0 after a signal, 1 on an
+// error (one sentence on stderr), 2 on bad flags.
+func Main(defaultProvider string) {
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
+	defer stop()
+	err := Run(ctx, defaultProvider, os.Args[1:], os.Stdout)
+	var usage usageError
+	switch {
+	case err == nil:
+		os.Exit(0)
+	case errors.As(err, &usage):
+		fmt.Fprintf(os.Stderr, "%s: %v\n", os.Args[0], err)
+		os.Exit(2)
+	default:
+		fmt.Fprintf(os.Stderr, "%s: %v\n", os.Args[0], err)
+		os.Exit(1)
+	}
+}
+
+type usageError struct{ error }
+
+// Run parses args, builds the cloud, initialises it with a read-only Kubernetes client (and
+// a Node informer for providers that use one) when a kubeconfig or an in-cluster
+// configuration is there, and serves it until ctx ends.
+func Run(ctx context.Context, defaultProvider string, args []string, stdout io.Writer) error {
+	fs := flag.NewFlagSet("ccm-provider", flag.ContinueOnError)
+	fs.SetOutput(stdout)
+	name := fs.String("cloud-provider", defaultProvider, "the registered cloud provider to serve")
+	config := fs.String("cloud-config", "", "the provider's cloud configuration file")
+	kubeconfig := fs.String("kubeconfig", "", "kubeconfig for providers that read the cluster (in-cluster configuration when unset and available)")
+	listen := fs.String("listen", "unix:///var/run/ccm/provider.sock", "unix:///path/provider.sock or tcp://host:port")
+	pluginName := fs.String("plugin-name", "", "the plugin name to report (default <provider>.go-adapter.ccm-rs.dev)")
+	batchReads := fs.Bool("batch-reads", false, "advertise BatchInstanceMetadata as cheap (the provider coalesces its cloud reads)")
+	batchConcurrency := fs.Int("batch-concurrency", 16, "per-instance calls in flight for one batch read")
+	version := fs.Bool("version", false, "print the version and exit")
+	klogFlags := flag.NewFlagSet("klog", flag.ContinueOnError)
+	klog.InitFlags(klogFlags)
+	klogFlags.VisitAll(func(f *flag.Flag) { fs.Var(f.Value, f.Name, f.Usage) })
+	if err := fs.Parse(args); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			return nil
+		}
+		return usageError{err}
+	}
+	if fs.NArg() > 0 {
+		return usageError{fmt.Errorf("unexpected argument %q", fs.Arg(0))}
+	}
+	if *version {
+		_, err := fmt.Fprintf(stdout, "ccm-provider (go-adapter) %s, cloud provider %s\n", Version, *name)
+		return err
+	}
+	if *name == "" {
+		return usageError{errors.New("--cloud-provider is required")}
+	}
+	if !cloudprovider.IsCloudProvider(*name) {
+		return usageError{fmt.Errorf("--cloud-provider %q is not built into this sidecar", *name)}
+	}
+	cloud, err := cloudprovider.InitCloudProvider(*name, *config)
+	if err != nil {
+		return fmt.Errorf("initialising cloud provider %q with --cloud-config %q: %w", *name, *config, err)
+	}
+	if cloud == nil {
+		return fmt.Errorf("cloud provider %q returned no implementation (is --cloud-config set?)", *name)
+	}
+	restConfig, err := clusterConfig(*kubeconfig)
+	if err != nil {
+		return err
+	}
+	if restConfig != nil {
+		if err := initialise(ctx, cloud, restConfig); err != nil {
+			return err
+		}
+	} else {
+		klog.Warning("no --kubeconfig and no in-cluster configuration: the provider is not initialised; providers that read the cluster (AWS routes and load balancers) will fail")
+	}
+	return adapter.Serve(ctx, cloud, adapter.Options{
+		Listen:           *listen,
+		Name:             *pluginName,
+		Version:          Version,
+		BatchReads:       *batchReads,
+		BatchConcurrency: *batchConcurrency,
+	})
+}
+
+// clusterConfig is the kubeconfig's configuration, the in-cluster one, or nil for none.
+func clusterConfig(kubeconfig string) (*rest.Config, error) {
+	if kubeconfig != "" {
+		c, err := clientcmd.BuildConfigFromFlags("", kubeconfig)
+		if err != nil {
+			return nil, fmt.Errorf("--kubeconfig %s: %w", kubeconfig, err)
+		}
+		return c, nil
+	}
+	if os.Getenv("KUBERNETES_SERVICE_HOST") == "" {
+		return nil, nil
+	}
+	c, err := rest.InClusterConfig()
+	if err != nil {
+		return nil, fmt.Errorf("in-cluster configuration: %w", err)
+	}
+	return c, nil
+}
+
+// readOnly refuses every request but reads: the provider may list and watch the cluster,
+// never change it (the core does every write).
+type readOnly struct{ next http.RoundTripper }
+
+func (r readOnly) RoundTrip(req *http.Request) (*http.Response, error) {
+	if req.Method != http.MethodGet && req.Method != http.MethodHead {
+		return nil, fmt.Errorf("the sidecar's Kubernetes client is read-only: %s %s refused", req.Method, req.URL.Path)
+	}
+	return r.next.RoundTrip(req)
+}
+
+// initialise hands the provider a read-only client (Initialize) and, if it asks for them,
+// shared informers (SetInformers), started and synced before serving.
+func initialise(ctx context.Context, cloud cloudprovider.Interface, config *rest.Config) error {
+	config = rest.CopyConfig(config)
+	config.UserAgent = "ccm-provider-go-adapter"
+	config.Wrap(func(rt http.RoundTripper) http.RoundTripper { return readOnly{next: rt} })
+	client, err := kubernetes.NewForConfig(config)
+	if err != nil {
+		return fmt.Errorf("building the Kubernetes client: %w", err)
+	}
+	cloud.Initialize(clientbuilder.SimpleControllerClientBuilder{ClientConfig: config}, ctx.Done())
+	user, ok := cloud.(cloudprovider.InformerUser)
+	if !ok {
+		return nil
+	}
+	factory := informers.NewSharedInformerFactory(client, 0)
+	user.SetInformers(factory)
+	factory.Start(ctx.Done())
+	syncCtx, cancel := context.WithTimeout(ctx, 2*time.Minute)
+	defer cancel()
+	for informer, synced := range factory.WaitForCacheSync(syncCtx.Done()) {
+		if !synced {
+			return fmt.Errorf("the %v informer the provider asked for did not sync within 2 minutes (RBAC: get, list and watch)", informer)
+		}
+	}
+	return nil
+}

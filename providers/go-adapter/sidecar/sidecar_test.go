@@ -1,0 +1,112 @@
+package sidecar
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	pb "github.com/ccm-rs/go-adapter/gen/cloudprovider/v1"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
+	cloudprovider "k8s.io/cloud-provider"
+	"k8s.io/cloud-provider/fake"
+)
+
+func init() {
+	cloudprovider.RegisterCloudProvider("sidecar-test", func(config io.Reader) (cloudprovider.Interface, error) {
+		if config != nil {
+			b, _ := io.ReadAll(config)
+			if strings.Contains(string(b), "broken") {
+				return nil, errors.New("config says broken")
+			}
+		}
+		return &fake.Cloud{EnableInstancesV2: true, Provider: "sidecar-test"}, nil
+	})
+}
+
+func TestFlagsAndErrorsAreClear(t *testing.T) {
+	var out bytes.Buffer
+	if err := Run(context.Background(), "sidecar-test", []string{"--version"}, &out); err != nil || !strings.Contains(out.String(), "sidecar-test") {
+		t.Errorf("--version: %v %q", err, out.String())
+	}
+	var usage usageError
+	if err := Run(context.Background(), "", []string{"--cloud-provider=nope"}, io.Discard); !errors.As(err, &usage) || !strings.Contains(err.Error(), "not built into") {
+		t.Errorf("an unknown provider: %v", err)
+	}
+	if err := Run(context.Background(), "sidecar-test", []string{"stray"}, io.Discard); !errors.As(err, &usage) {
+		t.Errorf("a stray argument: %v", err)
+	}
+	config := filepath.Join(t.TempDir(), "cloud.conf")
+	if err := writeFile(config, "broken"); err != nil {
+		t.Fatal(err)
+	}
+	err := Run(context.Background(), "sidecar-test", []string{"--cloud-config", config, "--listen", "unix://" + filepath.Join(t.TempDir(), "p.sock")}, io.Discard)
+	if err == nil || !strings.Contains(err.Error(), "config says broken") || !strings.Contains(err.Error(), config) {
+		t.Errorf("a provider refusing its config: %v", err)
+	}
+	err = Run(context.Background(), "sidecar-test", []string{"--listen", "unix:///tmp/no-suffix"}, io.Discard)
+	if err == nil || !strings.Contains(err.Error(), ".sock") {
+		t.Errorf("a socket path without .sock: %v", err)
+	}
+}
+
+func TestItServesTheRegisteredProviderUntilCancelled(t *testing.T) {
+	t.Setenv("KUBERNETES_SERVICE_HOST", "")
+	sock := filepath.Join(t.TempDir(), "provider.sock")
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() {
+		done <- Run(ctx, "sidecar-test", []string{"--listen", "unix://" + sock, "--plugin-name", "test.example.com"}, io.Discard)
+	}()
+	conn, err := grpc.NewClient("unix://"+sock, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	var info *pb.GetPluginInfoResponse
+	for deadline := time.Now().Add(5 * time.Second); time.Now().Before(deadline); time.Sleep(20 * time.Millisecond) {
+		c, cancelCall := context.WithTimeout(context.Background(), time.Second)
+		info, err = pb.NewIdentityServiceClient(conn).GetPluginInfo(c, &pb.GetPluginInfoRequest{})
+		cancelCall()
+		if err == nil {
+			break
+		}
+	}
+	if err != nil || info.GetName() != "test.example.com" || info.GetProviderIdScheme() != "sidecar-test" {
+		t.Fatalf("info %v, %v", info, err)
+	}
+	cancel()
+	if err := <-done; err != nil {
+		t.Errorf("a signal ends it cleanly: %v", err)
+	}
+}
+
+func TestTheProvidersClientCannotWrite(t *testing.T) {
+	server := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) { w.WriteHeader(http.StatusOK) }))
+	defer server.Close()
+	client := &http.Client{Transport: readOnly{next: http.DefaultTransport}}
+	if resp, err := client.Get(server.URL + "/api/v1/nodes"); err != nil {
+		t.Errorf("a read: %v", err)
+	} else {
+		resp.Body.Close()
+	}
+	for _, method := range []string{http.MethodPost, http.MethodPatch, http.MethodPut, http.MethodDelete} {
+		req, _ := http.NewRequest(method, server.URL+"/api/v1/nodes/x", nil)
+		if resp, err := client.Do(req); err == nil {
+			resp.Body.Close()
+			t.Errorf("%s went through", method)
+		} else if !strings.Contains(err.Error(), "read-only") {
+			t.Errorf("%s: %v", method, err)
+		}
+	}
+}
+
+func writeFile(path, text string) error { return os.WriteFile(path, []byte(text), 0o600) }
