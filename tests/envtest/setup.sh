@@ -26,7 +26,9 @@ case "$mode" in control-plane|kubelet-check|cluster|helm|peer) ;; *) echo "usage
 
 if [ "$mode" = peer ]; then
   peer_dir=$(cd "$here/../peer" && pwd)
-  sum=$(cd "$peer_dir" && find . -name '*.go' -o -name go.mod -o -name go.sum | LC_ALL=C sort | xargs cat | sha256sum | cut -c1-16)
+  # The peer's sources and the generated protocol package it takes from the go-adapter module.
+  sum=$( (cd "$peer_dir" && find . -name '*.go' -o -name go.mod -o -name go.sum | LC_ALL=C sort | xargs cat;
+          cd "$here/../../providers/go-adapter" && find gen -name '*.go' | LC_ALL=C sort | xargs cat) | sha256sum | cut -c1-16)
   peer_out="${CCM_ENVTEST_CACHE:-$HOME/.cache/ccm-rs}/peer-$sum"
   if [ ! -x "$peer_out/grpc-cloud-controller-manager" ]; then
     command -v go >/dev/null || { echo "setup.sh: Go is required to build the upstream peer" >&2; exit 1; }

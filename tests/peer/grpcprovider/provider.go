@@ -19,7 +19,7 @@ import (
 	"sync"
 	"time"
 
-	pb "github.com/ccm-rs/peer/gen/cloudprovider/v1"
+	pb "github.com/ccm-rs/go-adapter/gen/cloudprovider/v1"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials/insecure"
