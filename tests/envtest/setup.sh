@@ -10,6 +10,10 @@
 # cloudprovider.v1 endpoint), built into .../peer-<hash of its sources>/. `setup.sh cluster`
 # builds what the real kubelet cluster adds (kubelet, kube-scheduler, kube-controller-manager,
 # kube-proxy and the static pause program) into the control plane's directory and prints it.
+# `setup.sh aws` prints the path of ccm-provider-aws (../../providers/aws: the AWS provider of
+# k8s.io/cloud-provider-aws behind the go-adapter), built into .../aws-<hash of its sources>/;
+# `setup.sh moto` prints the python of a virtualenv with moto[server] and boto3 (versions
+# below), made in .../moto-<version>/ from PyPI.
 #
 # - If KUBEBUILDER_ASSETS is set, or all of TEST_ASSET_KUBE_APISERVER / TEST_ASSET_ETCD /
 #   TEST_ASSET_KUBECTL are, those binaries are used and nothing is built.
@@ -22,7 +26,43 @@ set -euo pipefail
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 
 mode=${1:-control-plane}
-case "$mode" in control-plane|kubelet-check|cluster|helm|peer) ;; *) echo "usage: setup.sh [kubelet-check|cluster|helm|peer]" >&2; exit 2 ;; esac
+case "$mode" in control-plane|kubelet-check|cluster|helm|peer|aws|moto) ;; *) echo "usage: setup.sh [kubelet-check|cluster|helm|peer|aws|moto]" >&2; exit 2 ;; esac
+cache="${CCM_ENVTEST_CACHE:-$HOME/.cache/ccm-rs}"
+
+if [ "$mode" = moto ]; then
+  moto_version=5.2.5 boto3_version=1.44.5
+  venv="$cache/moto-$moto_version"
+  if [ ! -f "$venv/.complete" ]; then
+    command -v python3 >/dev/null || { echo "setup.sh: python3 is required for moto" >&2; exit 1; }
+    echo "setup.sh: installing moto[server]==$moto_version and boto3==$boto3_version into $venv" >&2
+    rm -rf "$venv"
+    python3 -m venv "$venv"
+    "$venv/bin/pip" install -q "moto[server]==$moto_version" "boto3==$boto3_version" >&2
+    touch "$venv/.complete"
+  fi
+  echo "$venv/bin/python"
+  exit 0
+fi
+
+if [ "$mode" = aws ]; then
+  aws_dir=$(cd "$here/../../providers/aws" && pwd)
+  adapter_dir=$(cd "$here/../../providers/go-adapter" && pwd)
+  sum=$( (cd "$aws_dir" && find . -name '*.go' -o -name go.mod -o -name go.sum | LC_ALL=C sort | xargs cat;
+          cd "$adapter_dir" && find . -name '*.go' -o -name go.mod -o -name go.sum | LC_ALL=C sort | xargs cat) | sha256sum | cut -c1-16)
+  aws_out="$cache/aws-$sum"
+  if [ ! -x "$aws_out/ccm-provider-aws" ]; then
+    command -v go >/dev/null || { echo "setup.sh: Go is required to build ccm-provider-aws" >&2; exit 1; }
+    mkdir -p "$aws_out"
+    echo "setup.sh: building ccm-provider-aws into $aws_out" >&2
+    start=$(date +%s)
+    (cd "$aws_dir" && GOTOOLCHAIN=local CGO_ENABLED=0 GOFLAGS=-mod=mod go build -trimpath -ldflags="-s -w" \
+      -o "$aws_out/.partial" ./cmd/ccm-provider-aws)
+    mv "$aws_out/.partial" "$aws_out/ccm-provider-aws"
+    echo "setup.sh: built ccm-provider-aws in $(( $(date +%s) - start ))s" >&2
+  fi
+  echo "$aws_out/ccm-provider-aws"
+  exit 0
+fi
 
 if [ "$mode" = peer ]; then
   peer_dir=$(cd "$here/../peer" && pwd)

@@ -2,6 +2,7 @@
 //! links kube, tonic and the rest: minutes on 2 cores) with a module per area; one control
 //! plane shared by all its tests, each isolated by namespace and Node-name prefix.
 
+mod aws;
 mod deploy;
 mod harness;
 mod leader;

@@ -118,10 +118,14 @@ impl Core {
 
     /// Starts the core with the identity of `kubeconfig`.
     pub fn start_as(kubeconfig: &std::path::Path, env: &TestEnv, sim: &Sim, extra: &[&str]) -> Self {
+        Self::start_on(kubeconfig, env, &sim.endpoint, extra)
+    }
+
+    /// Starts the core with the identity of `kubeconfig` against any provider endpoint.
+    pub fn start_on(kubeconfig: &std::path::Path, env: &TestEnv, endpoint: &str, extra: &[&str]) -> Self {
         let kubeconfig = kubeconfig.display().to_string();
         let exclude = format!("--node-exclude-selector={TEST_LABEL}!={}", env.prefix);
-        let mut args =
-            vec!["cloud-controller-manager", "--kubeconfig", &kubeconfig, "--provider-endpoint", &sim.endpoint, &exclude];
+        let mut args = vec!["cloud-controller-manager", "--kubeconfig", &kubeconfig, "--provider-endpoint", endpoint, &exclude];
         args.extend_from_slice(extra);
         // Test defaults, unless the test sets them. Each core handles only its test's
         // Services and Leases: the API server is shared by every test.

@@ -1,0 +1,325 @@
+//! The real AWS provider (k8s.io/cloud-provider-aws, unchanged, behind the go-adapter as
+//! `ccm-provider-aws`) driven by our core against moto, an AWS emulator nobody here wrote.
+//! Assertions are on moto's state (through the fixture's query channel), not only on
+//! Kubernetes.
+
+use std::path::{Path, PathBuf};
+use std::process::Stdio;
+use std::time::Duration;
+
+use ccm_e2e::assets::Assets;
+use ccm_e2e::cluster::{NodeBuilder, TestEnv, set_ready};
+use k8s_openapi::api::core::v1::Node;
+use kube::api::{DeleteParams, Patch, PatchParams, PostParams};
+use serde_json::Value;
+use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader, Lines};
+use tokio::process::{Child, ChildStdin, ChildStdout, Command};
+
+use crate::support::{Core, TEST_LABEL, eventually, free_port};
+
+/// Set in CI: a missing tool (python3, Go) fails the test instead of skipping it.
+const REQUIRE: &str = "CCM_E2E_REQUIRE_AWS";
+
+/// moto serving the fixture, with its query channel.
+struct Moto {
+    _child: Child,
+    stdin: ChildStdin,
+    lines: Lines<BufReader<ChildStdout>>,
+    fixture: Value,
+}
+
+impl Moto {
+    async fn start(python: &Path, cluster: &str, instances: usize) -> Self {
+        let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("aws/moto_fixture.py");
+        let mut child = Command::new(python)
+            .arg(&script)
+            .arg(free_port().to_string())
+            .arg(cluster)
+            .arg(instances.to_string())
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .kill_on_drop(true)
+            .spawn()
+            .expect("moto starts");
+        let stdin = child.stdin.take().expect("stdin");
+        let lines = BufReader::new(child.stdout.take().expect("stdout")).lines();
+        let mut moto = Self { _child: child, stdin, lines, fixture: Value::Null };
+        moto.fixture = tokio::time::timeout(Duration::from_secs(60), moto.answer()).await.expect("the fixture within 60 s");
+        moto
+    }
+
+    async fn answer(&mut self) -> Value {
+        loop {
+            let line = self.lines.next_line().await.expect("read moto").expect("moto exited");
+            if let Some(json) = line.strip_prefix("ccm-fixture ") {
+                return serde_json::from_str(json).expect("fixture JSON");
+            }
+        }
+    }
+
+    async fn query(&mut self, command: &str) -> Value {
+        self.stdin.write_all(format!("{command}\n").as_bytes()).await.expect("write moto");
+        let answer = self.answer().await;
+        assert!(answer.get("error").is_none(), "moto {command}: {answer}");
+        answer
+    }
+
+    fn get(&self, key: &str) -> String {
+        self.fixture[key].as_str().unwrap_or_default().to_string()
+    }
+
+    fn instances(&self) -> Vec<(String, String, String)> {
+        let list = self.fixture["instances"].as_array().cloned().unwrap_or_default();
+        let field = |i: &Value, k: &str| i[k].as_str().unwrap_or_default().to_string();
+        list.iter().map(|i| (field(i, "id"), field(i, "private_dns"), field(i, "private_ip"))).collect()
+    }
+
+    /// The AWS provider's cloud config for this fixture: no metadata service (moto's is
+    /// partial), every service pointed at moto.
+    fn cloud_config(&self, cluster: &str) -> String {
+        let endpoint = self.get("endpoint");
+        let region = self.get("region");
+        let mut text = format!(
+            "[Global]\nZone = {}\nRegion = {region}\nVPC = {}\nSubnetID = {}\nRouteTableID = {}\nKubernetesClusterID = {cluster}\n",
+            self.get("zone"),
+            self.get("vpc"),
+            self.get("subnet"),
+            self.get("route_table"),
+        );
+        let services = [
+            ("EC2", "ec2"),
+            ("Elastic Load Balancing", "elasticloadbalancing"),
+            ("Elastic Load Balancing v2", "elasticloadbalancing"),
+            ("KMS", "kms"),
+            ("ec2imds", "ec2"),
+        ];
+        for (i, (service, signing)) in services.iter().enumerate() {
+            text += &format!(
+                "\n[ServiceOverride \"{i}\"]\nService = {service}\nRegion = {region}\nURL = {endpoint}\nSigningRegion = {region}\nSigningName = {signing}\n"
+            );
+        }
+        text
+    }
+}
+
+/// The AWS sidecar as a process, its log kept for failures.
+struct Sidecar {
+    _child: Child,
+    endpoint: String,
+    log: PathBuf,
+}
+
+impl Sidecar {
+    async fn start(binary: &Path, dir: &Path, moto: &Moto, cluster: &str, kubeconfig: &Path) -> Self {
+        let config = dir.join("cloud.conf");
+        std::fs::write(&config, moto.cloud_config(cluster)).expect("cloud config");
+        let socket = dir.join("provider.sock");
+        let log = dir.join("ccm-provider-aws.log");
+        let child = Command::new(binary)
+            .arg("--cloud-provider=aws")
+            .arg(format!("--cloud-config={}", config.display()))
+            .arg(format!("--kubeconfig={}", kubeconfig.display()))
+            .arg(format!("--listen=unix://{}", socket.display()))
+            .arg("--batch-reads")
+            .arg("-v=2")
+            .env("AWS_ACCESS_KEY_ID", "testing")
+            .env("AWS_SECRET_ACCESS_KEY", "testing")
+            .env("AWS_EC2_METADATA_DISABLED", "true")
+            .stdout(Stdio::null())
+            .stderr(std::fs::File::create(&log).expect("log"))
+            .kill_on_drop(true)
+            .spawn()
+            .expect("ccm-provider-aws starts");
+        let sidecar = Self { _child: child, endpoint: format!("unix://{}", socket.display()), log };
+        let ready = eventually("the AWS sidecar's socket", Duration::from_secs(60), async || {
+            tokio::net::UnixStream::connect(&socket).await.ok().map(|_| ())
+        });
+        tokio::time::timeout(Duration::from_secs(61), ready).await.unwrap_or_else(|_| panic!("{}", sidecar.log_text()));
+        sidecar
+    }
+
+    fn log_text(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+}
+
+fn tools() -> Option<(PathBuf, PathBuf)> {
+    let found = Assets::tool("moto").and_then(|python| Ok((python, Assets::tool("aws")?)));
+    match found {
+        Ok(t) => Some(t),
+        Err(e) if std::env::var_os(REQUIRE).is_some() => panic!("{REQUIRE} is set and the AWS tools are missing: {e:#}"),
+        Err(e) => {
+            eprintln!("skipped: the AWS provider tests need python3 (moto) and Go (ccm-provider-aws): {e:#}");
+            None
+        }
+    }
+}
+
+fn label(node: &Node, key: &str) -> Option<String> {
+    node.metadata.labels.as_ref()?.get(key).cloned()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_aws_provider_on_moto_initialises_nodes_routes_pods_and_balances_services() {
+    let Some((python, binary)) = tools() else { return };
+    let cp = ccm_e2e::shared().expect("control plane");
+    let env = TestEnv::new(cp.client().await.expect("client"), "aws").await.expect("env");
+    let cluster = env.prefix.clone();
+    let mut moto = Moto::start(&python, &cluster, 3).await;
+    let dir = tempfile::tempdir().expect("tempdir");
+    let sidecar = Sidecar::start(&binary, dir.path(), &moto, &cluster, cp.kubeconfig_path()).await;
+    let instances = moto.instances();
+    for (k, (_, dns, _)) in instances.iter().enumerate() {
+        NodeBuilder::new(dns)
+            .label(TEST_LABEL, &env.prefix)
+            .uninitialized()
+            .pod_cidr(&format!("10.244.{}.0/24", k + 1))
+            .address("Hostname", dns)
+            .create(&env.client)
+            .await
+            .expect("node");
+    }
+    let cluster_flag = format!("--cluster-name={cluster}");
+    let core = Core::start_on(
+        cp.kubeconfig_path(),
+        &env,
+        &sidecar.endpoint,
+        &["--leader-elect=false", &cluster_flag, "--cluster-cidr=10.244.0.0/16", "--provider-call-timeout=30s"],
+    );
+
+    // Nodes: initialised from moto.
+    for (id, dns, ip) in &instances {
+        let node = eventually("a node initialised from moto", Duration::from_secs(90), async || {
+            let n = env.nodes().get(dns).await.ok()?;
+            let tainted = n.spec.as_ref()?.taints.as_ref().is_some_and(|t| t.iter().any(|t| t.key.ends_with("uninitialized")));
+            (!tainted).then_some(n)
+        })
+        .await;
+        assert_eq!(node.spec.as_ref().and_then(|s| s.provider_id.clone()), Some(format!("aws:///us-east-1a/{id}")));
+        assert_eq!(label(&node, "topology.kubernetes.io/zone").as_deref(), Some("us-east-1a"));
+        assert_eq!(label(&node, "topology.kubernetes.io/region").as_deref(), Some("us-east-1"));
+        assert_eq!(label(&node, "node.kubernetes.io/instance-type").as_deref(), Some("m5.large"));
+        let addresses = node.status.and_then(|s| s.addresses).unwrap_or_default();
+        assert!(addresses.iter().any(|a| a.type_ == "InternalIP" && &a.address == ip), "{addresses:?}");
+    }
+
+    // Routes: each podCIDR in moto's route table, to its instance.
+    let want: Vec<(String, String)> =
+        instances.iter().enumerate().map(|(k, (id, _, _))| (format!("10.244.{}.0/24", k + 1), id.clone())).collect();
+    let mut last = Value::Null;
+    for _ in 0..120 {
+        last = moto.query("routes").await;
+        let have: Vec<(String, String)> = last
+            .as_array()
+            .cloned()
+            .unwrap_or_default()
+            .iter()
+            .map(|r| {
+                (
+                    r["destination"].as_str().unwrap_or_default().to_string(),
+                    r["instance"].as_str().unwrap_or_default().to_string(),
+                )
+            })
+            .collect();
+        if want.iter().all(|w| have.contains(w)) {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    for w in &want {
+        assert!(
+            last.to_string().contains(&w.0) && last.to_string().contains(&w.1),
+            "route {w:?} in moto: {last}\n{}",
+            sidecar.log_text()
+        );
+    }
+
+    // A classic ELB for a LoadBalancer Service, with every instance registered.
+    let ids: Vec<String> = instances.iter().map(|(id, _, _)| id.clone()).collect();
+    ccm_e2e::cluster::create_load_balancer_service(&env, "web", &[80]).await.expect("service");
+    let hostname = eventually("the ELB's hostname in the Service", Duration::from_secs(90), async || {
+        let svc = env.services().get("web").await.ok()?;
+        svc.status?.load_balancer?.ingress?.first()?.hostname.clone()
+    })
+    .await;
+    let elbs = moto.query("elbs").await;
+    let elb = elbs.as_array().and_then(|l| l.first()).cloned().unwrap_or_else(|| panic!("no ELB in moto: {elbs}"));
+    assert_eq!(elb["dns"].as_str(), Some(hostname.as_str()));
+    let registered = |lb: &Value, key: &str| -> Vec<String> {
+        lb[key].as_array().cloned().unwrap_or_default().iter().filter_map(|v| v.as_str().map(String::from)).collect()
+    };
+    let mut sorted = ids.clone();
+    sorted.sort();
+    assert_eq!(registered(&elb, "instances"), sorted);
+
+    // A Node excluded from load balancers is deregistered.
+    let patch =
+        serde_json::json!({ "metadata": { "labels": { "node.kubernetes.io/exclude-from-external-load-balancers": "true" } } });
+    env.nodes().patch(&instances[0].1, &PatchParams::default(), &Patch::Merge(&patch)).await.expect("exclude");
+    let mut remaining = sorted.clone();
+    remaining.retain(|id| *id != instances[0].0);
+    let mut now = Vec::new();
+    for _ in 0..120 {
+        let elbs = moto.query("elbs").await;
+        now = elbs.as_array().and_then(|l| l.first()).map(|lb| registered(lb, "instances")).unwrap_or_default();
+        if now == remaining {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    assert_eq!(now, remaining, "the excluded node's instance deregistered");
+
+    // The NLB annotation gives a network load balancer with the instances as targets.
+    let mut nlb = ccm_e2e::cluster::load_balancer_service(&env.namespace, "fast", &[443]);
+    nlb.metadata.annotations =
+        Some([("service.beta.kubernetes.io/aws-load-balancer-type".to_string(), "nlb".to_string())].into());
+    env.services().create(&PostParams::default(), &nlb).await.expect("nlb service");
+    let nlb_host = eventually("the NLB's hostname", Duration::from_secs(90), async || {
+        let svc = env.services().get("fast").await.ok()?;
+        svc.status?.load_balancer?.ingress?.first()?.hostname.clone()
+    })
+    .await;
+    let nlbs = moto.query("nlbs").await;
+    let found = nlbs.as_array().and_then(|l| l.iter().find(|n| n["dns"].as_str() == Some(nlb_host.as_str())).cloned());
+    let found = found.unwrap_or_else(|| panic!("no NLB {nlb_host} in moto: {nlbs}"));
+    assert_eq!(found["type"].as_str(), Some("network"));
+    assert_eq!(registered(&found, "targets"), remaining);
+
+    // Deleting the Services deletes their load balancers.
+    for name in ["web", "fast"] {
+        env.services().delete(name, &DeleteParams::default()).await.expect("delete");
+    }
+    for _ in 0..120 {
+        let (elbs, nlbs) = (moto.query("elbs").await, moto.query("nlbs").await);
+        if elbs.as_array().is_some_and(Vec::is_empty) && nlbs.as_array().is_some_and(Vec::is_empty) {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    assert_eq!(moto.query("elbs").await, serde_json::json!([]), "the ELB deleted");
+    assert_eq!(moto.query("nlbs").await, serde_json::json!([]), "the NLB deleted");
+
+    // A stopped instance's NotReady Node gets the shutdown taint; a terminated one's is deleted.
+    let (stopped, gone) = (&instances[1], &instances[2]);
+    for (_, dns, _) in [stopped, gone] {
+        set_ready(&env.client, dns, "False").await.expect("not ready");
+    }
+    moto.query(&format!("stop {}", stopped.0)).await;
+    eventually("the shutdown taint", Duration::from_secs(60), async || {
+        let n = env.nodes().get(&stopped.1).await.ok()?;
+        n.spec?.taints?.iter().any(|t| t.key == "node.cloudprovider.kubernetes.io/shutdown").then_some(())
+    })
+    .await;
+    moto.query(&format!("terminate {}", gone.0)).await;
+    eventually("the terminated instance's node deleted", Duration::from_secs(60), async || {
+        env.nodes().get_opt(&gone.1).await.ok()?.is_none().then_some(())
+    })
+    .await;
+
+    core.stop().await.expect("stop");
+    for (_, dns, _) in &instances {
+        let _ = env.nodes().delete(dns, &DeleteParams::default()).await;
+    }
+    env.cleanup().await.expect("cleanup");
+}
