@@ -137,8 +137,11 @@ fn provider_fingerprint(svc: &Service) -> u64 {
         spec.type_.hash(&mut h);
         spec.load_balancer_class.hash(&mut h);
         for p in spec.ports.iter().flatten() {
-            (&p.name, &p.protocol, p.port, p.node_port).hash(&mut h);
+            (&p.name, &p.protocol, p.port, p.node_port, &p.app_protocol, target_port(p)).hash(&mut h);
         }
+        spec.external_ips.hash(&mut h);
+        spec.allocate_load_balancer_node_ports.hash(&mut h);
+        spec.ip_family_policy.hash(&mut h);
         source_ranges(svc).hash(&mut h);
         spec.session_affinity.hash(&mut h);
         spec.session_affinity_config.as_ref().and_then(|c| c.client_ip.as_ref()).and_then(|c| c.timeout_seconds).hash(&mut h);
@@ -149,7 +152,53 @@ fn provider_fingerprint(svc: &Service) -> u64 {
     }
     let annotations: BTreeMap<&String, &String> = svc.metadata.annotations.iter().flatten().collect();
     annotations.hash(&mut h);
+    let labels: BTreeMap<&String, &String> = svc.metadata.labels.iter().flatten().collect();
+    labels.hash(&mut h);
     h.finish()
+}
+
+/// A port's targetPort as text (a number or a port name); empty when unset.
+fn target_port(p: &k8s_openapi::api::core::v1::ServicePort) -> String {
+    use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
+    match &p.target_port {
+        Some(IntOrString::Int(n)) => n.to_string(),
+        Some(IntOrString::String(s)) => s.clone(),
+        None => String::new(),
+    }
+}
+
+/// The Service's status.loadBalancer in the protocol's terms.
+fn current_status(svc: &Service) -> pb::LoadBalancerStatus {
+    let ingress = svc.status.as_ref().and_then(|s| s.load_balancer.as_ref()).and_then(|l| l.ingress.clone()).unwrap_or_default();
+    let protocol = |p: &str| match p {
+        "UDP" => pb::Protocol::Udp,
+        "SCTP" => pb::Protocol::Sctp,
+        _ => pb::Protocol::Tcp,
+    } as i32;
+    pb::LoadBalancerStatus {
+        ingress: ingress
+            .into_iter()
+            .map(|i| pb::LoadBalancerIngress {
+                ip: i.ip.unwrap_or_default(),
+                hostname: i.hostname.unwrap_or_default(),
+                ip_mode: match i.ip_mode.as_deref() {
+                    Some("Proxy") => pb::IpMode::Proxy,
+                    Some("VIP") => pb::IpMode::Vip,
+                    _ => pb::IpMode::Unspecified,
+                } as i32,
+                ports: i
+                    .ports
+                    .unwrap_or_default()
+                    .into_iter()
+                    .map(|p| pb::PortStatus {
+                        port: p.port.max(0) as u32,
+                        protocol: protocol(&p.protocol),
+                        error: p.error.unwrap_or_default(),
+                    })
+                    .collect(),
+            })
+            .collect(),
+    }
 }
 
 /// Whether a Node is a load balancer backend.
@@ -568,6 +617,8 @@ impl ServiceController {
                     protocol: protocol(p.protocol.as_deref()),
                     port: p.port.max(0) as u32,
                     node_port: p.node_port.unwrap_or(0).max(0) as u32,
+                    app_protocol: p.app_protocol.clone().unwrap_or_default(),
+                    target_port: target_port(p),
                 })
                 .collect(),
             session_affinity: if spec.session_affinity.as_deref() == Some("ClientIP") {
@@ -597,6 +648,16 @@ impl ServiceController {
             health_check_node_port: spec.health_check_node_port.unwrap_or(0).max(0) as u32,
             annotations: svc.metadata.annotations.clone().unwrap_or_default().into_iter().collect(),
             load_balancer_class: spec.load_balancer_class.unwrap_or_default(),
+            external_ips: spec.external_ips.unwrap_or_default(),
+            allocate_load_balancer_node_ports: spec.allocate_load_balancer_node_ports,
+            ip_family_policy: match spec.ip_family_policy.as_deref() {
+                Some("SingleStack") => pb::IpFamilyPolicy::SingleStack,
+                Some("PreferDualStack") => pb::IpFamilyPolicy::PreferDualStack,
+                Some("RequireDualStack") => pb::IpFamilyPolicy::RequireDualStack,
+                _ => pb::IpFamilyPolicy::Unspecified,
+            } as i32,
+            labels: svc.metadata.labels.clone().unwrap_or_default().into_iter().collect(),
+            current_status: Some(current_status(svc)),
         }
     }
 

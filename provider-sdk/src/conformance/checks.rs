@@ -1071,7 +1071,13 @@ impl<F: FnMut(&CheckResult)> Suite<F> {
             name: format!("svc-{suffix}"),
             load_balancer_name: load_balancer_name("ccm-conformance", "conformance", &format!("svc-{suffix}"), &uid, &limits),
             uid,
-            ports: vec![pb::ServicePort { name: "http".into(), protocol: pb::Protocol::Tcp as i32, port: 80, node_port: 30080 }],
+            ports: vec![pb::ServicePort {
+                name: "http".into(),
+                protocol: pb::Protocol::Tcp as i32,
+                port: 80,
+                node_port: 30080,
+                ..Default::default()
+            }],
             session_affinity: pb::SessionAffinity::None as i32,
             ip_families: vec![pb::IpFamily::Ipv4 as i32],
             external_traffic_policy: pb::ExternalTrafficPolicy::Cluster as i32,

@@ -269,7 +269,11 @@ func TestLoadBalancerServicesAreTranslated(t *testing.T) {
 	lbs := pb.NewLoadBalancersServiceClient(conn)
 	svc := &pb.LoadBalancerService{
 		ClusterName: "c", Namespace: "ns", Name: "web", Uid: "0a1b2c3d-0000-1111-2222-333344445555", LoadBalancerName: "c-ns-web-1234",
-		Ports:                         []*pb.ServicePort{{Name: "http", Protocol: pb.Protocol_PROTOCOL_TCP, Port: 80, NodePort: 30080}, {Name: "dns", Protocol: pb.Protocol_PROTOCOL_UDP, Port: 53, NodePort: 30053}},
+		Ports:                         []*pb.ServicePort{{Name: "http", Protocol: pb.Protocol_PROTOCOL_TCP, Port: 80, NodePort: 30080, AppProtocol: "http", TargetPort: "web"}, {Name: "dns", Protocol: pb.Protocol_PROTOCOL_UDP, Port: 53, NodePort: 30053, TargetPort: "5353"}},
+		ExternalIps:                   []string{"198.51.100.1"},
+		IpFamilyPolicy:                pb.IpFamilyPolicy_IP_FAMILY_POLICY_PREFER_DUAL_STACK,
+		Labels:                        map[string]string{"team": "web"},
+		CurrentStatus:                 &pb.LoadBalancerStatus{Ingress: []*pb.LoadBalancerIngress{{Hostname: "lb.example.com"}}},
 		SessionAffinity:               pb.SessionAffinity_SESSION_AFFINITY_CLIENT_IP,
 		SessionAffinityTimeoutSeconds: 600,
 		SourceRanges:                  []string{"10.0.0.0/8"},
@@ -298,7 +302,10 @@ func TestLoadBalancerServicesAreTranslated(t *testing.T) {
 		spec.SessionAffinity != v1.ServiceAffinityClientIP || *spec.SessionAffinityConfig.ClientIP.TimeoutSeconds != 600 ||
 		spec.LoadBalancerSourceRanges[0] != "10.0.0.0/8" || len(spec.IPFamilies) != 2 || spec.IPFamilies[1] != v1.IPv6Protocol ||
 		spec.LoadBalancerIP != "192.0.2.10" || spec.ExternalTrafficPolicy != v1.ServiceExternalTrafficPolicyLocal ||
-		spec.HealthCheckNodePort != 32000 || *spec.LoadBalancerClass != "example.com/lb" {
+		spec.HealthCheckNodePort != 32000 || *spec.LoadBalancerClass != "example.com/lb" ||
+		*spec.Ports[0].AppProtocol != "http" || spec.Ports[0].TargetPort.String() != "web" || spec.Ports[1].TargetPort.IntValue() != 5353 ||
+		spec.ExternalIPs[0] != "198.51.100.1" || *spec.IPFamilyPolicy != v1.IPFamilyPolicyPreferDualStack || got.Labels["team"] != "web" ||
+		spec.AllocateLoadBalancerNodePorts != nil || got.Status.LoadBalancer.Ingress[0].Hostname != "lb.example.com" {
 		t.Errorf("service as the provider saw it: %+v", got)
 	}
 	if n := cloud.EnsureCalls[0].Hosts; len(n) != 1 || n[0].Spec.ProviderID != "fake://zone-a/i-a" || n[0].Labels["pool"] != "x" {

@@ -5,6 +5,7 @@ import (
 	v1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/apimachinery/pkg/util/intstr"
 )
 
 var addressTypes = map[pb.NodeAddressType]v1.NodeAddressType{
@@ -87,9 +88,10 @@ var protocols = map[pb.Protocol]v1.Protocol{
 }
 
 // toService is the v1.Service a LoadBalancerService describes, with every field the protocol
-// carries: name, namespace, UID, annotations, type, ports (name, protocol, port, node port),
-// session affinity and its timeout, source ranges, IP families, requested IP, external
-// traffic policy, health check node port and load balancer class.
+// carries: name, namespace, UID, labels, annotations, type, ports (name, protocol, port, node
+// port, appProtocol, targetPort), session affinity and its timeout, source ranges, IP
+// families and policy, requested IP, external IPs, external traffic policy, health check node
+// port, allocateLoadBalancerNodePorts, load balancer class, and the current ingress.
 func toService(s *pb.LoadBalancerService) *v1.Service {
 	svc := &v1.Service{
 		ObjectMeta: metav1.ObjectMeta{
@@ -97,6 +99,7 @@ func toService(s *pb.LoadBalancerService) *v1.Service {
 			Namespace:   s.GetNamespace(),
 			UID:         types.UID(s.GetUid()),
 			Annotations: map[string]string{},
+			Labels:      map[string]string{},
 		},
 		Spec: v1.ServiceSpec{
 			Type:                     v1.ServiceTypeLoadBalancer,
@@ -105,8 +108,25 @@ func toService(s *pb.LoadBalancerService) *v1.Service {
 			HealthCheckNodePort:      int32(s.GetHealthCheckNodePort()),
 			SessionAffinity:          v1.ServiceAffinityNone,
 			ExternalTrafficPolicy:    v1.ServiceExternalTrafficPolicyCluster,
+			ExternalIPs:              s.GetExternalIps(),
 		},
 	}
+	for k, v := range s.GetLabels() {
+		svc.Labels[k] = v
+	}
+	if s.AllocateLoadBalancerNodePorts != nil {
+		allocate := s.GetAllocateLoadBalancerNodePorts()
+		svc.Spec.AllocateLoadBalancerNodePorts = &allocate
+	}
+	policies := map[pb.IpFamilyPolicy]v1.IPFamilyPolicy{
+		pb.IpFamilyPolicy_IP_FAMILY_POLICY_SINGLE_STACK:       v1.IPFamilyPolicySingleStack,
+		pb.IpFamilyPolicy_IP_FAMILY_POLICY_PREFER_DUAL_STACK:  v1.IPFamilyPolicyPreferDualStack,
+		pb.IpFamilyPolicy_IP_FAMILY_POLICY_REQUIRE_DUAL_STACK: v1.IPFamilyPolicyRequireDualStack,
+	}
+	if p, ok := policies[s.GetIpFamilyPolicy()]; ok {
+		svc.Spec.IPFamilyPolicy = &p
+	}
+	svc.Status.LoadBalancer = toLoadBalancerStatus(s.GetCurrentStatus())
 	for k, v := range s.GetAnnotations() {
 		svc.Annotations[k] = v
 	}
@@ -115,12 +135,19 @@ func toService(s *pb.LoadBalancerService) *v1.Service {
 		if !ok {
 			protocol = v1.ProtocolTCP
 		}
-		svc.Spec.Ports = append(svc.Spec.Ports, v1.ServicePort{
+		port := v1.ServicePort{
 			Name:     p.GetName(),
 			Protocol: protocol,
 			Port:     int32(p.GetPort()),
 			NodePort: int32(p.GetNodePort()),
-		})
+		}
+		if a := p.GetAppProtocol(); a != "" {
+			port.AppProtocol = &a
+		}
+		if t := p.GetTargetPort(); t != "" {
+			port.TargetPort = intstr.Parse(t)
+		}
+		svc.Spec.Ports = append(svc.Spec.Ports, port)
 	}
 	if s.GetSessionAffinity() == pb.SessionAffinity_SESSION_AFFINITY_CLIENT_IP {
 		svc.Spec.SessionAffinity = v1.ServiceAffinityClientIP
@@ -143,6 +170,31 @@ func toService(s *pb.LoadBalancerService) *v1.Service {
 		svc.Spec.LoadBalancerClass = &c
 	}
 	return svc
+}
+
+// toLoadBalancerStatus is the Kubernetes status of a protocol status (the Service's current ingress).
+func toLoadBalancerStatus(in *pb.LoadBalancerStatus) v1.LoadBalancerStatus {
+	out := v1.LoadBalancerStatus{}
+	for _, i := range in.GetIngress() {
+		ingress := v1.LoadBalancerIngress{IP: i.GetIp(), Hostname: i.GetHostname()}
+		switch i.GetIpMode() {
+		case pb.IpMode_IP_MODE_VIP:
+			mode := v1.LoadBalancerIPModeVIP
+			ingress.IPMode = &mode
+		case pb.IpMode_IP_MODE_PROXY:
+			mode := v1.LoadBalancerIPModeProxy
+			ingress.IPMode = &mode
+		}
+		for _, p := range i.GetPorts() {
+			status := v1.PortStatus{Port: int32(p.GetPort()), Protocol: protocols[p.GetProtocol()]}
+			if e := p.GetError(); e != "" {
+				status.Error = &e
+			}
+			ingress.Ports = append(ingress.Ports, status)
+		}
+		out.Ingress = append(out.Ingress, ingress)
+	}
+	return out
 }
 
 // fromStatus is the protocol's load balancer status: ingress IPs or hostnames, IP modes and

@@ -255,6 +255,12 @@ pub struct LoadBalancerView {
     /// The UID of the Service it was made for.
     #[serde(default)]
     pub service_uid: String,
+    /// Each port's `appProtocol` and `targetPort`, as `port:appProtocol:targetPort`.
+    #[serde(default)]
+    pub port_details: Vec<String>,
+    /// The Service's external IPs.
+    #[serde(default)]
+    pub external_ips: Vec<String>,
 }
 
 impl Cloud {
@@ -901,6 +907,13 @@ impl Cloud {
                     hosts_changed_at_unix_ms: lb.hosts_changed_at_unix_ms,
                     source_ranges: lb.service.source_ranges.clone(),
                     service_uid: lb.service.uid.clone(),
+                    port_details: lb
+                        .service
+                        .ports
+                        .iter()
+                        .map(|p| format!("{}:{}:{}", p.port, p.app_protocol, p.target_port))
+                        .collect(),
+                    external_ips: lb.service.external_ips.clone(),
                 })
                 .collect(),
         }

@@ -631,7 +631,7 @@ async fn foreign_load_balancer(sim: &Sim, cluster: &str, lb_name: &str, uid: &st
         name: "svc".into(),
         uid: uid.into(),
         load_balancer_name: lb_name.into(),
-        ports: vec![ServicePort { name: "p".into(), protocol: 1, port: 443, node_port: 30443 }],
+        ports: vec![ServicePort { name: "p".into(), protocol: 1, port: 443, node_port: 30443, ..Default::default() }],
         ..Default::default()
     };
     LoadBalancersServiceClient::new(channel)
@@ -739,6 +739,37 @@ async fn a_throttling_hint_holds_back_every_call_for_its_length() {
     assert!(!after.is_empty());
     let first = after.iter().min().copied().unwrap_or_default();
     assert!(first >= refused_at + 2900, "the next instance call came {} ms after a 3000 ms hint", first - refused_at);
+    core.stop().await.expect("stop");
+    env.cleanup().await.expect("cleanup");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn app_protocol_target_port_and_external_ips_reach_the_provider() {
+    use kube::api::{Patch, PatchParams};
+    let cp = ccm_e2e::shared().expect("control plane");
+    let env = TestEnv::new(cp.client().await.expect("client"), "up-fields").await.expect("env");
+    let node = env.node_name("n");
+    let mut config = Config::default();
+    config.instances.push(instance("i-n", &node, "sim-region-1a"));
+    let sim = Sim::start(config).await;
+    backend(&env, &node, "i-n", None).await;
+    let core = start_services(cp, &env, &sim, &[]);
+    ccm_e2e::cluster::create_load_balancer_service(&env, "web", &[80]).await.expect("service");
+    eventually("an address", Duration::from_secs(20), async || ingress_ip(&env, "web").await).await;
+    let ensures = async || sim.admin.call_count("LoadBalancersService/EnsureLoadBalancer").await.expect("calls");
+    let before = ensures().await;
+    // A JSON merge patch replaces the port list: the whole port again, with the new fields.
+    let patch = serde_json::json!({ "spec": {
+        "ports": [{ "name": "p80", "port": 80, "protocol": "TCP", "appProtocol": "http", "targetPort": "web" }],
+        "externalIPs": ["198.51.100.44"],
+    }});
+    env.services().patch("web", &PatchParams::default(), &Patch::Merge(&patch)).await.expect("patch");
+    let lb = eventually("the provider sees the new fields", Duration::from_secs(10), async || {
+        lb_of(&sim, "web").await.filter(|lb| lb.port_details == vec!["80:http:web".to_string()])
+    })
+    .await;
+    assert_eq!(lb.external_ips, vec!["198.51.100.44".to_string()]);
+    assert!(ensures().await > before, "a change of appProtocol, targetPort or externalIPs is a new Ensure");
     core.stop().await.expect("stop");
     env.cleanup().await.expect("cleanup");
 }

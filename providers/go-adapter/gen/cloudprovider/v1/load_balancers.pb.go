@@ -184,6 +184,63 @@ func (IpFamily) EnumDescriptor() ([]byte, []int) {
 	return file_cloudprovider_v1_load_balancers_proto_rawDescGZIP(), []int{2}
 }
 
+// A Service's spec.ipFamilyPolicy.
+type IpFamilyPolicy int32
+
+const (
+	// Not set.
+	IpFamilyPolicy_IP_FAMILY_POLICY_UNSPECIFIED IpFamilyPolicy = 0
+	// "SingleStack".
+	IpFamilyPolicy_IP_FAMILY_POLICY_SINGLE_STACK IpFamilyPolicy = 1
+	// "PreferDualStack".
+	IpFamilyPolicy_IP_FAMILY_POLICY_PREFER_DUAL_STACK IpFamilyPolicy = 2
+	// "RequireDualStack".
+	IpFamilyPolicy_IP_FAMILY_POLICY_REQUIRE_DUAL_STACK IpFamilyPolicy = 3
+)
+
+// Enum value maps for IpFamilyPolicy.
+var (
+	IpFamilyPolicy_name = map[int32]string{
+		0: "IP_FAMILY_POLICY_UNSPECIFIED",
+		1: "IP_FAMILY_POLICY_SINGLE_STACK",
+		2: "IP_FAMILY_POLICY_PREFER_DUAL_STACK",
+		3: "IP_FAMILY_POLICY_REQUIRE_DUAL_STACK",
+	}
+	IpFamilyPolicy_value = map[string]int32{
+		"IP_FAMILY_POLICY_UNSPECIFIED":        0,
+		"IP_FAMILY_POLICY_SINGLE_STACK":       1,
+		"IP_FAMILY_POLICY_PREFER_DUAL_STACK":  2,
+		"IP_FAMILY_POLICY_REQUIRE_DUAL_STACK": 3,
+	}
+)
+
+func (x IpFamilyPolicy) Enum() *IpFamilyPolicy {
+	p := new(IpFamilyPolicy)
+	*p = x
+	return p
+}
+
+func (x IpFamilyPolicy) String() string {
+	return protoimpl.X.EnumStringOf(x.Descriptor(), protoreflect.EnumNumber(x))
+}
+
+func (IpFamilyPolicy) Descriptor() protoreflect.EnumDescriptor {
+	return file_cloudprovider_v1_load_balancers_proto_enumTypes[3].Descriptor()
+}
+
+func (IpFamilyPolicy) Type() protoreflect.EnumType {
+	return &file_cloudprovider_v1_load_balancers_proto_enumTypes[3]
+}
+
+func (x IpFamilyPolicy) Number() protoreflect.EnumNumber {
+	return protoreflect.EnumNumber(x)
+}
+
+// Deprecated: Use IpFamilyPolicy.Descriptor instead.
+func (IpFamilyPolicy) EnumDescriptor() ([]byte, []int) {
+	return file_cloudprovider_v1_load_balancers_proto_rawDescGZIP(), []int{3}
+}
+
 // A Service's spec.externalTrafficPolicy.
 type ExternalTrafficPolicy int32
 
@@ -221,11 +278,11 @@ func (x ExternalTrafficPolicy) String() string {
 }
 
 func (ExternalTrafficPolicy) Descriptor() protoreflect.EnumDescriptor {
-	return file_cloudprovider_v1_load_balancers_proto_enumTypes[3].Descriptor()
+	return file_cloudprovider_v1_load_balancers_proto_enumTypes[4].Descriptor()
 }
 
 func (ExternalTrafficPolicy) Type() protoreflect.EnumType {
-	return &file_cloudprovider_v1_load_balancers_proto_enumTypes[3]
+	return &file_cloudprovider_v1_load_balancers_proto_enumTypes[4]
 }
 
 func (x ExternalTrafficPolicy) Number() protoreflect.EnumNumber {
@@ -234,7 +291,7 @@ func (x ExternalTrafficPolicy) Number() protoreflect.EnumNumber {
 
 // Deprecated: Use ExternalTrafficPolicy.Descriptor instead.
 func (ExternalTrafficPolicy) EnumDescriptor() ([]byte, []int) {
-	return file_cloudprovider_v1_load_balancers_proto_rawDescGZIP(), []int{3}
+	return file_cloudprovider_v1_load_balancers_proto_rawDescGZIP(), []int{4}
 }
 
 // How traffic to an ingress IP reaches the Service (status.loadBalancer.ingress[].ipMode).
@@ -274,11 +331,11 @@ func (x IpMode) String() string {
 }
 
 func (IpMode) Descriptor() protoreflect.EnumDescriptor {
-	return file_cloudprovider_v1_load_balancers_proto_enumTypes[4].Descriptor()
+	return file_cloudprovider_v1_load_balancers_proto_enumTypes[5].Descriptor()
 }
 
 func (IpMode) Type() protoreflect.EnumType {
-	return &file_cloudprovider_v1_load_balancers_proto_enumTypes[4]
+	return &file_cloudprovider_v1_load_balancers_proto_enumTypes[5]
 }
 
 func (x IpMode) Number() protoreflect.EnumNumber {
@@ -287,7 +344,7 @@ func (x IpMode) Number() protoreflect.EnumNumber {
 
 // Deprecated: Use IpMode.Descriptor instead.
 func (IpMode) EnumDescriptor() ([]byte, []int) {
-	return file_cloudprovider_v1_load_balancers_proto_rawDescGZIP(), []int{4}
+	return file_cloudprovider_v1_load_balancers_proto_rawDescGZIP(), []int{5}
 }
 
 // One port of a Service.
@@ -300,7 +357,12 @@ type ServicePort struct {
 	// The port the load balancer listens on.
 	Port uint32 `protobuf:"varint,3,opt,name=port,proto3" json:"port,omitempty"`
 	// The node port traffic is forwarded to; 0 when the Service allocates none.
-	NodePort      uint32 `protobuf:"varint,4,opt,name=node_port,json=nodePort,proto3" json:"node_port,omitempty"`
+	NodePort uint32 `protobuf:"varint,4,opt,name=node_port,json=nodePort,proto3" json:"node_port,omitempty"`
+	// spec.ports[].appProtocol (such as "http", "kubernetes.io/h2c"); empty when unset.
+	// Providers choose listener types by it.
+	AppProtocol string `protobuf:"bytes,5,opt,name=app_protocol,json=appProtocol,proto3" json:"app_protocol,omitempty"`
+	// spec.ports[].targetPort: a number or a port name, as text; empty when unset.
+	TargetPort    string `protobuf:"bytes,6,opt,name=target_port,json=targetPort,proto3" json:"target_port,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -363,6 +425,20 @@ func (x *ServicePort) GetNodePort() uint32 {
 	return 0
 }
 
+func (x *ServicePort) GetAppProtocol() string {
+	if x != nil {
+		return x.AppProtocol
+	}
+	return ""
+}
+
+func (x *ServicePort) GetTargetPort() string {
+	if x != nil {
+		return x.TargetPort
+	}
+	return ""
+}
+
 // What a provider needs of a Service. Copied from the Service; never a Kubernetes type.
 type LoadBalancerService struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -396,8 +472,19 @@ type LoadBalancerService struct {
 	Annotations map[string]string `protobuf:"bytes,14,rep,name=annotations,proto3" json:"annotations,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
 	// spec.loadBalancerClass; empty when unset.
 	LoadBalancerClass string `protobuf:"bytes,15,opt,name=load_balancer_class,json=loadBalancerClass,proto3" json:"load_balancer_class,omitempty"`
-	unknownFields     protoimpl.UnknownFields
-	sizeCache         protoimpl.SizeCache
+	// spec.externalIPs, in order.
+	ExternalIps []string `protobuf:"bytes,16,rep,name=external_ips,json=externalIps,proto3" json:"external_ips,omitempty"`
+	// spec.allocateLoadBalancerNodePorts; unset means the Kubernetes default (true).
+	AllocateLoadBalancerNodePorts *bool `protobuf:"varint,17,opt,name=allocate_load_balancer_node_ports,json=allocateLoadBalancerNodePorts,proto3,oneof" json:"allocate_load_balancer_node_ports,omitempty"`
+	// spec.ipFamilyPolicy.
+	IpFamilyPolicy IpFamilyPolicy `protobuf:"varint,18,opt,name=ip_family_policy,json=ipFamilyPolicy,proto3,enum=cloudprovider.v1.IpFamilyPolicy" json:"ip_family_policy,omitempty"`
+	// The Service's labels.
+	Labels map[string]string `protobuf:"bytes,19,rep,name=labels,proto3" json:"labels,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
+	// The Service's status.loadBalancer as it is now (empty before the first Ensure), for
+	// providers that read the existing ingress.
+	CurrentStatus *LoadBalancerStatus `protobuf:"bytes,20,opt,name=current_status,json=currentStatus,proto3" json:"current_status,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *LoadBalancerService) Reset() {
@@ -533,6 +620,41 @@ func (x *LoadBalancerService) GetLoadBalancerClass() string {
 		return x.LoadBalancerClass
 	}
 	return ""
+}
+
+func (x *LoadBalancerService) GetExternalIps() []string {
+	if x != nil {
+		return x.ExternalIps
+	}
+	return nil
+}
+
+func (x *LoadBalancerService) GetAllocateLoadBalancerNodePorts() bool {
+	if x != nil && x.AllocateLoadBalancerNodePorts != nil {
+		return *x.AllocateLoadBalancerNodePorts
+	}
+	return false
+}
+
+func (x *LoadBalancerService) GetIpFamilyPolicy() IpFamilyPolicy {
+	if x != nil {
+		return x.IpFamilyPolicy
+	}
+	return IpFamilyPolicy_IP_FAMILY_POLICY_UNSPECIFIED
+}
+
+func (x *LoadBalancerService) GetLabels() map[string]string {
+	if x != nil {
+		return x.Labels
+	}
+	return nil
+}
+
+func (x *LoadBalancerService) GetCurrentStatus() *LoadBalancerStatus {
+	if x != nil {
+		return x.CurrentStatus
+	}
+	return nil
 }
 
 // A backend node of a load balancer.
@@ -1374,12 +1496,16 @@ var File_cloudprovider_v1_load_balancers_proto protoreflect.FileDescriptor
 
 const file_cloudprovider_v1_load_balancers_proto_rawDesc = "" +
 	"\n" +
-	"%cloudprovider/v1/load_balancers.proto\x12\x10cloudprovider.v1\x1a\x1ccloudprovider/v1/types.proto\"\x8a\x01\n" +
+	"%cloudprovider/v1/load_balancers.proto\x12\x10cloudprovider.v1\x1a\x1ccloudprovider/v1/types.proto\"\xce\x01\n" +
 	"\vServicePort\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x126\n" +
 	"\bprotocol\x18\x02 \x01(\x0e2\x1a.cloudprovider.v1.ProtocolR\bprotocol\x12\x12\n" +
 	"\x04port\x18\x03 \x01(\rR\x04port\x12\x1b\n" +
-	"\tnode_port\x18\x04 \x01(\rR\bnodePort\"\xdb\x06\n" +
+	"\tnode_port\x18\x04 \x01(\rR\bnodePort\x12!\n" +
+	"\fapp_protocol\x18\x05 \x01(\tR\vappProtocol\x12\x1f\n" +
+	"\vtarget_port\x18\x06 \x01(\tR\n" +
+	"targetPort\"\x92\n" +
+	"\n" +
 	"\x13LoadBalancerService\x12!\n" +
 	"\fcluster_name\x18\x01 \x01(\tR\vclusterName\x12\x1c\n" +
 	"\tnamespace\x18\x02 \x01(\tR\tnamespace\x12\x12\n" +
@@ -1397,10 +1523,19 @@ const file_cloudprovider_v1_load_balancers_proto_rawDesc = "" +
 	"\x17external_traffic_policy\x18\f \x01(\x0e2'.cloudprovider.v1.ExternalTrafficPolicyR\x15externalTrafficPolicy\x123\n" +
 	"\x16health_check_node_port\x18\r \x01(\rR\x13healthCheckNodePort\x12X\n" +
 	"\vannotations\x18\x0e \x03(\v26.cloudprovider.v1.LoadBalancerService.AnnotationsEntryR\vannotations\x12.\n" +
-	"\x13load_balancer_class\x18\x0f \x01(\tR\x11loadBalancerClass\x1a>\n" +
+	"\x13load_balancer_class\x18\x0f \x01(\tR\x11loadBalancerClass\x12!\n" +
+	"\fexternal_ips\x18\x10 \x03(\tR\vexternalIps\x12M\n" +
+	"!allocate_load_balancer_node_ports\x18\x11 \x01(\bH\x00R\x1dallocateLoadBalancerNodePorts\x88\x01\x01\x12J\n" +
+	"\x10ip_family_policy\x18\x12 \x01(\x0e2 .cloudprovider.v1.IpFamilyPolicyR\x0eipFamilyPolicy\x12I\n" +
+	"\x06labels\x18\x13 \x03(\v21.cloudprovider.v1.LoadBalancerService.LabelsEntryR\x06labels\x12K\n" +
+	"\x0ecurrent_status\x18\x14 \x01(\v2$.cloudprovider.v1.LoadBalancerStatusR\rcurrentStatus\x1a>\n" +
 	"\x10AnnotationsEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
-	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\x87\x02\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\x1a9\n" +
+	"\vLabelsEntry\x12\x10\n" +
+	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01B$\n" +
+	"\"_allocate_load_balancer_node_ports\"\x87\x02\n" +
 	"\x10LoadBalancerNode\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x1f\n" +
 	"\vprovider_id\x18\x02 \x01(\tR\n" +
@@ -1465,7 +1600,12 @@ const file_cloudprovider_v1_load_balancers_proto_rawDesc = "" +
 	"\bIpFamily\x12\x19\n" +
 	"\x15IP_FAMILY_UNSPECIFIED\x10\x00\x12\x12\n" +
 	"\x0eIP_FAMILY_IPV4\x10\x01\x12\x12\n" +
-	"\x0eIP_FAMILY_IPV6\x10\x02*\x88\x01\n" +
+	"\x0eIP_FAMILY_IPV6\x10\x02*\xa6\x01\n" +
+	"\x0eIpFamilyPolicy\x12 \n" +
+	"\x1cIP_FAMILY_POLICY_UNSPECIFIED\x10\x00\x12!\n" +
+	"\x1dIP_FAMILY_POLICY_SINGLE_STACK\x10\x01\x12&\n" +
+	"\"IP_FAMILY_POLICY_PREFER_DUAL_STACK\x10\x02\x12'\n" +
+	"#IP_FAMILY_POLICY_REQUIRE_DUAL_STACK\x10\x03*\x88\x01\n" +
 	"\x15ExternalTrafficPolicy\x12'\n" +
 	"#EXTERNAL_TRAFFIC_POLICY_UNSPECIFIED\x10\x00\x12#\n" +
 	"\x1fEXTERNAL_TRAFFIC_POLICY_CLUSTER\x10\x01\x12!\n" +
@@ -1494,73 +1634,78 @@ func file_cloudprovider_v1_load_balancers_proto_rawDescGZIP() []byte {
 	return file_cloudprovider_v1_load_balancers_proto_rawDescData
 }
 
-var file_cloudprovider_v1_load_balancers_proto_enumTypes = make([]protoimpl.EnumInfo, 5)
-var file_cloudprovider_v1_load_balancers_proto_msgTypes = make([]protoimpl.MessageInfo, 19)
+var file_cloudprovider_v1_load_balancers_proto_enumTypes = make([]protoimpl.EnumInfo, 6)
+var file_cloudprovider_v1_load_balancers_proto_msgTypes = make([]protoimpl.MessageInfo, 20)
 var file_cloudprovider_v1_load_balancers_proto_goTypes = []any{
 	(Protocol)(0),                             // 0: cloudprovider.v1.Protocol
 	(SessionAffinity)(0),                      // 1: cloudprovider.v1.SessionAffinity
 	(IpFamily)(0),                             // 2: cloudprovider.v1.IpFamily
-	(ExternalTrafficPolicy)(0),                // 3: cloudprovider.v1.ExternalTrafficPolicy
-	(IpMode)(0),                               // 4: cloudprovider.v1.IpMode
-	(*ServicePort)(nil),                       // 5: cloudprovider.v1.ServicePort
-	(*LoadBalancerService)(nil),               // 6: cloudprovider.v1.LoadBalancerService
-	(*LoadBalancerNode)(nil),                  // 7: cloudprovider.v1.LoadBalancerNode
-	(*PortStatus)(nil),                        // 8: cloudprovider.v1.PortStatus
-	(*LoadBalancerIngress)(nil),               // 9: cloudprovider.v1.LoadBalancerIngress
-	(*LoadBalancerStatus)(nil),                // 10: cloudprovider.v1.LoadBalancerStatus
-	(*GetLoadBalancerRequest)(nil),            // 11: cloudprovider.v1.GetLoadBalancerRequest
-	(*GetLoadBalancerResponse)(nil),           // 12: cloudprovider.v1.GetLoadBalancerResponse
-	(*EnsureLoadBalancerRequest)(nil),         // 13: cloudprovider.v1.EnsureLoadBalancerRequest
-	(*EnsureLoadBalancerResponse)(nil),        // 14: cloudprovider.v1.EnsureLoadBalancerResponse
-	(*UpdateLoadBalancerHostsRequest)(nil),    // 15: cloudprovider.v1.UpdateLoadBalancerHostsRequest
-	(*UpdateLoadBalancerHostsResponse)(nil),   // 16: cloudprovider.v1.UpdateLoadBalancerHostsResponse
-	(*EnsureLoadBalancerDeletedRequest)(nil),  // 17: cloudprovider.v1.EnsureLoadBalancerDeletedRequest
-	(*EnsureLoadBalancerDeletedResponse)(nil), // 18: cloudprovider.v1.EnsureLoadBalancerDeletedResponse
-	(*ListLoadBalancersRequest)(nil),          // 19: cloudprovider.v1.ListLoadBalancersRequest
-	(*LoadBalancerSummary)(nil),               // 20: cloudprovider.v1.LoadBalancerSummary
-	(*ListLoadBalancersResponse)(nil),         // 21: cloudprovider.v1.ListLoadBalancersResponse
-	nil,                                       // 22: cloudprovider.v1.LoadBalancerService.AnnotationsEntry
-	nil,                                       // 23: cloudprovider.v1.LoadBalancerNode.LabelsEntry
-	(*NodeAddress)(nil),                       // 24: cloudprovider.v1.NodeAddress
+	(IpFamilyPolicy)(0),                       // 3: cloudprovider.v1.IpFamilyPolicy
+	(ExternalTrafficPolicy)(0),                // 4: cloudprovider.v1.ExternalTrafficPolicy
+	(IpMode)(0),                               // 5: cloudprovider.v1.IpMode
+	(*ServicePort)(nil),                       // 6: cloudprovider.v1.ServicePort
+	(*LoadBalancerService)(nil),               // 7: cloudprovider.v1.LoadBalancerService
+	(*LoadBalancerNode)(nil),                  // 8: cloudprovider.v1.LoadBalancerNode
+	(*PortStatus)(nil),                        // 9: cloudprovider.v1.PortStatus
+	(*LoadBalancerIngress)(nil),               // 10: cloudprovider.v1.LoadBalancerIngress
+	(*LoadBalancerStatus)(nil),                // 11: cloudprovider.v1.LoadBalancerStatus
+	(*GetLoadBalancerRequest)(nil),            // 12: cloudprovider.v1.GetLoadBalancerRequest
+	(*GetLoadBalancerResponse)(nil),           // 13: cloudprovider.v1.GetLoadBalancerResponse
+	(*EnsureLoadBalancerRequest)(nil),         // 14: cloudprovider.v1.EnsureLoadBalancerRequest
+	(*EnsureLoadBalancerResponse)(nil),        // 15: cloudprovider.v1.EnsureLoadBalancerResponse
+	(*UpdateLoadBalancerHostsRequest)(nil),    // 16: cloudprovider.v1.UpdateLoadBalancerHostsRequest
+	(*UpdateLoadBalancerHostsResponse)(nil),   // 17: cloudprovider.v1.UpdateLoadBalancerHostsResponse
+	(*EnsureLoadBalancerDeletedRequest)(nil),  // 18: cloudprovider.v1.EnsureLoadBalancerDeletedRequest
+	(*EnsureLoadBalancerDeletedResponse)(nil), // 19: cloudprovider.v1.EnsureLoadBalancerDeletedResponse
+	(*ListLoadBalancersRequest)(nil),          // 20: cloudprovider.v1.ListLoadBalancersRequest
+	(*LoadBalancerSummary)(nil),               // 21: cloudprovider.v1.LoadBalancerSummary
+	(*ListLoadBalancersResponse)(nil),         // 22: cloudprovider.v1.ListLoadBalancersResponse
+	nil,                                       // 23: cloudprovider.v1.LoadBalancerService.AnnotationsEntry
+	nil,                                       // 24: cloudprovider.v1.LoadBalancerService.LabelsEntry
+	nil,                                       // 25: cloudprovider.v1.LoadBalancerNode.LabelsEntry
+	(*NodeAddress)(nil),                       // 26: cloudprovider.v1.NodeAddress
 }
 var file_cloudprovider_v1_load_balancers_proto_depIdxs = []int32{
 	0,  // 0: cloudprovider.v1.ServicePort.protocol:type_name -> cloudprovider.v1.Protocol
-	5,  // 1: cloudprovider.v1.LoadBalancerService.ports:type_name -> cloudprovider.v1.ServicePort
+	6,  // 1: cloudprovider.v1.LoadBalancerService.ports:type_name -> cloudprovider.v1.ServicePort
 	1,  // 2: cloudprovider.v1.LoadBalancerService.session_affinity:type_name -> cloudprovider.v1.SessionAffinity
 	2,  // 3: cloudprovider.v1.LoadBalancerService.ip_families:type_name -> cloudprovider.v1.IpFamily
-	3,  // 4: cloudprovider.v1.LoadBalancerService.external_traffic_policy:type_name -> cloudprovider.v1.ExternalTrafficPolicy
-	22, // 5: cloudprovider.v1.LoadBalancerService.annotations:type_name -> cloudprovider.v1.LoadBalancerService.AnnotationsEntry
-	24, // 6: cloudprovider.v1.LoadBalancerNode.addresses:type_name -> cloudprovider.v1.NodeAddress
-	23, // 7: cloudprovider.v1.LoadBalancerNode.labels:type_name -> cloudprovider.v1.LoadBalancerNode.LabelsEntry
-	0,  // 8: cloudprovider.v1.PortStatus.protocol:type_name -> cloudprovider.v1.Protocol
-	4,  // 9: cloudprovider.v1.LoadBalancerIngress.ip_mode:type_name -> cloudprovider.v1.IpMode
-	8,  // 10: cloudprovider.v1.LoadBalancerIngress.ports:type_name -> cloudprovider.v1.PortStatus
-	9,  // 11: cloudprovider.v1.LoadBalancerStatus.ingress:type_name -> cloudprovider.v1.LoadBalancerIngress
-	6,  // 12: cloudprovider.v1.GetLoadBalancerRequest.service:type_name -> cloudprovider.v1.LoadBalancerService
-	10, // 13: cloudprovider.v1.GetLoadBalancerResponse.status:type_name -> cloudprovider.v1.LoadBalancerStatus
-	6,  // 14: cloudprovider.v1.EnsureLoadBalancerRequest.service:type_name -> cloudprovider.v1.LoadBalancerService
-	7,  // 15: cloudprovider.v1.EnsureLoadBalancerRequest.nodes:type_name -> cloudprovider.v1.LoadBalancerNode
-	10, // 16: cloudprovider.v1.EnsureLoadBalancerResponse.status:type_name -> cloudprovider.v1.LoadBalancerStatus
-	6,  // 17: cloudprovider.v1.UpdateLoadBalancerHostsRequest.service:type_name -> cloudprovider.v1.LoadBalancerService
-	7,  // 18: cloudprovider.v1.UpdateLoadBalancerHostsRequest.nodes:type_name -> cloudprovider.v1.LoadBalancerNode
-	6,  // 19: cloudprovider.v1.EnsureLoadBalancerDeletedRequest.service:type_name -> cloudprovider.v1.LoadBalancerService
-	10, // 20: cloudprovider.v1.LoadBalancerSummary.status:type_name -> cloudprovider.v1.LoadBalancerStatus
-	20, // 21: cloudprovider.v1.ListLoadBalancersResponse.load_balancers:type_name -> cloudprovider.v1.LoadBalancerSummary
-	11, // 22: cloudprovider.v1.LoadBalancersService.GetLoadBalancer:input_type -> cloudprovider.v1.GetLoadBalancerRequest
-	13, // 23: cloudprovider.v1.LoadBalancersService.EnsureLoadBalancer:input_type -> cloudprovider.v1.EnsureLoadBalancerRequest
-	15, // 24: cloudprovider.v1.LoadBalancersService.UpdateLoadBalancerHosts:input_type -> cloudprovider.v1.UpdateLoadBalancerHostsRequest
-	17, // 25: cloudprovider.v1.LoadBalancersService.EnsureLoadBalancerDeleted:input_type -> cloudprovider.v1.EnsureLoadBalancerDeletedRequest
-	19, // 26: cloudprovider.v1.LoadBalancersService.ListLoadBalancers:input_type -> cloudprovider.v1.ListLoadBalancersRequest
-	12, // 27: cloudprovider.v1.LoadBalancersService.GetLoadBalancer:output_type -> cloudprovider.v1.GetLoadBalancerResponse
-	14, // 28: cloudprovider.v1.LoadBalancersService.EnsureLoadBalancer:output_type -> cloudprovider.v1.EnsureLoadBalancerResponse
-	16, // 29: cloudprovider.v1.LoadBalancersService.UpdateLoadBalancerHosts:output_type -> cloudprovider.v1.UpdateLoadBalancerHostsResponse
-	18, // 30: cloudprovider.v1.LoadBalancersService.EnsureLoadBalancerDeleted:output_type -> cloudprovider.v1.EnsureLoadBalancerDeletedResponse
-	21, // 31: cloudprovider.v1.LoadBalancersService.ListLoadBalancers:output_type -> cloudprovider.v1.ListLoadBalancersResponse
-	27, // [27:32] is the sub-list for method output_type
-	22, // [22:27] is the sub-list for method input_type
-	22, // [22:22] is the sub-list for extension type_name
-	22, // [22:22] is the sub-list for extension extendee
-	0,  // [0:22] is the sub-list for field type_name
+	4,  // 4: cloudprovider.v1.LoadBalancerService.external_traffic_policy:type_name -> cloudprovider.v1.ExternalTrafficPolicy
+	23, // 5: cloudprovider.v1.LoadBalancerService.annotations:type_name -> cloudprovider.v1.LoadBalancerService.AnnotationsEntry
+	3,  // 6: cloudprovider.v1.LoadBalancerService.ip_family_policy:type_name -> cloudprovider.v1.IpFamilyPolicy
+	24, // 7: cloudprovider.v1.LoadBalancerService.labels:type_name -> cloudprovider.v1.LoadBalancerService.LabelsEntry
+	11, // 8: cloudprovider.v1.LoadBalancerService.current_status:type_name -> cloudprovider.v1.LoadBalancerStatus
+	26, // 9: cloudprovider.v1.LoadBalancerNode.addresses:type_name -> cloudprovider.v1.NodeAddress
+	25, // 10: cloudprovider.v1.LoadBalancerNode.labels:type_name -> cloudprovider.v1.LoadBalancerNode.LabelsEntry
+	0,  // 11: cloudprovider.v1.PortStatus.protocol:type_name -> cloudprovider.v1.Protocol
+	5,  // 12: cloudprovider.v1.LoadBalancerIngress.ip_mode:type_name -> cloudprovider.v1.IpMode
+	9,  // 13: cloudprovider.v1.LoadBalancerIngress.ports:type_name -> cloudprovider.v1.PortStatus
+	10, // 14: cloudprovider.v1.LoadBalancerStatus.ingress:type_name -> cloudprovider.v1.LoadBalancerIngress
+	7,  // 15: cloudprovider.v1.GetLoadBalancerRequest.service:type_name -> cloudprovider.v1.LoadBalancerService
+	11, // 16: cloudprovider.v1.GetLoadBalancerResponse.status:type_name -> cloudprovider.v1.LoadBalancerStatus
+	7,  // 17: cloudprovider.v1.EnsureLoadBalancerRequest.service:type_name -> cloudprovider.v1.LoadBalancerService
+	8,  // 18: cloudprovider.v1.EnsureLoadBalancerRequest.nodes:type_name -> cloudprovider.v1.LoadBalancerNode
+	11, // 19: cloudprovider.v1.EnsureLoadBalancerResponse.status:type_name -> cloudprovider.v1.LoadBalancerStatus
+	7,  // 20: cloudprovider.v1.UpdateLoadBalancerHostsRequest.service:type_name -> cloudprovider.v1.LoadBalancerService
+	8,  // 21: cloudprovider.v1.UpdateLoadBalancerHostsRequest.nodes:type_name -> cloudprovider.v1.LoadBalancerNode
+	7,  // 22: cloudprovider.v1.EnsureLoadBalancerDeletedRequest.service:type_name -> cloudprovider.v1.LoadBalancerService
+	11, // 23: cloudprovider.v1.LoadBalancerSummary.status:type_name -> cloudprovider.v1.LoadBalancerStatus
+	21, // 24: cloudprovider.v1.ListLoadBalancersResponse.load_balancers:type_name -> cloudprovider.v1.LoadBalancerSummary
+	12, // 25: cloudprovider.v1.LoadBalancersService.GetLoadBalancer:input_type -> cloudprovider.v1.GetLoadBalancerRequest
+	14, // 26: cloudprovider.v1.LoadBalancersService.EnsureLoadBalancer:input_type -> cloudprovider.v1.EnsureLoadBalancerRequest
+	16, // 27: cloudprovider.v1.LoadBalancersService.UpdateLoadBalancerHosts:input_type -> cloudprovider.v1.UpdateLoadBalancerHostsRequest
+	18, // 28: cloudprovider.v1.LoadBalancersService.EnsureLoadBalancerDeleted:input_type -> cloudprovider.v1.EnsureLoadBalancerDeletedRequest
+	20, // 29: cloudprovider.v1.LoadBalancersService.ListLoadBalancers:input_type -> cloudprovider.v1.ListLoadBalancersRequest
+	13, // 30: cloudprovider.v1.LoadBalancersService.GetLoadBalancer:output_type -> cloudprovider.v1.GetLoadBalancerResponse
+	15, // 31: cloudprovider.v1.LoadBalancersService.EnsureLoadBalancer:output_type -> cloudprovider.v1.EnsureLoadBalancerResponse
+	17, // 32: cloudprovider.v1.LoadBalancersService.UpdateLoadBalancerHosts:output_type -> cloudprovider.v1.UpdateLoadBalancerHostsResponse
+	19, // 33: cloudprovider.v1.LoadBalancersService.EnsureLoadBalancerDeleted:output_type -> cloudprovider.v1.EnsureLoadBalancerDeletedResponse
+	22, // 34: cloudprovider.v1.LoadBalancersService.ListLoadBalancers:output_type -> cloudprovider.v1.ListLoadBalancersResponse
+	30, // [30:35] is the sub-list for method output_type
+	25, // [25:30] is the sub-list for method input_type
+	25, // [25:25] is the sub-list for extension type_name
+	25, // [25:25] is the sub-list for extension extendee
+	0,  // [0:25] is the sub-list for field type_name
 }
 
 func init() { file_cloudprovider_v1_load_balancers_proto_init() }
@@ -1569,13 +1714,14 @@ func file_cloudprovider_v1_load_balancers_proto_init() {
 		return
 	}
 	file_cloudprovider_v1_types_proto_init()
+	file_cloudprovider_v1_load_balancers_proto_msgTypes[1].OneofWrappers = []any{}
 	type x struct{}
 	out := protoimpl.TypeBuilder{
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_cloudprovider_v1_load_balancers_proto_rawDesc), len(file_cloudprovider_v1_load_balancers_proto_rawDesc)),
-			NumEnums:      5,
-			NumMessages:   19,
+			NumEnums:      6,
+			NumMessages:   20,
 			NumExtensions: 0,
 			NumServices:   1,
 		},
