@@ -13,7 +13,8 @@ moto gap patched here: moto creates classic ELBs without a HealthCheck and leave
 DescribeLoadBalancers, which the AWS provider dereferences; new classic ELBs get AWS's
 default TCP check on their first listener's instance port, as AWS gives them.
 
-Usage: moto_fixture.py PORT CLUSTER INSTANCES
+Usage: moto_fixture.py PORT CLUSTER INSTANCES SUBNET (the subnet is 10.0.SUBNET.0/24: tests sharing
+an API server need instances of distinct private DNS names)
 """
 import json
 import sys
@@ -40,7 +41,7 @@ def default_health_check():
 
 
 def main():
-    port, cluster, count = int(sys.argv[1]), sys.argv[2], int(sys.argv[3])
+    port, cluster, count, octet = int(sys.argv[1]), sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
     default_health_check()
     server = ThreadedMotoServer(ip_address="127.0.0.1", port=port)
     server.start()
@@ -53,7 +54,7 @@ def main():
         return [{"ResourceType": kind, "Tags": owned + list(extra)}]
 
     vpc = ec2.create_vpc(CidrBlock="10.0.0.0/16", TagSpecifications=tags("vpc"))["Vpc"]["VpcId"]
-    subnet = ec2.create_subnet(VpcId=vpc, CidrBlock="10.0.1.0/24", AvailabilityZone=ZONE,
+    subnet = ec2.create_subnet(VpcId=vpc, CidrBlock=f"10.0.{octet}.0/24", AvailabilityZone=ZONE,
                                TagSpecifications=tags("subnet", [{"Key": "kubernetes.io/role/elb", "Value": "1"}]))["Subnet"]["SubnetId"]
     igw = ec2.create_internet_gateway(TagSpecifications=tags("internet-gateway"))["InternetGateway"]["InternetGatewayId"]
     ec2.attach_internet_gateway(InternetGatewayId=igw, VpcId=vpc)

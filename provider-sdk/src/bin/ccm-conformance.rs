@@ -25,6 +25,10 @@ struct Args {
     /// Fill a route table to test its quota only when it holds at most this many routes.
     #[arg(long, default_value_t = 64)]
     max_quota_to_fill: u32,
+    /// The node name of an existing instance, for providers that cannot list instances
+    /// (repeatable): the checks that need instances use these.
+    #[arg(long = "instance", value_name = "NODE_NAME")]
+    instances: Vec<String>,
 }
 
 #[tokio::main]
@@ -38,6 +42,7 @@ async fn main() -> ExitCode {
     options.call_timeout = Duration::from_secs(args.call_timeout_seconds);
     options.consistency_timeout = Duration::from_secs(args.consistency_timeout_seconds);
     options.max_quota_to_fill = args.max_quota_to_fill;
+    options.instances = args.instances;
     match conformance::run(&options, |result| println!("{result}")).await {
         Ok(report) => {
             println!("{}", report.summary());

@@ -115,9 +115,12 @@ pub(super) struct Suite<F> {
     health: HealthClient<Channel>,
     caps: pb::GetPluginCapabilitiesResponse,
     known: Vec<pb::InstanceMetadata>,
+    /// ListInstances is implemented (else the instances come from `Options::instances`).
+    can_list: bool,
     run_id: String,
     cidr_base: u32,
-    created_routes: Vec<(String, String)>,
+    /// Routes this run created: (table, name as answered, destination).
+    created_routes: Vec<(String, String, String)>,
     created_lbs: Vec<pb::LoadBalancerService>,
     report: Report,
     on_result: F,
@@ -139,6 +142,7 @@ impl<F: FnMut(&CheckResult)> Suite<F> {
             health: HealthClient::new(channel),
             caps: Default::default(),
             known: Vec::new(),
+            can_list: true,
             run_id,
             cidr_base: nanos % 400,
             created_routes: Vec::new(),
@@ -413,6 +417,11 @@ impl<F: FnMut(&CheckResult)> Suite<F> {
     }
 
     async fn list_instances(&mut self) -> Check {
+        let first = self.instances.clone().list_instances(self.req(pb::ListInstancesRequest::default())).await;
+        if matches!(&first, Err(s) if s.code() == Code::Unimplemented) {
+            self.can_list = false;
+            return self.named_instances().await;
+        }
         let all = self.list_all_instances(0).await?;
         let info = self.identity.clone().get_plugin_info(self.req(pb::GetPluginInfoRequest {})).await.ctx("GetPluginInfo")?;
         for i in &all {
@@ -430,7 +439,37 @@ impl<F: FnMut(&CheckResult)> Suite<F> {
         Ok(())
     }
 
+    /// For a provider that cannot list: the instances named in the options, each read with
+    /// InstanceMetadata, become the known instances.
+    async fn named_instances(&mut self) -> Check {
+        let why = "ListInstances is UNIMPLEMENTED (the provider cannot list instances)";
+        if self.opts.instances.is_empty() {
+            return Err(skip(format!(
+                "{why}; name existing instances with --instance NODE_NAME to run the checks that need them"
+            )));
+        }
+        let mut known = Vec::new();
+        for name in self.opts.instances.clone() {
+            let lookup = pb::InstanceLookup { node_name: name.clone(), ..Default::default() };
+            let answer = self
+                .instances
+                .clone()
+                .instance_metadata(self.req(pb::InstanceMetadataRequest { instance: Some(lookup) }))
+                .await
+                .ctx("InstanceMetadata")?;
+            let meta =
+                answer.metadata.filter(|_| answer.exists).ok_or_else(|| fail(format!("--instance {name}: no such instance")))?;
+            ensure(!meta.provider_id.is_empty(), || format!("--instance {name}: no providerID in the answer"))?;
+            known.push(pb::InstanceMetadata { node_name: name, ..meta });
+        }
+        self.known = known;
+        Err(skip(format!("{why}; the checks use the {} instances given with --instance", self.known.len())))
+    }
+
     async fn list_instances_pagination(&mut self) -> Check {
+        if !self.can_list {
+            return Err(skip("ListInstances is UNIMPLEMENTED"));
+        }
         if self.known.len() < 2 {
             return Err(skip("fewer than two instances listed"));
         }
@@ -447,6 +486,9 @@ impl<F: FnMut(&CheckResult)> Suite<F> {
     }
 
     async fn list_instances_bad_token(&mut self) -> Check {
+        if !self.can_list {
+            return Err(skip("ListInstances is UNIMPLEMENTED"));
+        }
         let r = self
             .instances
             .clone()
@@ -457,11 +499,24 @@ impl<F: FnMut(&CheckResult)> Suite<F> {
 
     async fn deadline_honoured(&mut self) -> Check {
         let deadline = Duration::from_millis(50);
-        let mut request = Request::new(pb::ListInstancesRequest { page_size: 0, page_token: String::new() });
-        request.set_timeout(deadline);
         let start = Instant::now();
         // The client stops waiting too, so this bounds a provider that ignores the deadline.
-        let r = tokio::time::timeout(Duration::from_secs(5), self.instances.clone().list_instances(request)).await;
+        let r = if self.can_list {
+            let mut request = Request::new(pb::ListInstancesRequest { page_size: 0, page_token: String::new() });
+            request.set_timeout(deadline);
+            tokio::time::timeout(Duration::from_secs(5), self.instances.clone().list_instances(request))
+                .await
+                .map(|r| r.map(|_| ()))
+        } else {
+            let lookup = self.first_known().map_err(|_| skip("ListInstances is UNIMPLEMENTED and no --instance is named"))?;
+            let lookup =
+                pb::InstanceLookup { node_name: lookup.node_name, provider_id: lookup.provider_id, ..Default::default() };
+            let mut request = Request::new(pb::InstanceMetadataRequest { instance: Some(lookup) });
+            request.set_timeout(deadline);
+            tokio::time::timeout(Duration::from_secs(5), self.instances.clone().instance_metadata(request))
+                .await
+                .map(|r| r.map(|_| ()))
+        };
         let took = start.elapsed();
         match r {
             Err(_) => Err(fail("a call with a 50 ms deadline was not answered within 5 s")),
@@ -840,21 +895,35 @@ impl<F: FnMut(&CheckResult)> Suite<F> {
             .create_route(self.req(pb::CreateRouteRequest { cluster_name: self.cluster(), route: Some(route.clone()) }))
             .await;
         let created = r.ctx("CreateRoute")?.route.ok_or_else(|| fail("CreateRoute answered no route"))?;
-        self.created_routes.push((created.table_id.clone(), created.name.clone()));
+        self.created_routes.push((created.table_id.clone(), created.name.clone(), created.destination_cidr.clone()));
         Ok(created)
+    }
+
+    /// Route names are the provider's own (`provider_names`): CreateRoute's is a hint.
+    fn provider_names(&self) -> bool {
+        self.caps.routes.as_ref().is_some_and(|r| r.provider_names)
+    }
+
+    /// The name the provider gave the route created to `cidr`.
+    fn created_name(&self, cidr: &str) -> Option<(String, String)> {
+        self.created_routes.iter().rev().find(|(_, _, d)| d == cidr).map(|(t, n, _)| (t.clone(), n.clone()))
     }
 
     async fn create_route(&mut self) -> Check {
         let route = self.route("main", self.cidr(0))?;
         let created = self.create(route.clone()).await?;
-        ensure(created.name == route.name && created.destination_cidr == route.destination_cidr, || {
+        let same_name = created.name == route.name || self.provider_names();
+        let want = route.target.clone().unwrap_or_default();
+        let got = created.target.clone().unwrap_or_default();
+        let same_target = got.node_name == want.node_name && (got.provider_id.is_empty() || got.provider_id == want.provider_id);
+        ensure(same_name && same_target && created.destination_cidr == route.destination_cidr, || {
             format!("created {created:?}, asked for {route:?}")
         })?;
         let cluster = self.cluster();
         self.eventually(async || {
             let listed = self.list_all_routes(&cluster, "", 0).await?;
-            ensure(listed.iter().any(|r| r.name == route.name && r.destination_cidr == route.destination_cidr), || {
-                format!("route {} is not listed after creation", route.name)
+            ensure(listed.iter().any(|r| r.name == created.name && r.destination_cidr == route.destination_cidr), || {
+                format!("route {} is not listed after creation", created.name)
             })
         })
         .await
@@ -867,11 +936,14 @@ impl<F: FnMut(&CheckResult)> Suite<F> {
             other => other,
         })?;
         let listed = self.list_all_routes(&self.cluster(), "", 0).await?;
-        let n = listed.iter().filter(|r| r.name == route.name).count();
+        let n = listed.iter().filter(|r| r.destination_cidr == route.destination_cidr).count();
         ensure(n <= 1, || format!("route {} listed {n} times after a repeated create", route.name))
     }
 
     async fn create_route_conflict(&mut self) -> Check {
+        if self.provider_names() {
+            return Err(skip("route names are the provider's (provider_names): a name hint cannot conflict"));
+        }
         let route = self.route("main", self.cidr(1))?;
         let r = self
             .routes
@@ -932,19 +1004,19 @@ impl<F: FnMut(&CheckResult)> Suite<F> {
     }
 
     async fn list_routes_pagination(&mut self) -> Check {
+        let mut paged = BTreeSet::new();
         for i in 0..5 {
             let route = self.route(&format!("page-{i}"), self.cidr(10 + i))?;
+            paged.insert(route.destination_cidr.clone());
             self.create(route).await?;
         }
         let cluster = self.cluster();
         let want: BTreeSet<String> = self
             .eventually(async || {
                 let all = self.list_all_routes(&cluster, "", 0).await?;
+                let found = all.iter().filter(|r| paged.contains(&r.destination_cidr)).count();
                 let names: BTreeSet<String> = all.into_iter().map(|r| r.name).collect();
-                ensure(names.iter().filter(|n| n.contains("-page-")).count() == 5, || {
-                    format!("expected 5 paged routes, listed {names:?}")
-                })
-                .map(|()| names)
+                ensure(found == 5, || format!("expected 5 paged routes, listed {names:?}")).map(|()| names)
             })
             .await?;
         for size in [1, 2, 3] {
@@ -978,22 +1050,20 @@ impl<F: FnMut(&CheckResult)> Suite<F> {
 
     async fn delete_route(&mut self) -> Check {
         let route = self.route("main", self.cidr(0))?;
-        let (table, _) =
-            self.created_routes.iter().find(|(_, n)| *n == route.name).cloned().ok_or_else(|| skip("routes.create failed"))?;
-        self.delete(&table, &route.name).await?;
+        let (table, name) = self.created_name(&route.destination_cidr).ok_or_else(|| skip("routes.create failed"))?;
+        self.delete(&table, &name).await?;
         let cluster = self.cluster();
         self.eventually(async || {
             let listed = self.list_all_routes(&cluster, "", 0).await?;
-            ensure(!listed.iter().any(|r| r.name == route.name), || {
-                format!("route {} still listed after DeleteRoute", route.name)
-            })
+            ensure(!listed.iter().any(|r| r.name == name), || format!("route {name} still listed after DeleteRoute"))
         })
         .await
     }
 
     async fn delete_route_again(&mut self) -> Check {
         let route = self.route("main", self.cidr(0))?;
-        self.delete("", &route.name).await
+        let name = self.created_name(&route.destination_cidr).map_or(route.name, |(_, n)| n);
+        self.delete("", &name).await
     }
 
     async fn delete_route_absent(&mut self) -> Check {
@@ -1360,7 +1430,7 @@ impl<F: FnMut(&CheckResult)> Suite<F> {
     // === cleanup ===
 
     async fn cleanup(&mut self) {
-        for (table, name) in std::mem::take(&mut self.created_routes) {
+        for (table, name, _) in std::mem::take(&mut self.created_routes) {
             if let Err(Not::Fail(why)) = self.delete(&table, &name).await {
                 tracing::warn!(route = %name, %why, "cleanup failed");
             }

@@ -21,6 +21,10 @@ pub struct Options {
     pub consistency_timeout: Duration,
     /// Run the quota check when a table holds at most this many routes (it fills the table).
     pub max_quota_to_fill: u32,
+    /// Node names of instances that exist, for providers that cannot list instances
+    /// (ListInstances UNIMPLEMENTED, as behind the go-adapter): the instance, route and load
+    /// balancer checks run against these instead of a listing.
+    pub instances: Vec<String>,
 }
 
 impl Options {
@@ -31,6 +35,7 @@ impl Options {
             call_timeout: Duration::from_secs(10),
             consistency_timeout: Duration::from_secs(10),
             max_quota_to_fill: 64,
+            instances: Vec::new(),
         }
     }
 }

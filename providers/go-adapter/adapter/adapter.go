@@ -35,6 +35,8 @@ type Options struct {
 	BatchReads bool
 	// BatchConcurrency bounds the per-instance calls of one batch read; default 16.
 	BatchConcurrency int
+	// RoutesIPv6 advertises routes to IPv6 destinations (only for providers that create them).
+	RoutesIPv6 bool
 }
 
 func (o Options) withDefaults(cloud cloudprovider.Interface) Options {
@@ -74,7 +76,7 @@ func NewServer(cloud cloudprovider.Interface, opts Options) *grpc.Server {
 		id.services = append(id.services, pb.ServiceType_SERVICE_TYPE_INSTANCES)
 	}
 	if r, ok := cloud.Routes(); ok && r != nil {
-		pb.RegisterRoutesServiceServer(server, &routes{routes: r, name: cloud.ProviderName()})
+		pb.RegisterRoutesServiceServer(server, &routes{routes: r, name: cloud.ProviderName(), ipv6: opts.RoutesIPv6})
 		id.services = append(id.services, pb.ServiceType_SERVICE_TYPE_ROUTES)
 	}
 	if lb, ok := cloud.LoadBalancer(); ok && lb != nil {

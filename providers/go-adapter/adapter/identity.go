@@ -29,7 +29,7 @@ func (s *identity) GetPluginCapabilities(context.Context, *pb.GetPluginCapabilit
 		case pb.ServiceType_SERVICE_TYPE_INSTANCES:
 			out.Instances = &pb.InstancesCapabilities{BatchReads: s.opts.BatchReads}
 		case pb.ServiceType_SERVICE_TYPE_ROUTES:
-			out.Routes = &pb.RoutesCapabilities{Ipv6: true}
+			out.Routes = &pb.RoutesCapabilities{Ipv6: s.opts.RoutesIPv6, ProviderNames: true}
 		case pb.ServiceType_SERVICE_TYPE_LOAD_BALANCERS:
 			out.LoadBalancers = &pb.LoadBalancersCapabilities{}
 		}

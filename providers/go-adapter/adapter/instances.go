@@ -7,6 +7,7 @@ import (
 	"sync"
 
 	pb "github.com/ccm-rs/go-adapter/gen/cloudprovider/v1"
+	"google.golang.org/grpc/codes"
 	v1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/types"
 	cloudprovider "k8s.io/cloud-provider"
@@ -142,6 +143,14 @@ func (s *instances) readV1(ctx context.Context, node *v1.Node) (*pb.InstanceMeta
 	return out, true, nil
 }
 
+// checkLookup refuses a lookup that names no instance: neither providerID nor node name.
+func checkLookup(l *pb.InstanceLookup) error {
+	if l.GetProviderId() == "" && l.GetNodeName() == "" {
+		return invalidArgument("INVALID_ARGUMENT", "an instance lookup needs a providerID or a node name")
+	}
+	return nil
+}
+
 // instanceID is the last path element of a providerID (`aws:///us-east-1a/i-0abc` → `i-0abc`).
 func instanceID(providerID string) string {
 	for i := len(providerID) - 1; i >= 0; i-- {
@@ -153,75 +162,87 @@ func instanceID(providerID string) string {
 }
 
 func (s *instances) InstanceMetadata(ctx context.Context, req *pb.InstanceMetadataRequest) (*pb.InstanceMetadataResponse, error) {
-	if req.GetInstance() == nil {
-		return nil, invalidArgument("INVALID_ARGUMENT", "instance is required")
-	}
-	meta, exists, err := s.read(ctx, req.GetInstance())
-	if err != nil {
-		return nil, toStatus(err)
-	}
-	return &pb.InstanceMetadataResponse{Exists: exists, Metadata: meta}, nil
+	return bounded(ctx, func(ctx context.Context) (*pb.InstanceMetadataResponse, error) {
+		if err := checkLookup(req.GetInstance()); err != nil {
+			return nil, err
+		}
+		meta, exists, err := s.read(ctx, req.GetInstance())
+		if err != nil {
+			return nil, toStatus(err)
+		}
+		return &pb.InstanceMetadataResponse{Exists: exists, Metadata: meta}, nil
+	})
 }
 
 func (s *instances) InstanceExists(ctx context.Context, req *pb.InstanceExistsRequest) (*pb.InstanceExistsResponse, error) {
-	if req.GetInstance() == nil {
-		return nil, invalidArgument("INVALID_ARGUMENT", "instance is required")
-	}
-	node := lookupNode(req.GetInstance())
-	var (
-		exists bool
-		err    error
-	)
-	if s.v2 != nil {
-		exists, err = s.v2.InstanceExists(ctx, node)
-	} else {
-		_, exists, err = s.readV1(ctx, node)
-	}
-	if errors.Is(err, cloudprovider.InstanceNotFound) {
-		return &pb.InstanceExistsResponse{Exists: false}, nil
-	}
-	if err != nil {
-		return nil, toStatus(err)
-	}
-	return &pb.InstanceExistsResponse{Exists: exists}, nil
+	return bounded(ctx, func(ctx context.Context) (*pb.InstanceExistsResponse, error) {
+		if err := checkLookup(req.GetInstance()); err != nil {
+			return nil, err
+		}
+		node := lookupNode(req.GetInstance())
+		var (
+			exists bool
+			err    error
+		)
+		if s.v2 != nil {
+			exists, err = s.v2.InstanceExists(ctx, node)
+		} else {
+			_, exists, err = s.readV1(ctx, node)
+		}
+		if errors.Is(err, cloudprovider.InstanceNotFound) {
+			return &pb.InstanceExistsResponse{Exists: false}, nil
+		}
+		if err != nil {
+			return nil, toStatus(err)
+		}
+		return &pb.InstanceExistsResponse{Exists: exists}, nil
+	})
 }
 
 func (s *instances) InstanceShutdown(ctx context.Context, req *pb.InstanceShutdownRequest) (*pb.InstanceShutdownResponse, error) {
-	if req.GetInstance() == nil {
-		return nil, invalidArgument("INVALID_ARGUMENT", "instance is required")
-	}
-	meta, exists, err := s.read(ctx, req.GetInstance())
-	if err != nil {
-		return nil, toStatus(err)
-	}
-	return &pb.InstanceShutdownResponse{Exists: exists, Shutdown: exists && meta.GetState() == pb.InstanceState_INSTANCE_STATE_STOPPED}, nil
+	return bounded(ctx, func(ctx context.Context) (*pb.InstanceShutdownResponse, error) {
+		if err := checkLookup(req.GetInstance()); err != nil {
+			return nil, err
+		}
+		meta, exists, err := s.read(ctx, req.GetInstance())
+		if err != nil {
+			return nil, toStatus(err)
+		}
+		return &pb.InstanceShutdownResponse{Exists: exists, Shutdown: exists && meta.GetState() == pb.InstanceState_INSTANCE_STATE_STOPPED}, nil
+	})
 }
 
 // BatchInstanceMetadata reads each instance with its own calls, at most batchSize at once,
 // each with its own error, in request order.
 func (s *instances) BatchInstanceMetadata(ctx context.Context, req *pb.BatchInstanceMetadataRequest) (*pb.BatchInstanceMetadataResponse, error) {
-	if len(req.GetInstances()) > 500 {
-		return nil, invalidArgument("INVALID_ARGUMENT", fmt.Sprintf("at most 500 instances per call, got %d", len(req.GetInstances())))
-	}
-	results := make([]*pb.InstanceMetadataResult, len(req.GetInstances()))
-	limit := make(chan struct{}, s.batchSize)
-	var wg sync.WaitGroup
-	for i, l := range req.GetInstances() {
-		wg.Add(1)
-		go func(i int, l *pb.InstanceLookup) {
-			defer wg.Done()
-			limit <- struct{}{}
-			defer func() { <-limit }()
-			meta, exists, err := s.read(ctx, l)
-			if err != nil {
-				results[i] = &pb.InstanceMetadataResult{Error: itemError(err)}
-				return
-			}
-			results[i] = &pb.InstanceMetadataResult{Exists: exists, Metadata: meta}
-		}(i, l)
-	}
-	wg.Wait()
-	return &pb.BatchInstanceMetadataResponse{Results: results}, nil
+	return bounded(ctx, func(ctx context.Context) (*pb.BatchInstanceMetadataResponse, error) {
+		if len(req.GetInstances()) > 500 {
+			return nil, invalidArgument("INVALID_ARGUMENT", fmt.Sprintf("at most 500 instances per call, got %d", len(req.GetInstances())))
+		}
+		results := make([]*pb.InstanceMetadataResult, len(req.GetInstances()))
+		limit := make(chan struct{}, s.batchSize)
+		var wg sync.WaitGroup
+		for i, l := range req.GetInstances() {
+			wg.Add(1)
+			go func(i int, l *pb.InstanceLookup) {
+				defer wg.Done()
+				limit <- struct{}{}
+				defer func() { <-limit }()
+				if err := checkLookup(l); err != nil {
+					results[i] = &pb.InstanceMetadataResult{Error: &pb.ItemError{Code: int32(codes.InvalidArgument), Message: err.Error(), Reason: "INVALID_ARGUMENT"}}
+					return
+				}
+				meta, exists, err := s.read(ctx, l)
+				if err != nil {
+					results[i] = &pb.InstanceMetadataResult{Error: itemError(err)}
+					return
+				}
+				results[i] = &pb.InstanceMetadataResult{Exists: exists, Metadata: meta}
+			}(i, l)
+		}
+		wg.Wait()
+		return &pb.BatchInstanceMetadataResponse{Results: results}, nil
+	})
 }
 
 // ListInstances: cloudprovider.Interface cannot list instances.

@@ -2,8 +2,11 @@ package adapter
 
 import (
 	"context"
+	"fmt"
+	"net"
 
 	pb "github.com/ccm-rs/go-adapter/gen/cloudprovider/v1"
+	"google.golang.org/grpc/codes"
 	cloudprovider "k8s.io/cloud-provider"
 	"k8s.io/klog/v2"
 )
@@ -21,63 +24,88 @@ func (s *loadBalancers) service(in *pb.LoadBalancerService) (*pb.LoadBalancerSer
 	if in == nil || in.GetUid() == "" || in.GetName() == "" || in.GetNamespace() == "" {
 		return nil, invalidArgument("INVALID_ARGUMENT", "the Service's namespace, name and UID are required")
 	}
+	if in.GetLoadBalancerName() == "" {
+		return nil, invalidArgument("INVALID_ARGUMENT", "load_balancer_name is required")
+	}
+	for _, r := range in.GetSourceRanges() {
+		if _, _, err := net.ParseCIDR(r); err != nil {
+			return nil, invalidArgument("INVALID_ARGUMENT", fmt.Sprintf("source range %q is not a CIDR", r))
+		}
+	}
+	if ip := in.GetRequestedIp(); ip != "" && net.ParseIP(ip) == nil {
+		return nil, invalidArgument("INVALID_ARGUMENT", fmt.Sprintf("requested IP %q is not an IP", ip))
+	}
 	return in, nil
 }
 
 func (s *loadBalancers) GetLoadBalancer(ctx context.Context, req *pb.GetLoadBalancerRequest) (*pb.GetLoadBalancerResponse, error) {
-	in, err := s.service(req.GetService())
-	if err != nil {
-		return nil, err
-	}
-	status, exists, err := s.lb.GetLoadBalancer(ctx, in.GetClusterName(), toService(in))
-	if err != nil {
-		return nil, toStatus(err)
-	}
-	if !exists {
-		return &pb.GetLoadBalancerResponse{}, nil
-	}
-	return &pb.GetLoadBalancerResponse{Exists: true, Status: fromStatus(status)}, nil
+	return bounded(ctx, func(ctx context.Context) (*pb.GetLoadBalancerResponse, error) {
+		in, err := s.service(req.GetService())
+		if err != nil {
+			return nil, err
+		}
+		status, exists, err := s.lb.GetLoadBalancer(ctx, in.GetClusterName(), toService(in))
+		if err != nil {
+			return nil, toStatus(err)
+		}
+		if !exists {
+			return &pb.GetLoadBalancerResponse{}, nil
+		}
+		return &pb.GetLoadBalancerResponse{Exists: true, Status: fromStatus(status)}, nil
+	})
 }
 
 func (s *loadBalancers) EnsureLoadBalancer(ctx context.Context, req *pb.EnsureLoadBalancerRequest) (*pb.EnsureLoadBalancerResponse, error) {
-	in, err := s.service(req.GetService())
-	if err != nil {
-		return nil, err
-	}
-	if len(in.GetPorts()) == 0 {
-		return nil, invalidArgument("INVALID_ARGUMENT", "a load balancer needs at least one port")
-	}
-	svc := toService(in)
-	klog.V(2).InfoS("ensuring load balancer", "service", in.GetNamespace()+"/"+in.GetName(),
-		"providerName", s.lb.GetLoadBalancerName(ctx, in.GetClusterName(), svc), "coreName", in.GetLoadBalancerName(),
-		"nodes", len(req.GetNodes()))
-	status, err := s.lb.EnsureLoadBalancer(ctx, in.GetClusterName(), svc, backendNodes(req.GetNodes()))
-	if err != nil {
-		return nil, toStatus(err)
-	}
-	return &pb.EnsureLoadBalancerResponse{Status: fromStatus(status)}, nil
+	return bounded(ctx, func(ctx context.Context) (*pb.EnsureLoadBalancerResponse, error) {
+		in, err := s.service(req.GetService())
+		if err != nil {
+			return nil, err
+		}
+		if len(in.GetPorts()) == 0 {
+			return nil, invalidArgument("INVALID_ARGUMENT", "a load balancer needs at least one port")
+		}
+		svc := toService(in)
+		klog.V(2).InfoS("ensuring load balancer", "service", in.GetNamespace()+"/"+in.GetName(),
+			"providerName", s.lb.GetLoadBalancerName(ctx, in.GetClusterName(), svc), "coreName", in.GetLoadBalancerName(),
+			"nodes", len(req.GetNodes()))
+		status, err := s.lb.EnsureLoadBalancer(ctx, in.GetClusterName(), svc, backendNodes(req.GetNodes()))
+		if err != nil {
+			return nil, toStatus(err)
+		}
+		return &pb.EnsureLoadBalancerResponse{Status: fromStatus(status)}, nil
+	})
 }
 
 func (s *loadBalancers) UpdateLoadBalancerHosts(ctx context.Context, req *pb.UpdateLoadBalancerHostsRequest) (*pb.UpdateLoadBalancerHostsResponse, error) {
-	in, err := s.service(req.GetService())
-	if err != nil {
-		return nil, err
-	}
-	if err := s.lb.UpdateLoadBalancer(ctx, in.GetClusterName(), toService(in), backendNodes(req.GetNodes())); err != nil {
-		return nil, toStatus(err)
-	}
-	return &pb.UpdateLoadBalancerHostsResponse{}, nil
+	return bounded(ctx, func(ctx context.Context) (*pb.UpdateLoadBalancerHostsResponse, error) {
+		in, err := s.service(req.GetService())
+		if err != nil {
+			return nil, err
+		}
+		svc := toService(in)
+		if err := s.lb.UpdateLoadBalancer(ctx, in.GetClusterName(), svc, backendNodes(req.GetNodes())); err != nil {
+			// The protocol's NOT_FOUND for an absent load balancer (so the core ensures it
+			// anew); providers say so in their own words, so ask.
+			if _, exists, getErr := s.lb.GetLoadBalancer(ctx, in.GetClusterName(), svc); getErr == nil && !exists {
+				return nil, newStatus(codes.NotFound, "NOT_FOUND", fmt.Sprintf("load balancer of %s/%s does not exist: %v", in.GetNamespace(), in.GetName(), err), 0)
+			}
+			return nil, toStatus(err)
+		}
+		return &pb.UpdateLoadBalancerHostsResponse{}, nil
+	})
 }
 
 func (s *loadBalancers) EnsureLoadBalancerDeleted(ctx context.Context, req *pb.EnsureLoadBalancerDeletedRequest) (*pb.EnsureLoadBalancerDeletedResponse, error) {
-	in, err := s.service(req.GetService())
-	if err != nil {
-		return nil, err
-	}
-	if err := s.lb.EnsureLoadBalancerDeleted(ctx, in.GetClusterName(), toService(in)); err != nil {
-		return nil, toStatus(err)
-	}
-	return &pb.EnsureLoadBalancerDeletedResponse{}, nil
+	return bounded(ctx, func(ctx context.Context) (*pb.EnsureLoadBalancerDeletedResponse, error) {
+		in, err := s.service(req.GetService())
+		if err != nil {
+			return nil, err
+		}
+		if err := s.lb.EnsureLoadBalancerDeleted(ctx, in.GetClusterName(), toService(in)); err != nil {
+			return nil, toStatus(err)
+		}
+		return &pb.EnsureLoadBalancerDeletedResponse{}, nil
+	})
 }
 
 // ListLoadBalancers: cloudprovider.LoadBalancer cannot list.

@@ -4,7 +4,9 @@ import (
 	"context"
 	"encoding/hex"
 	"fmt"
+	"net"
 	"sort"
+	"strings"
 
 	pb "github.com/ccm-rs/go-adapter/gen/cloudprovider/v1"
 	"google.golang.org/grpc/codes"
@@ -24,6 +26,7 @@ type routes struct {
 	pb.UnimplementedRoutesServiceServer
 	routes cloudprovider.Routes
 	name   string
+	ipv6   bool
 }
 
 func (s *routes) ListRouteTables(_ context.Context, req *pb.ListRouteTablesRequest) (*pb.ListRouteTablesResponse, error) {
@@ -64,108 +67,125 @@ func (s *routes) list(ctx context.Context, cluster string) ([]*cloudprovider.Rou
 // ListRoutes pages through the provider's listing by name: a page token is the hex of the
 // last name served, so routes added or removed between pages shift nothing.
 func (s *routes) ListRoutes(ctx context.Context, req *pb.ListRoutesRequest) (*pb.ListRoutesResponse, error) {
-	if err := s.checkTable(req.GetTableId()); err != nil {
-		return nil, err
-	}
-	var after string
-	if t := req.GetPageToken(); t != "" {
-		b, err := hex.DecodeString(t)
-		if err != nil || len(b) == 0 {
-			return nil, invalidArgument("INVALID_PAGE_TOKEN", fmt.Sprintf("malformed page token %q", t))
+	return bounded(ctx, func(ctx context.Context) (*pb.ListRoutesResponse, error) {
+		if err := s.checkTable(req.GetTableId()); err != nil {
+			return nil, err
 		}
-		after = string(b)
-	}
-	all, err := s.list(ctx, req.GetClusterName())
-	if err != nil {
-		return nil, toStatus(err)
-	}
-	size := int(req.GetPageSize())
-	if size <= 0 || size > 1000 {
-		size = 1000
-	}
-	out := &pb.ListRoutesResponse{}
-	for _, r := range all {
-		if after != "" && r.Name <= after {
-			continue
+		var after string
+		if t := req.GetPageToken(); t != "" {
+			b, err := hex.DecodeString(t)
+			if err != nil || len(b) == 0 {
+				return nil, invalidArgument("INVALID_PAGE_TOKEN", fmt.Sprintf("malformed page token %q", t))
+			}
+			after = string(b)
 		}
-		if len(out.Routes) == size {
-			out.NextPageToken = hex.EncodeToString([]byte(out.Routes[len(out.Routes)-1].Name))
-			break
+		all, err := s.list(ctx, req.GetClusterName())
+		if err != nil {
+			return nil, toStatus(err)
 		}
-		out.Routes = append(out.Routes, toRoute(r))
-	}
-	return out, nil
+		size := int(req.GetPageSize())
+		if size <= 0 || size > 1000 {
+			size = 1000
+		}
+		out := &pb.ListRoutesResponse{}
+		for _, r := range all {
+			if after != "" && r.Name <= after {
+				continue
+			}
+			if len(out.Routes) == size {
+				out.NextPageToken = hex.EncodeToString([]byte(out.Routes[len(out.Routes)-1].Name))
+				break
+			}
+			out.Routes = append(out.Routes, toRoute(r))
+		}
+		return out, nil
+	})
 }
 
 // CreateRoute is idempotent: a route to the same destination and target is returned as it
 // is; one to the same destination and another target is ALREADY_EXISTS.
 func (s *routes) CreateRoute(ctx context.Context, req *pb.CreateRouteRequest) (*pb.CreateRouteResponse, error) {
-	want := req.GetRoute()
-	if want == nil || want.GetName() == "" || want.GetDestinationCidr() == "" || want.GetTarget().GetNodeName() == "" {
-		return nil, invalidArgument("INVALID_ARGUMENT", "a route needs a name, a destination and a target node")
-	}
-	if err := s.checkTable(want.GetTableId()); err != nil {
-		return nil, err
-	}
-	find := func() (*cloudprovider.Route, error) {
-		all, err := s.list(ctx, req.GetClusterName())
-		if err != nil {
+	return bounded(ctx, func(ctx context.Context) (*pb.CreateRouteResponse, error) {
+		want := req.GetRoute()
+		if want == nil || want.GetName() == "" || want.GetDestinationCidr() == "" || want.GetTarget().GetNodeName() == "" {
+			return nil, invalidArgument("INVALID_ARGUMENT", "a route needs a name, a destination and a target node")
+		}
+		if err := s.checkTable(want.GetTableId()); err != nil {
 			return nil, err
 		}
-		for _, r := range all {
-			if r.DestinationCIDR == want.GetDestinationCidr() {
-				return r, nil
+		if _, parsed, err := net.ParseCIDR(want.GetDestinationCidr()); err != nil || parsed.String() != want.GetDestinationCidr() {
+			return nil, invalidArgument("INVALID_ARGUMENT", fmt.Sprintf("destination %q is not a CIDR in canonical form", want.GetDestinationCidr()))
+		}
+		if !s.ipv6 && strings.Contains(want.GetDestinationCidr(), ":") {
+			return nil, invalidArgument("INVALID_ARGUMENT", fmt.Sprintf("destination %s: IPv6 routes are not advertised", want.GetDestinationCidr()))
+		}
+		answer := func(r *cloudprovider.Route) *pb.CreateRouteResponse {
+			route := toRoute(r)
+			route.Target.ProviderId = want.GetTarget().GetProviderId()
+			return &pb.CreateRouteResponse{Route: route}
+		}
+		find := func() (*cloudprovider.Route, error) {
+			all, err := s.list(ctx, req.GetClusterName())
+			if err != nil {
+				return nil, err
 			}
+			for _, r := range all {
+				if r.DestinationCIDR == want.GetDestinationCidr() {
+					return r, nil
+				}
+			}
+			return nil, nil
 		}
-		return nil, nil
-	}
-	existing, err := find()
-	if err != nil {
-		return nil, toStatus(err)
-	}
-	if existing != nil {
-		if string(existing.TargetNode) != want.GetTarget().GetNodeName() {
-			return nil, newStatus(codes.AlreadyExists, "ALREADY_EXISTS",
-				fmt.Sprintf("destination %s is routed to %s already", want.GetDestinationCidr(), existing.TargetNode), 0)
+		existing, err := find()
+		if err != nil {
+			return nil, toStatus(err)
 		}
-		return &pb.CreateRouteResponse{Route: toRoute(existing)}, nil
-	}
-	route := &cloudprovider.Route{
-		Name:                want.GetName(),
-		TargetNode:          types.NodeName(want.GetTarget().GetNodeName()),
-		TargetNodeAddresses: toNodeAddresses(want.GetTargetAddresses()),
-		DestinationCIDR:     want.GetDestinationCidr(),
-	}
-	if err := s.routes.CreateRoute(ctx, req.GetClusterName(), want.GetName(), route); err != nil {
-		return nil, toStatus(err)
-	}
-	// The provider may store it under a name of its own: answer with what it stored.
-	if stored, err := find(); err == nil && stored != nil {
-		return &pb.CreateRouteResponse{Route: toRoute(stored)}, nil
-	}
-	return &pb.CreateRouteResponse{Route: toRoute(route)}, nil
+		if existing != nil {
+			if string(existing.TargetNode) != want.GetTarget().GetNodeName() {
+				return nil, newStatus(codes.AlreadyExists, "ALREADY_EXISTS",
+					fmt.Sprintf("destination %s is routed to %s already", want.GetDestinationCidr(), existing.TargetNode), 0)
+			}
+			return answer(existing), nil
+		}
+		route := &cloudprovider.Route{
+			Name:                want.GetName(),
+			TargetNode:          types.NodeName(want.GetTarget().GetNodeName()),
+			TargetNodeAddresses: toNodeAddresses(want.GetTargetAddresses()),
+			DestinationCIDR:     want.GetDestinationCidr(),
+		}
+		if err := s.routes.CreateRoute(ctx, req.GetClusterName(), want.GetName(), route); err != nil {
+			return nil, toStatus(err)
+		}
+		// The provider may store it under a name of its own: answer with what it stored.
+		if stored, err := find(); err == nil && stored != nil {
+			return answer(stored), nil
+		}
+		return answer(route), nil
+	})
 }
 
 // DeleteRoute deletes the route of that name in the provider's listing; absent is OK.
 func (s *routes) DeleteRoute(ctx context.Context, req *pb.DeleteRouteRequest) (*pb.DeleteRouteResponse, error) {
-	if req.GetName() == "" {
-		return nil, invalidArgument("INVALID_ARGUMENT", "a route name is required")
-	}
-	if err := s.checkTable(req.GetTableId()); err != nil {
-		return nil, err
-	}
-	all, err := s.list(ctx, req.GetClusterName())
-	if err != nil {
-		return nil, toStatus(err)
-	}
-	for _, r := range all {
-		if r.Name == req.GetName() {
-			if err := s.routes.DeleteRoute(ctx, req.GetClusterName(), r); err != nil {
-				return nil, toStatus(err)
+	return bounded(ctx, func(ctx context.Context) (*pb.DeleteRouteResponse, error) {
+		if req.GetName() == "" {
+			return nil, invalidArgument("INVALID_ARGUMENT", "a route name is required")
+		}
+		if err := s.checkTable(req.GetTableId()); err != nil {
+			return nil, err
+		}
+		all, err := s.list(ctx, req.GetClusterName())
+		if err != nil {
+			return nil, toStatus(err)
+		}
+		for _, r := range all {
+			if r.Name == req.GetName() {
+				if err := s.routes.DeleteRoute(ctx, req.GetClusterName(), r); err != nil {
+					return nil, toStatus(err)
+				}
 			}
 		}
-	}
-	return &pb.DeleteRouteResponse{}, nil
+		return &pb.DeleteRouteResponse{}, nil
+	})
 }
 
 // ResolveRouteTables: every target's routes go to the one table.

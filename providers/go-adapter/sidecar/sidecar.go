@@ -63,6 +63,7 @@ func Run(ctx context.Context, defaultProvider string, args []string, stdout io.W
 	pluginName := fs.String("plugin-name", "", "the plugin name to report (default <provider>.go-adapter.ccm-rs.dev)")
 	batchReads := fs.Bool("batch-reads", false, "advertise BatchInstanceMetadata as cheap (the provider coalesces its cloud reads)")
 	batchConcurrency := fs.Int("batch-concurrency", 16, "per-instance calls in flight for one batch read")
+	routesIPv6 := fs.Bool("routes-ipv6", false, "advertise routes to IPv6 destinations (only if the provider creates them)")
 	version := fs.Bool("version", false, "print the version and exit")
 	klogFlags := flag.NewFlagSet("klog", flag.ContinueOnError)
 	klog.InitFlags(klogFlags)
@@ -110,6 +111,7 @@ func Run(ctx context.Context, defaultProvider string, args []string, stdout io.W
 		Version:          Version,
 		BatchReads:       *batchReads,
 		BatchConcurrency: *batchConcurrency,
+		RoutesIPv6:       *routesIPv6,
 	})
 }
 

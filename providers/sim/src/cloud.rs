@@ -568,6 +568,7 @@ impl Cloud {
             max_routes_per_table: max,
             ipv6: self.ipv6_routes,
             target_addresses: self.route_target_addresses,
+            provider_names: false,
         }
     }
 

@@ -29,13 +29,16 @@ struct Moto {
 }
 
 impl Moto {
-    async fn start(python: &Path, cluster: &str, instances: usize) -> Self {
+    /// moto with `instances` instances in subnet 10.0.`subnet`.0/24 (tests that run together
+    /// need distinct subnets: the instances' private DNS names are the Nodes' names).
+    async fn start(python: &Path, cluster: &str, instances: usize, subnet: u8) -> Self {
         let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("aws/moto_fixture.py");
         let mut child = Command::new(python)
             .arg(&script)
             .arg(free_port().to_string())
             .arg(cluster)
             .arg(instances.to_string())
+            .arg(subnet.to_string())
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .stderr(Stdio::null())
@@ -166,7 +169,7 @@ async fn the_aws_provider_on_moto_initialises_nodes_routes_pods_and_balances_ser
     let cp = ccm_e2e::shared().expect("control plane");
     let env = TestEnv::new(cp.client().await.expect("client"), "aws").await.expect("env");
     let cluster = env.prefix.clone();
-    let mut moto = Moto::start(&python, &cluster, 3).await;
+    let mut moto = Moto::start(&python, &cluster, 3, 1).await;
     let dir = tempfile::tempdir().expect("tempdir");
     let sidecar = Sidecar::start(&binary, dir.path(), &moto, &cluster, cp.kubeconfig_path()).await;
     let instances = moto.instances();
@@ -320,6 +323,51 @@ async fn the_aws_provider_on_moto_initialises_nodes_routes_pods_and_balances_ser
     core.stop().await.expect("stop");
     for (_, dns, _) in &instances {
         let _ = env.nodes().delete(dns, &DeleteParams::default()).await;
+    }
+    env.cleanup().await.expect("cleanup");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_conformance_suite_passes_against_the_aws_provider_on_moto() {
+    use ccm_provider_sdk::conformance::{self, Options, Outcome};
+    let Some((python, binary)) = tools() else { return };
+    let cp = ccm_e2e::shared().expect("control plane");
+    let env = TestEnv::new(cp.client().await.expect("client"), "aws-conf").await.expect("env");
+    let cluster = env.prefix.clone();
+    let moto = Moto::start(&python, &cluster, 3, 2).await;
+    let dir = tempfile::tempdir().expect("tempdir");
+    // The provider maps route targets to Nodes with its Node informer: the instances need
+    // their Nodes, as in a cluster.
+    for (id, dns, _) in moto.instances() {
+        NodeBuilder::new(&dns)
+            .label(TEST_LABEL, &env.prefix)
+            .provider_id(&format!("aws:///us-east-1a/{id}"))
+            .create(&env.client)
+            .await
+            .expect("node");
+    }
+    let sidecar = Sidecar::start(&binary, dir.path(), &moto, &cluster, cp.kubeconfig_path()).await;
+    let mut options = Options::new(sidecar.endpoint.clone());
+    options.call_timeout = Duration::from_secs(30);
+    options.instances = moto.instances().into_iter().map(|(_, dns, _)| dns).collect();
+    let report = conformance::run(&options, |r| eprintln!("{r}")).await.expect("the suite runs");
+    eprintln!("{}", report.summary());
+    let failed: Vec<String> = report
+        .results
+        .iter()
+        .filter_map(|r| match &r.outcome {
+            Outcome::Fail(why) => Some(format!("{}: {why}", r.name)),
+            _ => None,
+        })
+        .collect();
+    assert!(failed.is_empty(), "conformance failures: {failed:#?}\n{}", sidecar.log_text());
+    for r in &report.results {
+        if let Outcome::Skip(why) = &r.outcome {
+            assert!(!why.is_empty(), "{} is skipped without a reason", r.name);
+        }
+    }
+    for (_, dns, _) in moto.instances() {
+        let _ = env.nodes().delete(&dns, &DeleteParams::default()).await;
     }
     env.cleanup().await.expect("cleanup");
 }

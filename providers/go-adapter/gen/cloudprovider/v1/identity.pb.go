@@ -304,8 +304,13 @@ type RoutesCapabilities struct {
 	// a route (delete, then create) when its Node's addresses change, as upstream does for
 	// providers that set EnableNodeAddresses.
 	TargetAddresses bool `protobuf:"varint,4,opt,name=target_addresses,json=targetAddresses,proto3" json:"target_addresses,omitempty"`
-	unknownFields   protoimpl.UnknownFields
-	sizeCache       protoimpl.SizeCache
+	// Route names are the provider's own (as behind the go-adapter: clouds key routes by
+	// destination and target): CreateRoute's name is a hint, the answer and ListRoutes carry
+	// the provider's name, and DeleteRoute takes that name. The core matches routes by
+	// destination and target either way.
+	ProviderNames bool `protobuf:"varint,5,opt,name=provider_names,json=providerNames,proto3" json:"provider_names,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *RoutesCapabilities) Reset() {
@@ -362,6 +367,13 @@ func (x *RoutesCapabilities) GetIpv6() bool {
 func (x *RoutesCapabilities) GetTargetAddresses() bool {
 	if x != nil {
 		return x.TargetAddresses
+	}
+	return false
+}
+
+func (x *RoutesCapabilities) GetProviderNames() bool {
+	if x != nil {
+		return x.ProviderNames
 	}
 	return false
 }
@@ -624,12 +636,13 @@ const file_cloudprovider_v1_identity_proto_rawDesc = "" +
 	"\x1cGetPluginCapabilitiesRequest\"8\n" +
 	"\x15InstancesCapabilities\x12\x1f\n" +
 	"\vbatch_reads\x18\x01 \x01(\bR\n" +
-	"batchReads\"\xad\x01\n" +
+	"batchReads\"\xd4\x01\n" +
 	"\x12RoutesCapabilities\x12'\n" +
 	"\x0fmultiple_tables\x18\x01 \x01(\bR\x0emultipleTables\x12/\n" +
 	"\x14max_routes_per_table\x18\x02 \x01(\rR\x11maxRoutesPerTable\x12\x12\n" +
 	"\x04ipv6\x18\x03 \x01(\bR\x04ipv6\x12)\n" +
-	"\x10target_addresses\x18\x04 \x01(\bR\x0ftargetAddresses\"\x8f\x01\n" +
+	"\x10target_addresses\x18\x04 \x01(\bR\x0ftargetAddresses\x12%\n" +
+	"\x0eprovider_names\x18\x05 \x01(\bR\rproviderNames\"\x8f\x01\n" +
 	"\x19LoadBalancersCapabilities\x12&\n" +
 	"\x0fmax_name_length\x18\x01 \x01(\rR\rmaxNameLength\x126\n" +
 	"\x17allowed_name_characters\x18\x02 \x01(\tR\x15allowedNameCharacters\x12\x12\n" +
