@@ -48,7 +48,7 @@ if [ "$mode" = aws ]; then
   aws_dir=$(cd "$here/../../providers/aws" && pwd)
   adapter_dir=$(cd "$here/../../providers/go-adapter" && pwd)
   sum=$( (cd "$aws_dir" && find . -name '*.go' -o -name go.mod -o -name go.sum | LC_ALL=C sort | xargs cat;
-          cd "$adapter_dir" && find . -name '*.go' -o -name go.mod -o -name go.sum | LC_ALL=C sort | xargs cat) | sha256sum | cut -c1-16)
+          cd "$adapter_dir" && find . \( -name '*.go' ! -name '*_test.go' \) -o -name go.mod -o -name go.sum | LC_ALL=C sort | xargs cat) | sha256sum | cut -c1-16)
   aws_out="$cache/aws-$sum"
   if [ ! -x "$aws_out/ccm-provider-aws" ]; then
     command -v go >/dev/null || { echo "setup.sh: Go is required to build ccm-provider-aws" >&2; exit 1; }

@@ -324,3 +324,29 @@ func TestLoadBalancerServicesAreTranslated(t *testing.T) {
 		t.Errorf("listing: %v", err)
 	}
 }
+
+func TestInstancesAndZonesServeProvidersWithoutInstancesV2(t *testing.T) {
+	cloud := fakeCloud()
+	cloud.EnableInstancesV2 = false
+	cloud.ExtID = map[types.NodeName]string{"node-a": "i-a"}
+	cloud.InstanceTypes = map[types.NodeName]string{"fake://i-a": "fake.small"}
+	conn := serve(t, cloud, Options{})
+	instances := pb.NewInstancesServiceClient(conn)
+	r, err := instances.InstanceMetadata(ctx(t), &pb.InstanceMetadataRequest{Instance: &pb.InstanceLookup{NodeName: "node-a"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	m := r.GetMetadata()
+	if !r.GetExists() || m.GetProviderId() != "fake://i-a" || m.GetInstanceId() != "i-a" || m.GetInstanceType() != "fake.small" ||
+		m.GetZone() != "zone-a" || m.GetRegion() != "region-1" || len(m.GetAddresses()) != 2 {
+		t.Errorf("metadata from Instances and Zones: %v", r)
+	}
+	cloud.ExistsByProviderID = false
+	r, err = instances.InstanceMetadata(ctx(t), &pb.InstanceMetadataRequest{Instance: &pb.InstanceLookup{ProviderId: "fake://i-a"}})
+	if err != nil || r.GetExists() {
+		t.Errorf("an instance that no longer exists: %v %v", r, err)
+	}
+	if _, err := instances.InstanceMetadata(ctx(t), &pb.InstanceMetadataRequest{Instance: &pb.InstanceLookup{}}); status.Code(err) != codes.InvalidArgument {
+		t.Errorf("a lookup naming no instance: %v", err)
+	}
+}
