@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # build-binaries.sh OUT BIN...: builds the named binaries of this workspace as static (musl)
-# release executables and copies them into OUT. The build stage of every Containerfile here
+# release executables and copies them into OUT (the Go sidecars, such as ccm-provider-aws,
+# as static Go executables from their modules under providers/). The build stage of every Containerfile here
 # runs it, and so does build.py, which makes the same images without a container engine.
 #
 # The target follows TARGETARCH (set by `docker buildx build --platform ...`), else the
@@ -21,9 +22,24 @@ if ! rustup target list --installed 2>/dev/null | grep -qx "$target"; then
 fi
 # ring (TLS) compiles C: it needs musl's compiler wrapper (Debian: musl-tools).
 command -v musl-gcc >/dev/null || { echo "build-binaries.sh: musl-gcc not found (apt-get install musl-tools)" >&2; exit 1; }
+mkdir -p "$out"
+# Go sidecars (the go-adapter's): static, without cgo, from their modules under providers/.
+rust=()
+for b in "$@"; do
+  case "$b" in
+    ccm-provider-aws)
+      command -v go >/dev/null || { echo "build-binaries.sh: Go is required for $b" >&2; exit 1; }
+      version=${VERSION:-0.0.0-dev}
+      case "$arch" in amd64|x86_64) goarch=amd64 ;; *) goarch=arm64 ;; esac
+      (cd providers/aws && GOTOOLCHAIN=local CGO_ENABLED=0 GOARCH=$goarch \
+        GOFLAGS=-mod=mod go build -trimpath -ldflags="-s -w -X github.com/ccm-rs/go-adapter/sidecar.Version=$version" \
+        -o "$out/$b" ./cmd/$b) >&2 ;;
+    *) rust+=("$b") ;;
+  esac
+done
+[ ${#rust[@]} -gt 0 ] || exit 0
 bins=()
-for b in "$@"; do bins+=(--bin "$b"); done
+for b in "${rust[@]}"; do bins+=(--bin "$b"); done
 export CCM_GIT_COMMIT=${GIT_COMMIT:-${CCM_GIT_COMMIT:-}}
 cargo build --release --locked --target "$target" "${bins[@]}" >&2
-mkdir -p "$out"
-for b in "$@"; do install -m 0755 "target/$target/release/$b" "$out/$b"; done
+for b in "${rust[@]}"; do install -m 0755 "target/$target/release/$b" "$out/$b"; done
