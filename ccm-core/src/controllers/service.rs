@@ -152,8 +152,8 @@ fn provider_fingerprint(svc: &Service) -> u64 {
     }
     let annotations: BTreeMap<&String, &String> = svc.metadata.annotations.iter().flatten().collect();
     annotations.hash(&mut h);
-    let labels: BTreeMap<&String, &String> = svc.metadata.labels.iter().flatten().collect();
-    labels.hash(&mut h);
+    // Labels go to the provider but, as in upstream's needsUpdate, a label change alone is no
+    // reason for an Ensure (and must not cut a failing Service's backoff short).
     h.finish()
 }
 
