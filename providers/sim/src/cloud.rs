@@ -96,14 +96,15 @@ pub(crate) fn address_type(kind: &str) -> pb::NodeAddressType {
     }
 }
 
-fn address_type_name(t: pb::NodeAddressType) -> &'static str {
+/// The Kubernetes name of an address type; empty for an unspecified one.
+pub(crate) fn address_type_name(t: pb::NodeAddressType) -> &'static str {
     match t {
         pb::NodeAddressType::Hostname => "Hostname",
         pb::NodeAddressType::InternalIp => "InternalIP",
         pb::NodeAddressType::ExternalIp => "ExternalIP",
         pb::NodeAddressType::InternalDns => "InternalDNS",
         pb::NodeAddressType::ExternalDns => "ExternalDNS",
-        pb::NodeAddressType::Unspecified => "Unspecified",
+        pb::NodeAddressType::Unspecified => "",
     }
 }
 

@@ -52,7 +52,7 @@ impl From<&pb::InstanceMetadata> for MetadataDocument {
             addresses: m
                 .addresses
                 .iter()
-                .map(|a| Address { kind: address_kind(a.r#type()).to_string(), address: a.address.clone() })
+                .map(|a| Address { kind: crate::cloud::address_type_name(a.r#type()).to_string(), address: a.address.clone() })
                 .collect(),
         }
     }
@@ -76,17 +76,6 @@ impl From<MetadataDocument> for pb::InstanceMetadata {
             additional_labels: Default::default(),
             state: pb::InstanceState::Running as i32,
         }
-    }
-}
-
-fn address_kind(t: pb::NodeAddressType) -> &'static str {
-    match t {
-        pb::NodeAddressType::Hostname => "Hostname",
-        pb::NodeAddressType::InternalIp => "InternalIP",
-        pb::NodeAddressType::ExternalIp => "ExternalIP",
-        pb::NodeAddressType::InternalDns => "InternalDNS",
-        pb::NodeAddressType::ExternalDns => "ExternalDNS",
-        pb::NodeAddressType::Unspecified => "",
     }
 }
 
