@@ -7,6 +7,7 @@ answering each line read from stdin with one JSON line of moto's state:
   routes             the fixture's route table's routes
   elbs               classic load balancers with their instances
   nlbs               network load balancers with their targets
+  groups             the VPC's security groups with their ingress rules
   stop ID / terminate ID   changes an instance's state
 
 moto gap patched here: moto creates classic ELBs without a HealthCheck and leaves it out of
@@ -103,6 +104,16 @@ def main():
                         continue
                     answer.append({"name": lb["LoadBalancerName"], "dns": lb["DNSName"], "type": lb["Type"],
                                    "targets": sorted(targets)})
+            elif words[0] == "groups":
+                answer = []
+                for g in ec2.describe_security_groups(Filters=[{"Name": "vpc-id", "Values": [vpc]}])["SecurityGroups"]:
+                    rules = []
+                    for p in g.get("IpPermissions", []):
+                        sources = [r["CidrIp"] for r in p.get("IpRanges", [])]
+                        sources += [r["GroupId"] for r in p.get("UserIdGroupPairs", [])]
+                        rules.append({"protocol": p.get("IpProtocol", ""), "from": p.get("FromPort", -1),
+                                      "to": p.get("ToPort", -1), "sources": sorted(sources)})
+                    answer.append({"id": g["GroupId"], "name": g["GroupName"], "ingress": rules})
             elif words[0] == "stop":
                 ec2.stop_instances(InstanceIds=[words[1]])
                 answer = "ok"

@@ -12,6 +12,9 @@
 # kube-proxy and the static pause program) into the control plane's directory and prints it.
 # `setup.sh aws` prints the path of ccm-provider-aws (../../providers/aws: the AWS provider of
 # k8s.io/cloud-provider-aws behind the go-adapter), built into .../aws-<hash of its sources>/;
+# `setup.sh aws-upstream` prints the path of upstream's aws-cloud-controller-manager of the same
+# release (for ccm-bench's side-by-side run), `setup.sh fake-provider` that of
+# ccm-provider-fake (upstream's fake cloud behind the adapter, for the conformance test);
 # `setup.sh moto` prints the python of a virtualenv with moto[server] and boto3 (versions
 # below), made in .../moto-<version>/ from PyPI.
 #
@@ -26,7 +29,7 @@ set -euo pipefail
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 
 mode=${1:-control-plane}
-case "$mode" in control-plane|kubelet-check|cluster|helm|peer|aws|moto) ;; *) echo "usage: setup.sh [kubelet-check|cluster|helm|peer|aws|moto]" >&2; exit 2 ;; esac
+case "$mode" in control-plane|kubelet-check|cluster|helm|peer|aws|aws-upstream|fake-provider|moto) ;; *) echo "usage: setup.sh [kubelet-check|cluster|helm|peer|aws|aws-upstream|fake-provider|moto]" >&2; exit 2 ;; esac
 cache="${CCM_ENVTEST_CACHE:-$HOME/.cache/ccm-rs}"
 
 if [ "$mode" = moto ]; then
@@ -44,25 +47,45 @@ if [ "$mode" = moto ]; then
   exit 0
 fi
 
-if [ "$mode" = aws ]; then
-  aws_dir=$(cd "$here/../../providers/aws" && pwd)
-  adapter_dir=$(cd "$here/../../providers/go-adapter" && pwd)
-  sum=$( (cd "$aws_dir" && find . -name '*.go' -o -name go.mod -o -name go.sum | LC_ALL=C sort | xargs cat;
-          cd "$adapter_dir" && find . \( -name '*.go' ! -name '*_test.go' \) -o -name go.mod -o -name go.sum | LC_ALL=C sort | xargs cat) | sha256sum | cut -c1-16)
-  aws_out="$cache/aws-$sum"
-  if [ ! -x "$aws_out/ccm-provider-aws" ]; then
-    command -v go >/dev/null || { echo "setup.sh: Go is required to build ccm-provider-aws" >&2; exit 1; }
-    mkdir -p "$aws_out"
-    echo "setup.sh: building ccm-provider-aws into $aws_out" >&2
+# go_build OUT_DIR BINARY MODULE_DIR PACKAGE: builds PACKAGE of the Go module in MODULE_DIR
+# into OUT_DIR/BINARY unless it is there, and prints its path.
+go_build() {
+  local out=$1 binary=$2 module=$3 package=$4 start
+  if [ ! -x "$out/$binary" ]; then
+    command -v go >/dev/null || { echo "setup.sh: Go is required to build $binary" >&2; exit 1; }
+    mkdir -p "$out"
+    echo "setup.sh: building $binary into $out" >&2
     start=$(date +%s)
-    (cd "$aws_dir" && GOTOOLCHAIN=local CGO_ENABLED=0 GOFLAGS=-mod=mod go build -trimpath -ldflags="-s -w" \
-      -o "$aws_out/.partial" ./cmd/ccm-provider-aws)
-    mv "$aws_out/.partial" "$aws_out/ccm-provider-aws"
-    echo "setup.sh: built ccm-provider-aws in $(( $(date +%s) - start ))s" >&2
+    (cd "$module" && GOTOOLCHAIN=local CGO_ENABLED=0 GOFLAGS=-mod=mod go build -trimpath -ldflags="-s -w" \
+      -o "$out/.partial" "$package")
+    mv "$out/.partial" "$out/$binary"
+    echo "setup.sh: built $binary in $(( $(date +%s) - start ))s" >&2
   fi
-  echo "$aws_out/ccm-provider-aws"
-  exit 0
-fi
+  echo "$out/$binary"
+}
+
+# go_sources DIR [SUBDIR...]: the Go sources (tests left out), go.mod and go.sum under DIR's
+# SUBDIRs (all of DIR without any), for a build key.
+go_sources() {
+  local dir=$1; shift
+  (cd "$dir" && find "${@:-.}" \( -name '*.go' ! -name '*_test.go' \) -o -name go.mod -o -name go.sum | LC_ALL=C sort | xargs cat)
+  (cd "$dir" && cat go.mod go.sum)
+}
+
+adapter_dir=$(cd "$here/../../providers/go-adapter" && pwd)
+aws_dir=$(cd "$here/../../providers/aws" && pwd)
+case "$mode" in
+  aws)  # ccm-provider-aws: the AWS provider behind the adapter (the adapter's own commands left out).
+    sum=$( (go_sources "$aws_dir"; go_sources "$adapter_dir" adapter sidecar gen) | sha256sum | cut -c1-16)
+    go_build "$cache/aws-$sum" ccm-provider-aws "$aws_dir" ./cmd/ccm-provider-aws; exit 0 ;;
+  aws-upstream)  # upstream's aws-cloud-controller-manager, of the release ccm-provider-aws serves.
+    sum=$( (cd "$aws_dir" && cat go.mod go.sum) | sha256sum | cut -c1-16)
+    go_build "$cache/aws-upstream-$sum" aws-cloud-controller-manager "$aws_dir" \
+      k8s.io/cloud-provider-aws/cmd/aws-cloud-controller-manager; exit 0 ;;
+  fake-provider)  # ccm-provider-fake: upstream's fake cloud behind the adapter.
+    sum=$(go_sources "$adapter_dir" | sha256sum | cut -c1-16)
+    go_build "$cache/fake-provider-$sum" ccm-provider-fake "$adapter_dir" ./cmd/ccm-provider-fake; exit 0 ;;
+esac
 
 if [ "$mode" = peer ]; then
   peer_dir=$(cd "$here/../peer" && pwd)

@@ -18,7 +18,7 @@ use tokio::process::{Child, ChildStdin, ChildStdout, Command};
 use crate::support::{Core, TEST_LABEL, eventually, free_port};
 
 /// Set in CI: a missing tool (python3, Go) fails the test instead of skipping it.
-const REQUIRE: &str = "CCM_E2E_REQUIRE_AWS";
+pub(crate) const REQUIRE: &str = "CCM_E2E_REQUIRE_AWS";
 
 /// moto serving the fixture, with its query channel.
 struct Moto {
@@ -106,43 +106,52 @@ impl Moto {
     }
 }
 
-/// The AWS sidecar as a process, its log kept for failures.
-struct Sidecar {
+/// A go-adapter sidecar as a process, serving on `dir`/provider.sock, its log kept for failures.
+pub(crate) struct Sidecar {
     _child: Child,
-    endpoint: String,
+    pub(crate) endpoint: String,
     log: PathBuf,
 }
 
 impl Sidecar {
+    /// The AWS sidecar for `moto`'s fixture.
     async fn start(binary: &Path, dir: &Path, moto: &Moto, cluster: &str, kubeconfig: &Path) -> Self {
         let config = dir.join("cloud.conf");
         std::fs::write(&config, moto.cloud_config(cluster)).expect("cloud config");
+        let args = [
+            "--cloud-provider=aws".to_string(),
+            format!("--cloud-config={}", config.display()),
+            format!("--kubeconfig={}", kubeconfig.display()),
+            "--batch-reads".to_string(),
+        ];
+        let env = [("AWS_ACCESS_KEY_ID", "testing"), ("AWS_SECRET_ACCESS_KEY", "testing"), ("AWS_EC2_METADATA_DISABLED", "true")];
+        Self::run(binary, dir, &args, &env).await
+    }
+
+    /// `binary` with `args` (and `--listen`, `-v=2`), once its socket accepts.
+    pub(crate) async fn run(binary: &Path, dir: &Path, args: &[String], env: &[(&str, &str)]) -> Self {
         let socket = dir.join("provider.sock");
-        let log = dir.join("ccm-provider-aws.log");
+        let name = binary.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+        let log = dir.join(format!("{name}.log"));
         let child = Command::new(binary)
-            .arg("--cloud-provider=aws")
-            .arg(format!("--cloud-config={}", config.display()))
-            .arg(format!("--kubeconfig={}", kubeconfig.display()))
+            .args(args)
             .arg(format!("--listen=unix://{}", socket.display()))
-            .arg("--batch-reads")
             .arg("-v=2")
-            .env("AWS_ACCESS_KEY_ID", "testing")
-            .env("AWS_SECRET_ACCESS_KEY", "testing")
-            .env("AWS_EC2_METADATA_DISABLED", "true")
+            .envs(env.iter().copied())
             .stdout(Stdio::null())
             .stderr(std::fs::File::create(&log).expect("log"))
             .kill_on_drop(true)
             .spawn()
-            .expect("ccm-provider-aws starts");
+            .unwrap_or_else(|e| panic!("{name} starts: {e}"));
         let sidecar = Self { _child: child, endpoint: format!("unix://{}", socket.display()), log };
-        let ready = eventually("the AWS sidecar's socket", Duration::from_secs(60), async || {
+        let ready = eventually("the sidecar's socket", Duration::from_secs(60), async || {
             tokio::net::UnixStream::connect(&socket).await.ok().map(|_| ())
         });
         tokio::time::timeout(Duration::from_secs(61), ready).await.unwrap_or_else(|_| panic!("{}", sidecar.log_text()));
         sidecar
     }
 
-    fn log_text(&self) -> String {
+    pub(crate) fn log_text(&self) -> String {
         std::fs::read_to_string(&self.log).unwrap_or_default()
     }
 }
@@ -157,6 +166,11 @@ fn tools() -> Option<(PathBuf, PathBuf)> {
             None
         }
     }
+}
+
+/// The security group in a `groups` answer whose `key` is `value`.
+fn group(groups: &Value, key: &str, value: &str) -> Option<Value> {
+    groups.as_array()?.iter().find(|g| g[key].as_str() == Some(value)).cloned()
 }
 
 fn label(node: &Node, key: &str) -> Option<String> {
@@ -240,6 +254,7 @@ async fn the_aws_provider_on_moto_initialises_nodes_routes_pods_and_balances_ser
 
     // A classic ELB for a LoadBalancer Service, with every instance registered.
     let ids: Vec<String> = instances.iter().map(|(id, _, _)| id.clone()).collect();
+    let groups_before = moto.query("groups").await;
     ccm_e2e::cluster::create_load_balancer_service(&env, "web", &[80]).await.expect("service");
     let hostname = eventually("the ELB's hostname in the Service", Duration::from_secs(90), async || {
         let svc = env.services().get("web").await.ok()?;
@@ -255,6 +270,12 @@ async fn the_aws_provider_on_moto_initialises_nodes_routes_pods_and_balances_ser
     let mut sorted = ids.clone();
     sorted.sort();
     assert_eq!(registered(&elb, "instances"), sorted);
+    // The ELB's own security group, admitted to the nodes' group.
+    let groups = moto.query("groups").await;
+    let elb_group = format!("k8s-elb-{}", elb["name"].as_str().unwrap_or_default());
+    let elb_group = group(&groups, "name", &elb_group).unwrap_or_else(|| panic!("no {elb_group} in moto: {groups}"));
+    let node_group = group(&groups, "id", &moto.get("security_group")).expect("the nodes' group");
+    assert!(node_group["ingress"].to_string().contains(elb_group["id"].as_str().unwrap_or("-")), "{groups}");
 
     // A Node excluded from load balancers is deregistered.
     let patch =
@@ -288,6 +309,13 @@ async fn the_aws_provider_on_moto_initialises_nodes_routes_pods_and_balances_ser
     let found = found.unwrap_or_else(|| panic!("no NLB {nlb_host} in moto: {nlbs}"));
     assert_eq!(found["type"].as_str(), Some("network"));
     assert_eq!(registered(&found, "targets"), remaining);
+    // The NLB keeps no group of its own: clients reach the nodes' group on the node port.
+    let svc = env.services().get("fast").await.expect("the NLB service");
+    let node_port = svc.spec.and_then(|s| s.ports).and_then(|p| p.first().and_then(|p| p.node_port)).expect("a node port");
+    let groups = moto.query("groups").await;
+    let node_group = group(&groups, "id", &moto.get("security_group")).expect("the nodes' group");
+    let rules = node_group["ingress"].as_array().cloned().unwrap_or_default();
+    assert!(rules.iter().any(|r| r["from"].as_i64() == Some(i64::from(node_port))), "node port {node_port} open: {groups}");
 
     // Deleting the Services deletes their load balancers.
     for name in ["web", "fast"] {
@@ -302,6 +330,16 @@ async fn the_aws_provider_on_moto_initialises_nodes_routes_pods_and_balances_ser
     }
     assert_eq!(moto.query("elbs").await, serde_json::json!([]), "the ELB deleted");
     assert_eq!(moto.query("nlbs").await, serde_json::json!([]), "the NLB deleted");
+    // And their security groups and the rules they added to the nodes' group.
+    let mut groups = Value::Null;
+    for _ in 0..120 {
+        groups = moto.query("groups").await;
+        if groups == groups_before {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    assert_eq!(groups, groups_before, "security groups and rules as before the load balancers");
 
     // A stopped instance's NotReady Node gets the shutdown taint; a terminated one's is deleted.
     let (stopped, gone) = (&instances[1], &instances[2]);
@@ -329,7 +367,7 @@ async fn the_aws_provider_on_moto_initialises_nodes_routes_pods_and_balances_ser
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_conformance_suite_passes_against_the_aws_provider_on_moto() {
-    use ccm_provider_sdk::conformance::{self, Options, Outcome};
+    use ccm_provider_sdk::conformance::Options;
     let Some((python, binary)) = tools() else { return };
     let cp = ccm_e2e::shared().expect("control plane");
     let env = TestEnv::new(cp.client().await.expect("client"), "aws-conf").await.expect("env");
@@ -350,7 +388,18 @@ async fn the_conformance_suite_passes_against_the_aws_provider_on_moto() {
     let mut options = Options::new(sidecar.endpoint.clone());
     options.call_timeout = Duration::from_secs(30);
     options.instances = moto.instances().into_iter().map(|(_, dns, _)| dns).collect();
-    let report = conformance::run(&options, |r| eprintln!("{r}")).await.expect("the suite runs");
+    assert_conformant(&options, &sidecar, 45).await;
+    for (_, dns, _) in moto.instances() {
+        let _ = env.nodes().delete(&dns, &DeleteParams::default()).await;
+    }
+    env.cleanup().await.expect("cleanup");
+}
+
+/// Runs the conformance suite against `sidecar` and asserts that no check fails, that every
+/// skipped check says why and that at least `passes` checks pass.
+pub(crate) async fn assert_conformant(options: &ccm_provider_sdk::conformance::Options, sidecar: &Sidecar, passes: usize) {
+    use ccm_provider_sdk::conformance::{self, Outcome};
+    let report = conformance::run(options, |r| eprintln!("{r}")).await.expect("the suite runs");
     eprintln!("{}", report.summary());
     let failed: Vec<String> = report
         .results
@@ -366,8 +415,6 @@ async fn the_conformance_suite_passes_against_the_aws_provider_on_moto() {
             assert!(!why.is_empty(), "{} is skipped without a reason", r.name);
         }
     }
-    for (_, dns, _) in moto.instances() {
-        let _ = env.nodes().delete(&dns, &DeleteParams::default()).await;
-    }
-    env.cleanup().await.expect("cleanup");
+    let passed = report.results.iter().filter(|r| matches!(r.outcome, Outcome::Pass)).count();
+    assert!(passed >= passes, "only {passed} checks pass, {passes} expected: {}", report.summary());
 }

@@ -4,6 +4,7 @@
 
 mod aws;
 mod deploy;
+mod go_adapter;
 mod harness;
 mod leader;
 mod node_metadata;

@@ -1,0 +1,43 @@
+//! The go-adapter serving upstream's fake cloud (`k8s.io/cloud-provider/fake`, as
+//! `ccm-provider-fake`): the conformance suite against the adapter on a cloud that is not AWS.
+
+use std::time::Duration;
+
+use ccm_e2e::assets::Assets;
+use ccm_provider_sdk::conformance::Options;
+
+use crate::aws::{REQUIRE, Sidecar, assert_conformant};
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_conformance_suite_passes_against_upstreams_fake_cloud_behind_the_adapter() {
+    let binary = match Assets::tool("fake-provider") {
+        Ok(b) => b,
+        Err(e) if std::env::var_os(REQUIRE).is_some() => panic!("{REQUIRE} is set and ccm-provider-fake is missing: {e:#}"),
+        Err(e) => return eprintln!("skipped: the fake cloud's sidecar needs Go: {e:#}"),
+    };
+    let dir = tempfile::tempdir().expect("tempdir");
+    let names: Vec<String> = (1..=3).map(|k| format!("fake-node-{k}")).collect();
+    let instances: Vec<serde_json::Value> = names
+        .iter()
+        .enumerate()
+        .map(|(k, name)| {
+            serde_json::json!({
+                "name": name,
+                "providerID": format!("fake://{name}"),
+                "type": "fake.large",
+                "addresses": [{ "type": "InternalIP", "address": format!("10.0.0.{}", k + 1) }],
+            })
+        })
+        .collect();
+    let config =
+        serde_json::json!({ "zone": "zone-a", "region": "region-1", "externalIP": "203.0.113.10", "instances": instances });
+    let path = dir.path().join("cloud.json");
+    std::fs::write(&path, config.to_string()).expect("cloud config");
+    let args = ["--cloud-provider=fake".to_string(), format!("--cloud-config={}", path.display())];
+    let sidecar = Sidecar::run(&binary, dir.path(), &args, &[]).await;
+    let mut options = Options::new(sidecar.endpoint.clone());
+    options.call_timeout = Duration::from_secs(10);
+    options.instances = names;
+    // Identity, instances (through the batch read too), routes and load balancers answer.
+    assert_conformant(&options, &sidecar, 45).await;
+}
