@@ -6,6 +6,7 @@
 //! Each core runs as its own process, so its CPU time and memory are its own. Latencies are
 //! measured from the API change to the call reaching the sim (its timestamps), not from logs.
 
+mod aws;
 mod scenarios;
 
 use std::collections::BTreeMap;
@@ -38,9 +39,15 @@ pub struct Args {
     #[arg(long, default_value_t = 20.0)]
     pub rate_limit: f64,
     /// Which cores: `rust`, `upstream` (routes on a 10 s timer), `upstream-watch` (upstream
-    /// with the watch-based route reconciliation feature gate on).
-    #[arg(long, value_delimiter = ',', default_value = "rust,upstream,upstream-watch")]
+    /// with the watch-based route reconciliation feature gate on). With `--cloud aws`:
+    /// `rust` and `upstream` (aws-cloud-controller-manager); default both.
+    #[arg(long, value_delimiter = ',')]
     pub cores: Vec<String>,
+    /// The cloud: `sim` (the simulated cloud behind the same sidecar for every core) or `aws`
+    /// (the real AWS provider on moto: our core with ccm-provider-aws, upstream's
+    /// aws-cloud-controller-manager; AWS calls counted at moto).
+    #[arg(long, default_value = "sim", value_parser = ["sim", "aws"])]
+    pub cloud: String,
     /// Where to write the figures as JSON.
     #[arg(long, default_value = "ccm-bench.json")]
     pub json: PathBuf,
@@ -70,11 +77,18 @@ fn main() -> anyhow::Result<()> {
     runtime.block_on(run(args))
 }
 
-async fn run(args: Args) -> anyhow::Result<()> {
+async fn run(mut args: Args) -> anyhow::Result<()> {
+    let known: &[&str] = if args.cloud == "aws" { &["rust", "upstream"] } else { &["rust", "upstream", "upstream-watch"] };
+    if args.cores.is_empty() {
+        args.cores = known.iter().map(|c| c.to_string()).collect();
+    }
     for core in &args.cores {
-        if !["rust", "upstream", "upstream-watch"].contains(&core.as_str()) {
-            anyhow::bail!("--cores: unknown core {core:?} (rust, upstream, upstream-watch)");
+        if !known.contains(&core.as_str()) {
+            anyhow::bail!("--cores: unknown core {core:?} for --cloud {} ({})", args.cloud, known.join(", "));
         }
+    }
+    if args.cloud == "aws" {
+        return run_aws(&args).await;
     }
     let peer = match &args.peer {
         Some(p) => Some(p.clone()),
@@ -93,6 +107,21 @@ async fn run(args: Args) -> anyhow::Result<()> {
         results.insert(core.clone(), figures);
     }
     let report = scenarios::Report::new(&args, results);
+    println!("{}", report.table());
+    std::fs::write(&args.json, serde_json::to_string_pretty(&report)?)
+        .with_context(|| format!("writing {}", args.json.display()))?;
+    eprintln!("figures written to {}", args.json.display());
+    let missing = report.missing();
+    if args.check && !missing.is_empty() {
+        anyhow::bail!("figures not measured: {}", missing.join(", "));
+    }
+    Ok(())
+}
+
+async fn run_aws(args: &Args) -> anyhow::Result<()> {
+    eprintln!("starting the control plane");
+    let cp = tokio::task::spawn_blocking(ccm_e2e::ControlPlane::start).await??;
+    let report = aws::run(&cp, args).await?;
     println!("{}", report.table());
     std::fs::write(&args.json, serde_json::to_string_pretty(&report)?)
         .with_context(|| format!("writing {}", args.json.display()))?;

@@ -2,7 +2,7 @@
 //! churn, steady state.
 
 use std::collections::{BTreeMap, HashMap};
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use anyhow::{Context, bail};
@@ -129,10 +129,7 @@ impl Report {
 
     /// A table, one column per core, and the ratio of each upstream column to the Rust one.
     pub fn table(&self) -> String {
-        let names: Vec<&String> = self.cores.keys().collect();
-        let rust = self.cores.get("rust");
-        type Row = (&'static str, fn(&Figures) -> f64);
-        let rows: Vec<Row> = vec![
+        let rows: Vec<Row<Figures>> = vec![
             ("join: all initialised (s)", |f| f.join_seconds),
             ("join: provider calls", |f| f.join_calls.values().sum::<u64>() as f64),
             ("load balancers: all addressed (s)", |f| f.lb_seconds),
@@ -155,36 +152,7 @@ impl Report {
             "{} Nodes, {} LoadBalancer Services, {} churn changes, {} s steady state; cloud API {} ms per call, {} calls/s\n{}\n\n",
             self.nodes, self.services, self.churn, self.steady_seconds, self.latency_ms, self.rate_limit, self.machine
         );
-        out.push_str(&format!("{:38}", "figure"));
-        for n in &names {
-            out.push_str(&format!("{:>16}", n));
-        }
-        for n in names.iter().filter(|n| n.as_str() != "rust" && rust.is_some()) {
-            out.push_str(&format!("{:>18}", format!("{n}/rust")));
-        }
-        out.push('\n');
-        for (label, value) in rows {
-            out.push_str(&format!("{label:38}"));
-            for n in &names {
-                out.push_str(&format!("{:>16}", fmt(value(&self.cores[*n]))));
-            }
-            if let Some(r) = rust {
-                for n in names.iter().filter(|n| n.as_str() != "rust") {
-                    let (a, b) = (value(&self.cores[*n]), value(r));
-                    let ratio = if a.is_nan() || b.is_nan() {
-                        "-".into()
-                    } else if b > 0.0 {
-                        format!("{:.1}x", a / b)
-                    } else if a > 0.0 {
-                        "inf".into()
-                    } else {
-                        "-".into()
-                    };
-                    out.push_str(&format!("{ratio:>18}"));
-                }
-            }
-            out.push('\n');
-        }
+        out.push_str(&side_by_side(&self.cores, &rows));
         out.push_str("\nprovider calls per hour at steady state, by method:\n");
         for (name, f) in &self.cores {
             out.push_str(&format!("  {name}:\n"));
@@ -196,6 +164,46 @@ impl Report {
     }
 }
 
+/// A table row: its label and how to read it from a core's figures.
+pub(crate) type Row<F> = (&'static str, fn(&F) -> f64);
+
+/// The rows for every core side by side, with a ratio column (core / rust) per other core.
+pub(crate) fn side_by_side<F>(cores: &BTreeMap<String, F>, rows: &[Row<F>]) -> String {
+    let names: Vec<&String> = cores.keys().collect();
+    let rust = cores.get("rust");
+    let mut out = format!("{:38}", "figure");
+    for n in &names {
+        out.push_str(&format!("{:>16}", n));
+    }
+    for n in names.iter().filter(|n| n.as_str() != "rust" && rust.is_some()) {
+        out.push_str(&format!("{:>18}", format!("{n}/rust")));
+    }
+    out.push('\n');
+    for (label, value) in rows {
+        out.push_str(&format!("{label:38}"));
+        for n in &names {
+            out.push_str(&format!("{:>16}", fmt(value(&cores[*n]))));
+        }
+        if let Some(r) = rust {
+            for n in names.iter().filter(|n| n.as_str() != "rust") {
+                let (a, b) = (value(&cores[*n]), value(r));
+                let ratio = if a.is_nan() || b.is_nan() {
+                    "-".into()
+                } else if b > 0.0 {
+                    format!("{:.1}x", a / b)
+                } else if a > 0.0 {
+                    "inf".into()
+                } else {
+                    "-".into()
+                };
+                out.push_str(&format!("{ratio:>18}"));
+            }
+        }
+        out.push('\n');
+    }
+    out
+}
+
 fn fmt(v: f64) -> String {
     if v.is_nan() {
         return "-".into();
@@ -203,7 +211,7 @@ fn fmt(v: f64) -> String {
     if v >= 100.0 || v.fract() == 0.0 { format!("{v:.0}") } else { format!("{v:.2}") }
 }
 
-fn machine() -> String {
+pub(crate) fn machine() -> String {
     let cpus = std::thread::available_parallelism().map_or(0, |n| n.get());
     let model = std::fs::read_to_string("/proc/cpuinfo")
         .ok()
@@ -222,7 +230,7 @@ fn now_ms() -> u64 {
     SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64)
 }
 
-fn percentile(sorted: &[u64], p: f64) -> u64 {
+pub(crate) fn percentile(sorted: &[u64], p: f64) -> u64 {
     if sorted.is_empty() {
         return 0;
     }
@@ -230,40 +238,64 @@ fn percentile(sorted: &[u64], p: f64) -> u64 {
     sorted[rank.min(sorted.len() - 1)]
 }
 
+/// CPU seconds (user + system) of process `pid` so far.
+pub(crate) fn cpu_seconds_of(pid: u32) -> f64 {
+    let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else { return 0.0 };
+    // Fields after the command (which may contain spaces) are space-separated; utime and
+    // stime are the 14th and 15th fields, in clock ticks (USER_HZ, 100 on Linux).
+    let rest = stat.rsplit_once(')').map_or("", |(_, r)| r);
+    let fields: Vec<&str> = rest.split_whitespace().collect();
+    let ticks = |i: usize| fields.get(i).and_then(|f| f.parse::<u64>().ok()).unwrap_or(0);
+    (ticks(11) + ticks(12)) as f64 / 100.0
+}
+
+/// (current, peak) resident memory of process `pid` in MiB.
+pub(crate) fn rss_mib_of(pid: u32) -> (f64, f64) {
+    let Ok(status) = std::fs::read_to_string(format!("/proc/{pid}/status")) else { return (0.0, 0.0) };
+    let kb = |key: &str| {
+        status
+            .lines()
+            .find(|l| l.starts_with(key))
+            .and_then(|l| l.split_whitespace().nth(1))
+            .and_then(|v| v.parse::<f64>().ok())
+            .unwrap_or(0.0)
+            / 1024.0
+    };
+    (kb("VmRSS:"), kb("VmHWM:"))
+}
+
 /// A core process.
-struct CoreProcess {
+pub(crate) struct CoreProcess {
     child: tokio::process::Child,
     pid: u32,
 }
 
 impl CoreProcess {
+    /// Starts `cmd` with its stdout and stderr in `log`.
+    pub(crate) fn spawn(cmd: &mut tokio::process::Command, log: &Path, what: &str) -> anyhow::Result<Self> {
+        let file = std::fs::File::create(log).with_context(|| format!("creating {}", log.display()))?;
+        let child =
+            cmd.stdout(file.try_clone()?).stderr(file).kill_on_drop(true).spawn().with_context(|| format!("starting {what}"))?;
+        let pid = child.id().context("the process's pid")?;
+        Ok(Self { child, pid })
+    }
+
+    /// The exit status, if it has exited.
+    pub(crate) fn exited(&mut self) -> anyhow::Result<Option<std::process::ExitStatus>> {
+        Ok(self.child.try_wait()?)
+    }
+
     /// CPU seconds (user + system) so far.
-    fn cpu_seconds(&self) -> f64 {
-        let Ok(stat) = std::fs::read_to_string(format!("/proc/{}/stat", self.pid)) else { return 0.0 };
-        // Fields after the command (which may contain spaces) are space-separated; utime and
-        // stime are the 14th and 15th fields, in clock ticks (USER_HZ, 100 on Linux).
-        let rest = stat.rsplit_once(')').map_or("", |(_, r)| r);
-        let fields: Vec<&str> = rest.split_whitespace().collect();
-        let ticks = |i: usize| fields.get(i).and_then(|f| f.parse::<u64>().ok()).unwrap_or(0);
-        (ticks(11) + ticks(12)) as f64 / 100.0
+    pub(crate) fn cpu_seconds(&self) -> f64 {
+        cpu_seconds_of(self.pid)
     }
 
     /// (current, peak) resident memory in MiB.
-    fn rss_mib(&self) -> (f64, f64) {
-        let Ok(status) = std::fs::read_to_string(format!("/proc/{}/status", self.pid)) else { return (0.0, 0.0) };
-        let kb = |key: &str| {
-            status
-                .lines()
-                .find(|l| l.starts_with(key))
-                .and_then(|l| l.split_whitespace().nth(1))
-                .and_then(|v| v.parse::<f64>().ok())
-                .unwrap_or(0.0)
-                / 1024.0
-        };
-        (kb("VmRSS:"), kb("VmHWM:"))
+    pub(crate) fn rss_mib(&self) -> (f64, f64) {
+        rss_mib_of(self.pid)
     }
 
-    async fn stop(mut self) {
+    pub(crate) async fn stop(mut self) {
         let _ = tokio::process::Command::new("kill").args(["-TERM", &self.pid.to_string()]).status().await;
         if tokio::time::timeout(Duration::from_secs(15), self.child.wait()).await.is_err() {
             let _ = self.child.kill().await;
@@ -280,7 +312,7 @@ async fn start_core(
     dir: &Path,
 ) -> anyhow::Result<CoreProcess> {
     let kubeconfig = cp.kubeconfig_path().display().to_string();
-    let log = std::fs::File::create(format!("{}.{core}.log", args.json.display())).context("core log")?;
+    let log = PathBuf::from(format!("{}.{core}.log", args.json.display()));
     let mut cmd = match core {
         "rust" => {
             let mut c = tokio::process::Command::new(std::env::current_exe()?);
@@ -318,10 +350,7 @@ async fn start_core(
             c
         }
     };
-    let child =
-        cmd.stdout(log.try_clone()?).stderr(log).kill_on_drop(true).spawn().with_context(|| format!("starting {core}"))?;
-    let pid = child.id().context("core pid")?;
-    Ok(CoreProcess { child, pid })
+    CoreProcess::spawn(&mut cmd, &log, core)
 }
 
 async fn calls(admin: &AdminClient) -> anyhow::Result<BTreeMap<String, u64>> {
@@ -333,7 +362,11 @@ async fn calls(admin: &AdminClient) -> anyhow::Result<BTreeMap<String, u64>> {
 }
 
 /// Polls `check` every 250 ms until it returns Some, or fails after `timeout`.
-async fn until<T>(what: &str, timeout: Duration, mut check: impl AsyncFnMut() -> anyhow::Result<Option<T>>) -> anyhow::Result<T> {
+pub(crate) async fn until<T>(
+    what: &str,
+    timeout: Duration,
+    mut check: impl AsyncFnMut() -> anyhow::Result<Option<T>>,
+) -> anyhow::Result<T> {
     let deadline = Instant::now() + timeout;
     loop {
         if let Some(v) = check().await? {
@@ -358,7 +391,7 @@ fn pod_cidr(i: usize) -> String {
     format!("10.{}.{}.0/24", 64 + i / 256, i % 256)
 }
 
-async fn create_all<F, Fut>(count: usize, make: F) -> anyhow::Result<()>
+pub(crate) async fn create_all<F, Fut>(count: usize, make: F) -> anyhow::Result<()>
 where
     F: Fn(usize) -> Fut,
     Fut: Future<Output = anyhow::Result<()>>,
@@ -367,7 +400,7 @@ where
     results.into_iter().collect()
 }
 
-async fn ready(api: &Api<Node>, name: &str) -> anyhow::Result<()> {
+pub(crate) async fn ready(api: &Api<Node>, name: &str) -> anyhow::Result<()> {
     let now = k8s_openapi::jiff::Timestamp::now().to_string();
     let patch = serde_json::json!({ "status": { "conditions": [{
         "type": "Ready", "status": "True", "reason": "KubeletReady", "lastHeartbeatTime": now, "lastTransitionTime": now
@@ -444,7 +477,7 @@ pub async fn run_core(cp: &ControlPlane, args: &Args, core: &str, peer: Option<&
     let mut process = start_core(cp, args, core, peer, &endpoint, dir.path()).await?;
     // Let the core start and list (an empty cluster) before anything is measured.
     tokio::time::sleep(Duration::from_secs(3)).await;
-    if let Some(status) = process.child.try_wait()? {
+    if let Some(status) = process.exited()? {
         bail!("{core} exited at start ({status}); see {}.{core}.log", args.json.display());
     }
     let mut f = Figures::default();

@@ -8,6 +8,8 @@ answering each line read from stdin with one JSON line of moto's state:
   elbs               classic load balancers with their instances
   nlbs               network load balancers with their targets
   groups             the VPC's security groups with their ingress rules
+  calls              the AWS calls made by others than this fixture since it started, by
+                     "service:Action" (counted at moto's front, before moto answers)
   stop ID / terminate ID   changes an instance's state
 
 moto gap patched here: moto creates classic ELBs without a HealthCheck and leaves it out of
@@ -17,8 +19,12 @@ default TCP check on their first listener's instance port, as AWS gives them.
 Usage: moto_fixture.py PORT CLUSTER INSTANCES SUBNET (the subnet is 10.0.SUBNET.0/24: tests sharing
 an API server need instances of distinct private DNS names)
 """
+import io
 import json
 import sys
+import threading
+import urllib.parse
+from collections import Counter
 
 import boto3
 from moto.elb import models as elb_models
@@ -41,11 +47,38 @@ def default_health_check():
     elb_models.ELBBackend.create_load_balancer = create_load_balancer
 
 
+CALLS = Counter()
+CALLS_LOCK = threading.Lock()
+# API versions of the query-protocol services that share a signing name.
+VERSIONS = {"2012-06-01": "elb", "2015-12-01": "elbv2", "2016-11-15": "ec2"}
+
+
+def counted(app):
+    """The WSGI app, counting every request not made by this fixture's boto3."""
+    def call(environ, start_response):
+        if "Boto3/" not in environ.get("HTTP_USER_AGENT", ""):
+            size = int(environ.get("CONTENT_LENGTH") or 0)
+            body = environ["wsgi.input"].read(size) if size else b""
+            environ["wsgi.input"] = io.BytesIO(body)
+            form = urllib.parse.parse_qs(body.decode("utf-8", "replace"))
+            form.update(urllib.parse.parse_qs(environ.get("QUERY_STRING", "")))
+            action = form.get("Action", ["?"])[0]
+            service = VERSIONS.get(form.get("Version", [""])[0])
+            if service is None:
+                scope = environ.get("HTTP_AUTHORIZATION", "").split("Credential=")[-1].split("/")
+                service = scope[3] if len(scope) > 3 else "?"
+            with CALLS_LOCK:
+                CALLS[f"{service}:{action}"] += 1
+        return app(environ, start_response)
+    return call
+
+
 def main():
     port, cluster, count, octet = int(sys.argv[1]), sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
     default_health_check()
-    server = ThreadedMotoServer(ip_address="127.0.0.1", port=port)
+    server = ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
     server.start()
+    server._server.app = counted(server._server.app)
     endpoint = f"http://127.0.0.1:{port}"
     ec2 = boto3.client("ec2", region_name=REGION, endpoint_url=endpoint,
                        aws_access_key_id="testing", aws_secret_access_key="testing")
@@ -114,6 +147,9 @@ def main():
                         rules.append({"protocol": p.get("IpProtocol", ""), "from": p.get("FromPort", -1),
                                       "to": p.get("ToPort", -1), "sources": sorted(sources)})
                     answer.append({"id": g["GroupId"], "name": g["GroupName"], "ingress": rules})
+            elif words[0] == "calls":
+                with CALLS_LOCK:
+                    answer = dict(CALLS)
             elif words[0] == "stop":
                 ec2.stop_instances(InstanceIds=[words[1]])
                 answer = "ok"

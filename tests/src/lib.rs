@@ -9,6 +9,7 @@
 //! a namespace and a Node-name prefix each ([`cluster::TestEnv`]).
 
 pub mod assets;
+pub mod aws;
 pub mod cluster;
 pub mod control_plane;
 pub mod images;

@@ -8,6 +8,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/ccm-rs/go-adapter/fakecloud"
 	pb "github.com/ccm-rs/go-adapter/gen/cloudprovider/v1"
 	"google.golang.org/genproto/googleapis/rpc/errdetails"
 	"google.golang.org/grpc"
@@ -143,9 +144,13 @@ func TestInstanceMetadataIsTranslated(t *testing.T) {
 	cloud.OverrideInstanceMetadata = func(context.Context, *v1.Node) (*cloudprovider.InstanceMetadata, error) {
 		return nil, cloudprovider.InstanceNotFound
 	}
+	if _, err := instances.InstanceMetadata(ctx(t), &pb.InstanceMetadataRequest{Instance: lookup}); status.Code(err) != codes.Unavailable {
+		t.Errorf("metadata InstanceNotFound while InstanceExists says true is an error, never absent: %v", err)
+	}
+	cloud.ExistsByProviderID = false
 	r, err = instances.InstanceMetadata(ctx(t), &pb.InstanceMetadataRequest{Instance: lookup})
 	if err != nil || r.GetExists() {
-		t.Errorf("InstanceNotFound is exists=false: %v %v", r, err)
+		t.Errorf("InstanceNotFound and not existing is exists=false: %v %v", r, err)
 	}
 }
 
@@ -206,7 +211,11 @@ func TestRetryErrorsCarryRetryInfo(t *testing.T) {
 }
 
 func TestRoutesAreIdempotentAndPaginated(t *testing.T) {
-	cloud := fakeCloud()
+	// The fake of fakecloud: the bare fake keeps a failed create's error for every later call.
+	cloud, err := fakecloud.New(fakecloud.Config{ExternalIP: "192.0.2.10"})
+	if err != nil {
+		t.Fatal(err)
+	}
 	conn := serve(t, cloud, Options{})
 	routes := pb.NewRoutesServiceClient(conn)
 	create := func(name, node, cidr string) (*pb.CreateRouteResponse, error) {
@@ -223,8 +232,8 @@ func TestRoutesAreIdempotentAndPaginated(t *testing.T) {
 	if err != nil {
 		t.Fatalf("creating an existing route again is OK: %v", err)
 	}
-	if again.GetRoute().GetName() != "c-a-10.244.1.0/24" {
-		t.Errorf("answered with the provider's own name: %v", again.GetRoute())
+	if again.GetRoute().GetName() != "10.244.1.0/24>a" {
+		t.Errorf("answered with the route's name (destination and target): %v", again.GetRoute())
 	}
 	if _, err := create("other", "b", "10.244.1.0/24"); status.Code(err) != codes.AlreadyExists {
 		t.Errorf("the same destination to another node: %v", err)

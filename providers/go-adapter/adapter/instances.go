@@ -25,10 +25,12 @@ type instances struct {
 }
 
 // read is what the cloud says of one instance: its metadata and state, or absent. Three
-// interface calls (exists, then metadata and shutdown together), since the interface has no
-// call that answers all: providers that batch their cloud reads (AWS) coalesce them.
-// "Exists" with no metadata (nil, nil) is an error, never "absent": the core would delete the
-// Node of a NotReady instance that exists.
+// interface calls, since the interface has no call that answers all: InstanceMetadata,
+// InstanceExists and InstanceShutdown, together when the Node has a providerID (providers
+// that batch their cloud reads, as AWS does, coalesce them into one). A Node without one is
+// resolved by InstanceMetadata first, so that the other two look the instance up by its
+// providerID rather than each by name. "Exists" with no metadata (nil, nil) is an error,
+// never "absent": the core would delete the Node of a NotReady instance that exists.
 func (s *instances) read(ctx context.Context, l *pb.InstanceLookup) (*pb.InstanceMetadata, bool, error) {
 	node := lookupNode(l)
 	if s.v2 != nil {
@@ -38,29 +40,40 @@ func (s *instances) read(ctx context.Context, l *pb.InstanceLookup) (*pb.Instanc
 }
 
 func (s *instances) readV2(ctx context.Context, node *v1.Node) (*pb.InstanceMetadata, bool, error) {
-	exists, err := s.v2.InstanceExists(ctx, node)
-	if errors.Is(err, cloudprovider.InstanceNotFound) {
-		return nil, false, nil
+	var (
+		wg       sync.WaitGroup
+		meta     *cloudprovider.InstanceMetadata
+		exists   bool
+		shutdown bool
+		metaErr  error
+		existErr error
+		shutErr  error
+	)
+	if node.Spec.ProviderID == "" {
+		meta, metaErr = s.v2.InstanceMetadata(ctx, node)
+		if metaErr == nil && meta != nil && meta.ProviderID != "" {
+			node = node.DeepCopy()
+			node.Spec.ProviderID = meta.ProviderID
+		}
+	} else {
+		wg.Add(1)
+		go func() { defer wg.Done(); meta, metaErr = s.v2.InstanceMetadata(ctx, node) }()
 	}
-	if err != nil {
-		return nil, false, err
+	wg.Add(2)
+	go func() { defer wg.Done(); exists, existErr = s.v2.InstanceExists(ctx, node) }()
+	go func() { defer wg.Done(); shutdown, shutErr = s.v2.InstanceShutdown(ctx, node) }()
+	wg.Wait()
+	if errors.Is(existErr, cloudprovider.InstanceNotFound) {
+		exists, existErr = false, nil
+	}
+	if existErr != nil {
+		return nil, false, existErr
 	}
 	if !exists {
 		return nil, false, nil
 	}
-	var (
-		wg       sync.WaitGroup
-		meta     *cloudprovider.InstanceMetadata
-		shutdown bool
-		metaErr  error
-		shutErr  error
-	)
-	wg.Add(2)
-	go func() { defer wg.Done(); meta, metaErr = s.v2.InstanceMetadata(ctx, node) }()
-	go func() { defer wg.Done(); shutdown, shutErr = s.v2.InstanceShutdown(ctx, node) }()
-	wg.Wait()
 	if errors.Is(metaErr, cloudprovider.InstanceNotFound) || errors.Is(shutErr, cloudprovider.InstanceNotFound) {
-		return nil, false, nil
+		return nil, false, fmt.Errorf("the provider says the instance of node %q exists and is not found: %v", node.Name, errors.Join(metaErr, shutErr))
 	}
 	if metaErr != nil {
 		return nil, false, metaErr

@@ -2,6 +2,7 @@ package adapter
 
 import (
 	"context"
+	"crypto/sha256"
 	"encoding/hex"
 	"fmt"
 	"net"
@@ -19,9 +20,10 @@ import (
 const defaultTable = "default"
 
 // routes serves RoutesService from cloudprovider.Routes. Providers key routes by destination
-// and target, not by the name the core chooses (CreateRoute's nameHint): the adapter lists the
-// provider's routes under the provider's own names, creates only when no route to the same
-// destination exists (idempotent), and deletes by finding the named route in a fresh listing.
+// and target, not by the name the core chooses (CreateRoute's nameHint), and many invent a
+// name only when listing (AWS routes have none): the adapter names every route by its
+// destination and target (routeName), so that CreateRoute answers without listing, and
+// deletes by finding the route of that name in a fresh listing.
 type routes struct {
 	pb.UnimplementedRoutesServiceServer
 	routes cloudprovider.Routes
@@ -43,9 +45,21 @@ func (s *routes) checkTable(table string) error {
 	return nil
 }
 
+// routeName is the route's name in the protocol: its destination and target node, which is
+// what identifies a route to cloudprovider.Routes (a hash of the node's name past 253
+// characters).
+func routeName(destination string, node types.NodeName) string {
+	name := destination + ">" + string(node)
+	if len(name) <= 253 {
+		return name
+	}
+	sum := sha256.Sum256([]byte(node))
+	return destination + ">" + hex.EncodeToString(sum[:16])
+}
+
 func toRoute(r *cloudprovider.Route) *pb.Route {
 	return &pb.Route{
-		Name:            r.Name,
+		Name:            routeName(r.DestinationCIDR, r.TargetNode),
 		Target:          &pb.RouteTarget{NodeName: string(r.TargetNode)},
 		DestinationCidr: r.DestinationCIDR,
 		TableId:         defaultTable,
@@ -54,13 +68,15 @@ func toRoute(r *cloudprovider.Route) *pb.Route {
 	}
 }
 
-// list is the cluster's routes, sorted by name.
+// list is the cluster's routes, sorted by routeName.
 func (s *routes) list(ctx context.Context, cluster string) ([]*cloudprovider.Route, error) {
 	all, err := s.routes.ListRoutes(ctx, cluster)
 	if err != nil {
 		return nil, err
 	}
-	sort.Slice(all, func(i, j int) bool { return all[i].Name < all[j].Name })
+	sort.Slice(all, func(i, j int) bool {
+		return routeName(all[i].DestinationCIDR, all[i].TargetNode) < routeName(all[j].DestinationCIDR, all[j].TargetNode)
+	})
 	return all, nil
 }
 
@@ -89,14 +105,15 @@ func (s *routes) ListRoutes(ctx context.Context, req *pb.ListRoutesRequest) (*pb
 		}
 		out := &pb.ListRoutesResponse{}
 		for _, r := range all {
-			if after != "" && r.Name <= after {
+			route := toRoute(r)
+			if after != "" && route.Name <= after {
 				continue
 			}
 			if len(out.Routes) == size {
 				out.NextPageToken = hex.EncodeToString([]byte(out.Routes[len(out.Routes)-1].Name))
 				break
 			}
-			out.Routes = append(out.Routes, toRoute(r))
+			out.Routes = append(out.Routes, route)
 		}
 		return out, nil
 	})
@@ -136,29 +153,25 @@ func (s *routes) CreateRoute(ctx context.Context, req *pb.CreateRouteRequest) (*
 			}
 			return nil, nil
 		}
-		existing, err := find()
-		if err != nil {
-			return nil, toStatus(err)
-		}
-		if existing != nil {
-			if string(existing.TargetNode) != want.GetTarget().GetNodeName() {
-				return nil, newStatus(codes.AlreadyExists, "ALREADY_EXISTS",
-					fmt.Sprintf("destination %s is routed to %s already", want.GetDestinationCidr(), existing.TargetNode), 0)
-			}
-			return answer(existing), nil
-		}
 		route := &cloudprovider.Route{
 			Name:                want.GetName(),
 			TargetNode:          types.NodeName(want.GetTarget().GetNodeName()),
 			TargetNodeAddresses: toNodeAddresses(want.GetTargetAddresses()),
 			DestinationCIDR:     want.GetDestinationCidr(),
 		}
+		// Create first, as upstream's route controller does (the core creates only what its
+		// listing lacks); a failure is looked into: the same route there already is success,
+		// the destination routed elsewhere ALREADY_EXISTS.
 		if err := s.routes.CreateRoute(ctx, req.GetClusterName(), want.GetName(), route); err != nil {
-			return nil, toStatus(err)
-		}
-		// The provider may store it under a name of its own: answer with what it stored.
-		if stored, err := find(); err == nil && stored != nil {
-			return answer(stored), nil
+			existing, findErr := find()
+			if findErr != nil || existing == nil {
+				return nil, toStatus(err)
+			}
+			if string(existing.TargetNode) != want.GetTarget().GetNodeName() {
+				return nil, newStatus(codes.AlreadyExists, "ALREADY_EXISTS",
+					fmt.Sprintf("destination %s is routed to %s already", want.GetDestinationCidr(), existing.TargetNode), 0)
+			}
+			return answer(existing), nil
 		}
 		return answer(route), nil
 	})
@@ -178,7 +191,7 @@ func (s *routes) DeleteRoute(ctx context.Context, req *pb.DeleteRouteRequest) (*
 			return nil, toStatus(err)
 		}
 		for _, r := range all {
-			if r.Name == req.GetName() {
+			if routeName(r.DestinationCIDR, r.TargetNode) == req.GetName() {
 				if err := s.routes.DeleteRoute(ctx, req.GetClusterName(), r); err != nil {
 					return nil, toStatus(err)
 				}

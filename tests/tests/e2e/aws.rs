@@ -3,157 +3,24 @@
 //! Assertions are on moto's state (through the fixture's query channel), not only on
 //! Kubernetes.
 
-use std::path::{Path, PathBuf};
-use std::process::Stdio;
+use std::path::PathBuf;
 use std::time::Duration;
 
 use ccm_e2e::assets::Assets;
+use ccm_e2e::aws::{Moto, Sidecar};
 use ccm_e2e::cluster::{NodeBuilder, TestEnv, set_ready};
 use k8s_openapi::api::core::v1::Node;
 use kube::api::{DeleteParams, Patch, PatchParams, PostParams};
 use serde_json::Value;
-use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader, Lines};
-use tokio::process::{Child, ChildStdin, ChildStdout, Command};
 
-use crate::support::{Core, TEST_LABEL, eventually, free_port};
+use crate::support::{Core, TEST_LABEL, eventually};
 
 /// Set in CI: a missing tool (python3, Go) fails the test instead of skipping it.
 pub(crate) const REQUIRE: &str = "CCM_E2E_REQUIRE_AWS";
 
-/// moto serving the fixture, with its query channel.
-struct Moto {
-    _child: Child,
-    stdin: ChildStdin,
-    lines: Lines<BufReader<ChildStdout>>,
-    fixture: Value,
-}
-
-impl Moto {
-    /// moto with `instances` instances in subnet 10.0.`subnet`.0/24 (tests that run together
-    /// need distinct subnets: the instances' private DNS names are the Nodes' names).
-    async fn start(python: &Path, cluster: &str, instances: usize, subnet: u8) -> Self {
-        let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("aws/moto_fixture.py");
-        let mut child = Command::new(python)
-            .arg(&script)
-            .arg(free_port().to_string())
-            .arg(cluster)
-            .arg(instances.to_string())
-            .arg(subnet.to_string())
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::null())
-            .kill_on_drop(true)
-            .spawn()
-            .expect("moto starts");
-        let stdin = child.stdin.take().expect("stdin");
-        let lines = BufReader::new(child.stdout.take().expect("stdout")).lines();
-        let mut moto = Self { _child: child, stdin, lines, fixture: Value::Null };
-        moto.fixture = tokio::time::timeout(Duration::from_secs(60), moto.answer()).await.expect("the fixture within 60 s");
-        moto
-    }
-
-    async fn answer(&mut self) -> Value {
-        loop {
-            let line = self.lines.next_line().await.expect("read moto").expect("moto exited");
-            if let Some(json) = line.strip_prefix("ccm-fixture ") {
-                return serde_json::from_str(json).expect("fixture JSON");
-            }
-        }
-    }
-
-    async fn query(&mut self, command: &str) -> Value {
-        self.stdin.write_all(format!("{command}\n").as_bytes()).await.expect("write moto");
-        let answer = self.answer().await;
-        assert!(answer.get("error").is_none(), "moto {command}: {answer}");
-        answer
-    }
-
-    fn get(&self, key: &str) -> String {
-        self.fixture[key].as_str().unwrap_or_default().to_string()
-    }
-
-    fn instances(&self) -> Vec<(String, String, String)> {
-        let list = self.fixture["instances"].as_array().cloned().unwrap_or_default();
-        let field = |i: &Value, k: &str| i[k].as_str().unwrap_or_default().to_string();
-        list.iter().map(|i| (field(i, "id"), field(i, "private_dns"), field(i, "private_ip"))).collect()
-    }
-
-    /// The AWS provider's cloud config for this fixture: no metadata service (moto's is
-    /// partial), every service pointed at moto.
-    fn cloud_config(&self, cluster: &str) -> String {
-        let endpoint = self.get("endpoint");
-        let region = self.get("region");
-        let mut text = format!(
-            "[Global]\nZone = {}\nRegion = {region}\nVPC = {}\nSubnetID = {}\nRouteTableID = {}\nKubernetesClusterID = {cluster}\n",
-            self.get("zone"),
-            self.get("vpc"),
-            self.get("subnet"),
-            self.get("route_table"),
-        );
-        let services = [
-            ("EC2", "ec2"),
-            ("Elastic Load Balancing", "elasticloadbalancing"),
-            ("Elastic Load Balancing v2", "elasticloadbalancing"),
-            ("KMS", "kms"),
-            ("ec2imds", "ec2"),
-        ];
-        for (i, (service, signing)) in services.iter().enumerate() {
-            text += &format!(
-                "\n[ServiceOverride \"{i}\"]\nService = {service}\nRegion = {region}\nURL = {endpoint}\nSigningRegion = {region}\nSigningName = {signing}\n"
-            );
-        }
-        text
-    }
-}
-
-/// A go-adapter sidecar as a process, serving on `dir`/provider.sock, its log kept for failures.
-pub(crate) struct Sidecar {
-    _child: Child,
-    pub(crate) endpoint: String,
-    log: PathBuf,
-}
-
-impl Sidecar {
-    /// The AWS sidecar for `moto`'s fixture.
-    async fn start(binary: &Path, dir: &Path, moto: &Moto, cluster: &str, kubeconfig: &Path) -> Self {
-        let config = dir.join("cloud.conf");
-        std::fs::write(&config, moto.cloud_config(cluster)).expect("cloud config");
-        let args = [
-            "--cloud-provider=aws".to_string(),
-            format!("--cloud-config={}", config.display()),
-            format!("--kubeconfig={}", kubeconfig.display()),
-            "--batch-reads".to_string(),
-        ];
-        let env = [("AWS_ACCESS_KEY_ID", "testing"), ("AWS_SECRET_ACCESS_KEY", "testing"), ("AWS_EC2_METADATA_DISABLED", "true")];
-        Self::run(binary, dir, &args, &env).await
-    }
-
-    /// `binary` with `args` (and `--listen`, `-v=2`), once its socket accepts.
-    pub(crate) async fn run(binary: &Path, dir: &Path, args: &[String], env: &[(&str, &str)]) -> Self {
-        let socket = dir.join("provider.sock");
-        let name = binary.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
-        let log = dir.join(format!("{name}.log"));
-        let child = Command::new(binary)
-            .args(args)
-            .arg(format!("--listen=unix://{}", socket.display()))
-            .arg("-v=2")
-            .envs(env.iter().copied())
-            .stdout(Stdio::null())
-            .stderr(std::fs::File::create(&log).expect("log"))
-            .kill_on_drop(true)
-            .spawn()
-            .unwrap_or_else(|e| panic!("{name} starts: {e}"));
-        let sidecar = Self { _child: child, endpoint: format!("unix://{}", socket.display()), log };
-        let ready = eventually("the sidecar's socket", Duration::from_secs(60), async || {
-            tokio::net::UnixStream::connect(&socket).await.ok().map(|_| ())
-        });
-        tokio::time::timeout(Duration::from_secs(61), ready).await.unwrap_or_else(|_| panic!("{}", sidecar.log_text()));
-        sidecar
-    }
-
-    pub(crate) fn log_text(&self) -> String {
-        std::fs::read_to_string(&self.log).unwrap_or_default()
-    }
+/// The fixture's instances as (id, private DNS name, private IP).
+fn instances(moto: &Moto) -> Vec<(String, String, String)> {
+    moto.instances().into_iter().map(|i| (i.id, i.private_dns, i.private_ip)).collect()
 }
 
 fn tools() -> Option<(PathBuf, PathBuf)> {
@@ -183,10 +50,10 @@ async fn the_aws_provider_on_moto_initialises_nodes_routes_pods_and_balances_ser
     let cp = ccm_e2e::shared().expect("control plane");
     let env = TestEnv::new(cp.client().await.expect("client"), "aws").await.expect("env");
     let cluster = env.prefix.clone();
-    let mut moto = Moto::start(&python, &cluster, 3, 1).await;
+    let mut moto = Moto::start(&python, &cluster, 3, 1).await.expect("moto");
     let dir = tempfile::tempdir().expect("tempdir");
-    let sidecar = Sidecar::start(&binary, dir.path(), &moto, &cluster, cp.kubeconfig_path()).await;
-    let instances = moto.instances();
+    let sidecar = Sidecar::aws(&binary, dir.path(), &moto, &cluster, cp.kubeconfig_path()).await.expect("ccm-provider-aws");
+    let instances = instances(&moto);
     for (k, (_, dns, _)) in instances.iter().enumerate() {
         NodeBuilder::new(dns)
             .label(TEST_LABEL, &env.prefix)
@@ -226,7 +93,7 @@ async fn the_aws_provider_on_moto_initialises_nodes_routes_pods_and_balances_ser
         instances.iter().enumerate().map(|(k, (id, _, _))| (format!("10.244.{}.0/24", k + 1), id.clone())).collect();
     let mut last = Value::Null;
     for _ in 0..120 {
-        last = moto.query("routes").await;
+        last = moto.query("routes").await.expect("moto");
         let have: Vec<(String, String)> = last
             .as_array()
             .cloned()
@@ -254,14 +121,14 @@ async fn the_aws_provider_on_moto_initialises_nodes_routes_pods_and_balances_ser
 
     // A classic ELB for a LoadBalancer Service, with every instance registered.
     let ids: Vec<String> = instances.iter().map(|(id, _, _)| id.clone()).collect();
-    let groups_before = moto.query("groups").await;
+    let groups_before = moto.query("groups").await.expect("moto");
     ccm_e2e::cluster::create_load_balancer_service(&env, "web", &[80]).await.expect("service");
     let hostname = eventually("the ELB's hostname in the Service", Duration::from_secs(90), async || {
         let svc = env.services().get("web").await.ok()?;
         svc.status?.load_balancer?.ingress?.first()?.hostname.clone()
     })
     .await;
-    let elbs = moto.query("elbs").await;
+    let elbs = moto.query("elbs").await.expect("moto");
     let elb = elbs.as_array().and_then(|l| l.first()).cloned().unwrap_or_else(|| panic!("no ELB in moto: {elbs}"));
     assert_eq!(elb["dns"].as_str(), Some(hostname.as_str()));
     let registered = |lb: &Value, key: &str| -> Vec<String> {
@@ -271,7 +138,7 @@ async fn the_aws_provider_on_moto_initialises_nodes_routes_pods_and_balances_ser
     sorted.sort();
     assert_eq!(registered(&elb, "instances"), sorted);
     // The ELB's own security group, admitted to the nodes' group.
-    let groups = moto.query("groups").await;
+    let groups = moto.query("groups").await.expect("moto");
     let elb_group = format!("k8s-elb-{}", elb["name"].as_str().unwrap_or_default());
     let elb_group = group(&groups, "name", &elb_group).unwrap_or_else(|| panic!("no {elb_group} in moto: {groups}"));
     let node_group = group(&groups, "id", &moto.get("security_group")).expect("the nodes' group");
@@ -285,7 +152,7 @@ async fn the_aws_provider_on_moto_initialises_nodes_routes_pods_and_balances_ser
     remaining.retain(|id| *id != instances[0].0);
     let mut now = Vec::new();
     for _ in 0..120 {
-        let elbs = moto.query("elbs").await;
+        let elbs = moto.query("elbs").await.expect("moto");
         now = elbs.as_array().and_then(|l| l.first()).map(|lb| registered(lb, "instances")).unwrap_or_default();
         if now == remaining {
             break;
@@ -304,7 +171,7 @@ async fn the_aws_provider_on_moto_initialises_nodes_routes_pods_and_balances_ser
         svc.status?.load_balancer?.ingress?.first()?.hostname.clone()
     })
     .await;
-    let nlbs = moto.query("nlbs").await;
+    let nlbs = moto.query("nlbs").await.expect("moto");
     let found = nlbs.as_array().and_then(|l| l.iter().find(|n| n["dns"].as_str() == Some(nlb_host.as_str())).cloned());
     let found = found.unwrap_or_else(|| panic!("no NLB {nlb_host} in moto: {nlbs}"));
     assert_eq!(found["type"].as_str(), Some("network"));
@@ -312,7 +179,7 @@ async fn the_aws_provider_on_moto_initialises_nodes_routes_pods_and_balances_ser
     // The NLB keeps no group of its own: clients reach the nodes' group on the node port.
     let svc = env.services().get("fast").await.expect("the NLB service");
     let node_port = svc.spec.and_then(|s| s.ports).and_then(|p| p.first().and_then(|p| p.node_port)).expect("a node port");
-    let groups = moto.query("groups").await;
+    let groups = moto.query("groups").await.expect("moto");
     let node_group = group(&groups, "id", &moto.get("security_group")).expect("the nodes' group");
     let rules = node_group["ingress"].as_array().cloned().unwrap_or_default();
     assert!(rules.iter().any(|r| r["from"].as_i64() == Some(i64::from(node_port))), "node port {node_port} open: {groups}");
@@ -322,18 +189,18 @@ async fn the_aws_provider_on_moto_initialises_nodes_routes_pods_and_balances_ser
         env.services().delete(name, &DeleteParams::default()).await.expect("delete");
     }
     for _ in 0..120 {
-        let (elbs, nlbs) = (moto.query("elbs").await, moto.query("nlbs").await);
+        let (elbs, nlbs) = (moto.query("elbs").await.expect("moto"), moto.query("nlbs").await.expect("moto"));
         if elbs.as_array().is_some_and(Vec::is_empty) && nlbs.as_array().is_some_and(Vec::is_empty) {
             break;
         }
         tokio::time::sleep(Duration::from_millis(500)).await;
     }
-    assert_eq!(moto.query("elbs").await, serde_json::json!([]), "the ELB deleted");
-    assert_eq!(moto.query("nlbs").await, serde_json::json!([]), "the NLB deleted");
+    assert_eq!(moto.query("elbs").await.expect("moto"), serde_json::json!([]), "the ELB deleted");
+    assert_eq!(moto.query("nlbs").await.expect("moto"), serde_json::json!([]), "the NLB deleted");
     // And their security groups and the rules they added to the nodes' group.
     let mut groups = Value::Null;
     for _ in 0..120 {
-        groups = moto.query("groups").await;
+        groups = moto.query("groups").await.expect("moto");
         if groups == groups_before {
             break;
         }
@@ -346,13 +213,13 @@ async fn the_aws_provider_on_moto_initialises_nodes_routes_pods_and_balances_ser
     for (_, dns, _) in [stopped, gone] {
         set_ready(&env.client, dns, "False").await.expect("not ready");
     }
-    moto.query(&format!("stop {}", stopped.0)).await;
+    moto.query(&format!("stop {}", stopped.0)).await.expect("moto");
     eventually("the shutdown taint", Duration::from_secs(60), async || {
         let n = env.nodes().get(&stopped.1).await.ok()?;
         n.spec?.taints?.iter().any(|t| t.key == "node.cloudprovider.kubernetes.io/shutdown").then_some(())
     })
     .await;
-    moto.query(&format!("terminate {}", gone.0)).await;
+    moto.query(&format!("terminate {}", gone.0)).await.expect("moto");
     eventually("the terminated instance's node deleted", Duration::from_secs(60), async || {
         env.nodes().get_opt(&gone.1).await.ok()?.is_none().then_some(())
     })
@@ -372,11 +239,11 @@ async fn the_conformance_suite_passes_against_the_aws_provider_on_moto() {
     let cp = ccm_e2e::shared().expect("control plane");
     let env = TestEnv::new(cp.client().await.expect("client"), "aws-conf").await.expect("env");
     let cluster = env.prefix.clone();
-    let moto = Moto::start(&python, &cluster, 3, 2).await;
+    let moto = Moto::start(&python, &cluster, 3, 2).await.expect("moto");
     let dir = tempfile::tempdir().expect("tempdir");
     // The provider maps route targets to Nodes with its Node informer: the instances need
     // their Nodes, as in a cluster.
-    for (id, dns, _) in moto.instances() {
+    for (id, dns, _) in instances(&moto) {
         NodeBuilder::new(&dns)
             .label(TEST_LABEL, &env.prefix)
             .provider_id(&format!("aws:///us-east-1a/{id}"))
@@ -384,12 +251,12 @@ async fn the_conformance_suite_passes_against_the_aws_provider_on_moto() {
             .await
             .expect("node");
     }
-    let sidecar = Sidecar::start(&binary, dir.path(), &moto, &cluster, cp.kubeconfig_path()).await;
+    let sidecar = Sidecar::aws(&binary, dir.path(), &moto, &cluster, cp.kubeconfig_path()).await.expect("ccm-provider-aws");
     let mut options = Options::new(sidecar.endpoint.clone());
     options.call_timeout = Duration::from_secs(30);
-    options.instances = moto.instances().into_iter().map(|(_, dns, _)| dns).collect();
+    options.instances = instances(&moto).into_iter().map(|(_, dns, _)| dns).collect();
     assert_conformant(&options, &sidecar, 45).await;
-    for (_, dns, _) in moto.instances() {
+    for (_, dns, _) in instances(&moto) {
         let _ = env.nodes().delete(&dns, &DeleteParams::default()).await;
     }
     env.cleanup().await.expect("cleanup");

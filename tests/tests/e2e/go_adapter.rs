@@ -6,7 +6,9 @@ use std::time::Duration;
 use ccm_e2e::assets::Assets;
 use ccm_provider_sdk::conformance::Options;
 
-use crate::aws::{REQUIRE, Sidecar, assert_conformant};
+use ccm_e2e::aws::Sidecar;
+
+use crate::aws::{REQUIRE, assert_conformant};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_conformance_suite_passes_against_upstreams_fake_cloud_behind_the_adapter() {
@@ -34,7 +36,7 @@ async fn the_conformance_suite_passes_against_upstreams_fake_cloud_behind_the_ad
     let path = dir.path().join("cloud.json");
     std::fs::write(&path, config.to_string()).expect("cloud config");
     let args = ["--cloud-provider=fake".to_string(), format!("--cloud-config={}", path.display())];
-    let sidecar = Sidecar::run(&binary, dir.path(), &args, &[]).await;
+    let sidecar = Sidecar::run(&binary, dir.path(), &args, &[]).await.expect("ccm-provider-fake");
     let mut options = Options::new(sidecar.endpoint.clone());
     options.call_timeout = Duration::from_secs(10);
     options.instances = names;

@@ -1,8 +1,7 @@
 // Command ccm-provider-fake serves upstream's fake cloud (k8s.io/cloud-provider/fake) behind
-// the go-adapter, as the cloud "fake". It is the adapter's reference run: the conformance
-// suite is run against it in CI, next to the real AWS provider on moto. It is built exactly
-// as a real cloud's sidecar is (register the provider, then sidecar.Main); only the
-// registration below is its own.
+// the go-adapter, as the cloud "fake" (package fakecloud). It is the adapter's reference run:
+// the conformance suite is run against it in CI, next to the real AWS provider on moto. It
+// is built exactly as a real cloud's sidecar is: register the provider, then sidecar.Main.
 //
 // --cloud-config names a JSON file with the instances the fake cloud holds:
 //
@@ -12,10 +11,11 @@
 package main
 
 import (
+	"github.com/ccm-rs/go-adapter/fakecloud"
 	"github.com/ccm-rs/go-adapter/sidecar"
 )
 
 func main() {
-	register()
-	sidecar.Main(providerName)
+	fakecloud.Register()
+	sidecar.Main(fakecloud.ProviderName)
 }
