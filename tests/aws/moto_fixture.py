@@ -16,9 +16,13 @@ moto gap patched here: moto creates classic ELBs without a HealthCheck and leave
 DescribeLoadBalancers, which the AWS provider dereferences; new classic ELBs get AWS's
 default TCP check on their first listener's instance port, as AWS gives them.
 
-Usage: moto_fixture.py PORT CLUSTER INSTANCES SUBNET (the subnet is 10.0.SUBNET.0/24: tests sharing
-an API server need instances of distinct private DNS names)
+Usage: moto_fixture.py PORT CLUSTER INSTANCES SUBNET [--bind IP] [--ips IP,IP,...]
+The subnet is 10.0.SUBNET.0/24 (tests sharing an API server need instances of distinct private
+DNS names). --bind serves on IP instead of 127.0.0.1 (for pods on a bridge); --ips gives the
+instances these private IPs instead (one instance each; the VPC is their /16, the subnet their
+/24), for instances that stand for real nodes.
 """
+import argparse
 import io
 import json
 import sys
@@ -74,12 +78,26 @@ def counted(app):
 
 
 def main():
-    port, cluster, count, octet = int(sys.argv[1]), sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
+    parser = argparse.ArgumentParser()
+    parser.add_argument("port", type=int)
+    parser.add_argument("cluster")
+    parser.add_argument("count", type=int)
+    parser.add_argument("octet", type=int)
+    parser.add_argument("--bind", default="127.0.0.1")
+    parser.add_argument("--ips", default="")
+    args = parser.parse_args()
+    port, cluster, count = args.port, args.cluster, args.count
+    ips = [ip for ip in args.ips.split(",") if ip]
+    if ips:
+        a, b, c, _ = ips[0].split(".")
+        vpc_cidr, subnet_cidr = f"{a}.{b}.0.0/16", f"{a}.{b}.{c}.0/24"
+    else:
+        vpc_cidr, subnet_cidr = "10.0.0.0/16", f"10.0.{args.octet}.0/24"
     default_health_check()
-    server = ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
+    server = ThreadedMotoServer(ip_address=args.bind, port=port, verbose=False)
     server.start()
     server._server.app = counted(server._server.app)
-    endpoint = f"http://127.0.0.1:{port}"
+    endpoint = f"http://{args.bind}:{port}"
     ec2 = boto3.client("ec2", region_name=REGION, endpoint_url=endpoint,
                        aws_access_key_id="testing", aws_secret_access_key="testing")
     owned = [{"Key": f"kubernetes.io/cluster/{cluster}", "Value": "owned"}]
@@ -87,8 +105,8 @@ def main():
     def tags(kind, extra=()):
         return [{"ResourceType": kind, "Tags": owned + list(extra)}]
 
-    vpc = ec2.create_vpc(CidrBlock="10.0.0.0/16", TagSpecifications=tags("vpc"))["Vpc"]["VpcId"]
-    subnet = ec2.create_subnet(VpcId=vpc, CidrBlock=f"10.0.{octet}.0/24", AvailabilityZone=ZONE,
+    vpc = ec2.create_vpc(CidrBlock=vpc_cidr, TagSpecifications=tags("vpc"))["Vpc"]["VpcId"]
+    subnet = ec2.create_subnet(VpcId=vpc, CidrBlock=subnet_cidr, AvailabilityZone=ZONE,
                                TagSpecifications=tags("subnet", [{"Key": "kubernetes.io/role/elb", "Value": "1"}]))["Subnet"]["SubnetId"]
     igw = ec2.create_internet_gateway(TagSpecifications=tags("internet-gateway"))["InternetGateway"]["InternetGatewayId"]
     ec2.attach_internet_gateway(InternetGatewayId=igw, VpcId=vpc)
@@ -98,10 +116,14 @@ def main():
     group = ec2.create_security_group(GroupName=f"{cluster}-nodes", Description="nodes", VpcId=vpc,
                                       TagSpecifications=tags("security-group"))["GroupId"]
     image = ec2.describe_images()["Images"][0]["ImageId"]
-    reservation = ec2.run_instances(ImageId=image, MinCount=count, MaxCount=count, InstanceType="m5.large",
-                                    SubnetId=subnet, SecurityGroupIds=[group], TagSpecifications=tags("instance"))
+    launch = dict(ImageId=image, InstanceType="m5.large", SubnetId=subnet, SecurityGroupIds=[group],
+                  TagSpecifications=tags("instance"))
+    if ips:
+        launched = [ec2.run_instances(MinCount=1, MaxCount=1, PrivateIpAddress=ip, **launch)["Instances"][0] for ip in ips]
+    else:
+        launched = ec2.run_instances(MinCount=count, MaxCount=count, **launch)["Instances"]
     instances = [{"id": i["InstanceId"], "private_dns": i["PrivateDnsName"], "private_ip": i["PrivateIpAddress"]}
-                 for i in reservation["Instances"]]
+                 for i in launched]
     print("ccm-fixture " + json.dumps({"endpoint": endpoint, "region": REGION, "zone": ZONE, "vpc": vpc, "subnet": subnet,
                       "route_table": table, "security_group": group, "instances": instances}), flush=True)
     elb = boto3.client("elb", region_name=REGION, endpoint_url=endpoint,

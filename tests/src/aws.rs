@@ -38,6 +38,17 @@ impl Moto {
     /// (runs sharing an API server need distinct subnets: the instances' private DNS names are
     /// the Nodes' names). `python` is the virtualenv's (`Assets::tool("moto")`).
     pub async fn start(python: &Path, cluster: &str, instances: usize, subnet: u8) -> anyhow::Result<Self> {
+        Self::spawn(python, cluster, instances, subnet, &[]).await
+    }
+
+    /// moto serving on `bind` (for example a bridge that pods reach), with one instance per
+    /// address of `ips`, each with that private IP: instances standing for real nodes.
+    pub async fn start_for(python: &Path, cluster: &str, bind: &str, ips: &[String]) -> anyhow::Result<Self> {
+        let args = [format!("--bind={bind}"), format!("--ips={}", ips.join(","))];
+        Self::spawn(python, cluster, ips.len(), 0, &args).await
+    }
+
+    async fn spawn(python: &Path, cluster: &str, instances: usize, subnet: u8, extra: &[String]) -> anyhow::Result<Self> {
         let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("aws/moto_fixture.py");
         let mut child = Command::new(python)
             .arg(&script)
@@ -45,6 +56,7 @@ impl Moto {
             .arg(cluster)
             .arg(instances.to_string())
             .arg(subnet.to_string())
+            .args(extra)
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .stderr(Stdio::null())

@@ -14,6 +14,8 @@ pub const TAG: &str = "0.1.0";
 pub const CORE: &str = "ghcr.io/ccm-rs/cloud-controller-manager";
 /// The simulated cloud's provider image.
 pub const PROVIDER_SIM: &str = "ghcr.io/ccm-rs/provider-sim";
+/// The AWS provider image (k8s.io/cloud-provider-aws behind the go-adapter).
+pub const PROVIDER_AWS: &str = "ghcr.io/ccm-rs/provider-aws";
 
 /// The image archives.
 #[derive(Debug, Clone)]
@@ -71,6 +73,19 @@ pub fn project() -> anyhow::Result<Images> {
                 .and_then(|()| build("provider-sim.Containerfile", PROVIDER_SIM, TAG, &images.provider_sim))
                 .map(|()| images)
                 .map_err(|e| format!("{e:#}"))
+        })
+        .clone()
+        .map_err(|e| anyhow::anyhow!("{e}"))
+}
+
+static BUILT_AWS: OnceLock<Result<PathBuf, String>> = OnceLock::new();
+
+/// Builds (once per process) the AWS provider image, tagged [`TAG`]; its archive's path.
+pub fn provider_aws() -> anyhow::Result<PathBuf> {
+    BUILT_AWS
+        .get_or_init(|| {
+            let out = repo().join("target/ccm-images/provider-aws.tar");
+            build("provider-aws.Containerfile", PROVIDER_AWS, TAG, &out).map(|()| out).map_err(|e| format!("{e:#}"))
         })
         .clone()
         .map_err(|e| anyhow::anyhow!("{e}"))

@@ -7,6 +7,7 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
+use ccm_e2e::aws::Moto;
 use ccm_e2e::images;
 use ccm_e2e::kubelet_cluster::{self, CLUSTER_CIDR, KubeletCluster};
 use k8s_openapi::api::coordination::v1::Lease;
@@ -17,6 +18,8 @@ use kube::api::{DeleteParams, ListParams, Patch, PatchParams};
 use crate::support::{eventually, http_get};
 
 const UNINITIALIZED: &str = "node.cloudprovider.kubernetes.io/uninitialized";
+/// The kubelet config drop-in the node plugin writes (and the AWS phase writes itself).
+const DROP_IN: &str = "/etc/kubernetes/kubelet.conf.d/50-cloud.conf";
 /// The sim's admin API, served by each provider sidecar on its node's address (hostNetwork).
 const ADMIN_PORT: u16 = 8170;
 
@@ -162,16 +165,27 @@ async fn leader_ip(cluster: &KubeletCluster, client: &kube::Client, what: &str) 
 /// Removes what an install left and puts the Nodes back as a fresh cluster's kubelets would
 /// have them (the taint back, no providerID), so the next install initialises them itself.
 async fn reset_nodes(cluster: &KubeletCluster) {
+    reset_nodes_with(cluster, |_| String::new()).await;
+}
+
+/// Deletes every Node and restarts its kubelet, which registers it again; the kubelet of
+/// node `i` gets `drop_in(i)` as its config drop-in (none when empty).
+async fn reset_nodes_with(cluster: &KubeletCluster, drop_in: impl Fn(usize) -> String) {
     let client = cluster.client().await.expect("client");
     let nodes: Api<Node> = Api::all(client.clone());
     eventually("the core pods gone", Duration::from_secs(90), async || {
         kube_system_pods(&client, "app.kubernetes.io/part-of=ccm-rs").await.is_empty().then_some(())
     })
     .await;
-    for node in &cluster.nodes {
+    for (i, node) in cluster.nodes.iter().enumerate() {
         // The drop-in the node plugin wrote would hand the kubelet a providerID: a fresh
         // node has none.
-        let _ = std::fs::remove_file(node.host("/etc/kubernetes/kubelet.conf.d/50-cloud.conf"));
+        let path = node.host(DROP_IN);
+        let _ = std::fs::remove_file(&path);
+        let text = drop_in(i);
+        if !text.is_empty() {
+            std::fs::write(&path, text).expect("kubelet drop-in");
+        }
         // providerID is immutable once set: the Node is registered again by its kubelet.
         let _ = nodes.delete(&node.name, &DeleteParams::default()).await;
     }
@@ -253,7 +267,7 @@ async fn the_chart_and_the_kustomize_bases_run_on_real_kubelets() {
     // with it registers its Node with the plugin's providerID (shown before the core could
     // set it: the core is scaled to zero, and the Node is registered anew).
     for node in &cluster.nodes {
-        let path = node.host("/etc/kubernetes/kubelet.conf.d/50-cloud.conf");
+        let path = node.host(DROP_IN);
         let text = eventually("the kubelet drop-in", Duration::from_secs(30), async || std::fs::read_to_string(&path).ok()).await;
         assert!(text.contains("providerID: \"sim://sim-region-1"), "{text}");
     }
@@ -462,4 +476,128 @@ async fn the_chart_and_the_kustomize_bases_run_on_real_kubelets() {
     })
     .await;
     run(cluster.kubectl(&["delete", "-k", &kustomize_dir.display().to_string(), "--wait=true"]), "kubectl delete -k");
+
+    aws_on_real_kubelets(cluster, &helm_bin, &chart, work.path()).await;
+}
+
+/// The AWS provider's image with the chart and `deploy/examples/aws-values.yaml`, as an
+/// operator installs it, against moto on the cluster's bridge: one instance per kubelet, with
+/// the kubelet's address as its private IP and the kubelet given its providerID by a config
+/// drop-in (as AWS nodes not named by their private DNS name are).
+async fn aws_on_real_kubelets(cluster: &KubeletCluster, helm_bin: &Path, chart: &str, dir: &Path) {
+    let python = match tokio::task::spawn_blocking(|| ccm_e2e::Assets::tool("moto")).await.expect("join") {
+        Ok(p) => p,
+        Err(e) if std::env::var_os(crate::aws::REQUIRE).is_some() => panic!("moto is missing: {e:#}"),
+        Err(e) => return eprintln!("skipped the AWS phase: moto needs python3: {e:#}"),
+    };
+    let image = tokio::task::spawn_blocking(images::provider_aws).await.expect("join").expect("the AWS provider image");
+    tokio::task::block_in_place(|| cluster.import_image(&image)).expect("import the AWS provider image");
+    let name = "ccm-real";
+    let ips: Vec<String> = cluster.nodes.iter().map(|n| n.ip.to_string()).collect();
+    let mut moto = Moto::start_for(&python, name, &cluster.gateway.to_string(), &ips).await.expect("moto on the bridge");
+    let instances = moto.instances();
+    reset_nodes_with(cluster, |i| {
+        let id = &instances[i].id;
+        format!("apiVersion: kubelet.config.k8s.io/v1beta1\nkind: KubeletConfiguration\nproviderID: \"aws:///us-east-1a/{id}\"\n")
+    })
+    .await;
+
+    let values = dir.join("aws-test-values.yaml");
+    let test_values = serde_json::json!({
+        "clusterName": name,
+        "provider": {
+            "config": { "cloud.conf": moto.cloud_config(name) },
+            "env": ccm_e2e::aws::AWS_ENV.iter().map(|(k, v)| serde_json::json!({"name": k, "value": v})).collect::<Vec<_>>(),
+        },
+    });
+    std::fs::write(&values, test_values.to_string()).expect("values");
+    let example = deploy_dir().join("examples/aws-values.yaml").display().to_string();
+    let begin = Instant::now();
+    run(
+        helm(
+            cluster,
+            helm_bin,
+            &["install", "ccm-rs", chart, "-n", "kube-system", "--values", &example, "--values", &values.display().to_string()],
+        ),
+        "helm install (AWS)",
+    );
+    let client = cluster.client().await.expect("client");
+    eventually("AWS: two Ready core pods", Duration::from_secs(120), async || {
+        (ready_pods(&client, CORE_PODS).await.len() == 2).then_some(())
+    })
+    .await;
+    let nodes: Api<Node> = Api::all(client.clone());
+    let aws_initialised = |n: &Node| {
+        let labels = n.metadata.labels.clone().unwrap_or_default();
+        let tainted = n.spec.as_ref().and_then(|s| s.taints.as_ref()).is_some_and(|t| t.iter().any(|t| t.key == UNINITIALIZED));
+        !tainted
+            && labels.get("topology.kubernetes.io/zone").map(String::as_str) == Some("us-east-1a")
+            && labels.get("node.kubernetes.io/instance-type").map(String::as_str) == Some("m5.large")
+    };
+    eventually("AWS: every Node initialised from moto", Duration::from_secs(120), async || {
+        let list = nodes.list(&Default::default()).await.ok()?.items;
+        (list.len() == cluster.nodes.len() && list.iter().all(aws_initialised)).then_some(())
+    })
+    .await;
+    eprintln!("AWS: install to every Node initialised: {:.1} s", begin.elapsed().as_secs_f64());
+    for (node, instance) in cluster.nodes.iter().zip(&instances) {
+        let n = nodes.get(&node.name).await.expect("node");
+        assert_eq!(n.spec.as_ref().and_then(|s| s.provider_id.clone()), Some(format!("aws:///us-east-1a/{}", instance.id)));
+        let addresses = n.status.and_then(|s| s.addresses).unwrap_or_default();
+        assert!(addresses.iter().any(|a| a.type_ == "InternalIP" && a.address == node.ip.to_string()), "{addresses:?}");
+    }
+
+    // Every podCIDR a route in moto's route table, to its node's instance.
+    let want: Vec<(String, String)> =
+        cluster.nodes.iter().zip(&instances).map(|(node, instance)| (node.name.clone(), instance.id.clone())).collect();
+    let mut routes = serde_json::Value::Null;
+    let routed = async |routes: &serde_json::Value| {
+        let mut all = true;
+        for (node, id) in &want {
+            let cidr = nodes.get(node).await.ok().and_then(|n| n.spec?.pod_cidr).unwrap_or_default();
+            all &= routes.as_array().is_some_and(|l| {
+                l.iter().any(|r| r["destination"].as_str() == Some(cidr.as_str()) && r["instance"].as_str() == Some(id.as_str()))
+            });
+        }
+        all
+    };
+    for _ in 0..120 {
+        routes = moto.query("routes").await.expect("moto routes");
+        if routed(&routes).await {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    assert!(routed(&routes).await, "a route per podCIDR in moto: {routes}");
+
+    // A LoadBalancer Service: a classic ELB with the instances registered.
+    let services: Api<Service> = Api::namespaced(client.clone(), "default");
+    let svc: Service = serde_json::from_value(serde_json::json!({
+        "apiVersion": "v1", "kind": "Service", "metadata": {"name": "web"},
+        "spec": {"type": "LoadBalancer", "selector": {"app": "web"}, "ports": [{"port": 80, "targetPort": 8080}]}
+    }))
+    .expect("service");
+    services.create(&Default::default(), &svc).await.expect("create service");
+    let hostname = eventually("AWS: the ELB's hostname in the Service", Duration::from_secs(90), async || {
+        services.get("web").await.ok()?.status?.load_balancer?.ingress?.first()?.hostname.clone()
+    })
+    .await;
+    let ids: Vec<String> = instances.iter().map(|i| i.id.clone()).collect();
+    let elbs = moto.query("elbs").await.expect("moto elbs");
+    let elb = elbs.as_array().and_then(|l| l.iter().find(|lb| lb["dns"].as_str() == Some(hostname.as_str())).cloned());
+    let elb = elb.unwrap_or_else(|| panic!("no ELB {hostname} in moto: {elbs}"));
+    let registered: Vec<String> =
+        elb["instances"].as_array().cloned().unwrap_or_default().iter().filter_map(|v| v.as_str().map(String::from)).collect();
+    assert!(!registered.is_empty() && registered.iter().all(|r| ids.contains(r)), "{elb}");
+    services.delete("web", &DeleteParams::default()).await.expect("delete service");
+    eventually("AWS: the Service deleted and its ELB with it", Duration::from_secs(90), async || {
+        let gone = services.get_opt("web").await.ok()?.is_none();
+        (gone && moto.query("elbs").await.ok()? == serde_json::json!([])).then_some(())
+    })
+    .await;
+    run(
+        helm(cluster, helm_bin, &["uninstall", "ccm-rs", "-n", "kube-system", "--wait", "--timeout", "3m"]),
+        "helm uninstall (AWS)",
+    );
+    reset_nodes(cluster).await;
 }
