@@ -50,10 +50,12 @@ async fn the_aws_provider_on_moto_initialises_nodes_routes_pods_and_balances_ser
     let cp = ccm_e2e::shared().expect("control plane");
     let env = TestEnv::new(cp.client().await.expect("client"), "aws").await.expect("env");
     let cluster = env.prefix.clone();
-    let mut moto = Moto::start(&python, &cluster, 3, 1).await.expect("moto");
+    let mut moto = Moto::start(&python, &cluster, 4, 1).await.expect("moto");
     let dir = tempfile::tempdir().expect("tempdir");
     let sidecar = Sidecar::aws(&binary, dir.path(), &moto, &cluster, cp.kubeconfig_path()).await.expect("ccm-provider-aws");
-    let instances = instances(&moto);
+    // Three Nodes join at first; the fourth instance's Node is added later.
+    let mut instances = instances(&moto);
+    let late = instances.pop().expect("a fourth instance");
     for (k, (_, dns, _)) in instances.iter().enumerate() {
         NodeBuilder::new(dns)
             .label(TEST_LABEL, &env.prefix)
@@ -161,6 +163,27 @@ async fn the_aws_provider_on_moto_initialises_nodes_routes_pods_and_balances_ser
     }
     assert_eq!(now, remaining, "the excluded node's instance deregistered");
 
+    // A Node added is registered once initialised.
+    NodeBuilder::new(&late.1)
+        .label(TEST_LABEL, &env.prefix)
+        .uninitialized()
+        .pod_cidr("10.244.4.0/24")
+        .address("Hostname", &late.1)
+        .create(&env.client)
+        .await
+        .expect("the added node");
+    remaining.push(late.0.clone());
+    remaining.sort();
+    for _ in 0..120 {
+        let elbs = moto.query("elbs").await.expect("moto");
+        now = elbs.as_array().and_then(|l| l.first()).map(|lb| registered(lb, "instances")).unwrap_or_default();
+        if now == remaining {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    assert_eq!(now, remaining, "the added node's instance registered");
+
     // The NLB annotation gives a network load balancer with the instances as targets.
     let mut nlb = ccm_e2e::cluster::load_balancer_service(&env.namespace, "fast", &[443]);
     nlb.metadata.annotations =
@@ -226,7 +249,7 @@ async fn the_aws_provider_on_moto_initialises_nodes_routes_pods_and_balances_ser
     .await;
 
     core.stop().await.expect("stop");
-    for (_, dns, _) in &instances {
+    for (_, dns, _) in instances.iter().chain([&late]) {
         let _ = env.nodes().delete(dns, &DeleteParams::default()).await;
     }
     env.cleanup().await.expect("cleanup");
