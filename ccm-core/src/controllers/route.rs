@@ -16,7 +16,6 @@
 //!   `FailedToCreateRoute` Event, and the controller does not retry them in a loop.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
-use std::hash::{Hash, Hasher};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -66,9 +65,19 @@ pub fn route_name(cluster: &str, node: &str, cidr: &str) -> String {
     if name.len() <= 253 {
         return name;
     }
-    let mut h = std::collections::hash_map::DefaultHasher::new();
-    name.hash(&mut h);
-    format!("{}-{:016x}", &name[..236], h.finish())
+    format!("{}-{:016x}", &name[..236], stable_hash(&name))
+}
+
+/// SipHash-1-3 with zero keys over the name's bytes and a 0xff terminator: what
+/// `std`'s `DefaultHasher` gives a `str` today (so names stored by earlier releases still
+/// match), fixed here because `DefaultHasher`'s algorithm may change with any Rust release,
+/// and names stored in the cloud must not.
+fn stable_hash(name: &str) -> u64 {
+    use std::hash::Hasher;
+    let mut h = siphasher::sip::SipHasher13::new_with_keys(0, 0);
+    h.write(name.as_bytes());
+    h.write_u8(0xff);
+    h.finish()
 }
 
 #[derive(Debug, Clone, Default)]
@@ -772,6 +781,9 @@ mod tests {
         assert_eq!((plan.deletes.len(), plan.missing.len()), (1, 1), "a blackhole is replaced");
     }
 
+    /// `stable_hash("prod-node-10.244.1.0-24")`, pinned: a change of it renames stored routes.
+    const STABLE_HASH_PINNED: u64 = 8_174_590_117_312_416_362;
+
     #[test]
     fn route_names_are_readable_and_bounded() {
         assert_eq!(route_name("prod", "node-1", "10.244.1.0/24"), "prod-node-1-10.244.1.0-24");
@@ -779,5 +791,13 @@ mod tests {
         let long = route_name("prod", &"n".repeat(300), "10.244.1.0/24");
         assert_eq!(long.len(), 253);
         assert_ne!(long, route_name("prod", &"n".repeat(301), "10.244.1.0/24"));
+        // Stored in the cloud: the same name across Rust releases, and the one earlier
+        // releases stored (std's DefaultHasher, SipHash-1-3 with zero keys).
+        let name = format!("prod-{}-10.244.1.0-24", "n".repeat(300));
+        use std::hash::{Hash, Hasher};
+        let mut std_hash = std::collections::hash_map::DefaultHasher::new();
+        name.hash(&mut std_hash);
+        assert_eq!(stable_hash(&name), std_hash.finish(), "the names earlier releases stored");
+        assert_eq!(stable_hash("prod-node-10.244.1.0-24"), STABLE_HASH_PINNED);
     }
 }
