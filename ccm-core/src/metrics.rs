@@ -62,6 +62,7 @@ pub struct Metrics {
     nodes_without_route: Gauge<i64, AtomicI64>,
     service_node_sync: Histogram,
     orphans: Family<OutcomeLabels, Counter>,
+    node_deletions: Family<OutcomeLabels, Counter>,
 }
 
 impl Default for Metrics {
@@ -90,6 +91,12 @@ impl Metrics {
         let nodes_without_route = Gauge::<i64, AtomicI64>::default();
         let service_node_sync = latency_histogram();
         let orphans = Family::<OutcomeLabels, Counter>::default();
+        let node_deletions = Family::<OutcomeLabels, Counter>::default();
+        registry.register(
+            "ccm_node_deletions",
+            "Nodes whose instance is gone: deleted, or refused (over --max-node-deletions, or in a disrupted zone)",
+            node_deletions.clone(),
+        );
         registry.register(
             "ccm_load_balancer_orphans",
             "Load balancers whose Service is gone: deleted, or refused (a sweep over --max-load-balancer-deletions)",
@@ -141,7 +148,13 @@ impl Metrics {
             nodes_without_route,
             service_node_sync,
             orphans,
+            node_deletions,
         }
+    }
+
+    /// Nodes deleted by the lifecycle controller, or refused by its bounds.
+    pub fn node_deletions(&self, outcome: &str, n: u64) {
+        self.node_deletions.get_or_create(&OutcomeLabels { outcome: outcome.into() }).inc_by(n);
     }
 
     /// A node set change fully applied to load balancers.

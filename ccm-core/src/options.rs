@@ -88,6 +88,26 @@ pub struct Options {
     #[arg(long, value_name = "DURATION", default_value = "5s", value_parser = parse_duration)]
     pub node_monitor_period: Duration,
 
+    /// Most Nodes the lifecycle controller deletes in one pass. A pass that finds more Nodes
+    /// whose instance is gone deletes none of them (a Warning Event on each, a log line and
+    /// `ccm_node_deletions{outcome="refused"}`): that many at once is more likely a wrong
+    /// answer than a fact. 0 never deletes a Node.
+    #[arg(long, value_name = "N", default_value_t = 10)]
+    pub max_node_deletions: usize,
+
+    /// The same bound as a share of the Nodes (rounded up, at least one Node): 0.1 lets one
+    /// pass delete at most a tenth of the cluster.
+    #[arg(long, value_name = "SHARE", default_value_t = 0.1)]
+    pub max_node_deletion_share: f64,
+
+    /// A zone (`topology.kubernetes.io/zone`) whose NotReady Nodes are at least this share of
+    /// its Nodes (and more than two) is partially disrupted: the lifecycle controller deletes
+    /// no Node of it, nor any Node while every Node is NotReady, more than two (an outage of the
+    /// API server or the network, not of the instances), as kube-controller-manager's disruption modes
+    /// (this is its `--unhealthy-zone-threshold`).
+    #[arg(long, value_name = "SHARE", default_value_t = 0.55)]
+    pub unhealthy_zone_threshold: f64,
+
     /// Label selector of Nodes the node controllers leave alone (for example virtual-kubelet
     /// nodes: `type=virtual-kubelet`). Repeatable: a Node matching any of them is left alone.
     #[arg(long, value_name = "SELECTOR")]
@@ -323,6 +343,14 @@ impl Options {
         }
         if self.cluster_cidr.len() > 2 {
             return Err("--cluster-cidr takes at most two CIDRs (IPv4 and IPv6)".into());
+        }
+        for (flag, share) in [
+            ("--max-node-deletion-share", self.max_node_deletion_share),
+            ("--unhealthy-zone-threshold", self.unhealthy_zone_threshold),
+        ] {
+            if !(share > 0.0 && share <= 1.0) {
+                return Err(format!("{flag} must be a share above 0 and at most 1, got {share}"));
+            }
         }
         if self.reconcile_backoff_base > self.reconcile_backoff_max {
             return Err("--reconcile-backoff-base must not exceed --reconcile-backoff-max".into());

@@ -99,8 +99,31 @@ where
 }
 
 /// Looks many Nodes' instances up: one call per 500 when the provider batches, else one call
-/// per Node. Per-Node results, in order.
+/// per Node. Per-Node results, in order; an answer that names another instance than its
+/// lookup (a reordered batch, say) is an error, never the lookup's answer.
 pub async fn metadata_for(ctx: &Context, lookups: Vec<pb::InstanceLookup>) -> Vec<Result<Option<pb::InstanceMetadata>, Error>> {
+    let results = read_metadata(ctx, &lookups).await;
+    lookups.iter().zip(results).map(|(lookup, result)| matching(lookup, result)).collect()
+}
+
+/// `result` if it is about `lookup`'s instance: the same providerID when both have one.
+fn matching(
+    lookup: &pb::InstanceLookup,
+    result: Result<Option<pb::InstanceMetadata>, Error>,
+) -> Result<Option<pb::InstanceMetadata>, Error> {
+    match &result {
+        Ok(Some(m)) if !lookup.provider_id.is_empty() && !m.provider_id.is_empty() && m.provider_id != lookup.provider_id => {
+            Err(Error::internal(format!(
+                "the provider answered for instance {:?} when asked about {:?} (node {:?})",
+                m.provider_id, lookup.provider_id, lookup.node_name
+            )))
+        }
+        _ => result,
+    }
+}
+
+async fn read_metadata(ctx: &Context, lookups: &[pb::InstanceLookup]) -> Vec<Result<Option<pb::InstanceMetadata>, Error>> {
+    let lookups = lookups.to_vec();
     if ctx.provider.identity().is_some_and(|i| i.batch_reads()) {
         let call = |instances: Vec<pb::InstanceLookup>| async move {
             let request = pb::BatchInstanceMetadataRequest { instances };
@@ -542,6 +565,16 @@ mod tests {
     fn node(labels: &[(&str, &str)]) -> Node {
         let labels = labels.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect();
         Node { metadata: ObjectMeta { name: Some("n".into()), labels: Some(labels), ..Default::default() }, ..Default::default() }
+    }
+
+    #[test]
+    fn an_answer_about_another_instance_is_an_error() {
+        let lookup = |id: &str| pb::InstanceLookup { node_name: "n".into(), provider_id: id.into(), ..Default::default() };
+        let meta = |id: &str| Ok(Some(pb::InstanceMetadata { provider_id: id.into(), ..Default::default() }));
+        assert!(matching(&lookup("sim://z/i-1"), meta("sim://z/i-2")).is_err(), "a reordered batch");
+        assert!(matching(&lookup("sim://z/i-1"), meta("sim://z/i-1")).is_ok());
+        assert!(matching(&lookup(""), meta("sim://z/i-2")).is_ok(), "a lookup by name learns the providerID");
+        assert_eq!(matching(&lookup("sim://z/i-1"), Ok(None)).expect("absent"), None, "absent stays absent");
     }
 
     #[test]

@@ -1,11 +1,16 @@
 //! The node lifecycle controller (`cloud-node-lifecycle-controller`): every
 //! `--node-monitor-period`, asks the provider about the instances of NotReady Nodes: an
 //! explicit "does not exist" deletes the Node, a shut-down instance gets the shutdown taint, a
-//! running one loses it. An error, a timeout or a rate limit changes nothing. A Ready Node is
+//! running one loses it. An error, a timeout or a rate limit changes nothing. Deletions are
+//! bounded: none in a zone whose Nodes are mostly NotReady, or at all when every Node is (an
+//! outage, not gone instances), and
+//! none in a pass that finds more gone than `--max-node-deletions` (or
+//! `--max-node-deletion-share` of the Nodes); each refusal is a Warning Event. A Ready Node is
 //! never deleted and loses the shutdown taint without the provider being asked (as upstream:
 //! a recovered Node must not stay unschedulable through a cloud outage); with every Node Ready
 //! this controller makes no provider call at all.
 
+use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use ccm_proto::v1 as pb;
@@ -33,6 +38,35 @@ pub struct Pass {
     pub untainted: Vec<String>,
     /// Nodes whose lookup failed (left alone).
     pub errors: usize,
+    /// Nodes reported gone but not deleted: over the pass's bound, or in a disrupted zone.
+    pub refused: Vec<String>,
+}
+
+/// A Node's zone label ("" without one: the Nodes without a zone count as one zone).
+fn zone_of(node: &Node) -> &str {
+    node.metadata.labels.as_ref().and_then(|l| l.get(node_util::LABEL_ZONE)).map_or("", String::as_str)
+}
+
+/// The zones where Nodes are not deleted, with (NotReady, all) counts, as
+/// kube-controller-manager's disruption modes: every zone when every Node is NotReady, more
+/// than two of them (the API server or the network is more likely down than every instance;
+/// one or two Nodes say too little), and a zone partially
+/// disrupted (more than two and at least `threshold` of its Nodes NotReady, not all). A zone
+/// whose Nodes are all NotReady while others are fine is not held back (its instances are
+/// asked like any others; as upstream evicts from it at the normal rate).
+fn disrupted_zones(ready: &[Arc<Node>], not_ready: &[Arc<Node>], threshold: f64) -> BTreeMap<String, (usize, usize)> {
+    let everything_down = ready.is_empty() && not_ready.len() > 2;
+    let mut zones: BTreeMap<String, (usize, usize)> = BTreeMap::new();
+    for node in ready {
+        zones.entry(zone_of(node).to_string()).or_default().1 += 1;
+    }
+    for node in not_ready {
+        let entry = zones.entry(zone_of(node).to_string()).or_default();
+        entry.0 += 1;
+        entry.1 += 1;
+    }
+    zones.retain(|_, (down, all)| everything_down || (*down < *all && *down > 2 && *down as f64 >= threshold * *all as f64));
+    zones
 }
 
 /// The lifecycle controller.
@@ -83,8 +117,10 @@ impl NodeLifecycleController {
             return pass;
         }
         pass.checked = candidates.len();
+        let disrupted = disrupted_zones(&ready, &candidates, self.ctx.options.unhealthy_zone_threshold);
         let lookups = candidates.iter().map(|n| node_util::lookup(n)).collect();
         let results = metadata_for(&self.ctx, lookups).await;
+        let mut gone = Vec::new();
         for (node, result) in candidates.iter().zip(results) {
             let name = node_util::name(node).to_string();
             match result {
@@ -97,13 +133,7 @@ impl NodeLifecycleController {
                     let exists = meta.as_ref().is_some_and(|m| m.state() != pb::InstanceState::Terminated);
                     let shutdown = meta.as_ref().is_some_and(|m| m.state() == pb::InstanceState::Stopped);
                     if !exists {
-                        match self.delete(node).await {
-                            Ok(()) => pass.deleted.push(name),
-                            Err(error) => {
-                                tracing::warn!(node = %name, %error, "deleting the node failed");
-                                pass.errors += 1;
-                            }
-                        }
+                        gone.push(node.clone());
                     } else if shutdown && !node_util::has_taint(node, TAINT_SHUTDOWN) {
                         match self.set_shutdown_taint(node, true).await {
                             Ok(()) => pass.tainted.push(name),
@@ -124,7 +154,66 @@ impl NodeLifecycleController {
                 }
             }
         }
+        self.delete_gone(gone, &disrupted, ready.len() + candidates.len(), &mut pass).await;
         pass
+    }
+
+    /// Deletes the Nodes whose instance is gone, within the bounds: none in a disrupted zone,
+    /// and none at all when more are gone than one pass may delete.
+    async fn delete_gone(
+        &self,
+        gone: Vec<Arc<Node>>,
+        disrupted: &BTreeMap<String, (usize, usize)>,
+        total: usize,
+        pass: &mut Pass,
+    ) {
+        let (blocked, gone): (Vec<Arc<Node>>, Vec<Arc<Node>>) =
+            gone.into_iter().partition(|n| disrupted.contains_key(zone_of(n)));
+        for node in &blocked {
+            let zone = zone_of(node);
+            let (not_ready, all) = disrupted.get(zone).copied().unwrap_or_default();
+            let why = format!(
+                "zone {zone:?} is disrupted ({not_ready} of its {all} Nodes NotReady): no Node of it is deleted until most are Ready again"
+            );
+            self.refuse(node, &why).await;
+            pass.refused.push(node_util::name(node).to_string());
+        }
+        let options = &self.ctx.options;
+        let share = (options.max_node_deletion_share * total as f64).ceil().max(1.0) as usize;
+        let bound = options.max_node_deletions.min(share);
+        if gone.len() > bound {
+            let why = format!(
+                "{} Nodes' instances are reported gone in one pass, more than may be deleted at once ({bound}: --max-node-deletions={}, --max-node-deletion-share={}); none is deleted",
+                gone.len(),
+                options.max_node_deletions,
+                options.max_node_deletion_share
+            );
+            tracing::warn!(gone = gone.len(), bound, "refusing to delete Nodes: {why}");
+            for node in &gone {
+                self.refuse(node, &why).await;
+                pass.refused.push(node_util::name(node).to_string());
+            }
+            return;
+        }
+        for node in &gone {
+            let name = node_util::name(node).to_string();
+            match self.delete(node).await {
+                Ok(()) => {
+                    self.ctx.metrics.node_deletions("deleted", 1);
+                    pass.deleted.push(name);
+                }
+                Err(error) => {
+                    tracing::warn!(node = %name, %error, "deleting the node failed");
+                    pass.errors += 1;
+                }
+            }
+        }
+    }
+
+    async fn refuse(&self, node: &Node, why: &str) {
+        tracing::warn!(node = %node_util::name(node), "not deleting the node although its instance is reported gone: {why}");
+        self.ctx.metrics.node_deletions("refused", 1);
+        self.ctx.event(NAME, node, true, "NodeDeletionRefused", format!("Not deleting the node: {why}")).await;
     }
 
     async fn delete(&self, node: &Node) -> Result<(), kube::Error> {
@@ -165,5 +254,38 @@ impl NodeLifecycleController {
         self.ctx.kube_write_permit().await;
         let api: Api<Node> = Api::all(self.ctx.client.clone());
         api.patch(node_util::name(node), &PatchParams::default(), &Patch::Merge(&patch)).await.map(|_| ())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+
+    fn nodes(zone: &str, n: usize) -> Vec<Arc<Node>> {
+        (0..n)
+            .map(|i| {
+                let labels = [(node_util::LABEL_ZONE.to_string(), zone.to_string())].into();
+                Arc::new(Node {
+                    metadata: ObjectMeta { name: Some(format!("{zone}-{i}")), labels: Some(labels), ..Default::default() },
+                    ..Default::default()
+                })
+            })
+            .collect()
+    }
+
+    #[test]
+    fn disruption_is_most_of_a_zone_or_everything_down() {
+        let zones = |ready: Vec<Arc<Node>>, down: Vec<Arc<Node>>| disrupted_zones(&ready, &down, 0.55);
+        // Everything NotReady: every zone held back, but not for one or two Nodes.
+        assert_eq!(zones(vec![], [nodes("a", 2), nodes("b", 1)].concat()).len(), 2);
+        assert!(zones(vec![], nodes("a", 2)).is_empty(), "two Nodes say too little");
+        // A zone mostly NotReady (more than two, at least 55%), others fine.
+        let z = zones([nodes("a", 2), nodes("b", 10)].concat(), nodes("a", 3));
+        assert_eq!(z.into_iter().collect::<Vec<_>>(), vec![("a".to_string(), (3, 5))]);
+        assert!(zones(nodes("a", 3), nodes("a", 3)).is_empty(), "half is below the threshold");
+        assert!(zones(nodes("a", 10), nodes("a", 2)).is_empty(), "two NotReady is no disruption");
+        // A zone entirely NotReady while another is fine: its instances are asked as any.
+        assert!(zones(nodes("b", 5), nodes("a", 4)).is_empty());
     }
 }

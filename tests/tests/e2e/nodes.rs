@@ -224,6 +224,13 @@ async fn gone_instances_delete_nodes_stopped_ones_taint_them_and_errors_change_n
     for (id, n) in [("i-gone", &gone), ("i-stopped", &stopped), ("i-flaky", &flaky)] {
         config.instances.push(instance(id, n, "sim-region-1a"));
     }
+    // Three Ready Nodes besides: every Node NotReady at once would be an outage, when the
+    // lifecycle controller deletes nothing.
+    for k in 0..3 {
+        let name = env.node_name(&format!("fine-{k}"));
+        NodeBuilder::new(&name).label(TEST_LABEL, &env.prefix).create(&env.client).await.expect("node");
+        set_ready(&env.client, &name, "True").await.expect("ready");
+    }
     let sim = Sim::start(config).await;
     for (id, n) in [("i-gone", &gone), ("i-stopped", &stopped), ("i-flaky", &flaky)] {
         NodeBuilder::new(n)
@@ -587,5 +594,76 @@ async fn losing_the_lease_stops_the_process() {
     let result = tokio::time::timeout(Duration::from_secs(20), core.task).await.expect("the process stops").expect("join");
     let error = result.expect_err("losing the lease is an error exit");
     assert!(format!("{error:#}").contains("lost the leader lease"), "{error:#}");
+    env.cleanup().await.expect("cleanup");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn more_gone_instances_than_a_pass_may_delete_or_an_outage_delete_no_node() {
+    let cp = ccm_e2e::shared().expect("control plane");
+    let env = TestEnv::new(cp.client().await.expect("client"), "bound").await.expect("env");
+    let mut config = Config::default();
+    // Three Ready Nodes in zone a; three NotReady ones, one in each of zones b, c and d,
+    // whose instances are gone.
+    let ready: Vec<String> = (0..3).map(|k| env.node_name(&format!("ok-{k}"))).collect();
+    let gone: Vec<String> = (0..3).map(|k| env.node_name(&format!("gone-{k}"))).collect();
+    for (k, name) in ready.iter().chain(&gone).enumerate() {
+        let zone = if k < 3 { "zone-a".to_string() } else { format!("zone-{}", ["b", "c", "d"][k - 3]) };
+        config.instances.push(instance(&format!("i-{k}"), name, &zone));
+        NodeBuilder::new(name)
+            .label(TEST_LABEL, &env.prefix)
+            .label("topology.kubernetes.io/zone", &zone)
+            .provider_id(&format!("sim://{zone}/i-{k}"))
+            .create(&env.client)
+            .await
+            .expect("node");
+        set_ready(&env.client, name, if k < 3 { "True" } else { "False" }).await.expect("condition");
+    }
+    let sim = Sim::start(config).await;
+    for k in 3..6 {
+        sim.admin.instance_action(&format!("i-{k}"), "terminate").await.expect("terminate");
+    }
+    let core = Core::start(
+        cp,
+        &env,
+        &sim,
+        &["--leader-elect=false", "--node-monitor-period=300ms", "--max-node-deletions=2", "--max-node-deletion-share=1"],
+    );
+
+    // Three gone, two may go in one pass: none is deleted, each gets a Warning Event.
+    for name in &gone {
+        eventually("a NodeDeletionRefused event", Duration::from_secs(20), async || {
+            event_reasons(&env, name).await.contains(&"NodeDeletionRefused".to_string()).then_some(())
+        })
+        .await;
+    }
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    for name in &gone {
+        assert!(env.nodes().get_opt(name).await.expect("get").is_some(), "{name} kept: more gone than the bound");
+    }
+    // One of them Ready again: two gone, within the bound, are deleted.
+    set_ready(&env.client, &gone[2], "True").await.expect("ready");
+    for name in &gone[..2] {
+        eventually("deleted within the bound", Duration::from_secs(20), async || {
+            env.nodes().get_opt(name).await.ok()?.is_none().then_some(())
+        })
+        .await;
+    }
+
+    // Every Node NotReady (more than two): an outage, not gone instances. The last gone
+    // instance's Node stays, until some Nodes are Ready again.
+    for name in ready.iter().chain([&gone[2]]) {
+        set_ready(&env.client, name, "False").await.expect("not ready");
+    }
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    assert!(env.nodes().get_opt(&gone[2]).await.expect("get").is_some(), "nothing is deleted while every Node is NotReady");
+    set_ready(&env.client, &ready[0], "True").await.expect("ready");
+    eventually("deleted once the outage is over", Duration::from_secs(20), async || {
+        env.nodes().get_opt(&gone[2]).await.ok()?.is_none().then_some(())
+    })
+    .await;
+    for name in &ready {
+        assert!(env.nodes().get_opt(name).await.expect("get").is_some(), "{name}'s instance exists");
+    }
+    core.stop().await.expect("stop");
     env.cleanup().await.expect("cleanup");
 }
