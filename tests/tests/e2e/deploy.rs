@@ -230,7 +230,7 @@ async fn the_shipped_roles_are_enough_for_every_controller_and_no_broader() {
     let kubeconfig = cp
         .kubeconfig_with_token("cloud-controller-manager", &token(&admin, "cloud-controller-manager").await)
         .expect("kubeconfig");
-    let lease = format!("--leader-elect-resource-name={}", env.prefix);
+    // The default Lease name: the RBAC grants the core its own Leases only.
     let core = Core::start_as(
         &kubeconfig,
         &env,
@@ -238,7 +238,7 @@ async fn the_shipped_roles_are_enough_for_every_controller_and_no_broader() {
         &[
             "--leader-elect=true",
             "--leader-elect-resource-namespace=kube-system",
-            &lease,
+            "--leader-elect-resource-name=cloud-controller-manager",
             "--use-service-account-credentials",
             "--cluster-cidr=10.250.0.0/16",
             "--node-monitor-period=300ms",
@@ -325,7 +325,7 @@ async fn the_shipped_roles_are_enough_for_every_controller_and_no_broader() {
     }
 
     // No broader than needed: what a controller does not do stays forbidden.
-    let checks: [(&str, &str, &str, Option<&str>, bool); 15] = [
+    let checks: [(&str, &str, &str, Option<&str>, bool); 18] = [
         ("route-controller", "patch", "nodes/status", None, true),
         ("route-controller", "delete", "nodes", None, false),
         ("route-controller", "patch", "nodes", None, false),
@@ -341,6 +341,10 @@ async fn the_shipped_roles_are_enough_for_every_controller_and_no_broader() {
         ("cloud-controller-manager", "patch", "nodes", None, false),
         ("cloud-controller-manager", "create", "serviceaccounts/token", Some("default"), false),
         ("cloud-controller-manager", "get", "secrets", None, false),
+        // Its own Leases, not another component's.
+        ("cloud-controller-manager", "update", "leases", Some("cloud-controller-manager"), true),
+        ("cloud-controller-manager", "update", "leases", Some("kube-controller-manager"), false),
+        ("cloud-controller-manager", "create", "leases", None, true),
     ];
     let mut wrong = Vec::new();
     for (account, verb, resource, name, want) in checks {

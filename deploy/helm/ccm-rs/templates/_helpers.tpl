@@ -66,3 +66,17 @@ service-lb-controller:
   - {apiGroups: [""], resources: [services], verbs: [get, patch]}
   - {apiGroups: [""], resources: [services/status], verbs: [patch]}
 {{- end -}}
+
+{{/* Every Lease the core may hold: the main one, one per controller
+(leaderElection.perController), and the leader migration one (its config's leaderName).
+The same names whatever the values, so that switching a value needs no new RBAC. */}}
+{{- define "ccm-rs.leaseNames" -}}
+{{- $names := list "cloud-controller-manager" "cloud-controller-manager-cloud-node-controller" "cloud-controller-manager-cloud-node-lifecycle-controller" "cloud-controller-manager-node-route-controller" "cloud-controller-manager-service-lb-controller" "cloud-provider-extraction-migration" -}}
+{{- with .Values.leaderMigration.config -}}
+{{- $config := . | fromYaml -}}
+{{- if and $config.leaderName (not (has $config.leaderName $names)) -}}
+{{- $names = append $names $config.leaderName -}}
+{{- end -}}
+{{- end -}}
+{{- join ", " $names -}}
+{{- end -}}
