@@ -114,8 +114,19 @@ pub fn bind_unix(path: &Path, mode: u32) -> std::result::Result<tokio::net::Unix
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
         Err(e) => return Err(err(e)),
     }
-    let listener = tokio::net::UnixListener::bind(path).map_err(err)?;
-    std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode)).map_err(err)?;
+    // Bound in a private directory (mode 0700) beside it, given its mode there and renamed into
+    // place: the socket is never reachable at `path` with a wider mode than asked. (A path so
+    // long that the staging one would pass the 107 bytes a socket address holds is bound in
+    // place.)
+    let parent = path.parent().filter(|p| !p.as_os_str().is_empty()).unwrap_or(Path::new("."));
+    let staging = tempfile::Builder::new().prefix(".bind-").tempdir_in(parent).map_err(err)?;
+    let staged = staging.path().join("s");
+    let target = if staged.as_os_str().len() <= 107 { staged.as_path() } else { path };
+    let listener = tokio::net::UnixListener::bind(target).map_err(err)?;
+    std::fs::set_permissions(target, std::fs::Permissions::from_mode(mode)).map_err(err)?;
+    if target != path {
+        std::fs::rename(target, path).map_err(err)?;
+    }
     Ok(listener)
 }
 
@@ -867,6 +878,14 @@ mod tests {
             let second = bind_unix(&path, 0o600).expect("rebind over stale socket");
             let mode = std::fs::metadata(&path).expect("meta").permissions().mode() & 0o777;
             assert_eq!(mode, 0o600);
+            // It answers at its path, and nothing of the staging is left beside it.
+            assert!(tokio::net::UnixStream::connect(&path).await.is_ok(), "the renamed socket accepts");
+            let mut left: Vec<String> = std::fs::read_dir(dir.path())
+                .expect("dir")
+                .map(|e| e.expect("entry").file_name().to_string_lossy().into())
+                .collect();
+            left.sort();
+            assert_eq!(left, vec!["p.sock".to_string()]);
             drop(second);
         });
         let file = dir.path().join("f.sock");

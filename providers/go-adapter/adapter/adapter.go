@@ -10,6 +10,7 @@ import (
 	"fmt"
 	"net"
 	"os"
+	"path/filepath"
 	"strings"
 
 	pb "github.com/ccm-rs/go-adapter/gen/cloudprovider/v1"
@@ -107,15 +108,7 @@ func Listen(endpoint string) (net.Listener, error) {
 				return nil, fmt.Errorf("removing the stale socket %s: %w", path, err)
 			}
 		}
-		l, err := net.Listen("unix", path)
-		if err != nil {
-			return nil, fmt.Errorf("listening on %s: %w", path, err)
-		}
-		if err := os.Chmod(path, 0o600); err != nil {
-			_ = l.Close()
-			return nil, fmt.Errorf("restricting %s to its owner: %w", path, err)
-		}
-		return l, nil
+		return listenPrivately(path)
 	case strings.HasPrefix(endpoint, "tcp://"):
 		l, err := net.Listen("tcp", strings.TrimPrefix(endpoint, "tcp://"))
 		if err != nil {
@@ -125,6 +118,51 @@ func Listen(endpoint string) (net.Listener, error) {
 	default:
 		return nil, fmt.Errorf("--listen %q: use unix:///path/provider.sock or tcp://host:port", endpoint)
 	}
+}
+
+// listenPrivately listens on a unix socket at path that is never reachable there with a
+// wider mode than 0600: it is bound in a private directory (0700) beside path, restricted,
+// then renamed into place. Closing the listener removes the socket.
+func listenPrivately(path string) (net.Listener, error) {
+	staging, err := os.MkdirTemp(filepath.Dir(path), ".bind-")
+	if err != nil {
+		return nil, fmt.Errorf("a private directory beside %s: %w", path, err)
+	}
+	defer func() { _ = os.RemoveAll(staging) }()
+	staged := filepath.Join(staging, "s")
+	l, err := net.Listen("unix", staged)
+	if err != nil {
+		return nil, fmt.Errorf("listening on %s: %w", path, err)
+	}
+	ul, ok := l.(*net.UnixListener)
+	if !ok {
+		_ = l.Close()
+		return nil, fmt.Errorf("listening on %s: not a unix listener", path)
+	}
+	ul.SetUnlinkOnClose(false)
+	if err := os.Chmod(staged, 0o600); err != nil {
+		_ = l.Close()
+		return nil, fmt.Errorf("restricting %s to its owner: %w", path, err)
+	}
+	if err := os.Rename(staged, path); err != nil {
+		_ = l.Close()
+		return nil, fmt.Errorf("moving the socket to %s: %w", path, err)
+	}
+	return unlinking{Listener: l, path: path}, nil
+}
+
+// unlinking removes its socket file when closed.
+type unlinking struct {
+	net.Listener
+	path string
+}
+
+func (u unlinking) Close() error {
+	err := u.Listener.Close()
+	if rmErr := os.Remove(u.path); rmErr != nil && !errors.Is(rmErr, os.ErrNotExist) && err == nil {
+		err = rmErr
+	}
+	return err
 }
 
 // Serve serves the cloud on opts.Listen until ctx ends, then stops gracefully and removes

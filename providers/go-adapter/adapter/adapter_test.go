@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"net"
+	"os"
 	"path/filepath"
 	"testing"
 	"time"
@@ -357,5 +358,36 @@ func TestInstancesAndZonesServeProvidersWithoutInstancesV2(t *testing.T) {
 	}
 	if _, err := instances.InstanceMetadata(ctx(t), &pb.InstanceMetadataRequest{Instance: &pb.InstanceLookup{}}); status.Code(err) != codes.InvalidArgument {
 		t.Errorf("a lookup naming no instance: %v", err)
+	}
+}
+
+func TestUnixSocketsAreOwnerOnlyFromTheStart(t *testing.T) {
+	dir := t.TempDir()
+	path := filepath.Join(dir, "provider.sock")
+	l, err := Listen("unix://" + path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	info, err := os.Stat(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if info.Mode()&os.ModeSocket == 0 || info.Mode().Perm() != 0o600 {
+		t.Errorf("socket mode %v, want a socket with 0600", info.Mode())
+	}
+	entries, err := os.ReadDir(dir)
+	if err != nil || len(entries) != 1 {
+		t.Errorf("nothing beside the socket: %v %v", entries, err)
+	}
+	conn, err := net.Dial("unix", path)
+	if err != nil {
+		t.Fatalf("the renamed socket accepts: %v", err)
+	}
+	_ = conn.Close()
+	if err := l.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := os.Stat(path); !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("closing removes the socket: %v", err)
 	}
 }
