@@ -119,7 +119,7 @@ impl Context {
         let event = Event {
             type_: if warning { EventType::Warning } else { EventType::Normal },
             reason: reason.into(),
-            note: Some(note),
+            note: Some(bounded_note(note)),
             action: reason.into(),
             secondary: None,
         };
@@ -139,10 +139,43 @@ impl Context {
     }
 }
 
+/// The longest Event note the API server accepts (events.k8s.io/v1: 1 kB); a provider's error
+/// text can be longer.
+const MAX_NOTE: usize = 1024;
+
+/// `note` cut to [`MAX_NOTE`] bytes at a character boundary, marked with "…" when cut, so that
+/// a long provider message never costs the Event.
+fn bounded_note(note: String) -> String {
+    if note.len() <= MAX_NOTE {
+        return note;
+    }
+    let mut end = MAX_NOTE - '…'.len_utf8();
+    while !note.is_char_boundary(end) {
+        end -= 1;
+    }
+    format!("{}…", &note[..end])
+}
+
 /// Sleeps `period`, or returns false when `stop` fires first.
 pub async fn sleep_or_stop(period: Duration, stop: &mut tokio::sync::watch::Receiver<bool>) -> bool {
     tokio::select! {
         _ = tokio::time::sleep(period) => true,
         _ = stop.wait_for(|s| *s) => false,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn event_notes_fit_the_api_servers_limit() {
+        assert_eq!(bounded_note("short".into()), "short");
+        let long = "é".repeat(2000);
+        let cut = bounded_note(long.clone());
+        assert!(cut.len() <= MAX_NOTE && cut.ends_with('…'), "{}", cut.len());
+        assert!(long.starts_with(cut.trim_end_matches('…')));
+        let exact = "a".repeat(MAX_NOTE);
+        assert_eq!(bounded_note(exact.clone()), exact);
     }
 }
