@@ -65,6 +65,11 @@ pub struct Options {
     #[arg(long, value_name = "N", default_value_t = 16)]
     pub provider_max_concurrency: usize,
 
+    /// The longest RetryInfo delay a provider's answer may impose; longer ones are cut to it
+    /// (a delay of hours, by a bug or a hostile answer, would otherwise park every reconcile).
+    #[arg(long, value_name = "DURATION", default_value = "5m", value_parser = parse_duration)]
+    pub provider_max_retry_after: Duration,
+
     /// The cluster's name, passed to the provider to tag what it creates.
     #[arg(long, default_value = "kubernetes")]
     pub cluster_name: String,

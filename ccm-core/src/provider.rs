@@ -21,6 +21,8 @@ const ATTEMPTS: u32 = 3;
 /// A RetryInfo delay longer than this is not waited out inside a call: the caller's queue
 /// backs off instead, so a worker is not held.
 const MAX_INLINE_WAIT: Duration = Duration::from_secs(2);
+/// The longest RetryInfo delay honoured unless `--provider-max-retry-after` says otherwise.
+const DEFAULT_MAX_RETRY_AFTER: Duration = Duration::from_secs(300);
 
 /// What the plugin said about itself.
 #[derive(Debug, Clone, PartialEq)]
@@ -63,6 +65,8 @@ pub struct Provider {
     /// Until when the provider asked every caller to hold back (its last RetryInfo): calls
     /// wait for it before they start, instead of each finding out by being refused.
     throttled_until: Arc<std::sync::Mutex<Option<Instant>>>,
+    /// The longest RetryInfo delay honoured.
+    max_retry_after: Duration,
     metrics: Metrics,
     state: Arc<RwLock<State>>,
 }
@@ -84,9 +88,16 @@ impl Provider {
             timeout,
             limit: Arc::new(Semaphore::new(concurrency.max(1))),
             throttled_until: Default::default(),
+            max_retry_after: DEFAULT_MAX_RETRY_AFTER,
             metrics,
             state: Arc::new(RwLock::new(State { reason: "provider not contacted yet".into(), ..Default::default() })),
         })
+    }
+
+    /// The same client honouring RetryInfo delays of at most `max` (default 5 minutes).
+    pub fn with_max_retry_after(mut self, max: Duration) -> Self {
+        self.max_retry_after = max;
+        self
     }
 
     /// The endpoint.
@@ -128,8 +139,9 @@ impl Provider {
     /// Calls the provider: a deadline on every attempt, up to three attempts for transient
     /// codes, waiting out RetryInfo delays
     /// up to 2 s (longer ones are returned, for the caller's queue to back off), never
-    /// retrying UNIMPLEMENTED or other final codes. A RetryInfo delay holds back every call of
-    /// this process, not only the refused one.
+    /// retrying UNIMPLEMENTED or other final codes. A RetryInfo delay, at most
+    /// `--provider-max-retry-after`, holds back every call of this process but identity calls,
+    /// not only the refused one.
     pub async fn call<M: Clone, T>(
         &self,
         method: &'static str,
@@ -142,7 +154,11 @@ impl Provider {
             let mut request = Request::new(message.clone());
             request.set_timeout(self.timeout);
             let started = Instant::now();
-            self.wait_out_throttle().await;
+            // Identity calls (Probe above all) are not held back: readiness must not wait for
+            // the end of a RetryInfo.
+            if !method.starts_with("IdentityService/") {
+                self.wait_out_throttle().await;
+            }
             let result = {
                 let _permit = self.limit.acquire().await.map_err(|_| Error::unavailable("provider client closed"))?;
                 tokio::time::timeout(self.timeout + Duration::from_secs(1), rpc(self.channel.clone(), request)).await
@@ -155,7 +171,7 @@ impl Provider {
                 Ok(response) => return Ok(response.into_inner()),
                 Err(status) => status,
             };
-            let error = Error::from_status(&status);
+            let error = Error::from_status(&status).with_retry_after_at_most(self.max_retry_after);
             if status.code() == tonic::Code::Unavailable && status.message().contains("transport") {
                 // The connection broke: the identity is re-read when it comes back.
                 self.set_state(false, format!("provider unreachable: {}", status.message()), None);

@@ -183,7 +183,8 @@ pub async fn run_until(options: Options, shutdown: impl Future<Output = ()> + Se
         options.provider_max_concurrency,
         metrics.clone(),
     )
-    .with_context(|| format!("--provider-endpoint {}", options.provider_endpoint))?;
+    .with_context(|| format!("--provider-endpoint {}", options.provider_endpoint))?
+    .with_max_retry_after(options.provider_max_retry_after);
 
     let (stop_tx, stop) = watch::channel(false);
     let (shutdown_tx, shutdown_rx) = watch::channel(false);

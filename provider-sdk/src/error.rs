@@ -187,6 +187,18 @@ impl Error {
         }
     }
 
+    /// The same error with its retry delay, if any, at most `max`: a caller's defence against
+    /// a RetryInfo of hours (a provider bug or a hostile answer) parking its work that long.
+    pub fn with_retry_after_at_most(self, max: Duration) -> Self {
+        match self {
+            Self::RateLimited { retry_after } => Self::RateLimited { retry_after: retry_after.min(max) },
+            Self::Unavailable { message, retry_after } => {
+                Self::Unavailable { message, retry_after: retry_after.map(|d| d.min(max)) }
+            }
+            other => other,
+        }
+    }
+
     /// Whether a caller may retry the same request (after [`Error::retry_after`], if any).
     pub fn is_transient(&self) -> bool {
         matches!(self, Self::RateLimited { .. } | Self::Unavailable { .. } | Self::DeadlineExceeded { .. })
@@ -275,6 +287,18 @@ impl From<Error> for tonic::Status {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn retry_delays_can_be_capped() {
+        let max = Duration::from_secs(300);
+        let hours = Error::RateLimited { retry_after: Duration::from_secs(7200) }.with_retry_after_at_most(max);
+        assert_eq!(hours.retry_after(), Some(max));
+        let short = Error::RateLimited { retry_after: Duration::from_secs(2) }.with_retry_after_at_most(max);
+        assert_eq!(short.retry_after(), Some(Duration::from_secs(2)));
+        let unavailable = Error::Unavailable { message: "x".into(), retry_after: Some(Duration::from_secs(3600)) };
+        assert_eq!(unavailable.with_retry_after_at_most(max).retry_after(), Some(max));
+        assert_eq!(Error::not_found("x").with_retry_after_at_most(max).retry_after(), None);
+    }
 
     #[test]
     fn rate_limited_round_trips_with_retry_info() {

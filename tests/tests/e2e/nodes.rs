@@ -667,3 +667,73 @@ async fn more_gone_instances_than_a_pass_may_delete_or_an_outage_delete_no_node(
     core.stop().await.expect("stop");
     env.cleanup().await.expect("cleanup");
 }
+
+/// Every lookup throttled with a RetryInfo of an hour.
+fn an_hour_of_throttling() -> Fault {
+    Fault {
+        method: "BatchInstanceMetadata".into(),
+        error_rate: 1.0,
+        down: false,
+        code: FaultCode::RateLimited,
+        subject: None,
+        retry_after_ms: Some(3_600_000),
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_retry_info_of_hours_is_cut_to_the_maximum() {
+    let cp = ccm_e2e::shared().expect("control plane");
+    let env = TestEnv::new(cp.client().await.expect("client"), "hours").await.expect("env");
+    let name = env.node_name("a");
+    let mut config = Config::default();
+    config.instances.push(instance("i-a", &name, "sim-region-1a"));
+    config.faults.push(an_hour_of_throttling());
+    let sim = Sim::start(config).await;
+    NodeBuilder::new(&name).uninitialized().label(TEST_LABEL, &env.prefix).create(&env.client).await.expect("node");
+    let flags =
+        ["--leader-elect=false", "--controllers=cloud-node", "--provider-max-retry-after=2s", "--reconcile-backoff-max=2s"];
+    let core = Core::start(cp, &env, &sim, &flags);
+    eventually("a throttled lookup", Duration::from_secs(20), async || (calls(&sim, METADATA_CALLS).await > 0).then_some(()))
+        .await;
+    sim.admin.set_faults(&[]).await.expect("clear");
+    // An hour's delay, honoured, would leave the Node uninitialised for an hour.
+    eventually("initialised within the cut delay", Duration::from_secs(15), async || initialised(&env, &name).await).await;
+    core.stop().await.expect("stop");
+    env.cleanup().await.expect("cleanup");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn readiness_follows_the_provider_while_it_throttles() {
+    let cp = ccm_e2e::shared().expect("control plane");
+    let env = TestEnv::new(cp.client().await.expect("client"), "probe").await.expect("env");
+    let name = env.node_name("a");
+    let mut config = Config::default();
+    config.instances.push(instance("i-a", &name, "sim-region-1a"));
+    config.faults.push(an_hour_of_throttling());
+    let sim = Sim::start(config).await;
+    NodeBuilder::new(&name).uninitialized().label(TEST_LABEL, &env.prefix).create(&env.client).await.expect("node");
+    let port = free_port();
+    let port_flag = format!("--secure-port={port}");
+    let core = Core::start(
+        cp,
+        &env,
+        &sim,
+        &["--leader-elect=false", "--controllers=cloud-node", &port_flag, "--insecure-serving", "--bind-address=127.0.0.1"],
+    );
+    let base = core.health.clone().expect("health address");
+    eventually("ready and throttled", Duration::from_secs(20), async || {
+        let ready = http_get(&base, "/readyz").await?.0 == 200;
+        (ready && calls(&sim, METADATA_CALLS).await > 0).then_some(())
+    })
+    .await;
+    // The cloud goes down and Probe says so: readiness follows at the next probe, although
+    // every other call waits out the throttling (5 minutes at most by default).
+    let down = Fault { method: "*".into(), down: true, ..Default::default() };
+    sim.admin.set_faults(&[an_hour_of_throttling(), down]).await.expect("faults");
+    eventually("not ready once Probe fails", Duration::from_secs(25), async || {
+        (http_get(&base, "/readyz").await?.0 == 503).then_some(())
+    })
+    .await;
+    core.stop().await.expect("stop");
+    env.cleanup().await.expect("cleanup");
+}
