@@ -9,6 +9,7 @@ pub mod delegation;
 pub mod http;
 pub mod informer;
 pub mod leader;
+pub mod lease;
 pub mod metrics;
 pub mod node_util;
 pub mod options;

@@ -175,7 +175,8 @@ pub async fn run_until(options: Options, shutdown: impl Future<Output = ()> + Se
     }
     let config = kube_config(&options).await?;
     let client = kube::Client::try_from(config.clone()).context("building the Kubernetes client")?;
-    let credentials = if options.use_service_account_credentials { Some(Arc::new(Credentials::new(config)?)) } else { None };
+    let credentials =
+        if options.use_service_account_credentials { Some(Arc::new(Credentials::new(config.clone())?)) } else { None };
     let metrics = Metrics::new();
     let provider = Provider::new(
         &options.provider_endpoint,
@@ -221,7 +222,8 @@ pub async fn run_until(options: Options, shutdown: impl Future<Output = ()> + Se
     let result = if groups.is_empty() {
         run_controllers(ctx, credentials, &enabled, shutdown_rx, None).await
     } else {
-        lead_then_run(&options, client, ctx, credentials, groups, shutdown_rx).await
+        let lease_client = crate::lease::client(&config, options.leader_elect_renew_deadline)?;
+        lead_then_run(&options, lease_client, ctx, credentials, groups, shutdown_rx).await
     };
     let _ = stop_tx.send(true);
     // Give tasks a moment to finish their writes.
@@ -280,77 +282,6 @@ async fn lead_then_run(
     result
 }
 
-/// Whether the Lease is free to take: absent, released (no holder) or expired.
-async fn lease_free(api: &Api<k8s_openapi::api::coordination::v1::Lease>, name: &str) -> anyhow::Result<bool> {
-    let Some(lease) = api.get_opt(name).await.with_context(|| format!("reading the Lease {name}"))? else { return Ok(true) };
-    let spec = lease.spec.unwrap_or_default();
-    if spec.holder_identity.as_deref().is_none_or(str::is_empty) {
-        return Ok(true);
-    }
-    let (Some(renewed), Some(seconds)) = (spec.renew_time, spec.lease_duration_seconds) else { return Ok(true) };
-    let expires = renewed.0.as_millisecond() + i64::from(seconds) * 1000;
-    Ok(expires < k8s_openapi::jiff::Timestamp::now().as_millisecond())
-}
-
-/// Acquires the Lease: polls it every `--leader-elect-retry-period` while another replica
-/// holds it (so a released Lease is taken within one period, an expired one within the lease
-/// duration plus one period), then takes it with the lease manager, which renews it from then
-/// on. `None` when stopped first.
-async fn acquire(
-    options: &Options,
-    client: &kube::Client,
-    lease: &str,
-    identity: &str,
-    stop: &mut watch::Receiver<bool>,
-) -> anyhow::Result<
-    Option<(watch::Receiver<bool>, tokio::task::JoinHandle<kube_lease_manager::Result<kube_lease_manager::LeaseManager>>)>,
-> {
-    let api = Api::namespaced(client.clone(), &options.leader_elect_resource_namespace);
-    let retry = options.leader_elect_retry_period.max(Duration::from_millis(200));
-    let duration = options.leader_elect_lease_duration.as_secs().max(2);
-    let grace = duration.saturating_sub(options.leader_elect_renew_deadline.as_secs()).clamp(1, duration - 1);
-    loop {
-        let free = match lease_free(&api, lease).await {
-            Ok(free) => free,
-            Err(error) => {
-                tracing::warn!(error = %format!("{error:#}"), "leader election: reading the Lease failed; retrying");
-                false
-            }
-        };
-        if free {
-            let manager = kube_lease_manager::LeaseManagerBuilder::new(client.clone(), lease)
-                .with_namespace(&options.leader_elect_resource_namespace)
-                .with_identity(identity)
-                .with_duration(duration)
-                .with_grace(grace)
-                .build()
-                .await
-                .with_context(|| format!("setting up leader election on the Lease {lease}"))?;
-            let (mut leading, handle) = manager.watch().await;
-            let won = tokio::select! {
-                r = tokio::time::timeout(retry, leading.wait_for(|l| *l)) => match r {
-                    Ok(r) => { r.with_context(|| format!("leader election on {lease} stopped"))?; true }
-                    Err(_) => false,
-                },
-                _ = stop.wait_for(|s| *s) => false,
-            };
-            if won {
-                return Ok(Some((leading, handle)));
-            }
-            // Another replica was quicker: back to watching the Lease ourselves.
-            drop(leading);
-            let _ = handle.await;
-        }
-        tokio::select! {
-            _ = tokio::time::sleep(retry) => {}
-            _ = stop.wait_for(|s| *s) => return Ok(None),
-        }
-        if *stop.borrow() {
-            return Ok(None);
-        }
-    }
-}
-
 #[allow(clippy::too_many_arguments)]
 async fn lead_group(
     options: &Options,
@@ -371,7 +302,16 @@ async fn lead_group(
     }
     let controllers: Vec<&str> = group.controllers.iter().copied().collect();
     tracing::info!(%identity, lease = %group.lease, ?controllers, "waiting to acquire the lease");
-    let Some((leading, handle)) = acquire(options, &client, &group.lease, &identity, &mut stop).await? else {
+    let settings = crate::lease::Settings {
+        namespace: options.leader_elect_resource_namespace.clone(),
+        name: group.lease.clone(),
+        identity: identity.clone(),
+        lease_duration: options.leader_elect_lease_duration,
+        renew_deadline: options.leader_elect_renew_deadline,
+        retry_period: options.leader_elect_retry_period.max(Duration::from_millis(200)),
+    };
+    let Some(crate::lease::Leadership { leading, task: handle }) = crate::lease::acquire(&client, &settings, &mut stop).await
+    else {
         return Ok(());
     };
     tracing::info!(%identity, lease = %group.lease, ?controllers, "acquired the lease; starting its controllers");
@@ -439,7 +379,14 @@ async fn run_controllers(
     };
     let _ = ctl_stop_tx.send(true);
     for t in tasks {
-        let _ = tokio::time::timeout(Duration::from_secs(5), t).await;
+        if outcome.is_err() {
+            // The lead is lost: nothing more is written, not even an in-flight reconcile's
+            // next request (the renew deadline is shorter than the lease: another replica
+            // cannot have taken over yet).
+            t.abort();
+        } else {
+            let _ = tokio::time::timeout(Duration::from_secs(5), t).await;
+        }
     }
     match outcome {
         Ok(()) => {

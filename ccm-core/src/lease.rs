@@ -1,0 +1,209 @@
+//! Leader election on a `coordination.k8s.io` Lease, fenced.
+//!
+//! As client-go's leader election: the holder renews every `--leader-elect-retry-period`, and
+//! a holder whose last successful renewal is older than `--leader-elect-renew-deadline` has
+//! lost the lead, whatever the reason (the API server unreachable, a half-open connection,
+//! the Lease taken by another). The renew deadline is shorter than the lease duration, so the
+//! loss is known here before another replica may take the Lease: the caller stops acting at
+//! once, and nothing this process writes after that can overlap a new leader's writes.
+//!
+//! Every renewal attempt runs under the remaining deadline (`tokio::time::timeout_at`) on a
+//! client whose connect, read and write timeouts are the renew deadline: a request that hangs
+//! cannot keep the lead alive. Taking a Lease another holds requires it to be expired both by
+//! its `renewTime` on the wall clock and by what this process observed (its holder and
+//! `renewTime` unchanged for a whole lease duration), so a skewed clock cannot make two
+//! leaders. Writes are conditional on the `resourceVersion` read (a conflict is "not ours").
+
+use std::time::Duration;
+
+use anyhow::Context as _;
+use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{MicroTime, ObjectMeta};
+use kube::Api;
+use kube::api::PostParams;
+use tokio::sync::watch;
+use tokio::time::Instant;
+
+/// What to elect on.
+#[derive(Debug, Clone)]
+pub struct Settings {
+    /// The Lease's namespace and name.
+    pub namespace: String,
+    pub name: String,
+    /// This process's holder identity.
+    pub identity: String,
+    /// How long a Lease holds without renewal.
+    pub lease_duration: Duration,
+    /// How long the holder may go without a successful renewal before it stops acting.
+    pub renew_deadline: Duration,
+    /// How often to try (acquiring, and renewing).
+    pub retry_period: Duration,
+}
+
+/// The lead, held: `leading` turns false when it is lost (and the renewing task ends);
+/// dropping `leading` releases the Lease (the task clears its holder) and ends the task.
+pub struct Leadership {
+    pub leading: watch::Receiver<bool>,
+    pub task: tokio::task::JoinHandle<()>,
+}
+
+/// A client for the Lease only, from `config`: its connect, read and write timeouts are the
+/// renew deadline (the controllers' client keeps long reads for its watches).
+pub fn client(config: &kube::Config, renew_deadline: Duration) -> anyhow::Result<kube::Client> {
+    let mut config = config.clone();
+    config.connect_timeout = Some(renew_deadline);
+    config.read_timeout = Some(renew_deadline);
+    config.write_timeout = Some(renew_deadline);
+    kube::Client::try_from(config).context("building the leader election client")
+}
+
+/// The Lease as last read, and when this process saw its holder or renewal change.
+#[derive(Debug, Default)]
+struct Observed {
+    record: Option<(String, Option<MicroTime>)>,
+    at: Option<Instant>,
+}
+
+impl Observed {
+    /// Records what was read; true when it is unchanged for a whole `duration`.
+    fn stale(&mut self, holder: &str, renewed: &Option<MicroTime>, duration: Duration) -> bool {
+        let record = Some((holder.to_string(), renewed.clone()));
+        if self.record != record {
+            self.record = record;
+            self.at = Some(Instant::now());
+        }
+        self.at.is_some_and(|at| at.elapsed() > duration)
+    }
+}
+
+fn now() -> MicroTime {
+    MicroTime(k8s_openapi::jiff::Timestamp::now())
+}
+
+/// Takes or renews the Lease for `s.identity`: true when it is ours afterwards, false when
+/// another holds it (or won a race for it).
+async fn try_acquire_or_renew(api: &Api<Lease>, s: &Settings, observed: &mut Observed) -> Result<bool, kube::Error> {
+    let seconds = i32::try_from(s.lease_duration.as_secs().max(1)).unwrap_or(i32::MAX);
+    let Some(mut lease) = api.get_opt(&s.name).await? else {
+        let lease = Lease {
+            metadata: ObjectMeta { name: Some(s.name.clone()), namespace: Some(s.namespace.clone()), ..Default::default() },
+            spec: Some(LeaseSpec {
+                holder_identity: Some(s.identity.clone()),
+                lease_duration_seconds: Some(seconds),
+                acquire_time: Some(now()),
+                renew_time: Some(now()),
+                lease_transitions: Some(0),
+                ..Default::default()
+            }),
+        };
+        return match api.create(&PostParams::default(), &lease).await {
+            Ok(_) => Ok(true),
+            Err(kube::Error::Api(e)) if e.code == 409 => Ok(false),
+            Err(e) => Err(e),
+        };
+    };
+    let spec = lease.spec.clone().unwrap_or_default();
+    let holder = spec.holder_identity.clone().unwrap_or_default();
+    let ours = holder == s.identity;
+    if !ours && !holder.is_empty() {
+        let duration = Duration::from_secs(u64::try_from(spec.lease_duration_seconds.unwrap_or(seconds).max(1)).unwrap_or(1));
+        let wall_expired = spec.renew_time.as_ref().is_none_or(|t| {
+            let expires = t.0.as_millisecond() + i64::try_from(duration.as_millis()).unwrap_or(i64::MAX);
+            expires < k8s_openapi::jiff::Timestamp::now().as_millisecond()
+        });
+        let seen_expired = observed.stale(&holder, &spec.renew_time, duration);
+        if !(wall_expired && seen_expired) {
+            return Ok(false);
+        }
+        tracing::info!(lease = %s.name, previous = %holder, "leader election: the Lease expired; taking it");
+    }
+    lease.spec = Some(LeaseSpec {
+        holder_identity: Some(s.identity.clone()),
+        lease_duration_seconds: Some(seconds),
+        acquire_time: if ours { spec.acquire_time } else { Some(now()) },
+        renew_time: Some(now()),
+        lease_transitions: Some(spec.lease_transitions.unwrap_or(0) + i32::from(!ours)),
+        ..spec
+    });
+    // Conditional on the resourceVersion read: a concurrent writer makes this a conflict.
+    match api.replace(&s.name, &PostParams::default(), &lease).await {
+        Ok(_) => Ok(true),
+        Err(kube::Error::Api(e)) if e.code == 409 => Ok(false),
+        Err(e) => Err(e),
+    }
+}
+
+/// Clears the holder if it is still us, so that another replica takes over at once.
+async fn release(api: &Api<Lease>, s: &Settings) {
+    let result = async {
+        let Some(mut lease) = api.get_opt(&s.name).await? else { return Ok(()) };
+        let spec = lease.spec.clone().unwrap_or_default();
+        if spec.holder_identity.as_deref() != Some(s.identity.as_str()) {
+            return Ok(());
+        }
+        lease.spec = Some(LeaseSpec { holder_identity: None, renew_time: Some(now()), ..spec });
+        api.replace(&s.name, &PostParams::default(), &lease).await.map(|_| ())
+    };
+    match tokio::time::timeout(s.renew_deadline, result).await {
+        Ok(Ok(())) => tracing::info!(lease = %s.name, "leader election: released the Lease"),
+        Ok(Err(error)) => tracing::warn!(lease = %s.name, %error, "leader election: releasing the Lease failed"),
+        Err(_) => tracing::warn!(lease = %s.name, "leader election: releasing the Lease timed out"),
+    }
+}
+
+/// Waits until `s.identity` holds the Lease, trying every retry period; `None` when `stop`
+/// fires first. The returned lead is renewed in the background until lost or dropped.
+pub async fn acquire(client: &kube::Client, s: &Settings, stop: &mut watch::Receiver<bool>) -> Option<Leadership> {
+    let api: Api<Lease> = Api::namespaced(client.clone(), &s.namespace);
+    let mut observed = Observed::default();
+    loop {
+        let attempt = tokio::time::timeout(s.renew_deadline, try_acquire_or_renew(&api, s, &mut observed)).await;
+        match attempt {
+            Ok(Ok(true)) => break,
+            Ok(Ok(false)) => {}
+            Ok(Err(error)) => tracing::warn!(lease = %s.name, %error, "leader election: reading or taking the Lease failed"),
+            Err(_) => tracing::warn!(lease = %s.name, "leader election: no answer from the API server within the renew deadline"),
+        }
+        tokio::select! {
+            _ = tokio::time::sleep(s.retry_period) => {}
+            _ = stop.wait_for(|s| *s) => return None,
+        }
+        if *stop.borrow() {
+            return None;
+        }
+    }
+    let (tx, leading) = watch::channel(true);
+    let s = s.clone();
+    let task = tokio::spawn(async move {
+        let mut last = Instant::now();
+        loop {
+            tokio::select! {
+                _ = tokio::time::sleep(s.retry_period) => {}
+                _ = tx.closed() => {
+                    release(&api, &s).await;
+                    return;
+                }
+            }
+            let deadline = last + s.renew_deadline;
+            match tokio::time::timeout_at(deadline, try_acquire_or_renew(&api, &s, &mut observed)).await {
+                Ok(Ok(true)) => {
+                    last = Instant::now();
+                    continue;
+                }
+                Ok(Ok(false)) => tracing::error!(lease = %s.name, "leader election: another holder has the Lease"),
+                Ok(Err(error)) if Instant::now() < deadline => {
+                    tracing::warn!(lease = %s.name, %error, "leader election: renewing the Lease failed; retrying");
+                    continue;
+                }
+                Ok(Err(error)) => {
+                    tracing::error!(lease = %s.name, %error, "leader election: not renewed within the renew deadline")
+                }
+                Err(_) => tracing::error!(lease = %s.name, "leader election: not renewed within the renew deadline"),
+            }
+            // Lost: say so, and never write the Lease again (another may hold it).
+            let _ = tx.send(false);
+            return;
+        }
+    });
+    Some(Leadership { leading, task })
+}
