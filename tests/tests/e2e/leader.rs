@@ -186,3 +186,44 @@ async fn migrated_controllers_wait_for_the_migration_lease() {
     core.stop().await.expect("stop");
     env.cleanup().await.expect("cleanup");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_leader_cut_off_from_the_api_server_stops_before_its_lease_can_expire() {
+    let cp = ccm_e2e::shared().expect("control plane");
+    let env = TestEnv::new(cp.client().await.expect("client"), "fence").await.expect("env");
+    let sim = Sim::start(Config::default()).await;
+    // The leader reaches the API server through a proxy that can go silent (a partition, or
+    // a half-open connection: nothing is closed, nothing answers).
+    let target = cp.server().trim_start_matches("https://").parse().expect("the API server's address");
+    let proxy = crate::support::Blackhole::start(target).await;
+    let kubeconfig = crate::support::kubeconfig_via(cp.kubeconfig_path(), cp.server(), proxy.addr);
+    let flags = [
+        "--leader-elect=true",
+        "--leader-elect-lease-duration=8s",
+        "--leader-elect-renew-deadline=4s",
+        "--leader-elect-retry-period=1s",
+    ];
+    let core = Core::start_on(&kubeconfig, &env, &sim.endpoint, &flags);
+    eventually("the lead", Duration::from_secs(30), async || holders(&env, std::slice::from_ref(&env.prefix)).await).await;
+    let leases: Api<Lease> = Api::namespaced(env.client.clone(), &env.namespace);
+    let renewed = || async { leases.get(&env.prefix).await.ok()?.spec?.renew_time.map(|t| t.0.as_millisecond()) };
+    let before = renewed().await.expect("a renewal");
+
+    proxy.pause();
+    let cut = tokio::time::Instant::now();
+    // It gives up the lead at its renew deadline (4 s after its last renewal), before the
+    // Lease may expire (8 s) and another replica take over; it does not hang on its requests.
+    let result = tokio::time::timeout(Duration::from_secs(8), core.task).await.expect("stops before the lease can expire");
+    let stopped = cut.elapsed();
+    let error = result.expect("join").expect_err("losing the lead is an error exit");
+    assert!(format!("{error:#}").contains("lost the leader lease"), "{error:#}");
+    let last = renewed().await.expect("the Lease");
+    let expires_in =
+        Duration::from_millis(u64::try_from(last + 8000 - k8s_openapi::jiff::Timestamp::now().as_millisecond()).unwrap_or(0));
+    eprintln!(
+        "cut off: stopped after {stopped:?}; the Lease (renewed {} ms after the first look) expires in {expires_in:?}",
+        last - before
+    );
+    assert!(expires_in > Duration::ZERO, "stopped before its Lease expired on the server");
+    env.cleanup().await.expect("cleanup");
+}

@@ -194,3 +194,64 @@ pub async fn http_get(base: &str, path: &str) -> Option<(u16, String)> {
     let body = text.split_once("\r\n\r\n").map(|(_, b)| b.to_string()).unwrap_or_default();
     Some((status, body))
 }
+
+/// A TCP proxy on loopback that can stop forwarding without closing anything: connections it
+/// holds go silent, as over a partition or a half-open connection.
+pub struct Blackhole {
+    pub addr: std::net::SocketAddr,
+    paused: tokio::sync::watch::Sender<bool>,
+}
+
+impl Blackhole {
+    /// Forwards to `target` until paused.
+    pub async fn start(target: std::net::SocketAddr) -> Self {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
+        let addr = listener.local_addr().expect("addr");
+        let (paused, _) = tokio::sync::watch::channel(false);
+        let gate = paused.clone();
+        tokio::spawn(async move {
+            while let Ok((inbound, _)) = listener.accept().await {
+                let gate = gate.subscribe();
+                tokio::spawn(async move {
+                    let Ok(outbound) = tokio::net::TcpStream::connect(target).await else { return };
+                    let (ri, wi) = inbound.into_split();
+                    let (ro, wo) = outbound.into_split();
+                    tokio::join!(Self::pipe(ri, wo, gate.clone()), Self::pipe(ro, wi, gate));
+                });
+            }
+        });
+        Self { addr, paused }
+    }
+
+    async fn pipe(
+        mut from: tokio::net::tcp::OwnedReadHalf,
+        mut to: tokio::net::tcp::OwnedWriteHalf,
+        mut gate: tokio::sync::watch::Receiver<bool>,
+    ) {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let mut buf = vec![0u8; 16 * 1024];
+        loop {
+            let Ok(n) = from.read(&mut buf).await else { return };
+            if n == 0 || gate.wait_for(|p| !*p).await.is_err() {
+                return;
+            }
+            if to.write_all(&buf[..n]).await.is_err() {
+                return;
+            }
+        }
+    }
+
+    /// Stops forwarding: every byte in either direction is held from now on.
+    pub fn pause(&self) {
+        let _ = self.paused.send(true);
+    }
+}
+
+/// `kubeconfig` with its server replaced by `https://<addr>` (written beside it).
+pub fn kubeconfig_via(kubeconfig: &std::path::Path, server: &str, addr: std::net::SocketAddr) -> std::path::PathBuf {
+    let text = std::fs::read_to_string(kubeconfig).expect("kubeconfig");
+    assert!(text.contains(server), "the kubeconfig names {server}");
+    let path = kubeconfig.with_file_name(format!("via-{}.kubeconfig", addr.port()));
+    std::fs::write(&path, text.replace(server, &format!("https://{addr}"))).expect("write kubeconfig");
+    path
+}
