@@ -42,9 +42,40 @@ pub struct Settings {
 
 /// The lead, held: `leading` turns false when it is lost (and the renewing task ends);
 /// dropping `leading` releases the Lease (the task clears its holder) and ends the task.
+/// `fence` says, at any instant, whether the lead is still certain.
 pub struct Leadership {
     pub leading: watch::Receiver<bool>,
     pub task: tokio::task::JoinHandle<()>,
+    pub fence: Fence,
+}
+
+/// Whether this process may still write as the leader: until its last successful renewal
+/// plus the renew deadline, on the monotonic clock. Checked before every write, it closes the
+/// gap a stopped process (SIGSTOP, a frozen VM) would otherwise have: resumed past its lease,
+/// a controller may run before the renewing task notices the loss.
+#[derive(Debug, Clone, Default)]
+pub struct Fence {
+    until: std::sync::Arc<std::sync::Mutex<Option<Instant>>>,
+}
+
+impl Fence {
+    fn set(&self, until: Option<Instant>) {
+        *self.until.lock().unwrap_or_else(|p| p.into_inner()) = until;
+    }
+
+    /// True while the lead is certain.
+    pub fn holds(&self) -> bool {
+        self.until.lock().unwrap_or_else(|p| p.into_inner()).is_some_and(|t| Instant::now() < t)
+    }
+
+    /// Returns while the lead is certain; never, once it is not (the caller's task is about
+    /// to be aborted: the write it was about to make is not made).
+    pub async fn check(&self) {
+        if !self.holds() {
+            tracing::warn!("the lead is no longer certain: holding a write back for good");
+            std::future::pending::<()>().await;
+        }
+    }
 }
 
 /// A client for the Lease only, from `config`: its connect, read and write timeouts are the
@@ -173,13 +204,17 @@ pub async fn acquire(client: &kube::Client, s: &Settings, stop: &mut watch::Rece
         }
     }
     let (tx, leading) = watch::channel(true);
+    let fence = Fence::default();
+    let mut last = Instant::now();
+    fence.set(Some(last + s.renew_deadline));
     let s = s.clone();
+    let renewed = fence.clone();
     let task = tokio::spawn(async move {
-        let mut last = Instant::now();
         loop {
             tokio::select! {
                 _ = tokio::time::sleep(s.retry_period) => {}
                 _ = tx.closed() => {
+                    renewed.set(None);
                     release(&api, &s).await;
                     return;
                 }
@@ -188,6 +223,7 @@ pub async fn acquire(client: &kube::Client, s: &Settings, stop: &mut watch::Rece
             match tokio::time::timeout_at(deadline, try_acquire_or_renew(&api, &s, &mut observed)).await {
                 Ok(Ok(true)) => {
                     last = Instant::now();
+                    renewed.set(Some(last + s.renew_deadline));
                     continue;
                 }
                 Ok(Ok(false)) => tracing::error!(lease = %s.name, "leader election: another holder has the Lease"),
@@ -201,9 +237,10 @@ pub async fn acquire(client: &kube::Client, s: &Settings, stop: &mut watch::Rece
                 Err(_) => tracing::error!(lease = %s.name, "leader election: not renewed within the renew deadline"),
             }
             // Lost: say so, and never write the Lease again (another may hold it).
+            renewed.set(None);
             let _ = tx.send(false);
             return;
         }
     });
-    Some(Leadership { leading, task })
+    Some(Leadership { leading, task, fence })
 }

@@ -148,9 +148,24 @@ impl Provider {
         message: M,
         rpc: impl AsyncFn(Channel, Request<M>) -> Result<Response<T>, Status>,
     ) -> Result<T, Error> {
+        self.call_fenced(None, method, message, rpc).await
+    }
+
+    /// [`Provider::call`] for calls that change the cloud: every attempt, retries included,
+    /// waits for `fence` first, so that none is sent once the lead it is made under is lost.
+    pub async fn call_fenced<M: Clone, T>(
+        &self,
+        fence: Option<&crate::lease::Fence>,
+        method: &'static str,
+        message: M,
+        rpc: impl AsyncFn(Channel, Request<M>) -> Result<Response<T>, Status>,
+    ) -> Result<T, Error> {
         let mut attempt = 0;
         loop {
             attempt += 1;
+            if let Some(fence) = fence {
+                fence.check().await;
+            }
             let mut request = Request::new(message.clone());
             request.set_timeout(self.timeout);
             let started = Instant::now();

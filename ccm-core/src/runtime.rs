@@ -310,10 +310,12 @@ async fn lead_group(
         renew_deadline: options.leader_elect_renew_deadline,
         retry_period: options.leader_elect_retry_period.max(Duration::from_millis(200)),
     };
-    let Some(crate::lease::Leadership { leading, task: handle }) = crate::lease::acquire(&client, &settings, &mut stop).await
+    let Some(crate::lease::Leadership { leading, task: handle, fence }) =
+        crate::lease::acquire(&client, &settings, &mut stop).await
     else {
         return Ok(());
     };
+    let ctx = ctx.with_fence(Some(fence));
     tracing::info!(%identity, lease = %group.lease, ?controllers, "acquired the lease; starting its controllers");
     let _ = acquired.send(true);
     ctx.metrics.lease_held(&group.lease, true);

@@ -39,6 +39,8 @@ pub struct Context {
     kube_writes: Arc<TokenBucket>,
     /// Events have a budget of their own (upstream records them through a client of its own).
     event_writes: Arc<TokenBucket>,
+    /// The lead this context writes under, if any (none without leader election).
+    fence: Option<crate::lease::Fence>,
 }
 
 impl Context {
@@ -59,7 +61,7 @@ impl Context {
         let exclude = Arc::new(exclude);
         let kube_writes = Arc::new(TokenBucket::new(f64::from(options.kube_api_qps), options.kube_api_burst));
         let event_writes = Arc::new(TokenBucket::new(f64::from(options.kube_api_qps), options.kube_api_burst));
-        Ok(Self { client, provider, nodes, services, metrics, options, exclude, kube_writes, event_writes })
+        Ok(Self { client, provider, nodes, services, metrics, options, exclude, kube_writes, event_writes, fence: None })
     }
 
     /// The same context, writing through another client (a controller's own credentials).
@@ -79,11 +81,32 @@ impl Context {
         }
     }
 
-    /// Waits for a token of `--kube-api-qps`/`--kube-api-burst` before a write to the API.
+    /// The same context, writing only while `fence` holds.
+    pub fn with_fence(&self, fence: Option<crate::lease::Fence>) -> Self {
+        Self { fence, ..self.clone() }
+    }
+
+    /// Waits for a token of `--kube-api-qps`/`--kube-api-burst` before a write to the API;
+    /// never returns once the lead it writes under is lost.
     pub async fn kube_write_permit(&self) {
         while let Err(wait) = self.kube_writes.try_acquire() {
             tokio::time::sleep(wait).await;
         }
+        self.lead_permit().await;
+    }
+
+    /// Returns while this context may act as the leader (always without leader election);
+    /// never once the lead is lost.
+    pub async fn lead_permit(&self) {
+        if let Some(fence) = &self.fence {
+            fence.check().await;
+        }
+    }
+
+    /// The lead this context acts under, for provider calls that change the cloud
+    /// ([`crate::provider::Provider::call_fenced`]).
+    pub fn fence(&self) -> Option<&crate::lease::Fence> {
+        self.fence.as_ref()
     }
 
     /// Whether the node controllers leave this Node alone: excluded by the operator's selector,
@@ -116,6 +139,9 @@ impl Context {
         reason: &str,
         note: String,
     ) {
+        if self.fence.as_ref().is_some_and(|f| !f.holds()) {
+            return; // no writes once the lead is lost, Events included
+        }
         let event = Event {
             type_: if warning { EventType::Warning } else { EventType::Normal },
             reason: reason.into(),

@@ -511,13 +511,14 @@ impl RouteController {
         let concurrency = self.ctx.options.concurrent_route_syncs.max(1);
         let cluster = self.ctx.options.cluster_name.clone();
         let provider = self.ctx.provider.clone();
+        let ctx = &self.ctx;
         let deleted: Vec<((String, String), Result<(), Error>)> = futures::stream::iter(deletes)
             .map(|(table, name)| {
                 let (provider, cluster) = (provider.clone(), cluster.clone());
                 async move {
                     let request = pb::DeleteRouteRequest { cluster_name: cluster, table_id: table.clone(), name: name.clone() };
                     let r = provider
-                        .call("RoutesService/DeleteRoute", request, async |ch, r| {
+                        .call_fenced(ctx.fence(), "RoutesService/DeleteRoute", request, async |ch, r| {
                             RoutesServiceClient::new(ch).delete_route(r).await
                         })
                         .await;
@@ -545,7 +546,7 @@ impl RouteController {
                 async move {
                     let request = pb::CreateRouteRequest { cluster_name: cluster, route: Some(route.clone()) };
                     let r = provider
-                        .call("RoutesService/CreateRoute", request, async |ch, r| {
+                        .call_fenced(ctx.fence(), "RoutesService/CreateRoute", request, async |ch, r| {
                             RoutesServiceClient::new(ch).create_route(r).await
                         })
                         .await;

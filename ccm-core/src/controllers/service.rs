@@ -485,7 +485,7 @@ impl ServiceController {
         match self
             .ctx
             .provider
-            .call("LoadBalancersService/EnsureLoadBalancerDeleted", request, async |ch, r| {
+            .call_fenced(self.ctx.fence(), "LoadBalancersService/EnsureLoadBalancerDeleted", request, async |ch, r| {
                 LoadBalancersServiceClient::new(ch).ensure_load_balancer_deleted(r).await
             })
             .await
@@ -746,7 +746,7 @@ impl ServiceController {
                 let r = self
                     .ctx
                     .provider
-                    .call("LoadBalancersService/UpdateLoadBalancerHosts", request, async |ch, r| {
+                    .call_fenced(self.ctx.fence(), "LoadBalancersService/UpdateLoadBalancerHosts", request, async |ch, r| {
                         LoadBalancersServiceClient::new(ch).update_load_balancer_hosts(r).await
                     })
                     .await;
@@ -789,7 +789,7 @@ impl ServiceController {
         let status = match self
             .ctx
             .provider
-            .call("LoadBalancersService/EnsureLoadBalancer", request, async |ch, r| {
+            .call_fenced(self.ctx.fence(), "LoadBalancersService/EnsureLoadBalancer", request, async |ch, r| {
                 LoadBalancersServiceClient::new(ch).ensure_load_balancer(r).await
             })
             .await
@@ -868,7 +868,7 @@ impl ServiceController {
         if let Err(error) = self
             .ctx
             .provider
-            .call("LoadBalancersService/EnsureLoadBalancerDeleted", request, async |ch, r| {
+            .call_fenced(self.ctx.fence(), "LoadBalancersService/EnsureLoadBalancerDeleted", request, async |ch, r| {
                 LoadBalancersServiceClient::new(ch).ensure_load_balancer_deleted(r).await
             })
             .await

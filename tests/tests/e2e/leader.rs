@@ -227,3 +227,91 @@ async fn a_leader_cut_off_from_the_api_server_stops_before_its_lease_can_expire(
     assert!(expires_in > Duration::ZERO, "stopped before its Lease expired on the server");
     env.cleanup().await.expect("cleanup");
 }
+
+/// The workspace's `cloud-controller-manager` beside this test binary.
+fn core_binary() -> std::path::PathBuf {
+    let exe = std::env::current_exe().expect("test binary path");
+    let path = exe.parent().and_then(std::path::Path::parent).expect("target/<profile>").join("cloud-controller-manager");
+    assert!(path.is_file(), "{} is not built (cargo build --workspace --bins)", path.display());
+    path
+}
+
+fn now_ms() -> i64 {
+    k8s_openapi::jiff::Timestamp::now().as_millisecond()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_leader_stopped_past_its_lease_writes_nothing_when_it_resumes() {
+    use ccm_provider_sim::config::{Fault, FaultCode};
+    let cp = ccm_e2e::shared().expect("control plane");
+    let env = TestEnv::new(cp.client().await.expect("client"), "frozen").await.expect("env");
+    // Each process has a cloud of its own, so that the provider calls of the stopped one are
+    // told apart; the first one's refuses every EnsureLoadBalancer, so it retries all along.
+    let mut refusing = Config::default();
+    refusing.faults.push(Fault {
+        method: "EnsureLoadBalancer".into(),
+        error_rate: 1.0,
+        code: FaultCode::Unavailable,
+        ..Default::default()
+    });
+    let (sim_a, sim_b) = (Sim::start(refusing).await, Sim::start(Config::default()).await);
+    create_load_balancer_service(&env, "web", &[80]).await.expect("service");
+    let start = |user: &str, sim: &Sim| {
+        let kubeconfig = cp.kubeconfig_for(user, Some("system:masters")).expect("kubeconfig");
+        let log = std::fs::File::create(std::env::temp_dir().join(format!("{}-{user}.log", env.prefix))).expect("log");
+        tokio::process::Command::new(core_binary())
+            .arg(format!("--kubeconfig={}", kubeconfig.display()))
+            .arg(format!("--provider-endpoint={}", sim.endpoint))
+            .args(LEASE_FLAGS)
+            .arg(format!("--leader-elect-resource-name={}", env.prefix))
+            .arg(format!("--leader-elect-resource-namespace={}", env.namespace))
+            .arg(format!("--service-namespace={}", env.namespace))
+            .args(["--controllers=service", "--secure-port=0", "--reconcile-backoff-base=200ms", "--reconcile-backoff-max=500ms"])
+            .stdout(std::process::Stdio::null())
+            .stderr(log)
+            .kill_on_drop(true)
+            .spawn()
+            .expect("cloud-controller-manager starts")
+    };
+    let (user_a, user_b) = (format!("{}-a", env.prefix), format!("{}-b", env.prefix));
+    let mut a = start(&user_a, &sim_a);
+    let ensures = async |sim: &Sim, since: i64| {
+        let log = sim.admin.call_log().await.expect("call log");
+        log.iter().filter(|c| c.method.starts_with("LoadBalancersService/") && c.at_unix_ms as i64 >= since).count()
+    };
+    eventually("the first process leading and retrying", Duration::from_secs(30), async || {
+        (ensures(&sim_a, 0).await >= 2).then_some(())
+    })
+    .await;
+    let mut b = start(&user_b, &sim_b);
+
+    // Stopped (SIGSTOP, as a frozen VM or a paused container) past its lease: the second
+    // process takes over and ensures the load balancer.
+    let pid = a.id().expect("pid").to_string();
+    assert!(std::process::Command::new("kill").args(["-STOP", &pid]).status().expect("kill").success());
+    eventually("the second process's load balancer", Duration::from_secs(30), async || has_address(&env, "web").await).await;
+    tokio::time::sleep(Duration::from_secs(1)).await;
+
+    // Resumed: it finds its lead gone and exits, writing nothing to the API server or the cloud.
+    let resumed = now_ms();
+    assert!(std::process::Command::new("kill").args(["-CONT", &pid]).status().expect("kill").success());
+    let status = tokio::time::timeout(Duration::from_secs(10), a.wait()).await.expect("it exits").expect("wait");
+    assert!(!status.success(), "losing the lead is an error exit: {status}");
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert_eq!(ensures(&sim_a, resumed).await, 0, "no load balancer call by the resumed process");
+    let audit = std::fs::read_to_string(cp.audit_log()).expect("audit log");
+    let writes: Vec<String> = audit
+        .lines()
+        .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+        .filter(|e| e["user"]["username"] == user_a.as_str() && e["stage"] == "ResponseComplete")
+        .filter(|e| matches!(e["verb"].as_str(), Some("create" | "update" | "patch" | "delete")))
+        .filter(|e| {
+            let at = e["requestReceivedTimestamp"].as_str().and_then(|t| t.parse::<k8s_openapi::jiff::Timestamp>().ok());
+            at.is_some_and(|t| t.as_millisecond() >= resumed)
+        })
+        .map(|e| format!("{} {}", e["verb"], e["requestURI"]))
+        .collect();
+    assert!(writes.is_empty(), "writes by the resumed process: {writes:#?}");
+    let _ = b.kill().await;
+    env.cleanup().await.expect("cleanup");
+}
