@@ -63,6 +63,8 @@ pub struct Metrics {
     service_node_sync: Histogram,
     orphans: Family<OutcomeLabels, Counter>,
     node_deletions: Family<OutcomeLabels, Counter>,
+    /// Why the process is failing (a controller ended), for /readyz.
+    failure: Arc<std::sync::Mutex<Option<String>>>,
 }
 
 impl Default for Metrics {
@@ -149,7 +151,18 @@ impl Metrics {
             service_node_sync,
             orphans,
             node_deletions,
+            failure: Default::default(),
         }
+    }
+
+    /// Marks the process as failing (/readyz says why until it exits).
+    pub fn set_failed(&self, why: String) {
+        *self.failure.lock().unwrap_or_else(|p| p.into_inner()) = Some(why);
+    }
+
+    /// Why the process is failing, if it is.
+    pub fn failure(&self) -> Option<String> {
+        self.failure.lock().unwrap_or_else(|p| p.into_inner()).clone()
     }
 
     /// Nodes deleted by the lifecycle controller, or refused by its bounds.

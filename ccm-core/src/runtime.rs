@@ -29,11 +29,15 @@ struct Ready {
     provider: Provider,
     nodes: Informer<Node>,
     services: Informer<Service>,
+    metrics: Metrics,
 }
 
 impl Readiness for Ready {
     fn ready(&self) -> Result<(), Vec<String>> {
         let mut reasons = Vec::new();
+        if let Some(why) = self.metrics.failure() {
+            reasons.push(format!("failing: {why}"));
+        }
         let (ok, why) = self.provider.readiness();
         if !ok {
             reasons.push(format!("provider {}: {why}", self.provider.endpoint()));
@@ -203,7 +207,12 @@ pub async fn run_until(options: Options, shutdown: impl Future<Output = ()> + Se
     let services = Informer::start(service_api, watcher::Config::default().page_size(500), slim_service, stop.clone());
 
     if options.secure_port != 0 {
-        let ready = Arc::new(Ready { provider: provider.clone(), nodes: nodes.clone(), services: services.clone() });
+        let ready = Arc::new(Ready {
+            provider: provider.clone(),
+            nodes: nodes.clone(),
+            services: services.clone(),
+            metrics: metrics.clone(),
+        });
         let delegation = delegation(&options).await?;
         let checked = delegation.is_some();
         let app = http::router(metrics.clone(), ready, delegation);
@@ -348,22 +357,25 @@ async fn run_controllers(
             None => Ok(own),
         }
     };
-    let mut tasks = Vec::new();
+    let mut tasks: Vec<(&'static str, tokio::task::JoinHandle<()>)> = Vec::new();
     if enabled.contains(crate::controllers::node::NAME) {
         let ctx = ctx_for(crate::controllers::node::NAME).await?;
-        tasks.push(tokio::spawn(NodeController::new(ctx).run(ctl_stop.clone())));
+        tasks.push((crate::controllers::node::NAME, tokio::spawn(NodeController::new(ctx).run(ctl_stop.clone()))));
     }
     if enabled.contains(crate::controllers::node_lifecycle::NAME) {
         let ctx = ctx_for(crate::controllers::node_lifecycle::NAME).await?;
-        tasks.push(tokio::spawn(NodeLifecycleController::new(ctx).run(ctl_stop.clone())));
+        let task = tokio::spawn(NodeLifecycleController::new(ctx).run(ctl_stop.clone()));
+        tasks.push((crate::controllers::node_lifecycle::NAME, task));
     }
     if enabled.contains(crate::controllers::service::NAME) {
         let ctx = ctx_for(crate::controllers::service::NAME).await?;
-        tasks.push(tokio::spawn(crate::controllers::service::ServiceController::new(ctx).run(ctl_stop.clone())));
+        let task = tokio::spawn(crate::controllers::service::ServiceController::new(ctx).run(ctl_stop.clone()));
+        tasks.push((crate::controllers::service::NAME, task));
     }
     if enabled.contains(crate::controllers::route::NAME) {
         let ctx = ctx_for(crate::controllers::route::NAME).await?;
-        tasks.push(tokio::spawn(crate::controllers::route::RouteController::new(ctx)?.run(ctl_stop.clone())));
+        let task = tokio::spawn(crate::controllers::route::RouteController::new(ctx)?.run(ctl_stop.clone()));
+        tasks.push((crate::controllers::route::NAME, task));
     }
     let lost = async {
         match leading {
@@ -374,17 +386,27 @@ async fn run_controllers(
             None => std::future::pending::<()>().await,
         }
     };
+    // A controller runs until told to stop: one that ends first (a panic above all) is a
+    // failure of the process, not a silent loss of that controller.
+    let ended = async {
+        if tasks.is_empty() {
+            return std::future::pending().await;
+        }
+        let (result, i, _) = futures::future::select_all(tasks.iter_mut().map(|(_, t)| t)).await;
+        (i, result)
+    };
     let mut stop = stop;
     let outcome = tokio::select! {
         _ = stop.wait_for(|s| *s) => Ok(()),
-        _ = lost => Err(()),
+        _ = lost => Err(None),
+        (i, result) = ended => Err(Some((i, result))),
     };
     let _ = ctl_stop_tx.send(true);
-    for t in tasks {
+    for (_, t) in tasks.iter_mut() {
         if outcome.is_err() {
-            // The lead is lost: nothing more is written, not even an in-flight reconcile's
-            // next request (the renew deadline is shorter than the lease: another replica
-            // cannot have taken over yet).
+            // The lead is lost (or the process is failing): nothing more is written, not even
+            // an in-flight reconcile's next request (the renew deadline is shorter than the
+            // lease: another replica cannot have taken over yet).
             t.abort();
         } else {
             let _ = tokio::time::timeout(Duration::from_secs(5), t).await;
@@ -395,6 +417,14 @@ async fn run_controllers(
             tracing::info!("stopped");
             Ok(())
         }
-        Err(()) => bail!("lost the leader lease; exiting so that a restart rejoins the election"),
+        Err(None) => bail!("lost the leader lease; exiting so that a restart rejoins the election"),
+        Err(Some((i, result))) => {
+            let name = tasks.get(i).map_or("a controller", |(n, _)| *n);
+            ctx.metrics.set_failed(format!("{name} ended unexpectedly"));
+            match result {
+                Err(e) if e.is_panic() => bail!("{name} panicked; exiting so that the process is restarted"),
+                _ => bail!("{name} ended unexpectedly; exiting so that the process is restarted"),
+            }
+        }
     }
 }

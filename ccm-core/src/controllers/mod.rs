@@ -182,6 +182,28 @@ fn bounded_note(note: String) -> String {
     format!("{}…", &note[..end])
 }
 
+/// Waits for `stop` while `tasks` (a controller's feeds and workers) run. A task that ends
+/// first, a panic above all, is the controller's failure: the others are aborted and the
+/// panic goes on (or one is raised), so that the controller's own task ends with it and the
+/// process supervisor sees it, instead of the controller going on without its workers.
+pub async fn supervise(name: &str, tasks: &mut [tokio::task::JoinHandle<()>], stop: &mut tokio::sync::watch::Receiver<bool>) {
+    if tasks.is_empty() {
+        let _ = stop.wait_for(|s| *s).await;
+        return;
+    }
+    let ended = tokio::select! {
+        _ = stop.wait_for(|s| *s) => return,
+        (result, _, _) = futures::future::select_all(tasks.iter_mut()) => result,
+    };
+    for t in tasks.iter() {
+        t.abort();
+    }
+    match ended {
+        Err(e) if e.is_panic() => std::panic::resume_unwind(e.into_panic()),
+        _ => panic!("{name}: a task of the controller ended before it was told to stop"),
+    }
+}
+
 /// Sleeps `period`, or returns false when `stop` fires first.
 pub async fn sleep_or_stop(period: Duration, stop: &mut tokio::sync::watch::Receiver<bool>) -> bool {
     tokio::select! {

@@ -189,7 +189,7 @@ impl NodeController {
         }
         tasks.push(tokio::spawn(this.clone().refresh_loop(stop.clone())));
         let mut stop = stop;
-        let _ = stop.wait_for(|s| *s).await;
+        super::supervise(NAME, &mut tasks, &mut stop).await;
         this.queue.shutdown();
         for t in tasks {
             let _ = t.await;
@@ -252,6 +252,10 @@ impl NodeController {
 
     /// Initialises the Nodes named `keys`; one outcome per key.
     async fn initialise(&self, keys: &[String]) -> Vec<Outcome> {
+        // A fault hook for the supervision test only: a reconcile that panics.
+        if std::env::var_os("CCM_TEST_PANIC_IN_RECONCILE").is_some() {
+            panic!("CCM_TEST_PANIC_IN_RECONCILE is set: a reconcile panics");
+        }
         let mut outcomes = vec![Outcome::Success; keys.len()];
         // Read the newest Node from the cache, never a copy from before a failure.
         let mut todo: Vec<(usize, Arc<Node>)> = Vec::new();

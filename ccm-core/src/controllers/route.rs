@@ -242,16 +242,19 @@ impl RouteController {
 
     /// Runs until `stop`.
     pub async fn run(mut self, mut stop: tokio::sync::watch::Receiver<bool>) {
+        // Off, it still lives until stop: a controller task that ends is a failing process.
         if !self.ctx.options.configure_cloud_routes {
             tracing::info!("--configure-cloud-routes=false: the route controller is off");
+            let _ = stop.wait_for(|s| *s).await;
             return;
         }
         if self.cluster_cidrs.is_empty() {
             tracing::warn!("the route controller needs --cluster-cidr; it is off");
+            let _ = stop.wait_for(|s| *s).await;
             return;
         }
         let trigger = Arc::new(Notify::new());
-        let feed = tokio::spawn(feed(self.ctx.clone(), trigger.clone(), stop.clone()));
+        let mut feed = tokio::spawn(feed(self.ctx.clone(), trigger.clone(), stop.clone()));
         self.ctx.nodes.wait_synced().await;
         trigger.notify_one();
         let mut resync_at = Instant::now() + self.resync_delay();
@@ -264,6 +267,11 @@ impl RouteController {
                 _ = trigger.notified(), if retry_at.is_none() => false,
                 _ = tokio::time::sleep_until(wake) => Instant::now() >= resync_at,
                 _ = stop.wait_for(|s| *s) => break,
+                // The feed runs until stop: one that ends first is the controller's failure.
+                ended = &mut feed => match ended {
+                    Err(e) if e.is_panic() => std::panic::resume_unwind(e.into_panic()),
+                    _ => panic!("{NAME}: its feed ended before it was told to stop"),
+                },
             };
             if !resync && retry_at.is_none() {
                 // Let the rest of the burst arrive.

@@ -284,7 +284,7 @@ impl ServiceController {
             tasks.push(tokio::spawn(this.clone().worker()));
         }
         let mut stop = stop;
-        let _ = stop.wait_for(|s| *s).await;
+        super::supervise(NAME, &mut tasks, &mut stop).await;
         this.queue.shutdown();
         for t in tasks {
             t.abort();
@@ -370,6 +370,8 @@ impl ServiceController {
             }
             let period = self.ctx.options.load_balancer_resync_period;
             if period.is_zero() {
+                // At start only; the task lives on until stop (one that ends is a failure).
+                let _ = stop.wait_for(|s| *s).await;
                 return;
             }
             let wait = period + period.mul_f64(rand::random::<f64>());

@@ -315,3 +315,29 @@ async fn a_leader_stopped_past_its_lease_writes_nothing_when_it_resumes() {
     let _ = b.kill().await;
     env.cleanup().await.expect("cleanup");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_controller_that_panics_makes_the_process_exit_non_zero() {
+    let cp = ccm_e2e::shared().expect("control plane");
+    let env = TestEnv::new(cp.client().await.expect("client"), "panic").await.expect("env");
+    let sim = Sim::start(Config::default()).await;
+    let name = env.node_name("a");
+    NodeBuilder::new(&name).uninitialized().label(TEST_LABEL, &env.prefix).create(&env.client).await.expect("node");
+    let log = std::env::temp_dir().join(format!("{}-panic.log", env.prefix));
+    let mut core = tokio::process::Command::new(core_binary())
+        .arg(format!("--kubeconfig={}", cp.kubeconfig_path().display()))
+        .arg(format!("--provider-endpoint={}", sim.endpoint))
+        .arg(format!("--node-exclude-selector={TEST_LABEL}!={}", env.prefix))
+        .args(["--leader-elect=false", "--controllers=cloud-node", "--secure-port=0"])
+        .env("CCM_TEST_PANIC_IN_RECONCILE", "1")
+        .stdout(std::process::Stdio::null())
+        .stderr(std::fs::File::create(&log).expect("log"))
+        .kill_on_drop(true)
+        .spawn()
+        .expect("cloud-controller-manager starts");
+    let status = tokio::time::timeout(Duration::from_secs(30), core.wait()).await.expect("it exits").expect("wait");
+    assert!(!status.success(), "a panicking controller is a failing process: {status}");
+    let text = std::fs::read_to_string(&log).expect("log");
+    assert!(text.contains("cloud-node-controller panicked"), "{text}");
+    env.cleanup().await.expect("cleanup");
+}
