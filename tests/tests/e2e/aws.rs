@@ -231,7 +231,12 @@ async fn the_aws_provider_on_moto_initialises_nodes_routes_pods_and_balances_ser
     }
     assert_eq!(groups, groups_before, "security groups and rules as before the load balancers");
 
-    // A stopped instance's NotReady Node gets the shutdown taint; a terminated one's is deleted.
+    // A stopped instance's NotReady Node gets the shutdown taint; a terminated one's is deleted
+    // (the other two Nodes are Ready, as their kubelets would say: every Node NotReady at once
+    // would be an outage, when nothing is deleted).
+    for (_, dns, _) in [&instances[0], &late] {
+        set_ready(&env.client, dns, "True").await.expect("ready");
+    }
     let (stopped, gone) = (&instances[1], &instances[2]);
     for (_, dns, _) in [stopped, gone] {
         set_ready(&env.client, dns, "False").await.expect("not ready");
