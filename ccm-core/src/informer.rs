@@ -41,7 +41,19 @@ where
     store: Store<K>,
     changes: broadcast::Sender<Change<K>>,
     synced: watch::Receiver<bool>,
+    failures: Arc<std::sync::Mutex<Failures>>,
 }
+
+/// The watch's current run of failures: since when, the last one and when it came.
+#[derive(Debug, Default)]
+struct Failures {
+    since: Option<tokio::time::Instant>,
+    last: Option<(tokio::time::Instant, String)>,
+}
+
+/// A run of failures is over when no failure came for this long (the watcher retries with a
+/// backoff of at most 30 s; a recovered watch of a quiet kind sends nothing to say so).
+const FAILURE_RUN_GAP: std::time::Duration = std::time::Duration::from_secs(40);
 
 impl<K> Informer<K>
 where
@@ -53,6 +65,8 @@ where
         let (store, mut writer) = reflector::store::<K>();
         let (changes, _) = broadcast::channel(16_384);
         let (synced_tx, synced) = watch::channel(false);
+        let failures: Arc<std::sync::Mutex<Failures>> = Default::default();
+        let failing = failures.clone();
         let sender = changes.clone();
         let reader = store.clone();
         tokio::spawn(async move {
@@ -67,9 +81,19 @@ where
                 };
                 let Some(event) = event else { return };
                 let mut event = match event {
-                    Ok(event) => event,
+                    Ok(event) => {
+                        *failing.lock().unwrap_or_else(|p| p.into_inner()) = Failures::default();
+                        event
+                    }
                     Err(error) => {
                         tracing::warn!(%error, kind = %K::kind(&Default::default()), "watch failed; retrying with backoff");
+                        let now = tokio::time::Instant::now();
+                        let mut f = failing.lock().unwrap_or_else(|p| p.into_inner());
+                        let ongoing = f.last.as_ref().is_some_and(|(at, _)| now.duration_since(*at) < FAILURE_RUN_GAP);
+                        if !ongoing {
+                            f.since = Some(now);
+                        }
+                        f.last = Some((now, error.to_string()));
                         continue;
                     }
                 };
@@ -117,7 +141,18 @@ where
                 writer.apply_watcher_event(&event);
             }
         });
-        Self { store, changes, synced }
+        Self { store, changes, synced, failures }
+    }
+
+    /// How long the watch has been failing, with its last error: `None` while it works (or
+    /// since no failure came for 40 s).
+    pub fn failing(&self) -> Option<(std::time::Duration, String)> {
+        let f = self.failures.lock().unwrap_or_else(|p| p.into_inner());
+        let (at, error) = f.last.as_ref()?;
+        if at.elapsed() >= FAILURE_RUN_GAP {
+            return None;
+        }
+        Some((f.since.unwrap_or(*at).elapsed(), error.clone()))
     }
 
     /// The cache.

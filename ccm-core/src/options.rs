@@ -70,6 +70,11 @@ pub struct Options {
     #[arg(long, value_name = "DURATION", default_value = "5m", value_parser = parse_duration)]
     pub provider_max_retry_after: Duration,
 
+    /// `/readyz` fails while the Node or Service watch has been failing this long (the
+    /// caches it serves from are going stale).
+    #[arg(long, value_name = "DURATION", default_value = "60s", value_parser = parse_duration)]
+    pub watch_failure_threshold: Duration,
+
     /// The cluster's name, passed to the provider to tag what it creates.
     #[arg(long, default_value = "kubernetes")]
     pub cluster_name: String,

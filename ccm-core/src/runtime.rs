@@ -30,6 +30,7 @@ struct Ready {
     nodes: Informer<Node>,
     services: Informer<Service>,
     metrics: Metrics,
+    watch_failure_threshold: Duration,
 }
 
 impl Readiness for Ready {
@@ -47,6 +48,11 @@ impl Readiness for Ready {
         }
         if !self.services.synced() {
             reasons.push("service cache not synced".into());
+        }
+        for (kind, failing) in [("node", self.nodes.failing()), ("service", self.services.failing())] {
+            if let Some((how_long, error)) = failing.filter(|(d, _)| *d >= self.watch_failure_threshold) {
+                reasons.push(format!("the {kind} watch has been failing for {}s: {error}", how_long.as_secs()));
+            }
         }
         if reasons.is_empty() { Ok(()) } else { Err(reasons) }
     }
@@ -212,6 +218,7 @@ pub async fn run_until(options: Options, shutdown: impl Future<Output = ()> + Se
             nodes: nodes.clone(),
             services: services.clone(),
             metrics: metrics.clone(),
+            watch_failure_threshold: options.watch_failure_threshold,
         });
         let delegation = delegation(&options).await?;
         let checked = delegation.is_some();

@@ -737,3 +737,41 @@ async fn readiness_follows_the_provider_while_it_throttles() {
     core.stop().await.expect("stop");
     env.cleanup().await.expect("cleanup");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn readiness_fails_while_the_watches_fail() {
+    let cp = ccm_e2e::shared().expect("control plane");
+    let env = TestEnv::new(cp.client().await.expect("client"), "watchfail").await.expect("env");
+    let sim = Sim::start(Config::default()).await;
+    let target = cp.server().trim_start_matches("https://").parse().expect("the API server's address");
+    let proxy = crate::support::Blackhole::start(target).await;
+    let kubeconfig = crate::support::kubeconfig_via(cp.kubeconfig_path(), cp.server(), proxy.addr);
+    let port = free_port();
+    let port_flag = format!("--secure-port={port}");
+    let flags =
+        ["--leader-elect=false", &port_flag, "--insecure-serving", "--bind-address=127.0.0.1", "--watch-failure-threshold=3s"];
+    let core = Core::start_on(&kubeconfig, &env, &sim.endpoint, &flags);
+    let base = core.health.clone().expect("health address");
+    eventually("ready", Duration::from_secs(30), async || (http_get(&base, "/readyz").await?.0 == 200).then_some(())).await;
+    // The API server unreachable: the watches fail, the caches go stale, and readiness says so.
+    proxy.refuse();
+    let body = eventually("not ready while the watches fail", Duration::from_secs(30), async || {
+        let (status, body) = http_get(&base, "/readyz").await?;
+        (status == 503).then_some(body)
+    })
+    .await;
+    assert!(body.contains("watch has been failing"), "{body}");
+    proxy.restore();
+    let mut last = String::new();
+    for _ in 0..120 {
+        let (status, body) = http_get(&base, "/readyz").await.unwrap_or_default();
+        if status == 200 {
+            break;
+        }
+        last = body;
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    assert_eq!(http_get(&base, "/readyz").await.map(|r| r.0), Some(200), "ready once the watches work again: {last}");
+    core.stop().await.expect("stop");
+    env.cleanup().await.expect("cleanup");
+}

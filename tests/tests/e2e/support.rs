@@ -195,22 +195,32 @@ pub async fn http_get(base: &str, path: &str) -> Option<(u16, String)> {
     Some((status, body))
 }
 
-/// A TCP proxy on loopback that can stop forwarding without closing anything: connections it
-/// holds go silent, as over a partition or a half-open connection.
+/// A TCP proxy on loopback that can go silent (forward nothing, close nothing: a partition,
+/// a half-open connection) or refuse (close every connection and every new one).
 pub struct Blackhole {
     pub addr: std::net::SocketAddr,
-    paused: tokio::sync::watch::Sender<bool>,
+    mode: tokio::sync::watch::Sender<Mode>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Mode {
+    Forward,
+    Silent,
+    Refuse,
 }
 
 impl Blackhole {
-    /// Forwards to `target` until paused.
+    /// Forwards to `target` until told otherwise.
     pub async fn start(target: std::net::SocketAddr) -> Self {
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
         let addr = listener.local_addr().expect("addr");
-        let (paused, _) = tokio::sync::watch::channel(false);
-        let gate = paused.clone();
+        let (mode, _) = tokio::sync::watch::channel(Mode::Forward);
+        let gate = mode.clone();
         tokio::spawn(async move {
             while let Ok((inbound, _)) = listener.accept().await {
+                if *gate.borrow() == Mode::Refuse {
+                    continue; // dropped: closed at once
+                }
                 let gate = gate.subscribe();
                 tokio::spawn(async move {
                     let Ok(outbound) = tokio::net::TcpStream::connect(target).await else { return };
@@ -220,20 +230,24 @@ impl Blackhole {
                 });
             }
         });
-        Self { addr, paused }
+        Self { addr, mode }
     }
 
     async fn pipe(
         mut from: tokio::net::tcp::OwnedReadHalf,
         mut to: tokio::net::tcp::OwnedWriteHalf,
-        mut gate: tokio::sync::watch::Receiver<bool>,
+        mut gate: tokio::sync::watch::Receiver<Mode>,
     ) {
         use tokio::io::{AsyncReadExt, AsyncWriteExt};
         let mut buf = vec![0u8; 16 * 1024];
         loop {
-            let Ok(n) = from.read(&mut buf).await else { return };
-            if n == 0 || gate.wait_for(|p| !*p).await.is_err() {
-                return;
+            let n = tokio::select! {
+                r = from.read(&mut buf) => match r { Ok(n) if n > 0 => n, _ => return },
+                _ = gate.wait_for(|m| *m == Mode::Refuse) => return,
+            };
+            match gate.wait_for(|m| *m != Mode::Silent).await.map(|m| *m) {
+                Ok(Mode::Forward) => {}
+                _ => return,
             }
             if to.write_all(&buf[..n]).await.is_err() {
                 return;
@@ -241,9 +255,22 @@ impl Blackhole {
         }
     }
 
-    /// Stops forwarding: every byte in either direction is held from now on.
+    /// Goes silent: every byte in either direction is held from now on.
     pub fn pause(&self) {
-        let _ = self.paused.send(true);
+        // send_replace: stored even while no connection (no receiver) is open.
+        self.mode.send_replace(Mode::Silent);
+    }
+
+    /// Closes every connection, and every new one at once.
+    pub fn refuse(&self) {
+        // send_replace: stored even while no connection (no receiver) is open.
+        self.mode.send_replace(Mode::Refuse);
+    }
+
+    /// Forwards again.
+    pub fn restore(&self) {
+        // send_replace: stored even while no connection (no receiver) is open.
+        self.mode.send_replace(Mode::Forward);
     }
 }
 
