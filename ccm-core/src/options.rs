@@ -184,6 +184,12 @@ pub struct Options {
     #[arg(long, default_value_t = 8)]
     pub concurrent_route_syncs: usize,
 
+    /// Most stale routes one route reconcile deletes; the rest go at the next reconcile, one
+    /// `--route-reconciliation-period` later. (A route is stale only when its Node is gone
+    /// from the API or its podCIDR changed.)
+    #[arg(long, value_name = "N", default_value_t = 50)]
+    pub max_route_deletions: usize,
+
     /// Delay after a reconcile's first failure; doubles per failure.
     #[arg(long, value_name = "DURATION", default_value = "5s", value_parser = parse_duration)]
     pub reconcile_backoff_base: Duration,

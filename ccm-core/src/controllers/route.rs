@@ -28,6 +28,7 @@ use ipnet::IpNet;
 use k8s_openapi::api::core::v1::Node;
 use kube::Api;
 use kube::api::{Patch, PatchParams};
+use kube::runtime::reflector::ObjectRef;
 use tokio::sync::Notify;
 use tokio::sync::broadcast::error::RecvError;
 use tokio::time::Instant;
@@ -109,6 +110,11 @@ pub struct Sync {
     pub without_route: BTreeSet<String>,
     /// Cloud routes kept for a Node although another tool named them (adopted).
     pub adopted: u64,
+    /// Routes no wanted route serves that were kept: their Node is still there with that
+    /// podCIDR (excluded, being deleted, or missing from the table resolution).
+    pub kept: u64,
+    /// More routes were stale than one reconcile deletes (`--max-route-deletions`).
+    pub deletions_left: bool,
 }
 
 /// What one table needs.
@@ -296,7 +302,8 @@ impl RouteController {
             match result {
                 Ok(Some(sync)) => {
                     failures = 0;
-                    retry_at = None;
+                    // Deletions left over by the cap: the next reconcile after the period.
+                    retry_at = sync.deletions_left.then(|| Instant::now() + self.ctx.options.route_reconciliation_period);
                     self.ctx.metrics.route_sync(sync.created, sync.deleted, sync.corrections, sync.without_route.len());
                 }
                 Ok(None) => {
@@ -383,6 +390,40 @@ impl RouteController {
             }
         }
         Ok(known)
+    }
+
+    /// Why a cloud route no wanted route serves must stay, if it must: it is deleted only on
+    /// evidence that it is stale: its Node gone from the API, its podCIDR changed, its
+    /// instance another, or the route a blackhole. A Node
+    /// excluded from the controllers, being deleted or drained, or left out of a short or
+    /// failed ResolveRouteTables answer keeps its routes (a route in a table the Node's
+    /// resolved tables no longer name is stale, when they were resolved).
+    fn still_wanted(
+        &self,
+        route: &pb::Route,
+        want: &BTreeMap<String, (String, pb::Route)>,
+        tables: &HashMap<(String, String), Vec<String>>,
+    ) -> Option<String> {
+        let target = route.target.as_ref()?;
+        if route.blackhole {
+            return None; // it serves nothing (its instance is gone)
+        }
+        if want.values().any(|(node, w)| *node == target.node_name && w.destination_cidr == route.destination_cidr) {
+            return None; // replaced by the route the Node wants (new addresses, say)
+        }
+        let node = self.ctx.nodes.store().get(&ObjectRef::new(&target.node_name))?;
+        if !pod_cidrs(&node).contains(&route.destination_cidr) {
+            return None; // its podCIDR changed
+        }
+        let instance = node_util::provider_id(&node).unwrap_or_default();
+        if !target.provider_id.is_empty() && !instance.is_empty() && target.provider_id != instance {
+            return None; // the Node is another instance now
+        }
+        let key = (target.node_name.clone(), node_util::provider_id(&node).unwrap_or_default().to_string());
+        match tables.get(&key) {
+            Some(resolved) if !resolved.contains(&route.table_id) && !self.ctx.ignores(&node) => None,
+            _ => Some(format!("node {} still has podCIDR {}", target.node_name, route.destination_cidr)),
+        }
     }
 
     fn in_cluster(&self, cidr: &str) -> bool {
@@ -499,7 +540,15 @@ impl RouteController {
                 }
             }
             sync.adopted += plan.adopted.len() as u64;
-            deletes.extend(plan.deletes.into_iter().map(|name| (table.id.clone(), name)));
+            for name in plan.deletes {
+                match have.get(&name).and_then(|r| self.still_wanted(r, &want, &tables)) {
+                    Some(why) => {
+                        sync.kept += 1;
+                        tracing::debug!(table = %table.id, route = %name, "route kept: {why}");
+                    }
+                    None => deletes.push((table.id.clone(), name)),
+                }
+            }
             let max = if table.max_routes > 0 { table.max_routes } else { caps.max_routes_per_table } as usize;
             let remaining = have.len() - deletes.iter().filter(|(t, _)| *t == table.id).count();
             let mut room = if max > 0 { max.saturating_sub(remaining) } else { usize::MAX };
@@ -516,6 +565,13 @@ impl RouteController {
             }
         }
 
+        // At most --max-route-deletions in one reconcile; the rest wait for the next one.
+        let cap = self.ctx.options.max_route_deletions;
+        if deletes.len() > cap {
+            tracing::warn!(deletes = deletes.len(), cap, "more stale routes than one reconcile deletes; the rest at the next");
+            deletes.truncate(cap);
+            sync.deletions_left = true;
+        }
         let concurrency = self.ctx.options.concurrent_route_syncs.max(1);
         let cluster = self.ctx.options.cluster_name.clone();
         let provider = self.ctx.provider.clone();

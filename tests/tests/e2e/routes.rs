@@ -350,3 +350,47 @@ async fn a_failing_provider_is_backed_off_then_converges() {
     core.stop().await.expect("stop");
     env.cleanup().await.expect("cleanup");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn routes_are_deleted_only_when_their_node_is_gone_or_its_pod_cidr_changed() {
+    let cp = ccm_e2e::shared().expect("control plane");
+    let env = TestEnv::new(cp.client().await.expect("client"), "evidence").await.expect("env");
+    let (a, b, c) = (env.node_name("a"), env.node_name("b"), env.node_name("c"));
+    let mut config = Config::default();
+    for (id, n) in [("i-a", &a), ("i-b", &b), ("i-c", &c)] {
+        config.instances.push(instance(id, n, "sim-region-1a"));
+    }
+    let sim = Sim::start(config).await;
+    node(&env, &a, &["10.244.1.0/24"]).await;
+    node(&env, &b, &["10.244.2.0/24"]).await;
+    node(&env, &c, &["10.244.3.0/24"]).await;
+    let core = start(cp, &env, &sim, &route_flags(&env, &["--route-resync-period=2s"]));
+    let all = set(&[("rt-main", "10.244.1.0/24", &a), ("rt-main", "10.244.2.0/24", &b), ("rt-main", "10.244.3.0/24", &c)]);
+    eventually("three routes", Duration::from_secs(20), async || (routes(&sim, &env.prefix).await == all).then_some(())).await;
+
+    // Excluded from the controllers (another label), and being deleted (a finalizer holds
+    // it): neither is evidence that the route is stale. Resyncs come and go.
+    let patch = serde_json::json!({ "metadata": { "labels": { TEST_LABEL: "someone-else" } } });
+    env.nodes().patch(&b, &PatchParams::default(), &Patch::Merge(&patch)).await.expect("exclude b");
+    let hold = serde_json::json!({ "metadata": { "finalizers": ["example.com/hold"] } });
+    env.nodes().patch(&c, &PatchParams::default(), &Patch::Merge(&hold)).await.expect("finalizer");
+    env.nodes().delete(&c, &DeleteParams::default()).await.expect("delete c");
+    tokio::time::sleep(Duration::from_secs(6)).await;
+    assert_eq!(routes(&sim, &env.prefix).await, all, "no route deleted for an excluded or terminating Node");
+
+    // Evidence: c gone from the API, a's podCIDR changed (a Node re-created with another).
+    let release = serde_json::json!({ "metadata": { "finalizers": null } });
+    env.nodes().patch(&c, &PatchParams::default(), &Patch::Merge(&release)).await.expect("release c");
+    env.nodes().delete(&a, &DeleteParams::default()).await.expect("delete a");
+    eventually("a gone", Duration::from_secs(10), async || env.nodes().get_opt(&a).await.ok()?.is_none().then_some(())).await;
+    node(&env, &a, &["10.244.11.0/24"]).await;
+    let want = set(&[("rt-main", "10.244.11.0/24", &a), ("rt-main", "10.244.2.0/24", &b)]);
+    eventually("stale routes deleted, the new one created", Duration::from_secs(20), async || {
+        (routes(&sim, &env.prefix).await == want).then_some(())
+    })
+    .await;
+    core.stop().await.expect("stop");
+    let patch = serde_json::json!({ "metadata": { "labels": { TEST_LABEL: env.prefix } } });
+    let _ = env.nodes().patch(&b, &PatchParams::default(), &Patch::Merge(&patch)).await;
+    env.cleanup().await.expect("cleanup");
+}
