@@ -107,11 +107,15 @@ async fn run(mut args: Args) -> anyhow::Result<()> {
         results.insert(core.clone(), figures);
     }
     let report = scenarios::Report::new(&args, results);
-    println!("{}", report.table());
-    std::fs::write(&args.json, serde_json::to_string_pretty(&report)?)
+    publish(&args, &report.table(), &report, report.missing())
+}
+
+/// Prints the table, writes the JSON, and with `--check` fails on figures not measured.
+fn publish(args: &Args, table: &str, report: &impl serde::Serialize, missing: Vec<String>) -> anyhow::Result<()> {
+    println!("{table}");
+    std::fs::write(&args.json, serde_json::to_string_pretty(report)?)
         .with_context(|| format!("writing {}", args.json.display()))?;
     eprintln!("figures written to {}", args.json.display());
-    let missing = report.missing();
     if args.check && !missing.is_empty() {
         anyhow::bail!("figures not measured: {}", missing.join(", "));
     }
@@ -122,13 +126,5 @@ async fn run_aws(args: &Args) -> anyhow::Result<()> {
     eprintln!("starting the control plane");
     let cp = tokio::task::spawn_blocking(ccm_e2e::ControlPlane::start).await??;
     let report = aws::run(&cp, args).await?;
-    println!("{}", report.table());
-    std::fs::write(&args.json, serde_json::to_string_pretty(&report)?)
-        .with_context(|| format!("writing {}", args.json.display()))?;
-    eprintln!("figures written to {}", args.json.display());
-    let missing = report.missing();
-    if args.check && !missing.is_empty() {
-        anyhow::bail!("figures not measured: {}", missing.join(", "));
-    }
-    Ok(())
+    publish(args, &report.table(), &report, report.missing())
 }

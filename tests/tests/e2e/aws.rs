@@ -35,6 +35,24 @@ fn tools() -> Option<(PathBuf, PathBuf)> {
     }
 }
 
+/// The instances registered with the first ELB once they are `want` (or after 60 s).
+async fn elb_instances_until(moto: &mut Moto, want: &[String]) -> Vec<String> {
+    let mut now = Vec::new();
+    for _ in 0..120 {
+        let elbs = moto.query("elbs").await.expect("moto");
+        now = elbs.as_array().and_then(|l| l.first()).map(|lb| strings(lb, "instances")).unwrap_or_default();
+        if now == want {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    now
+}
+
+fn strings(v: &Value, key: &str) -> Vec<String> {
+    v[key].as_array().cloned().unwrap_or_default().iter().filter_map(|v| v.as_str().map(String::from)).collect()
+}
+
 /// The security group in a `groups` answer whose `key` is `value`.
 fn group(groups: &Value, key: &str, value: &str) -> Option<Value> {
     groups.as_array()?.iter().find(|g| g[key].as_str() == Some(value)).cloned()
@@ -133,9 +151,7 @@ async fn the_aws_provider_on_moto_initialises_nodes_routes_pods_and_balances_ser
     let elbs = moto.query("elbs").await.expect("moto");
     let elb = elbs.as_array().and_then(|l| l.first()).cloned().unwrap_or_else(|| panic!("no ELB in moto: {elbs}"));
     assert_eq!(elb["dns"].as_str(), Some(hostname.as_str()));
-    let registered = |lb: &Value, key: &str| -> Vec<String> {
-        lb[key].as_array().cloned().unwrap_or_default().iter().filter_map(|v| v.as_str().map(String::from)).collect()
-    };
+    let registered = strings;
     let mut sorted = ids.clone();
     sorted.sort();
     assert_eq!(registered(&elb, "instances"), sorted);
@@ -152,15 +168,7 @@ async fn the_aws_provider_on_moto_initialises_nodes_routes_pods_and_balances_ser
     env.nodes().patch(&instances[0].1, &PatchParams::default(), &Patch::Merge(&patch)).await.expect("exclude");
     let mut remaining = sorted.clone();
     remaining.retain(|id| *id != instances[0].0);
-    let mut now = Vec::new();
-    for _ in 0..120 {
-        let elbs = moto.query("elbs").await.expect("moto");
-        now = elbs.as_array().and_then(|l| l.first()).map(|lb| registered(lb, "instances")).unwrap_or_default();
-        if now == remaining {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(500)).await;
-    }
+    let now = elb_instances_until(&mut moto, &remaining).await;
     assert_eq!(now, remaining, "the excluded node's instance deregistered");
 
     // A Node added is registered once initialised.
@@ -174,14 +182,7 @@ async fn the_aws_provider_on_moto_initialises_nodes_routes_pods_and_balances_ser
         .expect("the added node");
     remaining.push(late.0.clone());
     remaining.sort();
-    for _ in 0..120 {
-        let elbs = moto.query("elbs").await.expect("moto");
-        now = elbs.as_array().and_then(|l| l.first()).map(|lb| registered(lb, "instances")).unwrap_or_default();
-        if now == remaining {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(500)).await;
-    }
+    let now = elb_instances_until(&mut moto, &remaining).await;
     assert_eq!(now, remaining, "the added node's instance registered");
 
     // The NLB annotation gives a network load balancer with the instances as targets.
