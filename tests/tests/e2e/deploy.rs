@@ -16,7 +16,7 @@ use k8s_openapi::api::core::v1::ServiceAccount;
 use kube::Api;
 use kube::api::{DeleteParams, PostParams};
 
-use crate::support::{Core, Sim, TEST_LABEL, eventually, instance};
+use crate::support::{Core, Sim, TEST_LABEL, eventually, instance, workspace_binary};
 
 fn deploy_dir() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../deploy")
@@ -355,15 +355,6 @@ async fn the_shipped_roles_are_enough_for_every_controller_and_no_broader() {
     assert!(wrong.is_empty(), "{wrong:#?}");
     assert!(allowed(&admin, "cloud-controller-manager", "create", "serviceaccounts/token", Some("route-controller")).await);
     env.cleanup().await.expect("cleanup");
-}
-
-/// The workspace's binaries beside this test binary (`target/<profile>/`).
-fn workspace_binary(name: &str) -> PathBuf {
-    let exe = std::env::current_exe().expect("test binary path");
-    let dir = exe.parent().and_then(Path::parent).expect("target/<profile>");
-    let path = dir.join(name);
-    assert!(path.is_file(), "{} is not built (cargo build --workspace --bins)", path.display());
-    path
 }
 
 /// Every container of every workload in `objects`: (object/container, image, command + args

@@ -228,14 +228,6 @@ async fn a_leader_cut_off_from_the_api_server_stops_before_its_lease_can_expire(
     env.cleanup().await.expect("cleanup");
 }
 
-/// The workspace's `cloud-controller-manager` beside this test binary.
-fn core_binary() -> std::path::PathBuf {
-    let exe = std::env::current_exe().expect("test binary path");
-    let path = exe.parent().and_then(std::path::Path::parent).expect("target/<profile>").join("cloud-controller-manager");
-    assert!(path.is_file(), "{} is not built (cargo build --workspace --bins)", path.display());
-    path
-}
-
 fn now_ms() -> i64 {
     k8s_openapi::jiff::Timestamp::now().as_millisecond()
 }
@@ -259,7 +251,7 @@ async fn a_leader_stopped_past_its_lease_writes_nothing_when_it_resumes() {
     let start = |user: &str, sim: &Sim| {
         let kubeconfig = cp.kubeconfig_for(user, Some("system:masters")).expect("kubeconfig");
         let log = std::fs::File::create(std::env::temp_dir().join(format!("{}-{user}.log", env.prefix))).expect("log");
-        tokio::process::Command::new(core_binary())
+        tokio::process::Command::new(crate::support::workspace_binary("cloud-controller-manager"))
             .arg(format!("--kubeconfig={}", kubeconfig.display()))
             .arg(format!("--provider-endpoint={}", sim.endpoint))
             .args(LEASE_FLAGS)
@@ -324,7 +316,7 @@ async fn a_controller_that_panics_makes_the_process_exit_non_zero() {
     let name = env.node_name("a");
     NodeBuilder::new(&name).uninitialized().label(TEST_LABEL, &env.prefix).create(&env.client).await.expect("node");
     let log = std::env::temp_dir().join(format!("{}-panic.log", env.prefix));
-    let mut core = tokio::process::Command::new(core_binary())
+    let mut core = tokio::process::Command::new(crate::support::workspace_binary("cloud-controller-manager"))
         .arg(format!("--kubeconfig={}", cp.kubeconfig_path().display()))
         .arg(format!("--provider-endpoint={}", sim.endpoint))
         .arg(format!("--node-exclude-selector={TEST_LABEL}!={}", env.prefix))

@@ -282,3 +282,12 @@ pub fn kubeconfig_via(kubeconfig: &std::path::Path, server: &str, addr: std::net
     std::fs::write(&path, text.replace(server, &format!("https://{addr}"))).expect("write kubeconfig");
     path
 }
+
+/// The workspace's binaries beside this test binary (`target/<profile>/`).
+pub fn workspace_binary(name: &str) -> std::path::PathBuf {
+    let exe = std::env::current_exe().expect("test binary path");
+    let dir = exe.parent().and_then(std::path::Path::parent).expect("target/<profile>");
+    let path = dir.join(name);
+    assert!(path.is_file(), "{} is not built (cargo build --workspace --bins)", path.display());
+    path
+}
