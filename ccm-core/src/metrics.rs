@@ -47,6 +47,7 @@ pub struct Metrics {
     registry: Arc<Registry>,
     provider_calls: Family<CallLabels, Counter>,
     provider_latency: Family<MethodLabels, Histogram, fn() -> Histogram>,
+    invalid_answers: Family<MethodLabels, Counter>,
     queue_depth: Family<ControllerLabels, Gauge>,
     queue_adds: Family<ControllerLabels, Counter>,
     queue_retries: Family<ControllerLabels, Counter>,
@@ -80,6 +81,7 @@ impl Metrics {
         let provider_calls = Family::<CallLabels, Counter>::default();
         let provider_latency = Family::<MethodLabels, Histogram, fn() -> Histogram>::new_with_constructor(latency_histogram);
         let queue_depth = Family::<ControllerLabels, Gauge>::default();
+        let invalid_answers = Family::<MethodLabels, Counter>::default();
         let queue_adds = Family::<ControllerLabels, Counter>::default();
         let queue_retries = Family::<ControllerLabels, Counter>::default();
         let reconcile_latency = Family::<ControllerLabels, Histogram, fn() -> Histogram>::new_with_constructor(latency_histogram);
@@ -120,6 +122,11 @@ impl Metrics {
         registry.register("ccm_nodes_without_route", "Nodes with a podCIDR but no route (quota)", nodes_without_route.clone());
         registry.register("ccm_provider_calls", "Calls to the provider, by method and gRPC code", provider_calls.clone());
         registry.register("ccm_provider_call_duration_seconds", "Latency of provider calls, by method", provider_latency.clone());
+        registry.register(
+            "ccm_provider_invalid_answers",
+            "Provider answers refused as invalid (another instance, a foreign providerID scheme, a bad IP, a repeated page token), by method",
+            invalid_answers.clone(),
+        );
         registry.register("ccm_workqueue_depth", "Keys ready or in process, by controller", queue_depth.clone());
         registry.register("ccm_workqueue_adds", "Keys added to the queue, by controller", queue_adds.clone());
         registry.register(
@@ -135,6 +142,7 @@ impl Metrics {
             registry: Arc::new(registry),
             provider_calls,
             provider_latency,
+            invalid_answers,
             queue_depth,
             queue_adds,
             queue_retries,
@@ -194,6 +202,11 @@ impl Metrics {
         let code = ccm_provider_sdk::metrics::code_name(code).to_string();
         self.provider_calls.get_or_create(&CallLabels { method: method.to_string(), code }).inc();
         self.provider_latency.get_or_create(&MethodLabels { method: method.to_string() }).observe(elapsed.as_secs_f64());
+    }
+
+    /// A provider answer refused as invalid.
+    pub fn invalid_answer(&self, method: &str) {
+        self.invalid_answers.get_or_create(&MethodLabels { method: method.to_string() }).inc();
     }
 
     /// A queue's depth.

@@ -190,6 +190,7 @@ pub struct ProviderServer {
     vendor_version: String,
     manifest: std::collections::HashMap<String, String>,
     provider_id_scheme: String,
+    epoch: String,
     instances: Option<Arc<dyn Instances>>,
     tags: Option<Arc<dyn Tags>>,
     routes: Option<Arc<dyn Routes>>,
@@ -209,6 +210,7 @@ impl ProviderServer {
             vendor_version: vendor_version.into(),
             manifest: Default::default(),
             provider_id_scheme: String::new(),
+            epoch: String::new(),
             instances: None,
             tags: None,
             routes: None,
@@ -225,6 +227,15 @@ impl ProviderServer {
     /// can leave other providers' Nodes alone.
     pub fn provider_id_scheme(mut self, scheme: impl Into<String>) -> Self {
         self.provider_id_scheme = scheme.into();
+        self
+    }
+
+    /// The generation of the provider's state, served in GetPluginInfo: a provider that keeps
+    /// state in memory (lost when it restarts) sets a new value at each start, and the core then
+    /// lists routes and ensures load balancers again at once. Leave it unset when the state
+    /// lives in the cloud.
+    pub fn epoch(mut self, epoch: impl Into<String>) -> Self {
+        self.epoch = epoch.into();
         self
     }
 
@@ -363,6 +374,7 @@ impl ProviderServer {
                 vendor_version: self.vendor_version,
                 manifest: self.manifest,
                 provider_id_scheme: self.provider_id_scheme,
+                epoch: self.epoch,
             },
             caps,
             probe: self.probe,

@@ -8,6 +8,7 @@ pub mod service;
 use std::sync::Arc;
 use std::time::Duration;
 
+use ccm_provider_sdk::Error;
 use ccm_provider_sdk::ratelimit::TokenBucket;
 use k8s_openapi::api::core::v1::{Node, Service};
 use kube::Resource;
@@ -162,6 +163,35 @@ impl Context {
                 tracing::warn!(object = %name, %error, %reason, "recording an event failed");
             }
         });
+    }
+}
+
+impl Context {
+    /// Records a Warning Event `InvalidProviderAnswer` on `object` when `error` is about an
+    /// invalid provider answer (other errors are the caller's to report).
+    pub async fn report_invalid<K: Resource<DynamicType = ()>>(&self, controller: &str, object: &K, error: &Error) {
+        if crate::provider::check::is_invalid(error) {
+            self.event(controller, object, true, crate::provider::check::REASON, error.to_string()).await;
+        }
+    }
+
+    /// [`Context::report_invalid`] for an answer about no one object (a route or load
+    /// balancer listing): the Event is recorded on the core's leader Lease.
+    pub async fn report_invalid_listing(&self, controller: &str, error: &Error) {
+        self.report_invalid(controller, &self.lease(), error).await;
+    }
+
+    /// The core's leader Lease, which Events about the whole cluster's cloud state are
+    /// recorded on (the involved object need not exist: leader election may be off).
+    pub fn lease(&self) -> k8s_openapi::api::coordination::v1::Lease {
+        k8s_openapi::api::coordination::v1::Lease {
+            metadata: kube::api::ObjectMeta {
+                name: Some(self.options.leader_elect_resource_name.clone()),
+                namespace: Some(self.options.leader_elect_resource_namespace.clone()),
+                ..Default::default()
+            },
+            ..Default::default()
+        }
     }
 }
 

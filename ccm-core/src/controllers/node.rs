@@ -19,8 +19,6 @@ use std::collections::{BTreeMap, HashMap};
 use std::hash::{Hash, Hasher};
 use std::sync::{Arc, Mutex};
 
-use ccm_proto::v1::instances_service_client::InstancesServiceClient;
-use ccm_proto::v1::tags_service_client::TagsServiceClient;
 use ccm_proto::v1::{self as pb, ServiceType};
 use ccm_provider_sdk::Error;
 use ccm_provider_sdk::validate::MAX_BATCH;
@@ -52,15 +50,6 @@ fn needs_labels(ctx: &Context, node: &Node) -> bool {
         && !node_util::missing_ga_labels(node).is_empty()
 }
 
-/// An instance answer: metadata when the provider says it exists. "Exists" without metadata
-/// is an invalid answer, never "gone".
-fn answer(exists: bool, metadata: Option<pb::InstanceMetadata>) -> Result<Option<pb::InstanceMetadata>, Error> {
-    match (exists, metadata) {
-        (true, None) => Err(Error::internal("the provider said the instance exists but sent no metadata")),
-        (exists, metadata) => Ok(metadata.filter(|_| exists)),
-    }
-}
-
 /// What initialisation acts on; a change of it retries a failing Node at once.
 fn fingerprint(node: &Node) -> u64 {
     let mut h = std::collections::hash_map::DefaultHasher::new();
@@ -72,93 +61,6 @@ fn fingerprint(node: &Node) -> u64 {
 
 fn resource_version(node: &Node) -> u64 {
     node.metadata.resource_version.as_deref().and_then(|v| v.parse().ok()).unwrap_or(0)
-}
-
-/// Runs a batch RPC over `lookups` in chunks of [`MAX_BATCH`]: one result per lookup, in
-/// order; a failed call (or an answer of the wrong length) fails each lookup of its chunk.
-async fn in_batches<R, T, Fut>(
-    lookups: &[pb::InstanceLookup],
-    call: impl Fn(Vec<pb::InstanceLookup>) -> Fut,
-    item: impl Fn(R) -> Result<T, Error>,
-) -> Vec<Result<T, Error>>
-where
-    Fut: Future<Output = Result<Vec<R>, Error>>,
-{
-    let mut out = Vec::with_capacity(lookups.len());
-    for chunk in lookups.chunks(MAX_BATCH) {
-        match call(chunk.to_vec()).await {
-            Ok(results) if results.len() == chunk.len() => out.extend(results.into_iter().map(&item)),
-            Ok(results) => {
-                let e = Error::internal(format!("provider answered {} of {} lookups", results.len(), chunk.len()));
-                out.extend(chunk.iter().map(|_| Err(e.clone())));
-            }
-            Err(e) => out.extend(chunk.iter().map(|_| Err(e.clone()))),
-        }
-    }
-    out
-}
-
-/// Looks many Nodes' instances up: one call per 500 when the provider batches, else one call
-/// per Node. Per-Node results, in order; an answer that names another instance than its
-/// lookup (a reordered batch, say) is an error, never the lookup's answer.
-pub async fn metadata_for(ctx: &Context, lookups: Vec<pb::InstanceLookup>) -> Vec<Result<Option<pb::InstanceMetadata>, Error>> {
-    let results = read_metadata(ctx, &lookups).await;
-    lookups.iter().zip(results).map(|(lookup, result)| matching(lookup, result)).collect()
-}
-
-/// `result` if it is about `lookup`'s instance: the same providerID when both have one.
-fn matching(
-    lookup: &pb::InstanceLookup,
-    result: Result<Option<pb::InstanceMetadata>, Error>,
-) -> Result<Option<pb::InstanceMetadata>, Error> {
-    match &result {
-        Ok(Some(m)) if !lookup.provider_id.is_empty() && !m.provider_id.is_empty() && m.provider_id != lookup.provider_id => {
-            Err(Error::internal(format!(
-                "the provider answered for instance {:?} when asked about {:?} (node {:?})",
-                m.provider_id, lookup.provider_id, lookup.node_name
-            )))
-        }
-        _ => result,
-    }
-}
-
-async fn read_metadata(ctx: &Context, lookups: &[pb::InstanceLookup]) -> Vec<Result<Option<pb::InstanceMetadata>, Error>> {
-    let lookups = lookups.to_vec();
-    if ctx.provider.identity().is_some_and(|i| i.batch_reads()) {
-        let call = |instances: Vec<pb::InstanceLookup>| async move {
-            let request = pb::BatchInstanceMetadataRequest { instances };
-            let rpc = async |ch, r| InstancesServiceClient::new(ch).batch_instance_metadata(r).await;
-            ctx.provider.call("InstancesService/BatchInstanceMetadata", request, rpc).await.map(|a| a.results)
-        };
-        return in_batches(&lookups, call, |r: pb::InstanceMetadataResult| match r.error {
-            Some(e) => Err(Error::from_item_error(&e)),
-            None => answer(r.exists, r.metadata),
-        })
-        .await;
-    }
-    join_all(lookups.into_iter().map(|lookup| async move {
-        let request = pb::InstanceMetadataRequest { instance: Some(lookup) };
-        ctx.provider
-            .call("InstancesService/InstanceMetadata", request, async |ch, r| {
-                InstancesServiceClient::new(ch).instance_metadata(r).await
-            })
-            .await
-            .and_then(|a| answer(a.exists, a.metadata))
-    }))
-    .await
-}
-
-async fn tags_for(ctx: &Context, lookups: Vec<pb::InstanceLookup>) -> Vec<Result<BTreeMap<String, String>, Error>> {
-    let call = |instances: Vec<pb::InstanceLookup>| async move {
-        let request = pb::BatchGetInstanceTagsRequest { instances };
-        let rpc = async |ch, r| TagsServiceClient::new(ch).batch_get_instance_tags(r).await;
-        ctx.provider.call("TagsService/BatchGetInstanceTags", request, rpc).await.map(|a| a.results)
-    };
-    in_batches(&lookups, call, |r: pb::InstanceTagsResult| match r.error {
-        Some(e) => Err(Error::from_item_error(&e)),
-        None => Ok(r.tags.into_iter().collect()),
-    })
-    .await
 }
 
 /// The node controller.
@@ -286,9 +188,9 @@ impl NodeController {
             return outcomes;
         };
         let lookups: Vec<pb::InstanceLookup> = todo.iter().map(|(_, n)| node_util::lookup(n)).collect();
-        let metadata = metadata_for(&self.ctx, lookups.clone()).await;
+        let metadata = self.ctx.provider.instance_metadata(&lookups).await;
         let want_tags = identity.serves(ServiceType::Tags) && !self.ctx.options.node_tag_label_prefix.is_empty();
-        let tags = if want_tags { Some(tags_for(&self.ctx, lookups).await) } else { None };
+        let tags = if want_tags { Some(self.ctx.provider.instance_tags(&lookups).await) } else { None };
         let results = join_all(todo.iter().zip(metadata).enumerate().map(|(j, ((_, node), meta))| {
             let tags = tags.as_ref().map(|t| t[j].clone());
             self.initialise_one(node.clone(), meta, tags)
@@ -338,6 +240,7 @@ impl NodeController {
             }
             Err(error) => {
                 tracing::warn!(node = %name, %error, "instance lookup failed");
+                self.ctx.report_invalid(NAME, node.as_ref(), &error).await;
                 return retry(&error);
             }
         };
@@ -497,12 +400,19 @@ impl NodeController {
             .managed_nodes()
             .filter(|n| node_util::provider_id(n).is_some() && !node_util::has_taint(n, TAINT_UNINITIALIZED))
             .collect();
-        let lookups = nodes.iter().map(|n| node_util::lookup(n)).collect();
-        let results = metadata_for(&self.ctx, lookups).await;
+        let lookups: Vec<_> = nodes.iter().map(|n| node_util::lookup(n)).collect();
+        let results = self.ctx.provider.instance_metadata(&lookups).await;
         let api: Api<Node> = Api::all(self.ctx.client.clone());
         let mut patched = 0;
         for (node, result) in nodes.iter().zip(results) {
-            let Ok(Some(meta)) = result else { continue };
+            let meta = match result {
+                Ok(Some(meta)) => meta,
+                Ok(None) => continue,
+                Err(error) => {
+                    self.ctx.report_invalid(NAME, node.as_ref(), &error).await;
+                    continue;
+                }
+            };
             let Ok(addresses) = node_util::desired_addresses(node, &meta.addresses) else { continue };
             if addresses.is_empty() || node_util::same_addresses(&node_util::addresses(node), &addresses) {
                 continue;
@@ -569,25 +479,6 @@ mod tests {
     fn node(labels: &[(&str, &str)]) -> Node {
         let labels = labels.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect();
         Node { metadata: ObjectMeta { name: Some("n".into()), labels: Some(labels), ..Default::default() }, ..Default::default() }
-    }
-
-    #[test]
-    fn an_answer_about_another_instance_is_an_error() {
-        let lookup = |id: &str| pb::InstanceLookup { node_name: "n".into(), provider_id: id.into(), ..Default::default() };
-        let meta = |id: &str| Ok(Some(pb::InstanceMetadata { provider_id: id.into(), ..Default::default() }));
-        assert!(matching(&lookup("sim://z/i-1"), meta("sim://z/i-2")).is_err(), "a reordered batch");
-        assert!(matching(&lookup("sim://z/i-1"), meta("sim://z/i-1")).is_ok());
-        assert!(matching(&lookup(""), meta("sim://z/i-2")).is_ok(), "a lookup by name learns the providerID");
-        assert_eq!(matching(&lookup("sim://z/i-1"), Ok(None)).expect("absent"), None, "absent stays absent");
-    }
-
-    #[test]
-    fn exists_without_metadata_is_an_error_never_gone() {
-        assert!(answer(true, None).is_err(), "exists, but no metadata: invalid");
-        assert_eq!(answer(false, None).expect("ok"), None, "explicitly absent");
-        let meta = pb::InstanceMetadata { provider_id: "sim://z/i-1".into(), ..Default::default() };
-        assert_eq!(answer(false, Some(meta.clone())).expect("ok"), None, "absent wins over stray metadata");
-        assert_eq!(answer(true, Some(meta.clone())).expect("ok"), Some(meta));
     }
 
     #[test]

@@ -18,7 +18,6 @@ use k8s_openapi::api::core::v1::{Node, Taint};
 use kube::Api;
 use kube::api::{DeleteParams, Patch, PatchParams, Preconditions};
 
-use super::node::metadata_for;
 use super::{Context, sleep_or_stop};
 use crate::node_util::{self, TAINT_SHUTDOWN, TAINT_UNINITIALIZED};
 
@@ -118,8 +117,8 @@ impl NodeLifecycleController {
         }
         pass.checked = candidates.len();
         let disrupted = disrupted_zones(&ready, &candidates, self.ctx.options.unhealthy_zone_threshold);
-        let lookups = candidates.iter().map(|n| node_util::lookup(n)).collect();
-        let results = metadata_for(&self.ctx, lookups).await;
+        let lookups: Vec<_> = candidates.iter().map(|n| node_util::lookup(n)).collect();
+        let results = self.ctx.provider.instance_metadata(&lookups).await;
         let mut gone = Vec::new();
         for (node, result) in candidates.iter().zip(results) {
             let name = node_util::name(node).to_string();
@@ -127,6 +126,7 @@ impl NodeLifecycleController {
                 Err(error) => {
                     // Never read as "gone".
                     tracing::warn!(node = %name, %error, "instance check failed; node left as is");
+                    self.ctx.report_invalid(NAME, node.as_ref(), &error).await;
                     pass.errors += 1;
                 }
                 Ok(meta) => {

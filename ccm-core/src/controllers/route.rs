@@ -19,10 +19,8 @@ use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::sync::Arc;
 use std::time::Duration;
 
-use ccm_proto::v1::routes_service_client::RoutesServiceClient;
 use ccm_proto::v1::{self as pb, ServiceType};
 use ccm_provider_sdk::Error;
-use ccm_provider_sdk::validate::MAX_BATCH;
 use futures::StreamExt;
 use ipnet::IpNet;
 use k8s_openapi::api::core::v1::Node;
@@ -196,6 +194,9 @@ pub struct RouteController {
     conditions: ConditionWriter,
     /// Routes created or deleted by the last reconcile, failed or not.
     progress: u64,
+    /// Set when the provider came back as another provider (the count of identity changes
+    /// then): no route is deleted until the next full resync.
+    paused: Option<u64>,
     /// Cloud routes adopted (table, name), so each is logged once.
     adopted: HashSet<(String, String)>,
 }
@@ -231,6 +232,7 @@ impl RouteController {
             previous: None,
             resolved: HashMap::new(),
             progress: 0,
+            paused: None,
             adopted: HashSet::new(),
             conditions: ConditionWriter {
                 ctx: ctx_for_conditions,
@@ -267,10 +269,22 @@ impl RouteController {
         let mut retry_at: Option<Instant> = None;
         let mut failures: u32 = 0;
         let mut last_start: Option<Instant> = None;
+        let mut provider = self.ctx.provider.changes();
+        let mut seen = *provider.borrow_and_update();
         loop {
             let wake = retry_at.unwrap_or(resync_at).min(resync_at);
+            let mut relist = false;
             let resync = tokio::select! {
                 _ = trigger.notified(), if retry_at.is_none() => false,
+                Ok(()) = provider.changed() => {
+                    let now = *provider.borrow_and_update();
+                    relist = now != seen;
+                    if now.identities != seen.identities {
+                        self.paused = Some(now.identities);
+                    }
+                    seen = now;
+                    false
+                }
                 _ = tokio::time::sleep_until(wake) => Instant::now() >= resync_at,
                 _ = stop.wait_for(|s| *s) => break,
                 // The feed runs until stop: one that ends first is the controller's failure.
@@ -290,10 +304,22 @@ impl RouteController {
                 }
             }
             last_start = Some(Instant::now());
-            if resync {
+            if relist && self.paused == Some(seen.identities) {
+                let note = "The provider came back as another provider (its name or providerID scheme changed): \
+                            route deletions pause until the next full resync confirms it"
+                    .to_string();
+                self.ctx.event(NAME, &self.ctx.lease(), true, "RouteDeletionsPaused", note).await;
+            }
+            if resync || relist {
+                // A resync, or a provider that may have lost its state: list everything again.
                 self.previous = self.known.take();
                 self.resolved.clear();
+            }
+            if resync {
                 resync_at = Instant::now() + self.resync_delay();
+                if self.paused.take_if(|p| *p == seen.identities).is_some() {
+                    tracing::info!("the resync confirmed the provider's new identity; route deletions resume");
+                }
             }
             let started = Instant::now();
             self.progress = 0;
@@ -329,6 +355,7 @@ impl RouteController {
                         .min(self.ctx.options.reconcile_backoff_max)
                         .max(error.retry_after().unwrap_or_default());
                     tracing::warn!(%error, retry_in = ?backoff, "route reconcile failed");
+                    self.ctx.report_invalid_listing(NAME, &error).await;
                     retry_at = Some(Instant::now() + backoff);
                 }
             }
@@ -336,58 +363,18 @@ impl RouteController {
         feed.abort();
     }
 
-    async fn call<M: Clone, T>(
-        &self,
-        method: &'static str,
-        message: M,
-        rpc: impl AsyncFn(tonic::transport::Channel, tonic::Request<M>) -> Result<tonic::Response<T>, tonic::Status>,
-    ) -> Result<T, Error> {
-        self.ctx.provider.call(method, message, rpc).await
-    }
-
     async fn list(&self, caps: &pb::RoutesCapabilities) -> Result<Known, Error> {
-        let mut known = Known::default();
-        let mut token = String::new();
-        loop {
-            let request = pb::ListRouteTablesRequest { page_size: 0, page_token: token };
-            let page = self
-                .call("RoutesService/ListRouteTables", request, async |ch, r| {
-                    RoutesServiceClient::new(ch).list_route_tables(r).await
-                })
-                .await?;
-            known.tables.extend(page.tables);
-            if page.next_page_token.is_empty() {
-                break;
-            }
-            token = page.next_page_token;
-        }
+        let mut known = Known { tables: self.ctx.provider.list_route_tables().await?, ..Default::default() };
         if known.tables.is_empty() {
             return Err(Error::internal("the provider lists no route table"));
         }
         if !caps.multiple_tables {
             known.tables.truncate(1);
         }
-        for table in known.tables.clone() {
-            let mut token = String::new();
-            let routes = known.routes.entry(table.id.clone()).or_default();
-            loop {
-                let request = pb::ListRoutesRequest {
-                    cluster_name: self.ctx.options.cluster_name.clone(),
-                    table_id: table.id.clone(),
-                    page_size: 0,
-                    page_token: token,
-                };
-                let page = self
-                    .call("RoutesService/ListRoutes", request, async |ch, r| RoutesServiceClient::new(ch).list_routes(r).await)
-                    .await?;
-                for route in page.routes {
-                    routes.insert(route.name.clone(), route);
-                }
-                if page.next_page_token.is_empty() {
-                    break;
-                }
-                token = page.next_page_token;
-            }
+        let cluster = &self.ctx.options.cluster_name;
+        for table in &known.tables {
+            let routes = self.ctx.provider.list_routes(cluster, &table.id).await?;
+            known.routes.insert(table.id.clone(), routes.into_iter().map(|r| (r.name.clone(), r)).collect());
         }
         Ok(known)
     }
@@ -441,20 +428,14 @@ impl RouteController {
             return Ok(nodes.iter().map(|n| (n.clone(), vec![default.clone()])).collect());
         }
         let missing: Vec<(String, String)> = nodes.iter().filter(|n| !self.resolved.contains_key(*n)).cloned().collect();
-        for chunk in missing.chunks(MAX_BATCH) {
-            let targets =
-                chunk.iter().map(|(name, id)| pb::RouteTarget { node_name: name.clone(), provider_id: id.clone() }).collect();
-            let answer = self
-                .call("RoutesService/ResolveRouteTables", pb::ResolveRouteTablesRequest { targets }, async |ch, r| {
-                    RoutesServiceClient::new(ch).resolve_route_tables(r).await
-                })
-                .await?;
-            for (node, assignment) in chunk.iter().zip(answer.assignments) {
-                match assignment.error {
-                    Some(e) => tracing::warn!(node = %node.0, error = %Error::from_item_error(&e), "no route table for node"),
-                    None => {
-                        self.resolved.insert(node.clone(), assignment.table_ids);
-                    }
+        let targets: Vec<pb::RouteTarget> =
+            missing.iter().map(|(name, id)| pb::RouteTarget { node_name: name.clone(), provider_id: id.clone() }).collect();
+        let answers = self.ctx.provider.resolve_route_tables(&targets).await?;
+        for (node, answer) in missing.into_iter().zip(answers) {
+            match answer {
+                Err(e) => tracing::warn!(node = %node.0, error = %e, "no route table for node"),
+                Ok(table_ids) => {
+                    self.resolved.insert(node, table_ids);
                 }
             }
         }
@@ -565,6 +546,14 @@ impl RouteController {
             }
         }
 
+        if self.paused.is_some() && !deletes.is_empty() {
+            tracing::warn!(
+                deletes = deletes.len(),
+                "stale routes kept: deletions pause since the provider's identity changed, until the next full resync"
+            );
+            sync.kept += deletes.len() as u64;
+            deletes.clear();
+        }
         // At most --max-route-deletions in one reconcile; the rest wait for the next one.
         let cap = self.ctx.options.max_route_deletions;
         if deletes.len() > cap {
@@ -580,13 +569,8 @@ impl RouteController {
             .map(|(table, name)| {
                 let (provider, cluster) = (provider.clone(), cluster.clone());
                 async move {
-                    let request = pb::DeleteRouteRequest { cluster_name: cluster, table_id: table.clone(), name: name.clone() };
-                    let r = provider
-                        .call_fenced(ctx.fence(), "RoutesService/DeleteRoute", request, async |ch, r| {
-                            RoutesServiceClient::new(ch).delete_route(r).await
-                        })
-                        .await;
-                    ((table, name), r.map(|_| ()))
+                    let r = provider.delete_route(ctx.fence(), &cluster, &table, &name).await;
+                    ((table, name), r)
                 }
             })
             .buffer_unordered(concurrency)
@@ -608,13 +592,8 @@ impl RouteController {
             .map(|(node, route)| {
                 let (provider, cluster) = (provider.clone(), cluster.clone());
                 async move {
-                    let request = pb::CreateRouteRequest { cluster_name: cluster, route: Some(route.clone()) };
-                    let r = provider
-                        .call_fenced(ctx.fence(), "RoutesService/CreateRoute", request, async |ch, r| {
-                            RoutesServiceClient::new(ch).create_route(r).await
-                        })
-                        .await;
-                    (node, route.clone(), r.map(|a| a.route.unwrap_or(route)))
+                    let r = provider.create_route(ctx.fence(), &cluster, route.clone()).await;
+                    (node, route, r)
                 }
             })
             .buffer_unordered(concurrency)

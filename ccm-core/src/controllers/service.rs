@@ -32,7 +32,6 @@ use std::hash::{Hash, Hasher};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use ccm_proto::v1::load_balancers_service_client::LoadBalancersServiceClient;
 use ccm_proto::v1::{self as pb, ServiceType};
 use ccm_provider_sdk::Error;
 use ccm_provider_sdk::names::{NameLimits, load_balancer_name};
@@ -63,8 +62,6 @@ const NODE_COALESCE: Duration = Duration::from_millis(50);
 /// Queue keys of load balancers whose Service is gone: this prefix and the Service UID
 /// (never a `namespace/name`: `!` is not allowed in either).
 const ORPHAN_KEY: char = '!';
-/// Pages one listing may take before it is abandoned as broken.
-const MAX_PAGES: usize = 10_000;
 
 fn key(svc: &Service) -> String {
     format!("{}/{}", svc.metadata.namespace.as_deref().unwrap_or_default(), svc.metadata.name.as_deref().unwrap_or_default())
@@ -224,6 +221,8 @@ fn node_fingerprint(node: &Node) -> (String, String, BTreeMap<String, String>, V
 struct Ensured {
     spec: u64,
     hosts: u64,
+    /// How many hosts it has.
+    count: usize,
 }
 
 /// The service controller.
@@ -301,10 +300,20 @@ impl ServiceController {
                 self.queue.add_changed(key(&svc), fingerprint(&svc));
             }
         }
+        let mut provider = self.ctx.provider.changes();
+        let mut epochs = provider.borrow_and_update().epochs;
         loop {
             let change = tokio::select! {
                 c = changes.recv() => c,
                 _ = stop.wait_for(|s| *s) => return,
+                Ok(()) = provider.changed() => {
+                    let now = provider.borrow_and_update().epochs;
+                    if now != epochs {
+                        epochs = now;
+                        self.ensure_all_again();
+                    }
+                    continue;
+                }
             };
             match change {
                 Ok(Change::Applied { new, .. }) => {
@@ -342,6 +351,20 @@ impl ServiceController {
         }
     }
 
+    /// The provider may have lost its state (a new epoch): every load balancer gets a full
+    /// Ensure at once, not at its next change or resync.
+    fn ensure_all_again(&self) {
+        self.ensured.lock().unwrap_or_else(|p| p.into_inner()).clear();
+        let mut queued = 0;
+        for svc in self.ctx.services.store().state() {
+            if self.wants_lb(&svc) {
+                self.queue.add(key(&svc));
+                queued += 1;
+            }
+        }
+        tracing::warn!(services = queued, "the provider's state may be lost (a new epoch); ensuring every load balancer again");
+    }
+
     /// Queues the deletion of the load balancer of `svc`, a Service gone or no longer wanting
     /// one.
     fn orphaned(&self, svc: &Service, why: &str) {
@@ -365,7 +388,8 @@ impl ServiceController {
                 Ok(n) if n > 0 => tracing::info!(orphans = n, "load balancers of gone Services queued for deletion"),
                 Ok(_) => {}
                 Err(error) => {
-                    tracing::warn!(%error, "listing load balancers failed; nothing deleted, next sweep at the next resync")
+                    tracing::warn!(%error, "listing load balancers failed; nothing deleted, next sweep at the next resync");
+                    self.ctx.report_invalid_listing(NAME, &error).await;
                 }
             }
             let period = self.ctx.options.load_balancer_resync_period;
@@ -392,29 +416,7 @@ impl ServiceController {
         }
         let limits = NameLimits::from_capabilities(&caps);
         let cluster = self.ctx.options.cluster_name.clone();
-        let mut listed: Vec<pb::LoadBalancerSummary> = Vec::new();
-        let mut token = String::new();
-        for page in 0.. {
-            if page >= MAX_PAGES {
-                return Err(Error::internal(format!("ListLoadBalancers returned more than {MAX_PAGES} pages")));
-            }
-            let request = pb::ListLoadBalancersRequest { cluster_name: cluster.clone(), page_size: 0, page_token: token.clone() };
-            let answer = self
-                .ctx
-                .provider
-                .call("LoadBalancersService/ListLoadBalancers", request, async |ch, r| {
-                    LoadBalancersServiceClient::new(ch).list_load_balancers(r).await
-                })
-                .await?;
-            listed.extend(answer.load_balancers);
-            if answer.next_page_token.is_empty() {
-                break;
-            }
-            if answer.next_page_token == token {
-                return Err(Error::internal("ListLoadBalancers repeated its page token"));
-            }
-            token = answer.next_page_token;
-        }
+        let listed = self.ctx.provider.list_load_balancers(&cluster).await?;
         let known: std::collections::HashSet<String> =
             self.ctx.services.store().state().iter().filter_map(|s| s.metadata.uid.clone()).collect();
         let pending: std::collections::HashSet<String> =
@@ -483,15 +485,7 @@ impl ServiceController {
         }
         let lb = self.lb_service(&svc);
         let name = lb.load_balancer_name.clone();
-        let request = pb::EnsureLoadBalancerDeletedRequest { service: Some(lb) };
-        match self
-            .ctx
-            .provider
-            .call_fenced(self.ctx.fence(), "LoadBalancersService/EnsureLoadBalancerDeleted", request, async |ch, r| {
-                LoadBalancersServiceClient::new(ch).ensure_load_balancer_deleted(r).await
-            })
-            .await
-        {
+        match self.ctx.provider.ensure_load_balancer_deleted(self.ctx.fence(), lb).await {
             Ok(_) => {
                 self.orphans.lock().unwrap_or_else(|p| p.into_inner()).remove(uid);
                 self.ctx.metrics.load_balancer_orphans("deleted", 1);
@@ -730,6 +724,18 @@ impl ServiceController {
             api.patch(name, &PatchParams::default(), &Patch::Merge(&patch)).await.map_err(SyncError::Kube)?;
         }
         let backends = self.backends();
+        let last = self.ensured.lock().unwrap_or_else(|p| p.into_inner()).get(&k).copied();
+        if backends.is_empty() && (has_ingress(svc) || last.is_some_and(|e| e.count > 0)) {
+            // An empty node set is far likelier a listing glitch (an API server that came back
+            // empty, every Node excluded by a bad label) than a cluster that wants its load
+            // balancers cut off: the load balancer keeps the hosts it has.
+            tracing::warn!(service = %k, "no Node is a load balancer backend; the load balancer keeps its hosts");
+            let note = "No Node is a load balancer backend now: the load balancer keeps its current hosts \
+                        instead of being emptied, until a Node is one again"
+                .to_string();
+            self.ctx.event(NAME, svc, true, "LoadBalancerHostsKept", note).await;
+            return Ok(());
+        }
         let hosts = {
             let mut h = std::collections::hash_map::DefaultHasher::new();
             for n in &backends {
@@ -738,23 +744,16 @@ impl ServiceController {
             h.finish()
         };
         let spec = provider_fingerprint(svc);
-        let last = self.ensured.lock().unwrap_or_else(|p| p.into_inner()).get(&k).copied();
+        let count = backends.len();
         let lb = self.lb_service(svc);
         let nodes = Self::nodes_proto(&backends);
         match last {
             Some(e) if e.spec == spec && e.hosts == hosts => return Ok(()),
             Some(e) if e.spec == spec => {
-                let request = pb::UpdateLoadBalancerHostsRequest { service: Some(lb), nodes };
-                let r = self
-                    .ctx
-                    .provider
-                    .call_fenced(self.ctx.fence(), "LoadBalancersService/UpdateLoadBalancerHosts", request, async |ch, r| {
-                        LoadBalancersServiceClient::new(ch).update_load_balancer_hosts(r).await
-                    })
-                    .await;
+                let r = self.ctx.provider.update_load_balancer_hosts(self.ctx.fence(), lb, nodes).await;
                 match r {
                     Ok(_) => {
-                        self.ensured.lock().unwrap_or_else(|p| p.into_inner()).insert(k, Ensured { spec, hosts });
+                        self.ensured.lock().unwrap_or_else(|p| p.into_inner()).insert(k, Ensured { spec, hosts, count });
                         self.ctx
                             .event(
                                 NAME,
@@ -787,16 +786,8 @@ impl ServiceController {
             _ => {}
         }
         self.ctx.event(NAME, svc, false, "EnsuringLoadBalancer", "Ensuring load balancer".into()).await;
-        let request = pb::EnsureLoadBalancerRequest { service: Some(lb), nodes };
-        let status = match self
-            .ctx
-            .provider
-            .call_fenced(self.ctx.fence(), "LoadBalancersService/EnsureLoadBalancer", request, async |ch, r| {
-                LoadBalancersServiceClient::new(ch).ensure_load_balancer(r).await
-            })
-            .await
-        {
-            Ok(answer) => answer.status.unwrap_or_default(),
+        let status = match self.ctx.provider.ensure_load_balancer(self.ctx.fence(), lb, nodes).await {
+            Ok(status) => status,
             Err(error) => {
                 tracing::warn!(service = %k, %error, "ensuring the load balancer failed");
                 self.ctx.event(NAME, svc, true, "SyncLoadBalancerFailed", format!("Error syncing load balancer: {error}")).await;
@@ -804,7 +795,7 @@ impl ServiceController {
             }
         };
         self.write_status(svc, &status).await.map_err(SyncError::Kube)?;
-        self.ensured.lock().unwrap_or_else(|p| p.into_inner()).insert(k, Ensured { spec, hosts });
+        self.ensured.lock().unwrap_or_else(|p| p.into_inner()).insert(k, Ensured { spec, hosts, count });
         self.ctx.event(NAME, svc, false, "EnsuredLoadBalancer", "Ensured load balancer".into()).await;
         Ok(())
     }
@@ -866,15 +857,7 @@ impl ServiceController {
         }
         let k = key(svc);
         self.ctx.event(NAME, svc, false, "DeletingLoadBalancer", "Deleting load balancer".into()).await;
-        let request = pb::EnsureLoadBalancerDeletedRequest { service: Some(self.lb_service(svc)) };
-        if let Err(error) = self
-            .ctx
-            .provider
-            .call_fenced(self.ctx.fence(), "LoadBalancersService/EnsureLoadBalancerDeleted", request, async |ch, r| {
-                LoadBalancersServiceClient::new(ch).ensure_load_balancer_deleted(r).await
-            })
-            .await
-        {
+        if let Err(error) = self.ctx.provider.ensure_load_balancer_deleted(self.ctx.fence(), self.lb_service(svc)).await {
             self.ctx.event(NAME, svc, true, "SyncLoadBalancerFailed", format!("Error deleting load balancer: {error}")).await;
             return Err(SyncError::Provider(error));
         }

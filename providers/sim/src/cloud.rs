@@ -15,7 +15,7 @@ use ipnet::IpNet;
 use serde::{Deserialize, Serialize};
 use tokio::time::Instant;
 
-use crate::config::{Address, Answer, ApiConfig, Config, Fault, FaultCode, InstanceSpec, RateLimit, RouteTableSpec, State};
+use crate::config::{Address, Answer, ApiConfig, Config, Fault, FaultCode, InstanceSpec, Lie, RateLimit, RouteTableSpec, State};
 
 /// The providerID scheme of the sim.
 pub const PROVIDER_ID_SCHEME: &str = "sim://";
@@ -345,7 +345,8 @@ impl Cloud {
             }
             let jitter = if gate.api.jitter_ms > 0 { rand::random_range(0..=gate.api.jitter_ms) } else { 0 };
             let fault = gate.faults.iter().filter(applies).find(|f| f.error_rate > 0.0 && rand::random::<f64>() < f.error_rate);
-            (Duration::from_millis(gate.api.latency_ms + jitter), fault.cloned())
+            let hang: u64 = gate.faults.iter().filter(applies).filter_map(|f| f.delay_ms).max().unwrap_or(0);
+            (Duration::from_millis(gate.api.latency_ms + jitter + hang), fault.cloned())
         };
         if !latency.is_zero() {
             tokio::time::sleep(latency).await;
@@ -354,6 +355,11 @@ impl Cloud {
             Some(fault) => Err(fault_error(&fault, method)),
             None => Ok(()),
         }
+    }
+
+    /// The wrong answer an injected fault asks `method` to give, if any.
+    pub fn lie(&self, method: &str) -> Option<Lie> {
+        self.gate_lock().faults.iter().filter(|f| f.method == "*" || f.method == method).find_map(|f| f.lie)
     }
 
     /// Why the whole API is down (a `*` fault with `down`), if it is.

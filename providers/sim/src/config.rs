@@ -117,6 +117,33 @@ pub struct Fault {
     /// length.
     #[serde(default)]
     pub retry_after_ms: Option<u64>,
+    /// Every matching call first waits this long, in milliseconds (a hang, when longer than
+    /// the caller's deadline), then answers as it otherwise would.
+    #[serde(default)]
+    pub delay_ms: Option<u64>,
+    /// Matching calls succeed with a wrong answer of this kind (see [`Lie`]).
+    #[serde(default)]
+    pub lie: Option<Lie>,
+}
+
+/// A wrong answer the sim gives on purpose, to test what a caller does with one.
+#[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "snake_case")]
+pub enum Lie {
+    /// Instance reads say every instance is gone.
+    AllGone,
+    /// Batch answers (instance metadata, tags, route tables) come in reverse order.
+    Reorder,
+    /// Batch answers lack their last item (the SDK refuses to send that: the call fails).
+    ShortBatch,
+    /// Instance metadata carries providerIDs of another scheme (`other://`).
+    OtherScheme,
+    /// Instance addresses and load balancer ingress IPs are not IPs.
+    InvalidIps,
+    /// Listings (instances, routes, load balancers) are empty.
+    EmptyListing,
+    /// Listings answer their first page again and again, with the same next-page token.
+    RepeatedPageToken,
 }
 
 /// The error an injected fault answers.

@@ -64,6 +64,8 @@ pub async fn run(
     let mut server = ProviderServer::new(config.plugin_name.clone(), VERSION)
         .manifest("cloud", "sim")
         .provider_id_scheme(cloud::PROVIDER_ID_SCHEME.trim_end_matches("://"))
+        // The sim's cloud lives in this process: a restart starts it again from its config.
+        .epoch(format!("{:016x}", rand::random::<u64>()))
         .instances(provider.clone())
         .tags(provider.clone())
         .routes(provider.clone())

@@ -8,6 +8,7 @@ use ccm_provider_sdk::proto as pb;
 use ccm_provider_sdk::{Page, PageRequest, Readiness, Result, paginate};
 
 use crate::cloud::Cloud;
+use crate::config::Lie;
 
 /// The sim's implementation of every provider trait.
 #[derive(Debug, Clone)]
@@ -45,31 +46,35 @@ impl ccm_provider_sdk::Instances for SimProvider {
 
     async fn instance_metadata(&self, lookup: &pb::InstanceLookup) -> Result<Option<pb::InstanceMetadata>> {
         self.cloud.api_call("InstanceMetadata").await?;
-        self.cloud.instance_answer(lookup)
+        let lie = self.cloud.lie("InstanceMetadata");
+        self.cloud.instance_answer(lookup).map(|m| lie_about(lie, m))
     }
 
     async fn list_instances(&self, page: &PageRequest) -> Result<Page<pb::InstanceMetadata>> {
         self.cloud.api_call("ListInstances").await?;
-        paginate(self.cloud.instances(), |i| i.instance_id.as_str(), page)
+        let lie = self.cloud.lie("ListInstances");
+        listing(lie, self.cloud.instances(), |i| i.instance_id.as_str(), page)
     }
 
     async fn instance_exists(&self, lookup: &pb::InstanceLookup) -> Result<bool> {
         self.cloud.api_call("InstanceExists").await?;
-        Ok(self.cloud.instance(lookup)?.is_some_and(|m| m.state() != pb::InstanceState::Terminated))
+        let lie = self.cloud.lie("InstanceExists");
+        Ok(lie_about(lie, self.cloud.instance(lookup)?).is_some_and(|m| m.state() != pb::InstanceState::Terminated))
     }
 
     async fn instance_shutdown(&self, lookup: &pb::InstanceLookup) -> Result<Option<bool>> {
         self.cloud.api_call("InstanceShutdown").await?;
-        Ok(self
-            .cloud
-            .instance(lookup)?
+        let lie = self.cloud.lie("InstanceShutdown");
+        Ok(lie_about(lie, self.cloud.instance(lookup)?)
             .filter(|m| m.state() != pb::InstanceState::Terminated)
             .map(|m| m.state() == pb::InstanceState::Stopped))
     }
 
     async fn batch_instance_metadata(&self, lookups: &[pb::InstanceLookup]) -> Result<Vec<Result<Option<pb::InstanceMetadata>>>> {
         self.cloud.api_call("BatchInstanceMetadata").await?;
-        Ok(lookups.iter().map(|l| self.cloud.instance_answer(l)).collect())
+        let lie = self.cloud.lie("BatchInstanceMetadata");
+        let answers = lookups.iter().map(|l| self.cloud.instance_answer(l).map(|m| lie_about(lie, m))).collect();
+        Ok(shuffled(lie, answers))
     }
 }
 
@@ -86,7 +91,8 @@ impl ccm_provider_sdk::Tags for SimProvider {
 
     async fn batch_instance_tags(&self, lookups: &[pb::InstanceLookup]) -> Result<Vec<Result<Option<HashMap<String, String>>>>> {
         self.cloud.api_call("BatchGetInstanceTags").await?;
-        Ok(lookups.iter().map(|l| self.cloud.instance_tags(l)).collect())
+        let lie = self.cloud.lie("BatchGetInstanceTags");
+        Ok(shuffled(lie, lookups.iter().map(|l| self.cloud.instance_tags(l)).collect()))
     }
 }
 
@@ -102,12 +108,14 @@ impl ccm_provider_sdk::Routes for SimProvider {
 
     async fn list_route_tables(&self, page: &PageRequest) -> Result<Page<pb::RouteTable>> {
         self.cloud.api_call("ListRouteTables").await?;
-        paginate(self.cloud.route_tables(), |t| t.id.as_str(), page)
+        let lie = self.cloud.lie("ListRouteTables");
+        listing(lie, self.cloud.route_tables(), |t| t.id.as_str(), page)
     }
 
     async fn list_routes(&self, cluster_name: &str, table_id: &str, page: &PageRequest) -> Result<Page<pb::Route>> {
         self.cloud.api_call("ListRoutes").await?;
-        paginate(self.cloud.routes(cluster_name, table_id)?, |r| r.name.as_str(), page)
+        let lie = self.cloud.lie("ListRoutes");
+        listing(lie, self.cloud.routes(cluster_name, table_id)?, |r| r.name.as_str(), page)
     }
 
     async fn create_route(&self, cluster_name: &str, route: pb::Route) -> Result<pb::Route> {
@@ -122,7 +130,8 @@ impl ccm_provider_sdk::Routes for SimProvider {
 
     async fn resolve_route_tables(&self, targets: &[pb::RouteTarget]) -> Result<Vec<Result<Vec<String>>>> {
         self.cloud.api_call("ResolveRouteTables").await?;
-        Ok(targets.iter().map(|t| self.cloud.tables_for(t)).collect())
+        let lie = self.cloud.lie("ResolveRouteTables");
+        Ok(shuffled(lie, targets.iter().map(|t| self.cloud.tables_for(t)).collect()))
     }
 }
 
@@ -143,7 +152,13 @@ impl ccm_provider_sdk::LoadBalancers for SimProvider {
         nodes: &[pb::LoadBalancerNode],
     ) -> Result<pb::LoadBalancerStatus> {
         self.cloud.api_call_on("EnsureLoadBalancer", &service.load_balancer_name).await?;
-        self.cloud.ensure_load_balancer(service, nodes)
+        let mut status = self.cloud.ensure_load_balancer(service, nodes)?;
+        if self.cloud.lie("EnsureLoadBalancer") == Some(Lie::InvalidIps) {
+            for ingress in &mut status.ingress {
+                ingress.ip = NOT_AN_IP.into();
+            }
+        }
+        Ok(status)
     }
 
     async fn update_load_balancer_hosts(&self, service: &pb::LoadBalancerService, nodes: &[pb::LoadBalancerNode]) -> Result<()> {
@@ -159,7 +174,8 @@ impl ccm_provider_sdk::LoadBalancers for SimProvider {
 
     async fn list_load_balancers(&self, cluster_name: &str, page: &PageRequest) -> Result<Page<pb::LoadBalancerSummary>> {
         self.cloud.api_call("ListLoadBalancers").await?;
-        paginate(self.cloud.load_balancers(cluster_name), |l| l.load_balancer_name.as_str(), page)
+        let lie = self.cloud.lie("ListLoadBalancers");
+        listing(lie, self.cloud.load_balancers(cluster_name), |l| l.load_balancer_name.as_str(), page)
     }
 }
 
@@ -168,5 +184,50 @@ impl ccm_provider_sdk::NodeMetadata for SimProvider {
     async fn node_metadata(&self) -> Result<pb::InstanceMetadata> {
         // The link-local metadata service: not the cloud API, so no rate limit or latency.
         self.cloud.node_metadata()
+    }
+}
+
+/// What a lying sim answers for an address or ingress IP.
+const NOT_AN_IP: &str = "999.0.0.1";
+
+/// One instance answer, as `lie` bends it.
+fn lie_about(lie: Option<Lie>, metadata: Option<pb::InstanceMetadata>) -> Option<pb::InstanceMetadata> {
+    use pb::NodeAddressType as T;
+    let mut m = metadata?;
+    match lie {
+        Some(Lie::AllGone) => return None,
+        Some(Lie::OtherScheme) => m.provider_id = m.provider_id.replacen(crate::cloud::PROVIDER_ID_SCHEME, "other://", 1),
+        Some(Lie::InvalidIps) => {
+            for a in m.addresses.iter_mut().filter(|a| matches!(a.r#type(), T::InternalIp | T::ExternalIp)) {
+                a.address = NOT_AN_IP.into();
+            }
+        }
+        _ => {}
+    }
+    Some(m)
+}
+
+/// A batch answer, reordered or cut short when `lie` says so.
+fn shuffled<T>(lie: Option<Lie>, mut answers: Vec<T>) -> Vec<T> {
+    match lie {
+        Some(Lie::Reorder) => answers.reverse(),
+        Some(Lie::ShortBatch) => {
+            answers.pop();
+        }
+        _ => {}
+    }
+    answers
+}
+
+/// One page of a listing, emptied or with its token repeated when `lie` says so.
+fn listing<T: Clone>(lie: Option<Lie>, items: Vec<T>, key: impl Fn(&T) -> &str, page: &PageRequest) -> Result<Page<T>> {
+    match lie {
+        Some(Lie::EmptyListing) => Ok(Page { items: Vec::new(), next_page_token: String::new() }),
+        Some(Lie::RepeatedPageToken) => {
+            let mut first = paginate(items, key, &PageRequest::new(page.page_size, ""))?;
+            first.next_page_token = "again".into();
+            Ok(first)
+        }
+        _ => paginate(items, key, page),
     }
 }

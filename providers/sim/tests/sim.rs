@@ -319,17 +319,7 @@ async fn rate_limits_faults_lifecycle_and_lag() {
     assert!(!exists(&mut instances, &provider_id).await.expect("call"));
 
     // A method that is down answers UNAVAILABLE, which is not "gone".
-    sim.admin
-        .set_faults(&[Fault {
-            method: "InstanceExists".into(),
-            error_rate: 0.0,
-            down: true,
-            code: Default::default(),
-            subject: None,
-            retry_after_ms: None,
-        }])
-        .await
-        .expect("faults");
+    sim.admin.set_faults(&[Fault { method: "InstanceExists".into(), down: true, ..Default::default() }]).await.expect("faults");
     let err = exists(&mut instances, &provider_id).await.expect_err("down");
     assert_eq!(err.code(), tonic::Code::Unavailable);
     sim.admin.set_faults(&[]).await.expect("clear");

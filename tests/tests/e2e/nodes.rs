@@ -251,6 +251,7 @@ async fn gone_instances_delete_nodes_stopped_ones_taint_them_and_errors_change_n
         code: FaultCode::Unavailable,
         subject: None,
         retry_after_ms: None,
+        ..Default::default()
     };
     sim.admin.set_faults(&[down]).await.expect("faults");
     sim.admin.instance_action("i-flaky", "terminate").await.expect("terminate");
@@ -342,6 +343,7 @@ async fn rate_limits_are_waited_out_and_retries_back_off_despite_updates() {
         code: FaultCode::RateLimited,
         subject: None,
         retry_after_ms: None,
+        ..Default::default()
     });
     let sim = Sim::start(config).await;
     NodeBuilder::new(&name).uninitialized().label(TEST_LABEL, &env.prefix).create(&env.client).await.expect("node");
@@ -677,6 +679,7 @@ fn an_hour_of_throttling() -> Fault {
         code: FaultCode::RateLimited,
         subject: None,
         retry_after_ms: Some(3_600_000),
+        ..Default::default()
     }
 }
 

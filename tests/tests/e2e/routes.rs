@@ -316,6 +316,7 @@ async fn a_failing_provider_is_backed_off_then_converges() {
         code: FaultCode::Unavailable,
         subject: None,
         retry_after_ms: None,
+        ..Default::default()
     });
     let sim = Sim::start(config).await;
     node(&env, &a, &["10.244.1.0/24"]).await;
@@ -334,6 +335,7 @@ async fn a_failing_provider_is_backed_off_then_converges() {
             code: FaultCode::RateLimited,
             subject: None,
             retry_after_ms: None,
+            ..Default::default()
         }])
         .await
         .expect("throttle");

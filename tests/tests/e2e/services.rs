@@ -121,6 +121,7 @@ async fn a_service_deleted_while_the_provider_is_down_keeps_its_finalizer_until_
         code: FaultCode::Unavailable,
         subject: None,
         retry_after_ms: None,
+        ..Default::default()
     };
     sim.admin.set_faults(&[down]).await.expect("down");
     env.services().delete("web", &DeleteParams::default()).await.expect("delete");
@@ -235,6 +236,7 @@ async fn a_failing_service_backs_off_alone_and_its_retry_reads_the_newest_spec()
         code: FaultCode::Unavailable,
         subject: Some("-bad-".into()),
         retry_after_ms: None,
+        ..Default::default()
     });
     let sim = Sim::start(config).await;
     let mut flags = service_flags(&env);

@@ -50,7 +50,7 @@ async fn event_reasons(env: &TestEnv, object: &str) -> Vec<String> {
 }
 
 fn down() -> Fault {
-    Fault { method: "*".into(), error_rate: 0.0, down: true, code: FaultCode::Unavailable, subject: None, retry_after_ms: None }
+    Fault { method: "*".into(), down: true, code: FaultCode::Unavailable, ..Default::default() }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

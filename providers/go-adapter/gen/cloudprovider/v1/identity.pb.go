@@ -143,8 +143,14 @@ type GetPluginInfoResponse struct {
 	// The core leaves alone Nodes whose providerID has another scheme. Empty: the core cannot
 	// tell, and treats every providerID as this provider's.
 	ProviderIdScheme string `protobuf:"bytes,4,opt,name=provider_id_scheme,json=providerIdScheme,proto3" json:"provider_id_scheme,omitempty"`
-	unknownFields    protoimpl.UnknownFields
-	sizeCache        protoimpl.SizeCache
+	// The generation of the provider's state, such as a random id chosen at start by a provider
+	// that keeps state in memory. A change tells the core that state the provider held may be
+	// lost (a restart with an empty store): it lists routes and ensures every load balancer
+	// again at once instead of at its next resync. Empty: the provider's state lives in the
+	// cloud and survives its restarts.
+	Epoch         string `protobuf:"bytes,5,opt,name=epoch,proto3" json:"epoch,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *GetPluginInfoResponse) Reset() {
@@ -201,6 +207,13 @@ func (x *GetPluginInfoResponse) GetManifest() map[string]string {
 func (x *GetPluginInfoResponse) GetProviderIdScheme() string {
 	if x != nil {
 		return x.ProviderIdScheme
+	}
+	return ""
+}
+
+func (x *GetPluginInfoResponse) GetEpoch() string {
+	if x != nil {
+		return x.Epoch
 	}
 	return ""
 }
@@ -624,12 +637,13 @@ var File_cloudprovider_v1_identity_proto protoreflect.FileDescriptor
 const file_cloudprovider_v1_identity_proto_rawDesc = "" +
 	"\n" +
 	"\x1fcloudprovider/v1/identity.proto\x12\x10cloudprovider.v1\x1a\x1egoogle/protobuf/duration.proto\"\x16\n" +
-	"\x14GetPluginInfoRequest\"\x90\x02\n" +
+	"\x14GetPluginInfoRequest\"\xa6\x02\n" +
 	"\x15GetPluginInfoResponse\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12%\n" +
 	"\x0evendor_version\x18\x02 \x01(\tR\rvendorVersion\x12Q\n" +
 	"\bmanifest\x18\x03 \x03(\v25.cloudprovider.v1.GetPluginInfoResponse.ManifestEntryR\bmanifest\x12,\n" +
-	"\x12provider_id_scheme\x18\x04 \x01(\tR\x10providerIdScheme\x1a;\n" +
+	"\x12provider_id_scheme\x18\x04 \x01(\tR\x10providerIdScheme\x12\x14\n" +
+	"\x05epoch\x18\x05 \x01(\tR\x05epoch\x1a;\n" +
 	"\rManifestEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\x1e\n" +

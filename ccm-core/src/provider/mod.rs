@@ -1,7 +1,13 @@
 //! The client of the provider sidecar: a lazily connected channel that reconnects by itself,
 //! the plugin's identity and capabilities read at start and after every reconnect, readiness
 //! from Probe, a deadline on every call, retries of retryable codes honouring RetryInfo, a
-//! client-side concurrency limit, and metrics by method, code and latency.
+//! client-side concurrency limit, and metrics by method, code and latency. The typed methods
+//! the controllers call are in [`api`]; the checks their answers pass in [`check`].
+
+mod api;
+pub mod check;
+
+pub use api::PerLookup;
 
 use std::sync::{Arc, RwLock};
 use std::time::Duration;
@@ -33,6 +39,8 @@ pub struct Identity {
     pub vendor_version: String,
     /// The scheme of its providerIDs; empty when it does not say.
     pub provider_id_scheme: String,
+    /// The generation of its state; empty when its state lives in the cloud.
+    pub epoch: String,
     /// Capabilities.
     pub capabilities: pb::GetPluginCapabilitiesResponse,
 }
@@ -47,6 +55,12 @@ impl Identity {
     pub fn owns(&self, provider_id: &str) -> bool {
         self.provider_id_scheme.is_empty()
             || provider_id.strip_prefix(self.provider_id_scheme.as_str()).is_some_and(|rest| rest.starts_with("://"))
+    }
+
+    /// Whether `other` is another provider than this one (another name or providerID scheme),
+    /// rather than this one at another version.
+    pub fn is_other_than(&self, other: &Identity) -> bool {
+        self.name != other.name || self.provider_id_scheme != other.provider_id_scheme
     }
 
     /// Whether batch instance reads are advertised.
@@ -69,6 +83,19 @@ pub struct Provider {
     max_retry_after: Duration,
     metrics: Metrics,
     state: Arc<RwLock<State>>,
+    changes: Arc<tokio::sync::watch::Sender<Changes>>,
+}
+
+/// How often the provider changed under the core since it started: counters the controllers
+/// watch ([`Provider::changes`]).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Changes {
+    /// Times it came back with another epoch: its state may be lost, so routes are listed and
+    /// load balancers ensured again.
+    pub epochs: u64,
+    /// Times it came back as another provider (name or providerID scheme): route deletions
+    /// pause until a full resync under the new identity.
+    pub identities: u64,
 }
 
 #[derive(Debug, Default)]
@@ -91,6 +118,7 @@ impl Provider {
             max_retry_after: DEFAULT_MAX_RETRY_AFTER,
             metrics,
             state: Arc::new(RwLock::new(State { reason: "provider not contacted yet".into(), ..Default::default() })),
+            changes: Arc::new(tokio::sync::watch::channel(Changes::default()).0),
         })
     }
 
@@ -108,6 +136,28 @@ impl Provider {
     /// The identity read at the last (re)connect, if any.
     pub fn identity(&self) -> Option<Identity> {
         self.state.read().unwrap_or_else(|p| p.into_inner()).identity.clone()
+    }
+
+    /// The provider's changes of epoch and identity so far, to wait on.
+    pub fn changes(&self) -> tokio::sync::watch::Receiver<Changes> {
+        self.changes.subscribe()
+    }
+
+    /// Records what a newly read identity says against the one before it.
+    fn compare(&self, before: Option<&Identity>, now: &Identity) {
+        let Some(before) = before else { return };
+        if before.is_other_than(now) {
+            tracing::warn!(
+                before = %before.name, before_scheme = %before.provider_id_scheme,
+                now = %now.name, now_scheme = %now.provider_id_scheme,
+                "the provider came back as another provider; route deletions pause until a full resync"
+            );
+            self.changes.send_modify(|c| c.identities += 1);
+        }
+        if !before.epoch.is_empty() && !now.epoch.is_empty() && before.epoch != now.epoch {
+            tracing::warn!(before = %before.epoch, now = %now.epoch, "the provider's state may be lost (a new epoch); routes and load balancers are synced again now");
+            self.changes.send_modify(|c| c.epochs += 1);
+        }
     }
 
     /// Whether the provider is ready, and why not.
@@ -142,7 +192,7 @@ impl Provider {
     /// retrying UNIMPLEMENTED or other final codes. A RetryInfo delay, at most
     /// `--provider-max-retry-after`, holds back every call of this process but identity calls,
     /// not only the refused one.
-    pub async fn call<M: Clone, T>(
+    async fn call<M: Clone, T>(
         &self,
         method: &'static str,
         message: M,
@@ -153,7 +203,7 @@ impl Provider {
 
     /// [`Provider::call`] for calls that change the cloud: every attempt, retries included,
     /// waits for `fence` first, so that none is sent once the lead it is made under is lost.
-    pub async fn call_fenced<M: Clone, T>(
+    async fn call_fenced<M: Clone, T>(
         &self,
         fence: Option<&crate::lease::Fence>,
         method: &'static str,
@@ -230,8 +280,10 @@ impl Provider {
             name: info.name,
             vendor_version: info.vendor_version,
             provider_id_scheme: info.provider_id_scheme,
+            epoch: info.epoch,
             capabilities,
         };
+        self.compare(self.identity().as_ref(), &identity);
         let probe = self
             .call("IdentityService/Probe", pb::ProbeRequest {}, async |ch, r| IdentityServiceClient::new(ch).probe(r).await)
             .await;

@@ -1,0 +1,338 @@
+//! The typed provider client the controllers use: one method per thing they ask of the cloud.
+//! Each owns its batching (500 lookups a call), paging (bounded, a repeated token an error),
+//! the deadline, retries and metrics of [`Provider::call`], fencing for calls that change the
+//! cloud, and the checks of [`super::check`]: an answer that fails them is an error, never
+//! acted on.
+
+use std::collections::BTreeMap;
+
+use ccm_proto::v1 as pb;
+use ccm_proto::v1::instances_service_client::InstancesServiceClient;
+use ccm_proto::v1::load_balancers_service_client::LoadBalancersServiceClient;
+use ccm_proto::v1::routes_service_client::RoutesServiceClient;
+use ccm_proto::v1::tags_service_client::TagsServiceClient;
+use ccm_provider_sdk::Error;
+use ccm_provider_sdk::validate::MAX_BATCH;
+use futures::future::join_all;
+
+use super::Provider;
+use super::check::{self, Pages, invalid};
+use crate::lease::Fence;
+
+/// One answer per lookup, in the lookups' order.
+pub type PerLookup<T> = Vec<Result<T, Error>>;
+
+impl Provider {
+    /// What the cloud says of each lookup's instance: `Ok(None)` when it does not exist. One
+    /// call per 500 lookups when the provider batches reads, else one per lookup. A batch
+    /// answer of the wrong length fails its lookups; an answer about another instance than
+    /// its lookup (a reordered batch), "exists" without metadata, or metadata that fails
+    /// [`check::metadata`] fails its own lookup; none of them ever reads as "gone".
+    pub async fn instance_metadata(&self, lookups: &[pb::InstanceLookup]) -> PerLookup<Option<pb::InstanceMetadata>> {
+        let scheme = self.identity().map(|i| i.provider_id_scheme).unwrap_or_default();
+        let (method, answers) = if self.identity().is_some_and(|i| i.batch_reads()) {
+            const METHOD: &str = "InstancesService/BatchInstanceMetadata";
+            let call = |instances: Vec<pb::InstanceLookup>| async move {
+                let request = pb::BatchInstanceMetadataRequest { instances };
+                let rpc = async |ch, r| InstancesServiceClient::new(ch).batch_instance_metadata(r).await;
+                self.call(METHOD, request, rpc).await.map(|a| a.results)
+            };
+            let answers = in_batches(METHOD, lookups, call, |r: pb::InstanceMetadataResult| match r.error {
+                Some(e) => Err(Error::from_item_error(&e)),
+                None => Ok((r.exists, r.metadata)),
+            })
+            .await;
+            (METHOD, answers)
+        } else {
+            const METHOD: &str = "InstancesService/InstanceMetadata";
+            let answers = join_all(lookups.iter().map(|lookup| async move {
+                let request = pb::InstanceMetadataRequest { instance: Some(lookup.clone()) };
+                let rpc = async |ch, r| InstancesServiceClient::new(ch).instance_metadata(r).await;
+                self.call(METHOD, request, rpc).await.map(|a| (a.exists, a.metadata))
+            }))
+            .await;
+            (METHOD, answers)
+        };
+        let answers: PerLookup<_> = lookups
+            .iter()
+            .zip(answers)
+            .map(|(lookup, answer)| answer.and_then(|(exists, m)| instance(method, lookup, exists, m, &scheme)))
+            .collect();
+        self.count_invalid(method, &answers);
+        answers
+    }
+
+    /// Each lookup's instance tags, 500 lookups a call.
+    pub async fn instance_tags(&self, lookups: &[pb::InstanceLookup]) -> PerLookup<BTreeMap<String, String>> {
+        const METHOD: &str = "TagsService/BatchGetInstanceTags";
+        let call = |instances: Vec<pb::InstanceLookup>| async move {
+            let request = pb::BatchGetInstanceTagsRequest { instances };
+            let rpc = async |ch, r| TagsServiceClient::new(ch).batch_get_instance_tags(r).await;
+            self.call(METHOD, request, rpc).await.map(|a| a.results)
+        };
+        let answers = in_batches(METHOD, lookups, call, |r: pb::InstanceTagsResult| match r.error {
+            Some(e) => Err(Error::from_item_error(&e)),
+            None => Ok(r.tags.into_iter().collect()),
+        })
+        .await;
+        self.count_invalid(METHOD, &answers);
+        answers
+    }
+
+    /// Every route table, all pages.
+    pub async fn list_route_tables(&self) -> Result<Vec<pb::RouteTable>, Error> {
+        const METHOD: &str = "RoutesService/ListRouteTables";
+        let mut tables = Vec::new();
+        let mut pages = Pages::default();
+        let mut token = String::new();
+        loop {
+            let request = pb::ListRouteTablesRequest { page_size: 0, page_token: token };
+            let rpc = async |ch, r| RoutesServiceClient::new(ch).list_route_tables(r).await;
+            let page = self.call(METHOD, request, rpc).await?;
+            if let Some(t) = page.tables.iter().find(|t| t.id.is_empty()) {
+                return Err(self.invalid(METHOD, format!("a route table without an id (named {:?})", t.name)));
+            }
+            tables.extend(page.tables);
+            match pages.next(METHOD, page.next_page_token).map_err(|e| self.counted(METHOD, e))? {
+                Some(next) => token = next,
+                None => return Ok(tables),
+            }
+        }
+    }
+
+    /// The cluster's routes in one table, all pages, each checked by [`check::route`].
+    pub async fn list_routes(&self, cluster: &str, table: &str) -> Result<Vec<pb::Route>, Error> {
+        const METHOD: &str = "RoutesService/ListRoutes";
+        let mut routes = Vec::new();
+        let mut pages = Pages::default();
+        let mut token = String::new();
+        loop {
+            let request = pb::ListRoutesRequest {
+                cluster_name: cluster.to_string(),
+                table_id: table.to_string(),
+                page_size: 0,
+                page_token: token,
+            };
+            let rpc = async |ch, r| RoutesServiceClient::new(ch).list_routes(r).await;
+            let page = self.call(METHOD, request, rpc).await?;
+            for route in &page.routes {
+                check::route(route).map_err(|why| self.invalid(METHOD, why))?;
+            }
+            routes.extend(page.routes);
+            match pages.next(METHOD, page.next_page_token).map_err(|e| self.counted(METHOD, e))? {
+                Some(next) => token = next,
+                None => return Ok(routes),
+            }
+        }
+    }
+
+    /// The tables each target's routes belong in, 500 targets a call: one answer per target,
+    /// in order. An answer of the wrong length is an error for the whole call.
+    pub async fn resolve_route_tables(&self, targets: &[pb::RouteTarget]) -> Result<PerLookup<Vec<String>>, Error> {
+        const METHOD: &str = "RoutesService/ResolveRouteTables";
+        let mut out = Vec::with_capacity(targets.len());
+        for chunk in targets.chunks(MAX_BATCH) {
+            let request = pb::ResolveRouteTablesRequest { targets: chunk.to_vec() };
+            let rpc = async |ch, r| RoutesServiceClient::new(ch).resolve_route_tables(r).await;
+            let answer = self.call(METHOD, request, rpc).await?;
+            if answer.assignments.len() != chunk.len() {
+                let why = format!("{} assignments for {} targets", answer.assignments.len(), chunk.len());
+                return Err(self.invalid(METHOD, why));
+            }
+            out.extend(answer.assignments.into_iter().map(|a| match a.error {
+                Some(e) => Err(Error::from_item_error(&e)),
+                None => Ok(a.table_ids),
+            }));
+        }
+        Ok(out)
+    }
+
+    /// Creates `route` (fenced); the route as the provider made it.
+    pub async fn create_route(&self, fence: Option<&Fence>, cluster: &str, route: pb::Route) -> Result<pb::Route, Error> {
+        const METHOD: &str = "RoutesService/CreateRoute";
+        let request = pb::CreateRouteRequest { cluster_name: cluster.to_string(), route: Some(route.clone()) };
+        let rpc = async |ch, r| RoutesServiceClient::new(ch).create_route(r).await;
+        let made = self.call_fenced(fence, METHOD, request, rpc).await?.route.unwrap_or_else(|| route.clone());
+        check::route(&made).map_err(|why| self.invalid(METHOD, why))?;
+        if made.destination_cidr != route.destination_cidr {
+            let why = format!("asked for a route to {}, it made one to {}", route.destination_cidr, made.destination_cidr);
+            return Err(self.invalid(METHOD, why));
+        }
+        Ok(made)
+    }
+
+    /// Deletes the route `name` of `table` (fenced).
+    pub async fn delete_route(&self, fence: Option<&Fence>, cluster: &str, table: &str, name: &str) -> Result<(), Error> {
+        let request =
+            pb::DeleteRouteRequest { cluster_name: cluster.to_string(), table_id: table.to_string(), name: name.to_string() };
+        let rpc = async |ch, r| RoutesServiceClient::new(ch).delete_route(r).await;
+        self.call_fenced(fence, "RoutesService/DeleteRoute", request, rpc).await.map(|_| ())
+    }
+
+    /// The cluster's load balancers, all pages.
+    pub async fn list_load_balancers(&self, cluster: &str) -> Result<Vec<pb::LoadBalancerSummary>, Error> {
+        const METHOD: &str = "LoadBalancersService/ListLoadBalancers";
+        let mut listed = Vec::new();
+        let mut pages = Pages::default();
+        let mut token = String::new();
+        loop {
+            let request = pb::ListLoadBalancersRequest { cluster_name: cluster.to_string(), page_size: 0, page_token: token };
+            let rpc = async |ch, r| LoadBalancersServiceClient::new(ch).list_load_balancers(r).await;
+            let page = self.call(METHOD, request, rpc).await?;
+            listed.extend(page.load_balancers);
+            match pages.next(METHOD, page.next_page_token).map_err(|e| self.counted(METHOD, e))? {
+                Some(next) => token = next,
+                None => return Ok(listed),
+            }
+        }
+    }
+
+    /// Ensures the load balancer of `service` over `nodes` (fenced); its status, checked by
+    /// [`check::status`].
+    pub async fn ensure_load_balancer(
+        &self,
+        fence: Option<&Fence>,
+        service: pb::LoadBalancerService,
+        nodes: Vec<pb::LoadBalancerNode>,
+    ) -> Result<pb::LoadBalancerStatus, Error> {
+        const METHOD: &str = "LoadBalancersService/EnsureLoadBalancer";
+        let request = pb::EnsureLoadBalancerRequest { service: Some(service), nodes };
+        let rpc = async |ch, r| LoadBalancersServiceClient::new(ch).ensure_load_balancer(r).await;
+        let status = self.call_fenced(fence, METHOD, request, rpc).await?.status.unwrap_or_default();
+        check::status(&status).map_err(|why| self.invalid(METHOD, why))?;
+        Ok(status)
+    }
+
+    /// Points the load balancer of `service` at `nodes` (fenced).
+    pub async fn update_load_balancer_hosts(
+        &self,
+        fence: Option<&Fence>,
+        service: pb::LoadBalancerService,
+        nodes: Vec<pb::LoadBalancerNode>,
+    ) -> Result<(), Error> {
+        let request = pb::UpdateLoadBalancerHostsRequest { service: Some(service), nodes };
+        let rpc = async |ch, r| LoadBalancersServiceClient::new(ch).update_load_balancer_hosts(r).await;
+        self.call_fenced(fence, "LoadBalancersService/UpdateLoadBalancerHosts", request, rpc).await.map(|_| ())
+    }
+
+    /// Deletes the load balancer of `service` if it exists (fenced).
+    pub async fn ensure_load_balancer_deleted(
+        &self,
+        fence: Option<&Fence>,
+        service: pb::LoadBalancerService,
+    ) -> Result<(), Error> {
+        let request = pb::EnsureLoadBalancerDeletedRequest { service: Some(service) };
+        let rpc = async |ch, r| LoadBalancersServiceClient::new(ch).ensure_load_balancer_deleted(r).await;
+        self.call_fenced(fence, "LoadBalancersService/EnsureLoadBalancerDeleted", request, rpc).await.map(|_| ())
+    }
+
+    /// The error of an invalid answer to `method`, counted and logged.
+    fn invalid(&self, method: &str, why: impl std::fmt::Display) -> Error {
+        self.counted(method, invalid(method, why))
+    }
+
+    fn counted(&self, method: &str, error: Error) -> Error {
+        if check::is_invalid(&error) {
+            self.metrics.invalid_answer(method);
+            tracing::warn!(method, %error, "invalid provider answer");
+        }
+        error
+    }
+
+    fn count_invalid<T>(&self, method: &str, answers: &PerLookup<T>) {
+        for error in answers.iter().filter_map(|a| a.as_ref().err()) {
+            self.counted(method, error.clone());
+        }
+    }
+}
+
+/// One lookup's instance answer: metadata when it exists, checked; about the lookup's own
+/// instance (the same providerID when both have one).
+fn instance(
+    method: &str,
+    lookup: &pb::InstanceLookup,
+    exists: bool,
+    metadata: Option<pb::InstanceMetadata>,
+    scheme: &str,
+) -> Result<Option<pb::InstanceMetadata>, Error> {
+    if !exists {
+        return Ok(None);
+    }
+    let Some(m) = metadata else {
+        return Err(invalid(method, format!("instance of node {:?} exists but came without metadata", lookup.node_name)));
+    };
+    check::metadata(&m, scheme).map_err(|why| invalid(method, format!("node {:?}: {why}", lookup.node_name)))?;
+    if !lookup.provider_id.is_empty() && m.provider_id != lookup.provider_id {
+        let why =
+            format!("asked about {:?} (node {:?}), it answered about {:?}", lookup.provider_id, lookup.node_name, m.provider_id);
+        return Err(invalid(method, why));
+    }
+    Ok(Some(m))
+}
+
+/// Runs a batch RPC over `lookups` in chunks of [`MAX_BATCH`]: one result per lookup, in
+/// order; a failed call, or an answer of the wrong length, fails each lookup of its chunk.
+async fn in_batches<R, T, Fut>(
+    method: &str,
+    lookups: &[pb::InstanceLookup],
+    call: impl Fn(Vec<pb::InstanceLookup>) -> Fut,
+    item: impl Fn(R) -> Result<T, Error>,
+) -> PerLookup<T>
+where
+    Fut: Future<Output = Result<Vec<R>, Error>>,
+{
+    let mut out = Vec::with_capacity(lookups.len());
+    for chunk in lookups.chunks(MAX_BATCH) {
+        match call(chunk.to_vec()).await {
+            Ok(results) if results.len() == chunk.len() => out.extend(results.into_iter().map(&item)),
+            Ok(results) => {
+                let e = invalid(method, format!("{} answers for {} lookups", results.len(), chunk.len()));
+                out.extend(chunk.iter().map(|_| Err(e.clone())));
+            }
+            Err(e) => out.extend(chunk.iter().map(|_| Err(e.clone()))),
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn lookup(name: &str, id: &str) -> pb::InstanceLookup {
+        pb::InstanceLookup { node_name: name.into(), provider_id: id.into(), ..Default::default() }
+    }
+
+    fn meta(id: &str) -> pb::InstanceMetadata {
+        pb::InstanceMetadata { provider_id: id.into(), ..Default::default() }
+    }
+
+    #[test]
+    fn an_instance_answer_is_about_its_lookup_or_an_error() {
+        let m = "M";
+        assert_eq!(instance(m, &lookup("a", "sim://z/a"), false, None, "sim").expect("ok"), None);
+        let stray = instance(m, &lookup("a", "sim://z/a"), false, Some(meta("sim://z/a")), "sim").expect("ok");
+        assert_eq!(stray, None, "absent wins over stray metadata");
+        assert!(instance(m, &lookup("a", "sim://z/a"), true, Some(meta("sim://z/a")), "sim").expect("ok").is_some());
+        // A lookup by name takes the instance the provider found.
+        assert!(instance(m, &lookup("a", ""), true, Some(meta("sim://z/a")), "sim").expect("ok").is_some());
+        let swapped = instance(m, &lookup("a", "sim://z/a"), true, Some(meta("sim://z/b")), "sim").expect_err("an error");
+        assert!(check::is_invalid(&swapped) && swapped.to_string().contains("sim://z/b"), "{swapped}");
+        let bare = instance(m, &lookup("a", "sim://z/a"), true, None, "sim").expect_err("an error");
+        assert!(bare.to_string().contains("without metadata"), "{bare}");
+        let other = instance(m, &lookup("a", ""), true, Some(meta("other://z/a")), "sim").expect_err("an error");
+        assert!(other.to_string().contains("scheme"), "{other}");
+    }
+
+    #[tokio::test]
+    async fn a_short_batch_fails_every_lookup_of_its_chunk() {
+        let lookups: Vec<_> = (0..3).map(|i| lookup(&format!("n{i}"), "")).collect();
+        let short = |l: Vec<pb::InstanceLookup>| async move { Ok::<_, Error>(l.into_iter().skip(1).collect::<Vec<_>>()) };
+        let answers = in_batches("M", &lookups, short, Ok).await;
+        assert_eq!(answers.len(), 3);
+        assert!(answers.iter().all(|a| a.as_ref().is_err_and(check::is_invalid)));
+        let whole = |l: Vec<pb::InstanceLookup>| async move { Ok::<_, Error>(l) };
+        let answers = in_batches("M", &lookups, whole, Ok).await;
+        assert!(answers.iter().all(Result::is_ok));
+    }
+}
