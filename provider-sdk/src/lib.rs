@@ -25,7 +25,7 @@ pub mod validate;
 
 pub use ccm_proto::v1 as proto;
 pub use error::{Error, Result, reason};
-pub use page::{Page, PageRequest, paginate};
+pub use page::{Page, PageRequest, paginate, token_for};
 pub use provider::{ImageCredentials, Instances, LoadBalancers, NodeMetadata, Probe, Readiness, Routes, Tags};
 pub use server::{CallObserver, Listen, ProviderServer};
 /// The attribute for implementing the provider traits: `#[ccm_provider_sdk::async_trait]`.

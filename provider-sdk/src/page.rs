@@ -64,7 +64,8 @@ impl PageRequest {
     }
 }
 
-fn token_for(key: &str) -> String {
+/// The token of the page that starts after `key`, as [`paginate`] issues it.
+pub fn token_for(key: &str) -> String {
     let mut token = String::with_capacity(TOKEN_PREFIX.len() + key.len() * 2);
     token.push_str(TOKEN_PREFIX);
     for b in key.bytes() {

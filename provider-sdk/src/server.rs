@@ -26,6 +26,16 @@ use crate::page::PageRequest;
 use crate::provider::{ImageCredentials, Instances, LoadBalancers, NodeMetadata, Probe, Readiness, Routes, Tags};
 use crate::validate;
 
+/// A generated service server with cloudprovider.v1's message limits
+/// ([`crate::client::MAX_MESSAGE_SIZE`] each way).
+macro_rules! limited {
+    ($server:expr) => {
+        $server
+            .max_decoding_message_size(crate::client::MAX_MESSAGE_SIZE)
+            .max_encoding_message_size(crate::client::MAX_MESSAGE_SIZE)
+    };
+}
+
 /// Errors starting or running a server.
 #[derive(Debug, thiserror::Error)]
 pub enum ServeError {
@@ -381,37 +391,42 @@ impl ProviderServer {
             obs: obs.clone(),
         };
         health.set_serving::<IdentityServiceServer<IdentityAdapter>>().await;
-        let mut router =
-            tonic::transport::Server::builder().add_service(health_service).add_service(IdentityServiceServer::new(identity));
+        let mut router = tonic::transport::Server::builder()
+            .add_service(health_service)
+            .add_service(limited!(IdentityServiceServer::new(identity)));
         if let Some(inner) = self.instances {
             health.set_serving::<InstancesServiceServer<InstancesAdapter>>().await;
             let ttl = cache_hint(inner.cache_ttl());
-            router = router.add_service(InstancesServiceServer::new(InstancesAdapter { inner, ttl, obs: obs.clone() }));
+            router = router.add_service(limited!(InstancesServiceServer::new(InstancesAdapter { inner, ttl, obs: obs.clone() })));
         }
         if let Some(inner) = self.tags {
             health.set_serving::<TagsServiceServer<TagsAdapter>>().await;
             let ttl = cache_hint(inner.cache_ttl());
-            router = router.add_service(TagsServiceServer::new(TagsAdapter { inner, ttl, obs: obs.clone() }));
+            router = router.add_service(limited!(TagsServiceServer::new(TagsAdapter { inner, ttl, obs: obs.clone() })));
         }
         if let Some(inner) = self.routes {
             health.set_serving::<RoutesServiceServer<RoutesAdapter>>().await;
             let ipv6 = inner.capabilities().ipv6;
             let ttl = cache_hint(inner.cache_ttl());
-            router = router.add_service(RoutesServiceServer::new(RoutesAdapter { inner, ipv6, ttl, obs: obs.clone() }));
+            router = router.add_service(limited!(RoutesServiceServer::new(RoutesAdapter { inner, ipv6, ttl, obs: obs.clone() })));
         }
         if let Some(inner) = self.load_balancers {
             health.set_serving::<LoadBalancersServiceServer<LoadBalancersAdapter>>().await;
             let limits = NameLimits::from_capabilities(&inner.capabilities());
-            router =
-                router.add_service(LoadBalancersServiceServer::new(LoadBalancersAdapter { inner, limits, obs: obs.clone() }));
+            router = router.add_service(limited!(LoadBalancersServiceServer::new(LoadBalancersAdapter {
+                inner,
+                limits,
+                obs: obs.clone()
+            })));
         }
         if let Some(inner) = self.node_metadata {
             health.set_serving::<NodeMetadataServiceServer<NodeMetadataAdapter>>().await;
-            router = router.add_service(NodeMetadataServiceServer::new(NodeMetadataAdapter { inner, obs: obs.clone() }));
+            router =
+                router.add_service(limited!(NodeMetadataServiceServer::new(NodeMetadataAdapter { inner, obs: obs.clone() })));
         }
         if let Some(inner) = self.image_credentials {
             health.set_serving::<ImageCredentialsServiceServer<ImageCredentialsAdapter>>().await;
-            router = router.add_service(ImageCredentialsServiceServer::new(ImageCredentialsAdapter { inner, obs }));
+            router = router.add_service(limited!(ImageCredentialsServiceServer::new(ImageCredentialsAdapter { inner, obs })));
         }
         router
     }

@@ -216,20 +216,26 @@ fn bounded_note(note: String) -> String {
 /// first, a panic above all, is the controller's failure: the others are aborted and the
 /// panic goes on (or one is raised), so that the controller's own task ends with it and the
 /// process supervisor sees it, instead of the controller going on without its workers.
-pub async fn supervise(name: &str, tasks: &mut [tokio::task::JoinHandle<()>], stop: &mut tokio::sync::watch::Receiver<bool>) {
+/// The task that ended is taken out of `tasks` (it must not be awaited again).
+pub async fn supervise(name: &str, tasks: &mut Vec<tokio::task::JoinHandle<()>>, stop: &mut tokio::sync::watch::Receiver<bool>) {
     if tasks.is_empty() {
         let _ = stop.wait_for(|s| *s).await;
         return;
     }
     let ended = tokio::select! {
         _ = stop.wait_for(|s| *s) => return,
-        (result, _, _) = futures::future::select_all(tasks.iter_mut()) => result,
+        (result, index, _) = futures::future::select_all(tasks.iter_mut()) => {
+            drop(tasks.swap_remove(index));
+            result
+        }
     };
     for t in tasks.iter() {
         t.abort();
     }
     match ended {
         Err(e) if e.is_panic() => std::panic::resume_unwind(e.into_panic()),
+        // Told to stop at the same time: a task that saw it first is no failure.
+        _ if *stop.borrow() => {}
         _ => panic!("{name}: a task of the controller ended before it was told to stop"),
     }
 }

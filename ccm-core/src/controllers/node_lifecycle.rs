@@ -5,7 +5,9 @@
 //! bounded: none in a zone whose Nodes are mostly NotReady, or at all when every Node is (an
 //! outage, not gone instances), and
 //! none in a pass that finds more gone than `--max-node-deletions` (or
-//! `--max-node-deletion-share` of the Nodes); each refusal is a Warning Event. A Ready Node is
+//! `--max-node-deletion-share` of the Nodes), or when the provider calls Ready Nodes'
+//! instances gone too (up to eight are asked alongside: a provider that is wrong about them is
+//! not believed about the rest); each refusal is a Warning Event. A Ready Node is
 //! never deleted and loses the shutdown taint without the provider being asked (as upstream:
 //! a recovered Node must not stay unschedulable through a cloud outage); with every Node Ready
 //! this controller makes no provider call at all.
@@ -23,6 +25,10 @@ use crate::node_util::{self, TAINT_SHUTDOWN, TAINT_UNINITIALIZED};
 
 /// The controller's name.
 pub const NAME: &str = "cloud-node-lifecycle-controller";
+
+/// How many Ready Nodes' instances a pass that would delete Nodes asks about too, as a check
+/// of the provider's answer (one more call per 500 at most, only in such a pass).
+const WITNESSES: usize = 8;
 
 /// What one pass did.
 #[derive(Debug, Default, Clone, PartialEq, Eq)]
@@ -154,7 +160,7 @@ impl NodeLifecycleController {
                 }
             }
         }
-        self.delete_gone(gone, &disrupted, ready.len() + candidates.len(), &mut pass).await;
+        self.delete_gone(gone, &disrupted, &ready, candidates.len(), &mut pass).await;
         pass
     }
 
@@ -164,9 +170,11 @@ impl NodeLifecycleController {
         &self,
         gone: Vec<Arc<Node>>,
         disrupted: &BTreeMap<String, (usize, usize)>,
-        total: usize,
+        ready: &[Arc<Node>],
+        not_ready: usize,
         pass: &mut Pass,
     ) {
+        let total = ready.len() + not_ready;
         let (blocked, gone): (Vec<Arc<Node>>, Vec<Arc<Node>>) =
             gone.into_iter().partition(|n| disrupted.contains_key(zone_of(n)));
         for node in &blocked {
@@ -195,6 +203,17 @@ impl NodeLifecycleController {
             }
             return;
         }
+        if gone.is_empty() {
+            return;
+        }
+        if let Some(why) = self.doubt(ready).await {
+            tracing::warn!(gone = gone.len(), "refusing to delete Nodes: {why}");
+            for node in &gone {
+                self.refuse(node, &why).await;
+                pass.refused.push(node_util::name(node).to_string());
+            }
+            return;
+        }
         for node in &gone {
             let name = node_util::name(node).to_string();
             match self.delete(node).await {
@@ -208,6 +227,37 @@ impl NodeLifecycleController {
                 }
             }
         }
+    }
+
+    /// Why the provider's "gone" is not to be believed, if it is not: it is asked, in the same
+    /// way, about up to [`WITNESSES`] Ready Nodes' instances, which exist; a provider that
+    /// calls one of them gone too, or cannot answer, is wrong about the cloud (a lost
+    /// account, another region, an empty cache) rather than right about the Nodes.
+    async fn doubt(&self, ready: &[Arc<Node>]) -> Option<String> {
+        let witnesses: Vec<&Arc<Node>> = ready.iter().filter(|n| node_util::provider_id(n).is_some()).take(WITNESSES).collect();
+        let lookups: Vec<_> = witnesses.iter().map(|n| node_util::lookup(n)).collect();
+        let answers = self.ctx.provider.instance_metadata(&lookups).await;
+        let mut denied = Vec::new();
+        for (node, answer) in witnesses.iter().zip(answers) {
+            match answer {
+                Err(error) => {
+                    return Some(format!(
+                        "the provider could not confirm the instance of Ready Node {} ({error}), so its other answers are not trusted",
+                        node_util::name(node)
+                    ));
+                }
+                Ok(m) if m.as_ref().is_none_or(|m| m.state() == pb::InstanceState::Terminated) => {
+                    denied.push(node_util::name(node).to_string());
+                }
+                Ok(_) => {}
+            }
+        }
+        (!denied.is_empty()).then(|| {
+            format!(
+                "the provider also says the instances of Ready Nodes ({}) are gone, so its answer is not trusted",
+                denied.join(", ")
+            )
+        })
     }
 
     async fn refuse(&self, node: &Node, why: &str) {

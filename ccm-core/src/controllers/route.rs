@@ -460,6 +460,12 @@ impl RouteController {
                         corrections = sync.corrections,
                         "the resync found routes that changed behind the controller's back"
                     );
+                    let note = format!(
+                        "The resync found {} of the cluster's routes missing or changed behind the controller's back: \
+                         missing ones are made again, stale ones deleted only on evidence",
+                        sync.corrections
+                    );
+                    self.ctx.event(NAME, &self.ctx.lease(), true, "RoutesDrifted", note).await;
                 }
             }
             self.known = Some(fresh);

@@ -725,7 +725,9 @@ impl ServiceController {
         }
         let backends = self.backends();
         let last = self.ensured.lock().unwrap_or_else(|p| p.into_inner()).get(&k).copied();
-        if backends.is_empty() && (has_ingress(svc) || last.is_some_and(|e| e.count > 0)) {
+        // Emptied: it had hosts (or, unknown since this process started, it exists).
+        let had_hosts = last.map_or_else(|| has_ingress(svc), |e| e.count > 0);
+        if backends.is_empty() && had_hosts {
             // An empty node set is far likelier a listing glitch (an API server that came back
             // empty, every Node excluded by a bad label) than a cluster that wants its load
             // balancers cut off: the load balancer keeps the hosts it has.

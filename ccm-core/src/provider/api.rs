@@ -12,12 +12,28 @@ use ccm_proto::v1::load_balancers_service_client::LoadBalancersServiceClient;
 use ccm_proto::v1::routes_service_client::RoutesServiceClient;
 use ccm_proto::v1::tags_service_client::TagsServiceClient;
 use ccm_provider_sdk::Error;
+use ccm_provider_sdk::client::MAX_MESSAGE_SIZE;
 use ccm_provider_sdk::validate::MAX_BATCH;
 use futures::future::join_all;
+use tonic::transport::Channel;
 
 use super::Provider;
 use super::check::{self, Pages, invalid};
 use crate::lease::Fence;
+
+/// The generated clients, with cloudprovider.v1's message limits (64 MiB each way: a
+/// load balancer's 5000 Nodes with their labels do not fit gRPC's default 4 MiB).
+macro_rules! client {
+    ($name:ident, $client:ident) => {
+        fn $name(channel: Channel) -> $client<Channel> {
+            $client::new(channel).max_decoding_message_size(MAX_MESSAGE_SIZE).max_encoding_message_size(MAX_MESSAGE_SIZE)
+        }
+    };
+}
+client!(instances_client, InstancesServiceClient);
+client!(tags_client, TagsServiceClient);
+client!(routes_client, RoutesServiceClient);
+client!(load_balancers_client, LoadBalancersServiceClient);
 
 /// One answer per lookup, in the lookups' order.
 pub type PerLookup<T> = Vec<Result<T, Error>>;
@@ -34,7 +50,7 @@ impl Provider {
             const METHOD: &str = "InstancesService/BatchInstanceMetadata";
             let call = |instances: Vec<pb::InstanceLookup>| async move {
                 let request = pb::BatchInstanceMetadataRequest { instances };
-                let rpc = async |ch, r| InstancesServiceClient::new(ch).batch_instance_metadata(r).await;
+                let rpc = async |ch, r| instances_client(ch).batch_instance_metadata(r).await;
                 self.call(METHOD, request, rpc).await.map(|a| a.results)
             };
             let answers = in_batches(METHOD, lookups, call, |r: pb::InstanceMetadataResult| match r.error {
@@ -47,7 +63,7 @@ impl Provider {
             const METHOD: &str = "InstancesService/InstanceMetadata";
             let answers = join_all(lookups.iter().map(|lookup| async move {
                 let request = pb::InstanceMetadataRequest { instance: Some(lookup.clone()) };
-                let rpc = async |ch, r| InstancesServiceClient::new(ch).instance_metadata(r).await;
+                let rpc = async |ch, r| instances_client(ch).instance_metadata(r).await;
                 self.call(METHOD, request, rpc).await.map(|a| (a.exists, a.metadata))
             }))
             .await;
@@ -67,7 +83,7 @@ impl Provider {
         const METHOD: &str = "TagsService/BatchGetInstanceTags";
         let call = |instances: Vec<pb::InstanceLookup>| async move {
             let request = pb::BatchGetInstanceTagsRequest { instances };
-            let rpc = async |ch, r| TagsServiceClient::new(ch).batch_get_instance_tags(r).await;
+            let rpc = async |ch, r| tags_client(ch).batch_get_instance_tags(r).await;
             self.call(METHOD, request, rpc).await.map(|a| a.results)
         };
         let answers = in_batches(METHOD, lookups, call, |r: pb::InstanceTagsResult| match r.error {
@@ -87,7 +103,7 @@ impl Provider {
         let mut token = String::new();
         loop {
             let request = pb::ListRouteTablesRequest { page_size: 0, page_token: token };
-            let rpc = async |ch, r| RoutesServiceClient::new(ch).list_route_tables(r).await;
+            let rpc = async |ch, r| routes_client(ch).list_route_tables(r).await;
             let page = self.call(METHOD, request, rpc).await?;
             if let Some(t) = page.tables.iter().find(|t| t.id.is_empty()) {
                 return Err(self.invalid(METHOD, format!("a route table without an id (named {:?})", t.name)));
@@ -113,7 +129,7 @@ impl Provider {
                 page_size: 0,
                 page_token: token,
             };
-            let rpc = async |ch, r| RoutesServiceClient::new(ch).list_routes(r).await;
+            let rpc = async |ch, r| routes_client(ch).list_routes(r).await;
             let page = self.call(METHOD, request, rpc).await?;
             for route in &page.routes {
                 check::route(route).map_err(|why| self.invalid(METHOD, why))?;
@@ -133,7 +149,7 @@ impl Provider {
         let mut out = Vec::with_capacity(targets.len());
         for chunk in targets.chunks(MAX_BATCH) {
             let request = pb::ResolveRouteTablesRequest { targets: chunk.to_vec() };
-            let rpc = async |ch, r| RoutesServiceClient::new(ch).resolve_route_tables(r).await;
+            let rpc = async |ch, r| routes_client(ch).resolve_route_tables(r).await;
             let answer = self.call(METHOD, request, rpc).await?;
             if answer.assignments.len() != chunk.len() {
                 let why = format!("{} assignments for {} targets", answer.assignments.len(), chunk.len());
@@ -151,7 +167,7 @@ impl Provider {
     pub async fn create_route(&self, fence: Option<&Fence>, cluster: &str, route: pb::Route) -> Result<pb::Route, Error> {
         const METHOD: &str = "RoutesService/CreateRoute";
         let request = pb::CreateRouteRequest { cluster_name: cluster.to_string(), route: Some(route.clone()) };
-        let rpc = async |ch, r| RoutesServiceClient::new(ch).create_route(r).await;
+        let rpc = async |ch, r| routes_client(ch).create_route(r).await;
         let made = self.call_fenced(fence, METHOD, request, rpc).await?.route.unwrap_or_else(|| route.clone());
         check::route(&made).map_err(|why| self.invalid(METHOD, why))?;
         if made.destination_cidr != route.destination_cidr {
@@ -165,7 +181,7 @@ impl Provider {
     pub async fn delete_route(&self, fence: Option<&Fence>, cluster: &str, table: &str, name: &str) -> Result<(), Error> {
         let request =
             pb::DeleteRouteRequest { cluster_name: cluster.to_string(), table_id: table.to_string(), name: name.to_string() };
-        let rpc = async |ch, r| RoutesServiceClient::new(ch).delete_route(r).await;
+        let rpc = async |ch, r| routes_client(ch).delete_route(r).await;
         self.call_fenced(fence, "RoutesService/DeleteRoute", request, rpc).await.map(|_| ())
     }
 
@@ -177,7 +193,7 @@ impl Provider {
         let mut token = String::new();
         loop {
             let request = pb::ListLoadBalancersRequest { cluster_name: cluster.to_string(), page_size: 0, page_token: token };
-            let rpc = async |ch, r| LoadBalancersServiceClient::new(ch).list_load_balancers(r).await;
+            let rpc = async |ch, r| load_balancers_client(ch).list_load_balancers(r).await;
             let page = self.call(METHOD, request, rpc).await?;
             listed.extend(page.load_balancers);
             match pages.next(METHOD, page.next_page_token).map_err(|e| self.counted(METHOD, e))? {
@@ -197,7 +213,7 @@ impl Provider {
     ) -> Result<pb::LoadBalancerStatus, Error> {
         const METHOD: &str = "LoadBalancersService/EnsureLoadBalancer";
         let request = pb::EnsureLoadBalancerRequest { service: Some(service), nodes };
-        let rpc = async |ch, r| LoadBalancersServiceClient::new(ch).ensure_load_balancer(r).await;
+        let rpc = async |ch, r| load_balancers_client(ch).ensure_load_balancer(r).await;
         let status = self.call_fenced(fence, METHOD, request, rpc).await?.status.unwrap_or_default();
         check::status(&status).map_err(|why| self.invalid(METHOD, why))?;
         Ok(status)
@@ -211,7 +227,7 @@ impl Provider {
         nodes: Vec<pb::LoadBalancerNode>,
     ) -> Result<(), Error> {
         let request = pb::UpdateLoadBalancerHostsRequest { service: Some(service), nodes };
-        let rpc = async |ch, r| LoadBalancersServiceClient::new(ch).update_load_balancer_hosts(r).await;
+        let rpc = async |ch, r| load_balancers_client(ch).update_load_balancer_hosts(r).await;
         self.call_fenced(fence, "LoadBalancersService/UpdateLoadBalancerHosts", request, rpc).await.map(|_| ())
     }
 
@@ -222,7 +238,7 @@ impl Provider {
         service: pb::LoadBalancerService,
     ) -> Result<(), Error> {
         let request = pb::EnsureLoadBalancerDeletedRequest { service: Some(service) };
-        let rpc = async |ch, r| LoadBalancersServiceClient::new(ch).ensure_load_balancer_deleted(r).await;
+        let rpc = async |ch, r| load_balancers_client(ch).ensure_load_balancer_deleted(r).await;
         self.call_fenced(fence, "LoadBalancersService/EnsureLoadBalancerDeleted", request, rpc).await.map(|_| ())
     }
 

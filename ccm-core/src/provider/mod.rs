@@ -27,8 +27,14 @@ const ATTEMPTS: u32 = 3;
 /// A RetryInfo delay longer than this is not waited out inside a call: the caller's queue
 /// backs off instead, so a worker is not held.
 const MAX_INLINE_WAIT: Duration = Duration::from_secs(2);
+/// How often an unreachable or unready provider is probed again.
+const RECONNECT_PERIOD: Duration = Duration::from_secs(1);
 /// The longest RetryInfo delay honoured unless `--provider-max-retry-after` says otherwise.
 const DEFAULT_MAX_RETRY_AFTER: Duration = Duration::from_secs(300);
+
+fn identity_client(channel: Channel) -> IdentityServiceClient<Channel> {
+    IdentityServiceClient::new(channel).max_decoding_message_size(ccm_provider_sdk::client::MAX_MESSAGE_SIZE)
+}
 
 /// What the plugin said about itself.
 #[derive(Debug, Clone, PartialEq)]
@@ -84,6 +90,8 @@ pub struct Provider {
     metrics: Metrics,
     state: Arc<RwLock<State>>,
     changes: Arc<tokio::sync::watch::Sender<Changes>>,
+    /// Wakes [`Provider::watch`] when a call finds the connection broken.
+    broken: Arc<tokio::sync::Notify>,
 }
 
 /// How often the provider changed under the core since it started: counters the controllers
@@ -119,6 +127,7 @@ impl Provider {
             metrics,
             state: Arc::new(RwLock::new(State { reason: "provider not contacted yet".into(), ..Default::default() })),
             changes: Arc::new(tokio::sync::watch::channel(Changes::default()).0),
+            broken: Default::default(),
         })
     }
 
@@ -240,6 +249,7 @@ impl Provider {
             if status.code() == tonic::Code::Unavailable && status.message().contains("transport") {
                 // The connection broke: the identity is re-read when it comes back.
                 self.set_state(false, format!("provider unreachable: {}", status.message()), None);
+                self.broken.notify_one();
             }
             let wait = error.retry_after().unwrap_or(Duration::from_millis(100 * u64::from(attempt)));
             if let Some(delay) = error.retry_after() {
@@ -261,7 +271,7 @@ impl Provider {
     pub async fn refresh(&self) -> Result<Identity, Error> {
         let info = self
             .call("IdentityService/GetPluginInfo", pb::GetPluginInfoRequest {}, async |ch, r| {
-                IdentityServiceClient::new(ch).get_plugin_info(r).await
+                identity_client(ch).get_plugin_info(r).await
             })
             .await;
         let info = match info {
@@ -273,7 +283,7 @@ impl Provider {
         };
         let capabilities = self
             .call("IdentityService/GetPluginCapabilities", pb::GetPluginCapabilitiesRequest {}, async |ch, r| {
-                IdentityServiceClient::new(ch).get_plugin_capabilities(r).await
+                identity_client(ch).get_plugin_capabilities(r).await
             })
             .await?;
         let identity = Identity {
@@ -284,9 +294,8 @@ impl Provider {
             capabilities,
         };
         self.compare(self.identity().as_ref(), &identity);
-        let probe = self
-            .call("IdentityService/Probe", pb::ProbeRequest {}, async |ch, r| IdentityServiceClient::new(ch).probe(r).await)
-            .await;
+        let probe =
+            self.call("IdentityService/Probe", pb::ProbeRequest {}, async |ch, r| identity_client(ch).probe(r).await).await;
         match probe {
             Ok(p) if p.ready => self.set_state(true, String::new(), Some(Some(identity.clone()))),
             Ok(p) => self.set_state(false, format!("provider not ready: {}", p.message), Some(Some(identity.clone()))),
@@ -295,13 +304,32 @@ impl Provider {
         Ok(identity)
     }
 
-    /// Probes the provider every `period` until `stop`; re-reads its identity whenever it was
-    /// unreachable or had none (a reconnect), and logs when capabilities change.
+    /// Reads the provider's info and probes it every `period` until `stop`; re-reads its whole
+    /// identity (capabilities too) whenever it was unreachable, had none, or its info changed
+    /// (a restart, an upgrade), and logs when it changes.
     pub async fn watch(self, period: Duration, mut stop: tokio::sync::watch::Receiver<bool>) {
         loop {
             let had = self.identity();
             let (ready, _) = self.readiness();
-            if !ready || had.is_none() {
+            // A provider restarted between two probes is reached again by the channel without
+            // an error: its info, read every period, tells (another epoch, name or version).
+            let same = match (&had, ready) {
+                (Some(had), true) => {
+                    let info = self
+                        .call("IdentityService/GetPluginInfo", pb::GetPluginInfoRequest {}, async |ch, r| {
+                            identity_client(ch).get_plugin_info(r).await
+                        })
+                        .await;
+                    info.is_ok_and(|i| {
+                        i.name == had.name
+                            && i.vendor_version == had.vendor_version
+                            && i.provider_id_scheme == had.provider_id_scheme
+                            && i.epoch == had.epoch
+                    })
+                }
+                _ => false,
+            };
+            if !same {
                 match self.refresh().await {
                     Ok(identity) if had.as_ref() != Some(&identity) => {
                         tracing::info!(plugin = %identity.name, version = %identity.vendor_version, "provider identity read");
@@ -311,9 +339,7 @@ impl Provider {
                 }
             } else {
                 let probe = self
-                    .call("IdentityService/Probe", pb::ProbeRequest {}, async |ch, r| {
-                        IdentityServiceClient::new(ch).probe(r).await
-                    })
+                    .call("IdentityService/Probe", pb::ProbeRequest {}, async |ch, r| identity_client(ch).probe(r).await)
                     .await;
                 match probe {
                     Ok(p) if p.ready => self.set_state(true, String::new(), None),
@@ -321,8 +347,12 @@ impl Provider {
                     Err(e) => self.set_state(false, format!("provider probe failed: {e}"), None),
                 }
             }
+            // While it is unreachable or not ready, look again every second: a restarted
+            // provider is back (and its identity re-read) at once, not a period later.
+            let wait = if self.readiness().0 { period } else { period.min(RECONNECT_PERIOD) };
             tokio::select! {
-                _ = tokio::time::sleep(period) => {}
+                _ = tokio::time::sleep(wait) => {}
+                _ = self.broken.notified() => {}
                 _ = stop.wait_for(|s| *s) => return,
             }
         }

@@ -56,10 +56,15 @@ func (o Options) withDefaults(cloud cloudprovider.Interface) Options {
 	return o
 }
 
+// MaxMessageSize is the largest message either side of cloudprovider.v1 sends or accepts,
+// as in the core: 64 MiB where gRPC's default is 4 MiB (an EnsureLoadBalancer for 5000 Nodes
+// with their labels is about 7 MB).
+const MaxMessageSize = 64 << 20
+
 // NewServer registers, on a new gRPC server, every service the cloud offers.
 func NewServer(cloud cloudprovider.Interface, opts Options) *grpc.Server {
 	opts = opts.withDefaults(cloud)
-	server := grpc.NewServer()
+	server := grpc.NewServer(grpc.MaxRecvMsgSize(MaxMessageSize), grpc.MaxSendMsgSize(MaxMessageSize))
 	id := &identity{opts: opts}
 	v2, hasV2 := cloud.InstancesV2()
 	v1, hasV1 := cloud.Instances()

@@ -224,8 +224,9 @@ fn listing<T: Clone>(lie: Option<Lie>, items: Vec<T>, key: impl Fn(&T) -> &str, 
     match lie {
         Some(Lie::EmptyListing) => Ok(Page { items: Vec::new(), next_page_token: String::new() }),
         Some(Lie::RepeatedPageToken) => {
+            // A well-formed token, of the page before the first: the first page comes back.
             let mut first = paginate(items, key, &PageRequest::new(page.page_size, ""))?;
-            first.next_page_token = "again".into();
+            first.next_page_token = ccm_provider_sdk::token_for("");
             Ok(first)
         }
         _ => paginate(items, key, page),

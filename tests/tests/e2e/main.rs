@@ -4,6 +4,7 @@
 
 mod aws;
 mod deploy;
+mod faults;
 mod go_adapter;
 mod harness;
 mod leader;

@@ -220,6 +220,18 @@ async fn node_set_changes_reach_every_load_balancer_within_a_second() {
     set_ready(&env.client, &n1, "False").await.expect("not ready");
     tokio::time::sleep(Duration::from_secs(2)).await;
     assert!(all(without.clone()).await.is_some(), "a NotReady node stays a backend");
+
+    // Every Node excluded at once (a bad label, a listing that came back empty): the load
+    // balancers keep their hosts rather than being emptied, and say so.
+    for n in [&n1, &n3] {
+        env.nodes().patch(n, &PatchParams::default(), &Patch::Merge(&patch)).await.expect("exclude");
+    }
+    reasons(&env, "a", &["LoadBalancerHostsKept"]).await;
+    assert!(all(without.clone()).await.is_some(), "a load balancer was emptied");
+    let back =
+        serde_json::json!({ "metadata": { "labels": { "node.kubernetes.io/exclude-from-external-load-balancers": null } } });
+    env.nodes().patch(&n3, &PatchParams::default(), &Patch::Merge(&back)).await.expect("include");
+    eventually("one node back as the only host", Duration::from_secs(5), async || all(vec![n3.clone()]).await).await;
     core.stop().await.expect("stop");
     env.cleanup().await.expect("cleanup");
 }
