@@ -38,11 +38,37 @@ impl Default for Settings {
     }
 }
 
+/// How to start one process again: its program, arguments and log.
+#[derive(Debug, Clone)]
+struct Spawn {
+    program: PathBuf,
+    args: Vec<std::ffi::OsString>,
+    log: PathBuf,
+}
+
+impl Spawn {
+    fn new(program: &Path, command: &Command, log: PathBuf) -> Self {
+        Self { program: program.to_path_buf(), args: command.get_args().map(ToOwned::to_owned).collect(), log }
+    }
+
+    fn start(&self) -> anyhow::Result<Child> {
+        let log = std::fs::OpenOptions::new().create(true).append(true).open(&self.log)?;
+        Command::new(&self.program)
+            .args(&self.args)
+            .stdin(Stdio::null())
+            .stdout(log.try_clone()?)
+            .stderr(log)
+            .spawn()
+            .with_context(|| format!("starting {}", self.program.display()))
+    }
+}
+
 /// A running etcd and kube-apiserver.
 pub struct ControlPlane {
     dir: tempfile::TempDir,
     etcd: Child,
     apiserver: Child,
+    spawns: [Spawn; 2],
     watchdog: Option<Child>,
     ca: Ca,
     server: String,
@@ -142,22 +168,19 @@ impl ControlPlane {
         let (etcd_port, peer_port, api_port) = (free_port()?, free_port()?, free_port()?);
         let etcd_url = format!("http://127.0.0.1:{etcd_port}");
         let peer_url = format!("http://127.0.0.1:{peer_port}");
-        let etcd_log = std::fs::File::create(path("etcd.log"))?;
-        let etcd = Command::new(&assets.etcd)
+        let mut etcd_command = Command::new(&assets.etcd);
+        etcd_command
             .args(["--name", "e2e", "--data-dir"])
             .arg(path("etcd"))
             .args(["--listen-client-urls", &etcd_url, "--advertise-client-urls", &etcd_url])
             .args(["--listen-peer-urls", &peer_url, "--initial-advertise-peer-urls", &peer_url])
             .args(["--initial-cluster", &format!("e2e={peer_url}")])
-            .args(["--unsafe-no-fsync", "--log-level", "warn", "--quota-backend-bytes", "4294967296"])
-            .stdin(Stdio::null())
-            .stdout(etcd_log.try_clone()?)
-            .stderr(etcd_log)
-            .spawn()
-            .with_context(|| format!("starting {}", assets.etcd.display()))?;
+            .args(["--unsafe-no-fsync", "--log-level", "warn", "--quota-backend-bytes", "4294967296"]);
+        let etcd_spawn = Spawn::new(&assets.etcd, &etcd_command, path("etcd.log"));
+        let etcd = etcd_spawn.start()?;
 
-        let api_log = std::fs::File::create(path("kube-apiserver.log"))?;
-        let apiserver = Command::new(&assets.kube_apiserver)
+        let mut api_command = Command::new(&assets.kube_apiserver);
+        api_command
             .args(["--etcd-servers", &etcd_url])
             .arg(format!("--cert-dir={}", path("certs").display()))
             .arg(format!("--secure-port={api_port}"))
@@ -183,12 +206,9 @@ impl ControlPlane {
             .arg(format!("--audit-log-path={}", path("audit.log").display()))
             .arg("--audit-log-format=json")
             .arg("--allow-privileged=true")
-            .arg("--v=0")
-            .stdin(Stdio::null())
-            .stdout(api_log.try_clone()?)
-            .stderr(api_log)
-            .spawn()
-            .with_context(|| format!("starting {}", assets.kube_apiserver.display()))?;
+            .arg("--v=0");
+        let api_spawn = Spawn::new(&assets.kube_apiserver, &api_command, path("kube-apiserver.log"));
+        let apiserver = api_spawn.start()?;
 
         let server = format!("https://{}", std::net::SocketAddr::new(settings.bind, api_port));
         let kubeconfig = path("admin.kubeconfig");
@@ -199,6 +219,7 @@ impl ControlPlane {
             dir,
             etcd,
             apiserver,
+            spawns: [etcd_spawn, api_spawn],
             watchdog,
             ca,
             server,
@@ -318,6 +339,25 @@ impl ControlPlane {
     /// The process ids of etcd and kube-apiserver.
     pub fn pids(&self) -> [u32; 2] {
         [self.etcd.id(), self.apiserver.id()]
+    }
+
+    /// Kills kube-apiserver and etcd at once (as a crash or a node loss would), keeps them
+    /// down for `down`, then starts both again on the same ports and data, and waits until the
+    /// API server is ready. The watchdog follows the new processes.
+    pub fn restart(&mut self, down: Duration) -> anyhow::Result<()> {
+        for child in [&mut self.apiserver, &mut self.etcd] {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+        std::thread::sleep(down);
+        self.etcd = self.spawns[0].start()?;
+        self.apiserver = self.spawns[1].start()?;
+        if let Some(mut w) = self.watchdog.take() {
+            let _ = w.kill();
+            let _ = w.wait();
+        }
+        self.watchdog = Self::watchdog(&[self.etcd.id(), self.apiserver.id()], self.dir.path()).ok();
+        self.wait_ready(Duration::from_secs(90))
     }
 
     /// Stops both processes now (also done on drop).

@@ -6,8 +6,8 @@
 //! outage, not gone instances), and
 //! none in a pass that finds more gone than `--max-node-deletions` (or
 //! `--max-node-deletion-share` of the Nodes), or when the provider calls Ready Nodes'
-//! instances gone too (up to eight are asked alongside: a provider that is wrong about them is
-//! not believed about the rest); each refusal is a Warning Event. A Ready Node is
+//! instances gone too (up to eight are asked alongside: a provider that calls half of them
+//! gone is not believed about the rest); each refusal is a Warning Event. A Ready Node is
 //! never deleted and loses the shutdown taint without the provider being asked (as upstream:
 //! a recovered Node must not stay unschedulable through a cloud outage); with every Node Ready
 //! this controller makes no provider call at all.
@@ -231,7 +231,7 @@ impl NodeLifecycleController {
 
     /// Why the provider's "gone" is not to be believed, if it is not: it is asked, in the same
     /// way, about up to [`WITNESSES`] Ready Nodes' instances, which exist; a provider that
-    /// calls one of them gone too, or cannot answer, is wrong about the cloud (a lost
+    /// calls half of them gone too, or cannot answer, is wrong about the cloud (a lost
     /// account, another region, an empty cache) rather than right about the Nodes.
     async fn doubt(&self, ready: &[Arc<Node>]) -> Option<String> {
         let witnesses: Vec<&Arc<Node>> = ready.iter().filter(|n| node_util::provider_id(n).is_some()).take(WITNESSES).collect();
@@ -252,9 +252,13 @@ impl NodeLifecycleController {
                 Ok(_) => {}
             }
         }
-        (!denied.is_empty()).then(|| {
+        // A Ready Node whose instance just went is Ready for a while yet: one such Node is a
+        // scale-down in progress, half of them a provider that is wrong.
+        (!denied.is_empty() && denied.len() * 2 >= witnesses.len()).then(|| {
             format!(
-                "the provider also says the instances of Ready Nodes ({}) are gone, so its answer is not trusted",
+                "the provider also says the instances of {} of {} Ready Nodes ({}) are gone, so its answer is not trusted",
+                denied.len(),
+                witnesses.len(),
                 denied.join(", ")
             )
         })

@@ -8,6 +8,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::{Duration, Instant};
 
+use ccm_e2e::ControlPlane;
 use ccm_e2e::cluster::{NodeBuilder, TestEnv, UNINITIALIZED_TAINT, create_load_balancer_service, set_ready};
 use ccm_provider_sim::Config;
 use ccm_provider_sim::config::{Fault, FaultCode, Lie};
@@ -31,6 +32,7 @@ struct Seen {
 }
 
 struct World {
+    kubeconfig: std::path::PathBuf,
     env: TestEnv,
     sim: Sim,
     config: Config,
@@ -40,14 +42,19 @@ struct World {
 
 impl World {
     async fn new(label: &str) -> Self {
-        let cp = ccm_e2e::shared().expect("control plane");
+        Self::on(ccm_e2e::shared().expect("control plane"), label).await
+    }
+
+    /// The world on a control plane of the test's own.
+    async fn on(cp: &ControlPlane, label: &str) -> Self {
         let env = TestEnv::new(cp.client().await.expect("client"), label).await.expect("env");
         let mut config = Config::default();
         for n in ["a", "b", "c"] {
             config.instances.push(instance(&format!("i-{n}"), &env.node_name(n), "sim-region-1a"));
         }
         let sim = Sim::start(config.clone()).await;
-        let world = Self { env, sim, config, service: "web".into(), next: 0 };
+        let kubeconfig = cp.kubeconfig_path().to_path_buf();
+        let world = Self { kubeconfig, env, sim, config, service: "web".into(), next: 0 };
         for (i, n) in ["a", "b", "c"].iter().enumerate() {
             world.node(&world.env.node_name(n), &format!("10.244.{}.0/24", i + 1)).await;
         }
@@ -70,7 +77,6 @@ impl World {
     }
 
     fn core(&self, extra: &[&str]) -> Core {
-        let cp = ccm_e2e::shared().expect("control plane");
         let cluster = format!("--cluster-name={}", self.env.prefix);
         let mut flags = vec![
             "--leader-elect=false",
@@ -89,7 +95,7 @@ impl World {
         let name = |f: &str| f.split('=').next().unwrap_or(f).to_string();
         flags.retain(|f| !extra.iter().any(|e| name(e) == name(f)));
         flags.extend_from_slice(extra);
-        Core::start(cp, &self.env, &self.sim, &flags)
+        Core::start_as(&self.kubeconfig, &self.env, &self.sim, &flags)
     }
 
     /// A new Node (and its instance) while a fault is on: it must be initialised and routed
@@ -334,4 +340,38 @@ async fn a_provider_restarted_empty_or_as_another_provider_deletes_nothing() {
     );
     core.stop().await.expect("core stops");
     world.env.cleanup().await.expect("cleanup");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_api_server_restarted_mid_reconcile_loses_and_doubles_nothing() {
+    // A control plane of its own: the shared one serves every other test.
+    let cp = tokio::task::spawn_blocking(ControlPlane::start).await.expect("join").expect("control plane");
+    let mut world = World::on(&cp, "apirestart").await;
+    let core = world.core(&["--route-resync-period=2s"]);
+    let before = eventually("everything converged", Duration::from_secs(60), async || world.converged().await).await;
+
+    // Mid-reconcile: Nodes arrive, and the API server and etcd die while they are handled
+    // (the cloud answers in 1.5 s, so its answers come back to a dead API server).
+    let slow = ccm_provider_sim::config::ApiConfig { latency_ms: 1500, ..Default::default() };
+    world.sim.admin.set_api(&slow).await.expect("slow cloud");
+    let mut newcomers = Vec::new();
+    for _ in 0..4 {
+        newcomers.push(world.newcomer().await);
+    }
+    let mut cp = cp;
+    let cp_back = tokio::task::spawn_blocking(move || cp.restart(Duration::from_secs(5)).map(|()| cp));
+    let cp = cp_back.await.expect("join").expect("the control plane comes back");
+    let back = Instant::now();
+    world.sim.admin.set_api(&Default::default()).await.expect("fast cloud");
+    let after = eventually("convergence after the restart", Duration::from_secs(90), async || {
+        world.converged().await.filter(|s| newcomers.iter().all(|n| s.nodes.contains(n)))
+    })
+    .await;
+    let took = back.elapsed();
+    nothing_lost(&before, &after, "API server and etcd restarted");
+    assert_eq!(after.lbs.len(), 1, "one load balancer, not two: {:?}", after.lbs);
+    assert_eq!(after.routes.len(), before.routes.len() + newcomers.len(), "one route per Node: {:?}", after.routes);
+    println!("| API server and etcd killed mid-reconcile, back after 5 s | 0 | {:.1} s |", took.as_secs_f64());
+    core.stop().await.expect("core stops");
+    drop(cp);
 }
