@@ -53,9 +53,27 @@ pub struct Options {
     #[arg(long, value_name = "PATH")]
     pub kubeconfig: Option<PathBuf>,
 
-    /// The provider sidecar's endpoint: unix:///path/provider.sock or http://host:port.
+    /// The provider sidecar's endpoint: unix:///path/provider.sock, http://host:port, or
+    /// https://host:port with mutual TLS (the --provider-tls-* files).
     #[arg(long, value_name = "ENDPOINT", default_value = "unix:///var/run/ccm/provider.sock")]
     pub provider_endpoint: String,
+
+    /// Mutual TLS to a provider over TCP: the core's client certificate (PEM). With
+    /// --provider-tls-key-file and --provider-tls-ca-file; the endpoint is then https://.
+    #[arg(long, value_name = "FILE", requires_all = ["provider_tls_key_file", "provider_tls_ca_file"])]
+    pub provider_tls_cert_file: Option<PathBuf>,
+
+    /// The private key of --provider-tls-cert-file (PEM).
+    #[arg(long, value_name = "FILE", requires = "provider_tls_cert_file")]
+    pub provider_tls_key_file: Option<PathBuf>,
+
+    /// The CA that signed the provider's certificate (PEM).
+    #[arg(long, value_name = "FILE", requires = "provider_tls_cert_file")]
+    pub provider_tls_ca_file: Option<PathBuf>,
+
+    /// The name the provider's certificate must be for; the endpoint's host by default.
+    #[arg(long, value_name = "NAME", requires = "provider_tls_cert_file")]
+    pub provider_tls_server_name: Option<String>,
 
     /// Deadline of each provider call.
     #[arg(long, value_name = "DURATION", default_value = "10s", value_parser = parse_duration)]

@@ -188,8 +188,14 @@ pub async fn run_until(options: Options, shutdown: impl Future<Output = ()> + Se
     let credentials =
         if options.use_service_account_credentials { Some(Arc::new(Credentials::new(config.clone())?)) } else { None };
     let metrics = Metrics::new();
-    let provider = Provider::new(
+    let tls = options.provider_tls_cert_file.as_ref().map(|cert| ccm_provider_sdk::tls::TlsFiles {
+        cert: cert.clone(),
+        key: options.provider_tls_key_file.clone().unwrap_or_default(),
+        ca: options.provider_tls_ca_file.clone().unwrap_or_default(),
+    });
+    let provider = Provider::connect(
         &options.provider_endpoint,
+        tls.as_ref().map(|files| (files, options.provider_tls_server_name.as_deref())),
         options.provider_call_timeout,
         options.provider_max_concurrency,
         metrics.clone(),

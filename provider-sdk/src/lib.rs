@@ -21,6 +21,7 @@ pub mod provider;
 pub mod ratelimit;
 pub mod registry;
 pub mod server;
+pub mod tls;
 pub mod validate;
 
 pub use ccm_proto::v1 as proto;

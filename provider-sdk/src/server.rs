@@ -62,6 +62,15 @@ pub enum ServeError {
     /// Serving failed.
     #[error("grpc server failed")]
     Transport(#[source] tonic::transport::Error),
+    /// The TLS files cannot be used, or TLS was asked for on a unix socket.
+    #[error("TLS: {0}")]
+    Tls(String),
+}
+
+impl From<crate::tls::TlsError> for ServeError {
+    fn from(e: crate::tls::TlsError) -> Self {
+        Self::Tls(e.to_string())
+    }
 }
 
 /// Where a server listens.
@@ -210,6 +219,7 @@ pub struct ProviderServer {
     probe: Option<Arc<dyn Probe>>,
     observers: Vec<Arc<dyn CallObserver>>,
     socket_mode: u32,
+    tls: Option<crate::tls::TlsFiles>,
 }
 
 impl ProviderServer {
@@ -230,6 +240,7 @@ impl ProviderServer {
             probe: None,
             observers: Vec::new(),
             socket_mode: 0o600,
+            tls: None,
         }
     }
 
@@ -303,6 +314,13 @@ impl ProviderServer {
         self
     }
 
+    /// Serves TCP with mutual TLS: this certificate and key, and a client certificate signed
+    /// by the CA required (see [`crate::tls`]). Not for unix sockets.
+    pub fn tls(mut self, files: crate::tls::TlsFiles) -> Self {
+        self.tls = Some(files);
+        self
+    }
+
     /// The mode of a unix socket (default 0600: only the owner may connect).
     pub fn socket_mode(mut self, mode: u32) -> Self {
         self.socket_mode = mode;
@@ -352,7 +370,14 @@ impl ProviderServer {
             return Err(ServeError::PluginName(self.name));
         }
         let mode = self.socket_mode;
-        let router = self.into_router().await;
+        let mut builder = tonic::transport::Server::builder();
+        if let Some(files) = &self.tls {
+            if matches!(listen, Listen::Unix(_)) {
+                return Err(ServeError::Tls(format!("{listen}: TLS is for TCP endpoints; a unix socket's file mode guards it")));
+            }
+            builder = builder.tls_config(files.server_config()?).map_err(|e| ServeError::Tls(e.to_string()))?;
+        }
+        let router = self.into_router(builder).await;
         match listen {
             Listen::Unix(path) => {
                 let listener = bind_unix(path, mode)?;
@@ -373,7 +398,7 @@ impl ProviderServer {
         }
     }
 
-    async fn into_router(self) -> tonic::transport::server::Router {
+    async fn into_router(self, mut builder: tonic::transport::Server) -> tonic::transport::server::Router {
         let caps = self.capabilities();
         let obs = Observers(Arc::new(self.observers));
         let (health, health_service) = tonic_health::server::health_reporter();
@@ -391,9 +416,7 @@ impl ProviderServer {
             obs: obs.clone(),
         };
         health.set_serving::<IdentityServiceServer<IdentityAdapter>>().await;
-        let mut router = tonic::transport::Server::builder()
-            .add_service(health_service)
-            .add_service(limited!(IdentityServiceServer::new(identity)));
+        let mut router = builder.add_service(health_service).add_service(limited!(IdentityServiceServer::new(identity)));
         if let Some(inner) = self.instances {
             health.set_serving::<InstancesServiceServer<InstancesAdapter>>().await;
             let ttl = cache_hint(inner.cache_ttl());

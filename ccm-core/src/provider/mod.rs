@@ -116,7 +116,22 @@ struct State {
 impl Provider {
     /// A client of `endpoint`; nothing is dialled until the first call.
     pub fn new(endpoint: &str, timeout: Duration, concurrency: usize, metrics: Metrics) -> anyhow::Result<Self> {
-        let channel = ccm_provider_sdk::client::connect_lazy(endpoint)?;
+        Self::connect(endpoint, None, timeout, concurrency, metrics)
+    }
+
+    /// [`Provider::new`], over mutual TLS when `tls` gives the files (and the name the
+    /// provider's certificate must be for, if not the endpoint's host).
+    pub fn connect(
+        endpoint: &str,
+        tls: Option<(&ccm_provider_sdk::tls::TlsFiles, Option<&str>)>,
+        timeout: Duration,
+        concurrency: usize,
+        metrics: Metrics,
+    ) -> anyhow::Result<Self> {
+        let channel = match tls {
+            Some((files, name)) => ccm_provider_sdk::client::connect_lazy_tls(endpoint, files, name)?,
+            None => ccm_provider_sdk::client::connect_lazy(endpoint)?,
+        };
         Ok(Self {
             channel,
             endpoint: endpoint.to_string(),

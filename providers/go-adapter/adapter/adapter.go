@@ -6,6 +6,8 @@ package adapter
 
 import (
 	"context"
+	"crypto/tls"
+	"crypto/x509"
 	"errors"
 	"fmt"
 	"net"
@@ -15,6 +17,7 @@ import (
 
 	pb "github.com/ccm-rs/go-adapter/gen/cloudprovider/v1"
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials"
 	cloudprovider "k8s.io/cloud-provider"
 	"k8s.io/klog/v2"
 )
@@ -38,6 +41,42 @@ type Options struct {
 	BatchConcurrency int
 	// RoutesIPv6 advertises routes to IPv6 destinations (only for providers that create them).
 	RoutesIPv6 bool
+	// TLSCertFile, TLSKeyFile and TLSClientCAFile (PEM) serve a TCP Listen with mutual TLS:
+	// this certificate, and a client certificate of that CA required (the core's
+	// --provider-tls-* files). Not for unix sockets, whose file mode guards them.
+	TLSCertFile, TLSKeyFile, TLSClientCAFile string
+}
+
+// tlsOption is the server option for opts' mutual TLS, or nil without it.
+func tlsOption(opts Options) (grpc.ServerOption, error) {
+	if opts.TLSCertFile == "" && opts.TLSKeyFile == "" && opts.TLSClientCAFile == "" {
+		return nil, nil
+	}
+	if opts.TLSCertFile == "" || opts.TLSKeyFile == "" || opts.TLSClientCAFile == "" {
+		return nil, errors.New("mutual TLS needs a certificate, its key and the client CA")
+	}
+	if strings.HasPrefix(opts.Listen, "unix://") {
+		return nil, fmt.Errorf("%s: TLS is for TCP endpoints; a unix socket's file mode guards it", opts.Listen)
+	}
+	cert, err := tls.LoadX509KeyPair(opts.TLSCertFile, opts.TLSKeyFile)
+	if err != nil {
+		return nil, fmt.Errorf("loading %s and %s: %w", opts.TLSCertFile, opts.TLSKeyFile, err)
+	}
+	ca, err := os.ReadFile(opts.TLSClientCAFile)
+	if err != nil {
+		return nil, fmt.Errorf("reading the client CA: %w", err)
+	}
+	pool := x509.NewCertPool()
+	if !pool.AppendCertsFromPEM(ca) {
+		return nil, fmt.Errorf("%s holds no PEM certificate", opts.TLSClientCAFile)
+	}
+	config := &tls.Config{
+		Certificates: []tls.Certificate{cert},
+		ClientAuth:   tls.RequireAndVerifyClientCert,
+		ClientCAs:    pool,
+		MinVersion:   tls.VersionTLS12,
+	}
+	return grpc.Creds(credentials.NewTLS(config)), nil
 }
 
 func (o Options) withDefaults(cloud cloudprovider.Interface) Options {
@@ -62,9 +101,9 @@ func (o Options) withDefaults(cloud cloudprovider.Interface) Options {
 const MaxMessageSize = 64 << 20
 
 // NewServer registers, on a new gRPC server, every service the cloud offers.
-func NewServer(cloud cloudprovider.Interface, opts Options) *grpc.Server {
+func NewServer(cloud cloudprovider.Interface, opts Options, extra ...grpc.ServerOption) *grpc.Server {
 	opts = opts.withDefaults(cloud)
-	server := grpc.NewServer(grpc.MaxRecvMsgSize(MaxMessageSize), grpc.MaxSendMsgSize(MaxMessageSize))
+	server := grpc.NewServer(append([]grpc.ServerOption{grpc.MaxRecvMsgSize(MaxMessageSize), grpc.MaxSendMsgSize(MaxMessageSize)}, extra...)...)
 	id := &identity{opts: opts}
 	v2, hasV2 := cloud.InstancesV2()
 	v1, hasV1 := cloud.Instances()
@@ -173,11 +212,19 @@ func (u unlinking) Close() error {
 // Serve serves the cloud on opts.Listen until ctx ends, then stops gracefully and removes
 // its unix socket.
 func Serve(ctx context.Context, cloud cloudprovider.Interface, opts Options) error {
+	creds, err := tlsOption(opts)
+	if err != nil {
+		return err
+	}
+	var extra []grpc.ServerOption
+	if creds != nil {
+		extra = append(extra, creds)
+	}
 	l, err := Listen(opts.Listen)
 	if err != nil {
 		return err
 	}
-	server := NewServer(cloud, opts)
+	server := NewServer(cloud, opts, extra...)
 	done := make(chan struct{})
 	go func() {
 		select {

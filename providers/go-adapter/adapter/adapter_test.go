@@ -3,6 +3,7 @@ package adapter
 import (
 	"context"
 	"errors"
+	"fmt"
 	"net"
 	"os"
 	"path/filepath"
@@ -16,6 +17,7 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/proto"
 	v1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/types"
 	cloudprovider "k8s.io/cloud-provider"
@@ -389,5 +391,34 @@ func TestUnixSocketsAreOwnerOnlyFromTheStart(t *testing.T) {
 	}
 	if _, err := os.Stat(path); !errors.Is(err, os.ErrNotExist) {
 		t.Errorf("closing removes the socket: %v", err)
+	}
+}
+
+func TestLoadBalancerCallsForFiveThousandNodesFitTheWire(t *testing.T) {
+	cloud := fakeCloud()
+	conn := serve(t, cloud, Options{})
+	lbs := pb.NewLoadBalancersServiceClient(conn)
+	svc := &pb.LoadBalancerService{
+		ClusterName: "c", Namespace: "ns", Name: "web", Uid: "0a1b2c3d-0000-1111-2222-333344445555", LoadBalancerName: "c-ns-web-1234",
+		Ports: []*pb.ServicePort{{Name: "http", Protocol: pb.Protocol_PROTOCOL_TCP, Port: 80, NodePort: 30080}},
+	}
+	nodes := make([]*pb.LoadBalancerNode, 5000)
+	for i := range nodes {
+		name := fmt.Sprintf("ip-10-0-%d-%d.eu-west-1.compute.internal", i/256, i%256)
+		labels := map[string]string{"kubernetes.io/hostname": name}
+		for j := range 20 {
+			labels[fmt.Sprintf("example.com/label-%02d", j)] = "a-label-value-of-some-length"
+		}
+		nodes[i] = &pb.LoadBalancerNode{Name: name, ProviderId: "fake://zone-a/i-" + name, Labels: labels}
+	}
+	request := &pb.UpdateLoadBalancerHostsRequest{Service: svc, Nodes: nodes}
+	if size := proto.Size(request); size <= 4<<20 {
+		t.Fatalf("the request is %d bytes, under gRPC's default limit: the test would prove nothing", size)
+	}
+	if _, err := lbs.UpdateLoadBalancerHosts(ctx(t), request); err != nil {
+		t.Fatalf("5000 nodes: %v", err)
+	}
+	if n := len(cloud.UpdateCalls); n != 1 || len(cloud.UpdateCalls[0].Hosts) != 5000 {
+		t.Errorf("%d update calls", n)
 	}
 }

@@ -55,6 +55,17 @@ pub async fn run(
     endpoints: Endpoints,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> anyhow::Result<()> {
+    serve(config, endpoints, None, shutdown).await
+}
+
+/// [`run`], serving cloudprovider.v1 over mutual TLS when `tls` gives the files (a TCP
+/// endpoint only).
+pub async fn serve(
+    config: Config,
+    endpoints: Endpoints,
+    tls: Option<ccm_provider_sdk::tls::TlsFiles>,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> anyhow::Result<()> {
     let cloud = Arc::new(cloud::Cloud::new(&config)?);
     let calls = Arc::new(calls::Calls::default());
     let mut registry = Registry::default();
@@ -75,6 +86,9 @@ pub async fn run(
         .observe(metrics);
     if cloud.serves_node_metadata() {
         server = server.node_metadata(provider.clone());
+    }
+    if let Some(files) = tls {
+        server = server.tls(files);
     }
 
     let (stop_tx, stop_rx) = watch::channel(false);

@@ -26,6 +26,16 @@ struct Args {
     /// like a cloud's link-local 169.254.169.254: http://127.0.0.1:port or unix:///path.sock.
     #[arg(long, value_name = "ENDPOINT")]
     metadata_listen: Option<String>,
+    /// Serve cloudprovider.v1 (on a TCP --listen) with mutual TLS: this certificate (PEM),
+    /// with --tls-key-file and --tls-client-ca-file; clients need a certificate of that CA.
+    #[arg(long, value_name = "FILE", requires_all = ["tls_key_file", "tls_client_ca_file"])]
+    tls_cert_file: Option<PathBuf>,
+    /// The private key of --tls-cert-file (PEM).
+    #[arg(long, value_name = "FILE", requires = "tls_cert_file")]
+    tls_key_file: Option<PathBuf>,
+    /// The CA whose client certificates are accepted (PEM).
+    #[arg(long, value_name = "FILE", requires = "tls_cert_file")]
+    tls_client_ca_file: Option<PathBuf>,
     /// Serve NodeMetadataService describing this instance id (overrides the config file).
     #[arg(long, value_name = "ID")]
     metadata_instance: Option<String>,
@@ -100,5 +110,10 @@ async fn main() -> anyhow::Result<()> {
     if args.metadata_instance.is_some() {
         config.node_metadata_instance = args.metadata_instance.clone();
     }
-    ccm_provider_sim::run(config, endpoints, ccm_provider_sdk::server::shutdown_signal()).await
+    let tls = args.tls_cert_file.map(|cert| ccm_provider_sdk::tls::TlsFiles {
+        cert,
+        key: args.tls_key_file.unwrap_or_default(),
+        ca: args.tls_client_ca_file.unwrap_or_default(),
+    });
+    ccm_provider_sim::serve(config, endpoints, tls, ccm_provider_sdk::server::shutdown_signal()).await
 }
