@@ -36,6 +36,15 @@ pub fn canonical_controller(name: &str) -> Option<&'static str> {
     CONTROLLERS.iter().find(|(full, short)| *full == legacy || *short == legacy).map(|(full, _)| *full)
 }
 
+/// How load balancers are named (`--load-balancer-naming`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum LoadBalancerNaming {
+    /// `a` and the Service UID without dashes, 32 characters (upstream's).
+    Upstream,
+    /// `<cluster>-<namespace>-<name>-<hash of the UID>`.
+    Readable,
+}
+
 /// Parses a duration such as `300ms`, `10s`, `5m`, `1h30m` or `1h 30m`.
 pub fn parse_duration(text: &str) -> Result<Duration, String> {
     humantime::parse_duration(text).map_err(|e| format!("{text:?} is not a duration (like 10s, 5m, 1h30m): {e}"))
@@ -153,6 +162,21 @@ pub struct Options {
     /// one). Services of any other class are never touched.
     #[arg(long, value_name = "CLASS")]
     pub load_balancer_class: Option<String>,
+
+    /// How a Service's load balancer is named. `upstream` (the default): `a` and the Service
+    /// UID without dashes, 32 characters, as upstream's cloud-controller-manager and most
+    /// clouds name it, so a cluster moving from it keeps its load balancers. `readable`:
+    /// `<cluster>-<namespace>-<name>-<hash>` within the provider's limits. The name a load
+    /// balancer was made under is recorded on its Service and kept when this flag changes
+    /// (see --allow-load-balancer-renaming).
+    #[arg(long, value_enum, value_name = "NAMING", default_value_t = LoadBalancerNaming::Upstream)]
+    pub load_balancer_naming: LoadBalancerNaming,
+
+    /// Let a change of --load-balancer-naming rename existing load balancers: each is made
+    /// anew under the new name (a new address on most clouds) and the old one deleted.
+    /// Without it, a load balancer keeps the name it was made under.
+    #[arg(long, num_args = 0..=1, require_equals = true, default_missing_value = "true", action = clap::ArgAction::Set, default_value_t = false)]
+    pub allow_load_balancer_renaming: bool,
 
     /// How often the service controller lists the provider's load balancers to find those
     /// whose Service is gone (deleted without its finalizer, or while no core ran): at start,

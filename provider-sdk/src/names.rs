@@ -111,9 +111,33 @@ pub fn load_balancer_name(cluster: &str, namespace: &str, name: &str, uid: &str,
     out
 }
 
+/// The length of upstream's load balancer names (`cloudprovider.DefaultLoadBalancerName`).
+pub const UPSTREAM_LENGTH: usize = 32;
+
+/// The name upstream's cloud-controller-manager gives a Service's load balancer, and most
+/// clouds' providers use: `a` and the UID without its dashes, cut to 32 characters (or the
+/// provider's shorter limit). A cluster that moves from upstream keeps its load balancers
+/// under this naming.
+pub fn upstream_load_balancer_name(uid: &str, limits: &NameLimits) -> String {
+    let name: String = std::iter::once('a').chain(uid.chars().filter(|c| *c != '-')).collect();
+    name.chars().take(UPSTREAM_LENGTH.min(limits.max_length)).collect()
+}
+
 #[cfg(test)]
 mod tests {
     use proptest::prelude::*;
+
+    #[test]
+    fn upstream_names_are_a_and_the_uid_without_dashes() {
+        let limits = NameLimits::default();
+        // As cloudprovider.DefaultLoadBalancerName names it.
+        assert_eq!(
+            upstream_load_balancer_name("0b5c2f55-1c2d-4a9e-8f7e-3d2b1a0c9e8f", &limits),
+            "a0b5c2f551c2d4a9e8f7e3d2b1a0c9e8"
+        );
+        assert_eq!(upstream_load_balancer_name("0b5c2f55-1c2d", &limits), "a0b5c2f551c2d");
+        assert_eq!(upstream_load_balancer_name("0b5c2f55-1c2d-4a9e-8f7e-3d2b1a0c9e8f", &NameLimits::new(20, "")).len(), 20);
+    }
 
     use super::*;
 

@@ -34,7 +34,7 @@ use std::time::Duration;
 
 use ccm_proto::v1::{self as pb, ServiceType};
 use ccm_provider_sdk::Error;
-use ccm_provider_sdk::names::{NameLimits, load_balancer_name};
+use ccm_provider_sdk::names::{NameLimits, load_balancer_name, upstream_load_balancer_name};
 use k8s_openapi::api::core::v1::{Node, Service};
 use kube::Api;
 use kube::api::{Patch, PatchParams};
@@ -46,6 +46,7 @@ use tokio::time::Instant;
 use super::Context;
 use crate::informer::Change;
 use crate::node_util;
+use crate::options::LoadBalancerNaming;
 use crate::queue::{Outcome, QueueConfig, WorkQueue};
 
 /// The controller's name.
@@ -58,6 +59,9 @@ pub const LABEL_EXCLUDE: &str = "node.kubernetes.io/exclude-from-external-load-b
 pub const ANNOTATION_SOURCE_RANGES: &str = "service.beta.kubernetes.io/load-balancer-source-ranges";
 /// Nodes with this taint are being removed by the cluster autoscaler.
 pub const TAINT_TO_BE_DELETED: &str = "ToBeDeletedByClusterAutoscaler";
+/// The annotation recording the name a Service's load balancer was made under: kept when
+/// `--load-balancer-naming` changes, so that a load balancer is never made anew by surprise.
+pub const ANNOTATION_LOAD_BALANCER_NAME: &str = "ccm-rs.dev/load-balancer-name";
 const NODE_COALESCE: Duration = Duration::from_millis(50);
 /// Queue keys of load balancers whose Service is gone: this prefix and the Service UID
 /// (never a `namespace/name`: `!` is not allowed in either).
@@ -65,6 +69,10 @@ const ORPHAN_KEY: char = '!';
 
 fn key(svc: &Service) -> String {
     format!("{}/{}", svc.metadata.namespace.as_deref().unwrap_or_default(), svc.metadata.name.as_deref().unwrap_or_default())
+}
+
+fn recorded_name(svc: &Service) -> Option<&str> {
+    svc.metadata.annotations.as_ref()?.get(ANNOTATION_LOAD_BALANCER_NAME).map(String::as_str).filter(|n| !n.is_empty())
 }
 
 fn has_finalizer(svc: &Service) -> bool {
@@ -238,6 +246,13 @@ pub struct ServiceController {
     orphans: Mutex<HashMap<String, Service>>,
     /// UIDs of Services whose load balancer this controller deleted through the finalizer.
     cleaned: Mutex<std::collections::HashSet<String>>,
+    /// The load balancer name of each Service, by UID, as last ensured (the cache may not
+    /// show the recording annotation yet).
+    names: Mutex<HashMap<String, String>>,
+    /// The last non-empty backend set, which a load balancer keeps when the set is emptied.
+    last_backends: Mutex<Vec<Arc<Node>>>,
+    /// Services told that their load balancer keeps its name (once per process).
+    kept_names: Mutex<std::collections::HashSet<String>>,
 }
 
 impl ServiceController {
@@ -253,6 +268,9 @@ impl ServiceController {
             node_change_at: Default::default(),
             orphans: Default::default(),
             cleaned: Default::default(),
+            names: Default::default(),
+            last_backends: Default::default(),
+            kept_names: Default::default(),
         }
     }
 
@@ -426,7 +444,10 @@ impl ServiceController {
             .into_iter()
             .filter(|l| !l.uid.is_empty() && !known.contains(&l.uid) && !pending.contains(&l.uid))
             .filter(|l| scope.is_none_or(|ns| ns == l.namespace))
-            .filter(|l| load_balancer_name(&cluster, &l.namespace, &l.name, &l.uid, &limits) == l.load_balancer_name)
+            .filter(|l| {
+                load_balancer_name(&cluster, &l.namespace, &l.name, &l.uid, &limits) == l.load_balancer_name
+                    || upstream_load_balancer_name(&l.uid, &limits) == l.load_balancer_name
+            })
             .collect();
         // The cache may lag: only a read of the Service that finds it gone (or under
         // another UID) confirms it.
@@ -459,6 +480,7 @@ impl ServiceController {
                     namespace: Some(l.namespace.clone()),
                     name: Some(l.name.clone()),
                     uid: Some(l.uid.clone()),
+                    annotations: Some([(ANNOTATION_LOAD_BALANCER_NAME.to_string(), l.load_balancer_name.clone())].into()),
                     ..Default::default()
                 },
                 ..Default::default()
@@ -483,10 +505,9 @@ impl ServiceController {
         if self.ctx.provider.identity().is_none() {
             return Outcome::Retry { fingerprint: None, retry_after: None };
         }
-        let lb = self.lb_service(&svc);
-        let name = lb.load_balancer_name.clone();
-        match self.ctx.provider.ensure_load_balancer_deleted(self.ctx.fence(), lb).await {
-            Ok(_) => {
+        let name = self.lb_name(&svc);
+        match self.delete_every_name(&svc).await {
+            Ok(()) => {
                 self.orphans.lock().unwrap_or_else(|p| p.into_inner()).remove(uid);
                 self.ctx.metrics.load_balancer_orphans("deleted", 1);
                 tracing::info!(service = %key(&svc), %uid, load_balancer = %name, "deleted the load balancer of a gone service");
@@ -499,6 +520,29 @@ impl ServiceController {
                 Outcome::Retry { fingerprint: None, retry_after: error.retry_after() }
             }
         }
+    }
+
+    /// Deletes `svc`'s load balancer under every name it may have: the one it was made under
+    /// (either naming's when that was never recorded) and the configured naming's (a rename
+    /// half done). Each name is the Service's own (it holds its UID), so none can be another
+    /// Service's load balancer.
+    async fn delete_every_name(&self, svc: &Service) -> Result<(), Error> {
+        let mut names = vec![self.lb_name(svc)];
+        match recorded_name(svc) {
+            Some(recorded) => names.push(recorded.to_string()),
+            // Never recorded (made by upstream, or by an older core): either naming's.
+            None => names.extend([LoadBalancerNaming::Upstream, LoadBalancerNaming::Readable].map(|n| self.name_under(svc, n))),
+        }
+        names.push(self.name_under(svc, self.ctx.options.load_balancer_naming));
+        names.sort();
+        names.dedup();
+        for name in names {
+            self.ctx.provider.ensure_load_balancer_deleted(self.ctx.fence(), self.lb_service_named(svc, name)).await?;
+        }
+        if let Some(uid) = svc.metadata.uid.as_deref() {
+            self.names.lock().unwrap_or_else(|p| p.into_inner()).remove(uid);
+        }
+        Ok(())
     }
 
     /// Watches the node set; on a change (after 50 ms of quiet coalescing) queues every
@@ -579,15 +623,87 @@ impl ServiceController {
 
     /// The protocol's view of a Service. Its source ranges must have been checked with
     /// [`source_ranges`]; a malformed one is left out here.
-    fn lb_service(&self, svc: &Service) -> pb::LoadBalancerService {
-        let spec = svc.spec.clone().unwrap_or_default();
-        let limits = self
-            .ctx
+    fn limits(&self) -> NameLimits {
+        self.ctx
             .provider
             .identity()
             .and_then(|i| i.capabilities.load_balancers)
             .map(|c| NameLimits::from_capabilities(&c))
-            .unwrap_or_default();
+            .unwrap_or_default()
+    }
+
+    /// The name of `svc`'s load balancer under `naming`.
+    fn name_under(&self, svc: &Service, naming: LoadBalancerNaming) -> String {
+        let uid = svc.metadata.uid.as_deref().unwrap_or_default();
+        match naming {
+            LoadBalancerNaming::Upstream => upstream_load_balancer_name(uid, &self.limits()),
+            LoadBalancerNaming::Readable => load_balancer_name(
+                &self.ctx.options.cluster_name,
+                svc.metadata.namespace.as_deref().unwrap_or_default(),
+                svc.metadata.name.as_deref().unwrap_or_default(),
+                uid,
+                &self.limits(),
+            ),
+        }
+    }
+
+    /// The name `svc`'s load balancer has: the one it was made under (as this controller
+    /// last ensured it, or as recorded on the Service), unless renaming is allowed; else the
+    /// configured naming's.
+    fn lb_name(&self, svc: &Service) -> String {
+        if !self.ctx.options.allow_load_balancer_renaming {
+            let uid = svc.metadata.uid.as_deref().unwrap_or_default();
+            if let Some(name) = self.names.lock().unwrap_or_else(|p| p.into_inner()).get(uid) {
+                return name.clone();
+            }
+            if let Some(name) = recorded_name(svc) {
+                return name.to_string();
+            }
+        }
+        self.name_under(svc, self.ctx.options.load_balancer_naming)
+    }
+
+    /// The name to ensure `svc`'s load balancer under, and the old name to delete after (a
+    /// rename the operator allowed). A load balancer made before its name was recorded (by
+    /// upstream's cloud-controller-manager, or by this core under the other naming) is looked
+    /// up under the other naming first, and kept under it when it exists there.
+    async fn naming(&self, svc: &Service) -> Result<(String, Option<String>), Error> {
+        let naming = self.ctx.options.load_balancer_naming;
+        let configured = self.name_under(svc, naming);
+        let recorded = recorded_name(svc).map(str::to_string);
+        if let Some(recorded) = recorded {
+            if recorded == configured {
+                return Ok((configured, None));
+            }
+            if self.ctx.options.allow_load_balancer_renaming {
+                return Ok((configured, Some(recorded)));
+            }
+            if self.kept_names.lock().unwrap_or_else(|p| p.into_inner()).insert(key(svc)) {
+                let note = format!(
+                    "The load balancer keeps its name {recorded}; --load-balancer-naming would name it {configured} \
+                     (--allow-load-balancer-renaming makes it anew under that name, usually with a new address)"
+                );
+                self.ctx.event(NAME, svc, false, "LoadBalancerNameKept", note).await;
+            }
+            return Ok((recorded, None));
+        }
+        if !has_ingress(svc) {
+            return Ok((configured, None));
+        }
+        let other = match naming {
+            LoadBalancerNaming::Upstream => LoadBalancerNaming::Readable,
+            LoadBalancerNaming::Readable => LoadBalancerNaming::Upstream,
+        };
+        let other = self.name_under(svc, other);
+        if self.ctx.provider.get_load_balancer(self.lb_service_named(svc, other.clone())).await?.is_some() {
+            tracing::info!(service = %key(svc), load_balancer = %other, "adopted a load balancer made under the other naming");
+            return Ok((other, None));
+        }
+        Ok((configured, None))
+    }
+
+    fn lb_service_named(&self, svc: &Service, load_balancer_name: String) -> pb::LoadBalancerService {
+        let spec = svc.spec.clone().unwrap_or_default();
         let (ns, name, uid) = (
             svc.metadata.namespace.clone().unwrap_or_default(),
             svc.metadata.name.clone().unwrap_or_default(),
@@ -600,7 +716,7 @@ impl ServiceController {
         } as i32;
         pb::LoadBalancerService {
             cluster_name: self.ctx.options.cluster_name.clone(),
-            load_balancer_name: load_balancer_name(&self.ctx.options.cluster_name, &ns, &name, &uid, &limits),
+            load_balancer_name,
             namespace: ns,
             name,
             uid,
@@ -715,28 +831,48 @@ impl ServiceController {
             self.ctx.event(NAME, svc, true, "SyncLoadBalancerFailed", format!("Invalid service: {why}")).await;
             return Err(SyncError::Invalid);
         }
-        if !has_finalizer(svc) {
+        let (lb_name, old_name) = self.naming(svc).await.map_err(SyncError::Provider)?;
+        // The name is recorded before the load balancer is made under it (a rename: once the
+        // old one is gone), together with the finalizer when that is missing too.
+        let record = old_name.is_none() && recorded_name(svc) != Some(lb_name.as_str());
+        if !has_finalizer(svc) || record {
             let mut finalizers = svc.metadata.finalizers.clone().unwrap_or_default();
-            finalizers.push(FINALIZER.into());
-            let patch =
-                serde_json::json!({ "metadata": { "finalizers": finalizers, "resourceVersion": svc.metadata.resource_version } });
+            if !has_finalizer(svc) {
+                finalizers.push(FINALIZER.into());
+            }
+            let mut metadata = serde_json::json!({ "finalizers": finalizers, "resourceVersion": svc.metadata.resource_version });
+            if record {
+                metadata["annotations"] = serde_json::json!({ ANNOTATION_LOAD_BALANCER_NAME: lb_name });
+            }
             self.ctx.kube_write_permit().await;
+            let patch = serde_json::json!({ "metadata": metadata });
             api.patch(name, &PatchParams::default(), &Patch::Merge(&patch)).await.map_err(SyncError::Kube)?;
         }
-        let backends = self.backends();
-        let last = self.ensured.lock().unwrap_or_else(|p| p.into_inner()).get(&k).copied();
+        if let Some(uid) = svc.metadata.uid.clone() {
+            self.names.lock().unwrap_or_else(|p| p.into_inner()).insert(uid, lb_name.clone());
+        }
+        let mut backends = self.backends();
+        // A rename waiting is a full Ensure under the new name.
+        let last = self.ensured.lock().unwrap_or_else(|p| p.into_inner()).get(&k).copied().filter(|_| old_name.is_none());
         // Emptied: it had hosts (or, unknown since this process started, it exists).
         let had_hosts = last.map_or_else(|| has_ingress(svc), |e| e.count > 0);
         if backends.is_empty() && had_hosts {
             // An empty node set is far likelier a listing glitch (an API server that came back
             // empty, every Node excluded by a bad label) than a cluster that wants its load
-            // balancers cut off: the load balancer keeps the hosts it has.
+            // balancers cut off: the load balancer keeps the last hosts it was given (a spec
+            // change is still applied, with them), or, with none known since this process
+            // started, is left as it is.
             tracing::warn!(service = %k, "no Node is a load balancer backend; the load balancer keeps its hosts");
             let note = "No Node is a load balancer backend now: the load balancer keeps its current hosts \
                         instead of being emptied, until a Node is one again"
                 .to_string();
             self.ctx.event(NAME, svc, true, "LoadBalancerHostsKept", note).await;
-            return Ok(());
+            backends = self.last_backends.lock().unwrap_or_else(|p| p.into_inner()).clone();
+            if backends.is_empty() {
+                return Ok(());
+            }
+        } else if !backends.is_empty() {
+            *self.last_backends.lock().unwrap_or_else(|p| p.into_inner()) = backends.clone();
         }
         let hosts = {
             let mut h = std::collections::hash_map::DefaultHasher::new();
@@ -747,7 +883,7 @@ impl ServiceController {
         };
         let spec = provider_fingerprint(svc);
         let count = backends.len();
-        let lb = self.lb_service(svc);
+        let lb = self.lb_service_named(svc, lb_name.clone());
         let nodes = Self::nodes_proto(&backends);
         match last {
             Some(e) if e.spec == spec && e.hosts == hosts => return Ok(()),
@@ -797,8 +933,29 @@ impl ServiceController {
             }
         };
         self.write_status(svc, &status).await.map_err(SyncError::Kube)?;
+        if let Some(old) = old_name {
+            self.finish_rename(svc, &old, &lb_name).await?;
+        }
         self.ensured.lock().unwrap_or_else(|p| p.into_inner()).insert(k, Ensured { spec, hosts, count });
         self.ctx.event(NAME, svc, false, "EnsuredLoadBalancer", "Ensured load balancer".into()).await;
+        Ok(())
+    }
+
+    /// After a load balancer was made under its new name (--allow-load-balancer-renaming):
+    /// the old one is deleted, then the new name recorded.
+    async fn finish_rename(&self, svc: &Service, old: &str, new: &str) -> Result<(), SyncError> {
+        let lb = self.lb_service_named(svc, old.to_string());
+        self.ctx.provider.ensure_load_balancer_deleted(self.ctx.fence(), lb).await.map_err(SyncError::Provider)?;
+        let patch = serde_json::json!({ "metadata": { "annotations": { ANNOTATION_LOAD_BALANCER_NAME: new } } });
+        let api: Api<Service> = Api::namespaced(self.ctx.client.clone(), svc.metadata.namespace.as_deref().unwrap_or_default());
+        self.ctx.kube_write_permit().await;
+        api.patch(svc.metadata.name.as_deref().unwrap_or_default(), &PatchParams::default(), &Patch::Merge(&patch))
+            .await
+            .map_err(SyncError::Kube)?;
+        tracing::info!(service = %key(svc), %old, %new, "load balancer renamed");
+        let note =
+            format!("Renamed load balancer {old} to {new} (--allow-load-balancer-renaming): made anew, the old one deleted");
+        self.ctx.event(NAME, svc, false, "RenamedLoadBalancer", note).await;
         Ok(())
     }
 
@@ -859,7 +1016,7 @@ impl ServiceController {
         }
         let k = key(svc);
         self.ctx.event(NAME, svc, false, "DeletingLoadBalancer", "Deleting load balancer".into()).await;
-        if let Err(error) = self.ctx.provider.ensure_load_balancer_deleted(self.ctx.fence(), self.lb_service(svc)).await {
+        if let Err(error) = self.delete_every_name(svc).await {
             self.ctx.event(NAME, svc, true, "SyncLoadBalancerFailed", format!("Error deleting load balancer: {error}")).await;
             return Err(SyncError::Provider(error));
         }

@@ -203,6 +203,21 @@ impl Provider {
         }
     }
 
+    /// The status of the load balancer of `service` (its name is what is looked up), `None`
+    /// when it does not exist.
+    pub async fn get_load_balancer(&self, service: pb::LoadBalancerService) -> Result<Option<pb::LoadBalancerStatus>, Error> {
+        const METHOD: &str = "LoadBalancersService/GetLoadBalancer";
+        let request = pb::GetLoadBalancerRequest { service: Some(service) };
+        let rpc = async |ch, r| load_balancers_client(ch).get_load_balancer(r).await;
+        let answer = self.call(METHOD, request, rpc).await?;
+        if !answer.exists {
+            return Ok(None);
+        }
+        let status = answer.status.unwrap_or_default();
+        check::status(&status).map_err(|why| self.invalid(METHOD, why))?;
+        Ok(Some(status))
+    }
+
     /// Ensures the load balancer of `service` over `nodes` (fenced); its status, checked by
     /// [`check::status`].
     pub async fn ensure_load_balancer(

@@ -8,6 +8,7 @@ mod faults;
 mod go_adapter;
 mod harness;
 mod leader;
+mod migration;
 mod mtls;
 mod node_metadata;
 mod nodes;

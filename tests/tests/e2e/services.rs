@@ -253,6 +253,8 @@ async fn a_failing_service_backs_off_alone_and_its_retry_reads_the_newest_spec()
     let sim = Sim::start(config).await;
     let mut flags = service_flags(&env);
     flags.push("--reconcile-backoff-base=1s".into());
+    // The fault picks the bad Service's load balancer by its readable name.
+    flags.push("--load-balancer-naming=readable".into());
     let core = start(cp, &env, &sim, &flags);
     create_load_balancer_service(&env, "good", &[80]).await.expect("service");
     create_load_balancer_service(&env, "bad", &[80]).await.expect("service");
@@ -309,7 +311,9 @@ async fn long_names_fit_the_limit_and_stay_unique() {
     Api::<Namespace>::all(env.client.clone()).create(&PostParams::default(), &ns).await.expect("namespace");
     let long_env = TestEnv { client: env.client.clone(), namespace: ns_name.clone(), prefix: env.prefix.clone() };
     let sim = Sim::start(Config::default()).await;
-    let core = start(cp, &env, &sim, &service_flags(&long_env));
+    let mut flags = service_flags(&long_env);
+    flags.push("--load-balancer-naming=readable".into());
+    let core = start(cp, &env, &sim, &flags);
     let a = format!("{}-a", "s".repeat(58));
     let b = format!("{}-b", "s".repeat(58));
     create_load_balancer_service(&long_env, &a, &[80]).await.expect("a");
@@ -369,6 +373,72 @@ async fn two_hundred_services_all_get_addresses() {
     let foreign: Vec<&String> = all.iter().map(|l| &l.service).filter(|s| !s.starts_with(&env.namespace)).collect();
     assert!(foreign.is_empty(), "only this namespace: {foreign:?}");
     assert_eq!(ips.len(), 200, "every load balancer has its own address");
+    core.stop().await.expect("stop");
+    env.cleanup().await.expect("cleanup");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_naming_change_keeps_load_balancers_unless_renaming_is_allowed() {
+    let cp = ccm_e2e::shared().expect("control plane");
+    let env = TestEnv::new(cp.client().await.expect("client"), "naming").await.expect("env");
+    let node = env.node_name("n");
+    let mut config = Config::default();
+    config.instances.push(instance("i-n", &node, "sim-region-1a"));
+    let sim = Sim::start(config).await;
+    backend_node(&env, &node, "i-n").await;
+    let names = async || -> Vec<String> {
+        let mut n: Vec<String> = lbs(&sim).await.into_iter().map(|l| l.name).collect();
+        n.sort();
+        n
+    };
+    let recorded = async |svc: &str| -> Option<String> {
+        env.services().get(svc).await.ok()?.metadata.annotations?.get("ccm-rs.dev/load-balancer-name").cloned()
+    };
+
+    // The default: upstream's naming, recorded on the Service.
+    let core = start(cp, &env, &sim, &service_flags(&env));
+    let a = create_load_balancer_service(&env, "a", &[80]).await.expect("a");
+    let upstream_name: String = format!("a{}", a.metadata.uid.clone().expect("uid").replace('-', "")).chars().take(32).collect();
+    let ip = eventually("a's address", Duration::from_secs(20), async || ingress_ip(&env, "a").await).await;
+    assert_eq!(names().await, vec![upstream_name.clone()]);
+    assert_eq!(recorded("a").await, Some(upstream_name.clone()));
+    core.stop().await.expect("stop");
+
+    // Readable naming: a keeps its load balancer and says so; a new Service gets a readable name.
+    let mut readable = service_flags(&env);
+    readable.push("--load-balancer-naming=readable".into());
+    let core = start(cp, &env, &sim, &readable);
+    create_load_balancer_service(&env, "b", &[80]).await.expect("b");
+    eventually("b's address", Duration::from_secs(20), async || ingress_ip(&env, "b").await).await;
+    reasons(&env, "a", &["LoadBalancerNameKept"]).await;
+    let now = names().await;
+    assert_eq!(now.len(), 2, "{now:?}");
+    assert!(now.contains(&upstream_name), "a kept its load balancer: {now:?}");
+    let readable_b = recorded("b").await.expect("b's name recorded");
+    assert!(readable_b.starts_with("kubernetes-"), "{readable_b}");
+    assert_eq!(ingress_ip(&env, "a").await, Some(ip));
+    core.stop().await.expect("stop");
+
+    // A load balancer whose name was never recorded (an older core's) is found under the
+    // other naming, not made anew.
+    let patch = serde_json::json!({ "metadata": { "annotations": { "ccm-rs.dev/load-balancer-name": null } } });
+    env.services().patch("b", &PatchParams::default(), &Patch::Merge(&patch)).await.expect("unrecord");
+    let core = start(cp, &env, &sim, &service_flags(&env));
+    eventually("b's name recorded again", Duration::from_secs(20), async || {
+        (recorded("b").await.as_deref() == Some(readable_b.as_str())).then_some(())
+    })
+    .await;
+    assert_eq!(names().await.len(), 2, "no new load balancer for b");
+    core.stop().await.expect("stop");
+
+    // Renaming allowed: a is made anew under the readable naming and its old one deleted.
+    readable.push("--allow-load-balancer-renaming".into());
+    let core = start(cp, &env, &sim, &readable);
+    reasons(&env, "a", &["RenamedLoadBalancer"]).await;
+    let now = names().await;
+    assert_eq!(now.len(), 2, "{now:?}");
+    assert!(!now.contains(&upstream_name), "the old load balancer is deleted: {now:?}");
+    assert!(recorded("a").await.is_some_and(|n| n.starts_with("kubernetes-")));
     core.stop().await.expect("stop");
     env.cleanup().await.expect("cleanup");
 }
