@@ -331,9 +331,15 @@ pub struct Options {
     #[arg(long, num_args = 0..=1, require_equals = true, default_missing_value = "true", action = clap::ArgAction::Set, default_value_t = false)]
     pub use_service_account_credentials: bool,
 
-    /// Feature gates, `Name=true,Other=false` (none are defined yet; unknown ones are errors).
+    /// Feature gates, `Name=true,Other=false`: upstream's gates are accepted (those whose
+    /// behaviour this core always has, or that concern only the API server libraries, with a
+    /// log line), one asking for what this core lacks is refused, an unknown one is an error.
     #[arg(long, value_delimiter = ',')]
     pub feature_gates: Vec<String>,
+
+    /// Upstream's flags with no counterpart above.
+    #[command(flatten)]
+    pub upstream: crate::compat::UpstreamFlags,
 
     /// Log format: text or json.
     #[arg(long, default_value = "text", value_parser = ["text", "json"])]
@@ -358,6 +364,30 @@ pub enum Command {
 }
 
 impl Options {
+    /// What the upstream flags given mean here, one log line each.
+    pub fn upstream_notes(&self) -> Vec<String> {
+        let mut notes = crate::compat::review_gates(&self.feature_gates).unwrap_or_default();
+        notes.extend(self.upstream.review().unwrap_or_default());
+        notes
+    }
+
+    /// The log filter: --log-level, or klog's --v mapped onto it when --log-level is left at
+    /// its default.
+    pub fn log_filter(&self) -> String {
+        match self.upstream.v {
+            Some(v) if self.log_level == "info" => crate::compat::level_for(v).to_string(),
+            _ => self.log_level.clone(),
+        }
+    }
+
+    /// The log format: --log-format, or upstream's --logging-format.
+    pub fn log_format(&self) -> &str {
+        match &self.upstream.logging_format {
+            Some(f) if self.log_format == "text" => f,
+            _ => &self.log_format,
+        }
+    }
+
     /// The controllers to run, by full name, from `--controllers`.
     pub fn enabled_controllers(&self) -> Result<BTreeSet<&'static str>, String> {
         let resolve = |name: &str| {
@@ -387,9 +417,8 @@ impl Options {
     /// Checks flag combinations that clap cannot.
     pub fn validate(&self) -> Result<(), String> {
         self.enabled_controllers()?;
-        if let Some(gate) = self.feature_gates.iter().find(|g| !g.trim().is_empty()) {
-            return Err(format!("unknown feature gate {gate:?}: this version defines none"));
-        }
+        crate::compat::review_gates(&self.feature_gates)?;
+        self.upstream.review()?;
         if self.leader_elect && self.leader_elect_renew_deadline >= self.leader_elect_lease_duration {
             return Err("--leader-elect-renew-deadline must be shorter than --leader-elect-lease-duration".into());
         }

@@ -67,6 +67,12 @@ async fn kube_config(options: &Options) -> anyhow::Result<kube::Config> {
         }
         None => kube::Config::incluster().context("no --kubeconfig given and not running in a cluster")?,
     })
+    .and_then(|mut config| {
+        if let Some(master) = &options.upstream.master {
+            config.cluster_url = master.parse().with_context(|| format!("--master {master:?} is not a URL"))?;
+        }
+        Ok(config)
+    })
 }
 
 /// The delegated checks of the health and metrics server: with the kubeconfigs given, else
@@ -129,8 +135,8 @@ pub async fn main_with_args(args: impl IntoIterator<Item = std::ffi::OsString>) 
             }
         };
     }
-    let filter = tracing_subscriber::EnvFilter::new(&options.log_level);
-    if options.log_format == "json" {
+    let filter = tracing_subscriber::EnvFilter::new(options.log_filter());
+    if options.log_format() == "json" {
         tracing_subscriber::fmt().json().with_env_filter(filter).with_writer(std::io::stderr).init();
     } else {
         tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).init();
@@ -146,6 +152,9 @@ pub async fn main_with_args(args: impl IntoIterator<Item = std::ffi::OsString>) 
                 std::process::ExitCode::FAILURE
             }
         };
+    }
+    for note in options.upstream_notes() {
+        tracing::info!("{note}");
     }
     match run(options).await {
         Ok(()) => std::process::ExitCode::SUCCESS,
