@@ -1,6 +1,6 @@
 //! `--use-service-account-credentials`: each controller talks to the API server as its own
-//! ServiceAccount in `kube-system` ([`service_account`]: named after the controller, as
-//! upstream names them; created when missing and allowed), so
+//! ServiceAccount in `kube-system` ([`service_account`]: upstream's accounts by default,
+//! `--service-account-names`; created when missing and allowed), so
 //! audit logs tell controllers apart and each can be granted only what it does. Tokens come
 //! from the TokenRequest API, live an hour, and are renewed every 20 minutes into a file the
 //! client re-reads.
@@ -20,12 +20,18 @@ pub const NAMESPACE: &str = "kube-system";
 const TOKEN_SECONDS: i64 = 3600;
 const RENEW_EVERY: Duration = Duration::from_secs(20 * 60);
 
-/// The ServiceAccount a controller acts as: its name, except the route controller's, which
-/// keeps the name upstream's has (`route-controller`) so existing RBAC and audit rules apply.
-pub fn service_account(controller: &str) -> &str {
-    match controller {
-        crate::controllers::route::NAME => "route-controller",
-        other => other,
+/// The ServiceAccount a controller acts as. `upstream` (the default): the accounts upstream's
+/// cloud-controller-manager uses, so existing RBAC and audit rules apply: `node-controller`
+/// (the node and node lifecycle controllers), `route-controller`, `service-controller`.
+/// `controller`: the controller's own name (`route-controller` for the route controller).
+pub fn service_account(controller: &str, names: crate::options::ServiceAccountNames) -> &str {
+    use crate::controllers::{node, node_lifecycle, route, service};
+    use crate::options::ServiceAccountNames;
+    match (names, controller) {
+        (_, route::NAME) => "route-controller",
+        (ServiceAccountNames::Upstream, node::NAME | node_lifecycle::NAME) => "node-controller",
+        (ServiceAccountNames::Upstream, service::NAME) => "service-controller",
+        (_, other) => other,
     }
 }
 
@@ -34,15 +40,16 @@ pub struct Credentials {
     config: kube::Config,
     root: kube::Client,
     dir: tempfile::TempDir,
+    names: crate::options::ServiceAccountNames,
 }
 
 impl Credentials {
     /// Per-controller credentials derived from `config` (whose identity must be allowed to
     /// create ServiceAccounts and tokens in kube-system).
-    pub fn new(config: kube::Config) -> anyhow::Result<Self> {
+    pub fn new(config: kube::Config, names: crate::options::ServiceAccountNames) -> anyhow::Result<Self> {
         let root = kube::Client::try_from(config.clone())?;
         let dir = tempfile::Builder::new().prefix("ccm-tokens-").tempdir().context("creating the token directory")?;
-        Ok(Self { config, root, dir })
+        Ok(Self { config, root, dir, names })
     }
 
     async fn token(root: &kube::Client, name: &str) -> anyhow::Result<String> {
@@ -84,7 +91,7 @@ impl Credentials {
         controller: &str,
         mut stop: tokio::sync::watch::Receiver<bool>,
     ) -> anyhow::Result<kube::Client> {
-        let account = service_account(controller);
+        let account = service_account(controller, self.names);
         let path = self.dir.path().join(format!("{account}.token"));
         Self::write(&path, &Self::token(&self.root, account).await?)?;
         let root = self.root.clone();

@@ -36,6 +36,15 @@ pub fn canonical_controller(name: &str) -> Option<&'static str> {
     CONTROLLERS.iter().find(|(full, short)| *full == legacy || *short == legacy).map(|(full, _)| *full)
 }
 
+/// The controllers' ServiceAccounts (`--service-account-names`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum ServiceAccountNames {
+    /// Upstream's: `node-controller`, `route-controller`, `service-controller`.
+    Upstream,
+    /// One per controller, by its name.
+    Controller,
+}
+
 /// How load balancers are named (`--load-balancer-naming`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
 pub enum LoadBalancerNaming {
@@ -330,6 +339,14 @@ pub struct Options {
     /// Run each controller with its own service account's credentials.
     #[arg(long, num_args = 0..=1, require_equals = true, default_missing_value = "true", action = clap::ArgAction::Set, default_value_t = false)]
     pub use_service_account_credentials: bool,
+
+    /// The ServiceAccounts of --use-service-account-credentials. `upstream` (the default):
+    /// upstream's, so existing RBAC and audit rules apply: `node-controller` (node and node
+    /// lifecycle controllers), `route-controller`, `service-controller`. `controller`: one per
+    /// controller, by its name (`cloud-node-controller`, `cloud-node-lifecycle-controller`,
+    /// `route-controller`, `service-lb-controller`).
+    #[arg(long, value_enum, value_name = "NAMES", default_value_t = ServiceAccountNames::Upstream)]
+    pub service_account_names: ServiceAccountNames,
 
     /// Feature gates, `Name=true,Other=false`: upstream's gates are accepted (those whose
     /// behaviour this core always has, or that concern only the API server libraries, with a

@@ -194,8 +194,11 @@ pub async fn run_until(options: Options, shutdown: impl Future<Output = ()> + Se
     }
     let config = kube_config(&options).await?;
     let client = kube::Client::try_from(config.clone()).context("building the Kubernetes client")?;
-    let credentials =
-        if options.use_service_account_credentials { Some(Arc::new(Credentials::new(config.clone())?)) } else { None };
+    let credentials = if options.use_service_account_credentials {
+        Some(Arc::new(Credentials::new(config.clone(), options.service_account_names)?))
+    } else {
+        None
+    };
     let metrics = Metrics::new();
     let tls = options.provider_tls_cert_file.as_ref().map(|cert| ccm_provider_sdk::tls::TlsFiles {
         cert: cert.clone(),

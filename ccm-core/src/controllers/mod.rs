@@ -42,6 +42,9 @@ pub struct Context {
     event_writes: Arc<TokenBucket>,
     /// The lead this context writes under, if any (none without leader election).
     fence: Option<crate::lease::Fence>,
+    /// One Event recorder per controller, kept, so that repeated Events are aggregated into a
+    /// series (a count and the last time) as client-go's recorder does.
+    recorders: Arc<std::sync::Mutex<std::collections::HashMap<String, Recorder>>>,
 }
 
 impl Context {
@@ -62,12 +65,24 @@ impl Context {
         let exclude = Arc::new(exclude);
         let kube_writes = Arc::new(TokenBucket::new(f64::from(options.kube_api_qps), options.kube_api_burst));
         let event_writes = Arc::new(TokenBucket::new(f64::from(options.kube_api_qps), options.kube_api_burst));
-        Ok(Self { client, provider, nodes, services, metrics, options, exclude, kube_writes, event_writes, fence: None })
+        Ok(Self {
+            client,
+            provider,
+            nodes,
+            services,
+            metrics,
+            options,
+            exclude,
+            kube_writes,
+            event_writes,
+            fence: None,
+            recorders: Default::default(),
+        })
     }
 
     /// The same context, writing through another client (a controller's own credentials).
     pub fn with_client(&self, client: kube::Client) -> Self {
-        Self { client, ..self.clone() }
+        Self { client, recorders: Default::default(), ..self.clone() }
     }
 
     /// The same context with write budgets of its own: each controller gets
@@ -152,7 +167,13 @@ impl Context {
         };
         let reference = object.object_ref(&());
         let name = object.meta().name.clone().unwrap_or_default();
-        let recorder = Recorder::new(self.client.clone(), Reporter { controller: controller.into(), instance: None });
+        let recorder = self
+            .recorders
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .entry(controller.to_string())
+            .or_insert_with(|| Recorder::new(self.client.clone(), Reporter { controller: controller.into(), instance: None }))
+            .clone();
         let this = self.clone();
         let reason = reason.to_string();
         tokio::spawn(async move {

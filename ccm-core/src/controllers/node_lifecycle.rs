@@ -223,6 +223,9 @@ impl NodeLifecycleController {
                 }
                 Err(error) => {
                     tracing::warn!(node = %name, %error, "deleting the node failed");
+                    self.ctx
+                        .event(NAME, node.as_ref(), true, "DeletingNodeFailed", format!("Error deleting node: {error}"))
+                        .await;
                     pass.errors += 1;
                 }
             }

@@ -616,6 +616,11 @@ impl RouteController {
                     sync.without_route.insert(node);
                 }
                 Err(e) => {
+                    // Upstream's Event on every failed create (aggregated into a series).
+                    if let Some(n) = self.ctx.nodes.store().get(&ObjectRef::new(&node)) {
+                        let note = format!("Could not create route {} for node {node}: {e}", wanted.destination_cidr);
+                        self.ctx.event(NAME, n.as_ref(), true, "FailedToCreateRoute", note).await;
+                    }
                     first_error.get_or_insert(e);
                 }
             }

@@ -866,13 +866,16 @@ impl ServiceController {
             let note = "No Node is a load balancer backend now: the load balancer keeps its current hosts \
                         instead of being emptied, until a Node is one again"
                 .to_string();
-            self.ctx.event(NAME, svc, true, "LoadBalancerHostsKept", note).await;
+            self.ctx.event(NAME, svc, true, "UnAvailableLoadBalancer", note).await;
             backends = self.last_backends.lock().unwrap_or_else(|p| p.into_inner()).clone();
             if backends.is_empty() {
                 return Ok(());
             }
         } else if !backends.is_empty() {
             *self.last_backends.lock().unwrap_or_else(|p| p.into_inner()) = backends.clone();
+        } else {
+            let note = "There are no available nodes for LoadBalancer".to_string();
+            self.ctx.event(NAME, svc, true, "UnAvailableLoadBalancer", note).await;
         }
         let hosts = {
             let mut h = std::collections::hash_map::DefaultHasher::new();
@@ -1017,7 +1020,7 @@ impl ServiceController {
         let k = key(svc);
         self.ctx.event(NAME, svc, false, "DeletingLoadBalancer", "Deleting load balancer".into()).await;
         if let Err(error) = self.delete_every_name(svc).await {
-            self.ctx.event(NAME, svc, true, "SyncLoadBalancerFailed", format!("Error deleting load balancer: {error}")).await;
+            self.ctx.event(NAME, svc, true, "DeleteLoadBalancerFailed", format!("Error deleting load balancer: {error}")).await;
             return Err(SyncError::Provider(error));
         }
         self.ensured.lock().unwrap_or_else(|p| p.into_inner()).remove(&k);

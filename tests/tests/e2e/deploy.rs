@@ -135,9 +135,9 @@ async fn every_manifest_and_the_rendered_chart_pass_a_server_side_dry_run() {
     }
     // The chart and the kustomize manifests grant exactly the same.
     assert_eq!(helm_rules, kustomize_rules, "the chart's RBAC and the kustomize RBAC differ");
-    assert_eq!(kustomize_rules.len(), 6, "{kustomize_rules:#?}");
+    assert_eq!(kustomize_rules.len(), 5, "{kustomize_rules:#?}");
     eprintln!("objects accepted by the server-side dry run: {counts:#?}");
-    assert!(counts["kustomize/core"] >= 20, "{counts:?}");
+    assert!(counts["kustomize/core"] >= 19, "{counts:?}");
     assert!(counts["helm (defaults)"] >= 20, "{counts:?}");
 
     // The chart refuses what cannot work, with a sentence saying what to do.
@@ -245,7 +245,7 @@ async fn the_shipped_roles_are_enough_for_every_controller_and_no_broader() {
         ],
     );
 
-    // cloud-node-controller and route-controller.
+    // The node controller and the route controller.
     NodeBuilder::new(&fresh)
         .uninitialized()
         .label(TEST_LABEL, &env.prefix)
@@ -269,7 +269,7 @@ async fn the_shipped_roles_are_enough_for_every_controller_and_no_broader() {
     })
     .await;
 
-    // cloud-node-lifecycle-controller: a NotReady Node whose instance is gone is deleted.
+    // The node lifecycle controller: a NotReady Node whose instance is gone is deleted.
     NodeBuilder::new(&doomed)
         .label(TEST_LABEL, &env.prefix)
         .provider_id("sim://sim-region-1a/i-doomed")
@@ -283,7 +283,7 @@ async fn the_shipped_roles_are_enough_for_every_controller_and_no_broader() {
     })
     .await;
 
-    // service-lb-controller: ensure (finalizer, status), then delete (finalizer removed).
+    // The service controller: ensure (finalizer, status), then delete (finalizer removed).
     let svc_env = env.clone();
     let web = "web".to_string();
     create_load_balancer_service(&svc_env, &web, &[80]).await.expect("service");
@@ -314,30 +314,25 @@ async fn the_shipped_roles_are_enough_for_every_controller_and_no_broader() {
         }
     }
     assert!(forbidden.is_empty(), "forbidden requests: {forbidden:#?}");
-    for account in [
-        "cloud-controller-manager",
-        "cloud-node-controller",
-        "cloud-node-lifecycle-controller",
-        "route-controller",
-        "service-lb-controller",
-    ] {
+    // Upstream's accounts: node-controller (node and node lifecycle controllers),
+    // route-controller, service-controller.
+    for account in ["cloud-controller-manager", "node-controller", "route-controller", "service-controller"] {
         assert!(users.contains(account), "{account} made requests as itself: {users:?}");
     }
 
     // No broader than needed: what a controller does not do stays forbidden.
-    let checks: [(&str, &str, &str, Option<&str>, bool); 18] = [
+    let checks: [(&str, &str, &str, Option<&str>, bool); 17] = [
         ("route-controller", "patch", "nodes/status", None, true),
         ("route-controller", "delete", "nodes", None, false),
         ("route-controller", "patch", "nodes", None, false),
-        ("service-lb-controller", "patch", "services/status", None, true),
-        ("service-lb-controller", "get", "services", None, true),
-        ("service-lb-controller", "patch", "nodes", None, false),
-        ("service-lb-controller", "delete", "services", None, false),
-        ("cloud-node-controller", "patch", "nodes", None, true),
-        ("cloud-node-controller", "delete", "nodes", None, false),
-        ("cloud-node-controller", "update", "services", None, false),
-        ("cloud-node-lifecycle-controller", "delete", "nodes", None, true),
-        ("cloud-node-lifecycle-controller", "patch", "services", None, false),
+        ("service-controller", "patch", "services/status", None, true),
+        ("service-controller", "get", "services", None, true),
+        ("service-controller", "patch", "nodes", None, false),
+        ("service-controller", "delete", "services", None, false),
+        ("node-controller", "patch", "nodes", None, true),
+        ("node-controller", "delete", "nodes", None, true),
+        ("node-controller", "update", "services", None, false),
+        ("node-controller", "patch", "services", None, false),
         ("cloud-controller-manager", "patch", "nodes", None, false),
         ("cloud-controller-manager", "create", "serviceaccounts/token", Some("default"), false),
         ("cloud-controller-manager", "get", "secrets", None, false),

@@ -512,10 +512,16 @@ async fn with_service_account_credentials_a_controller_has_only_what_its_account
     config.instances.push(instance("i-a", &name, "sim-region-1a"));
     let sim = Sim::start(config).await;
     NodeBuilder::new(&name).uninitialized().label(TEST_LABEL, &env.prefix).create(&env.client).await.expect("node");
-    // The process itself is admin; the node controller writes as kube-system/cloud-node-controller,
-    // which has no permissions yet.
-    let core =
-        Core::start(cp, &env, &sim, &["--leader-elect=false", "--controllers=cloud-node", "--use-service-account-credentials"]);
+    // The process itself is admin; the node controller writes as kube-system/cloud-node-controller
+    // (one account per controller: upstream's node-controller is granted by the API server's
+    // bootstrap roles), which has no permissions yet.
+    let flags = [
+        "--leader-elect=false",
+        "--controllers=cloud-node",
+        "--use-service-account-credentials",
+        "--service-account-names=controller",
+    ];
+    let core = Core::start(cp, &env, &sim, &flags);
     tokio::time::sleep(Duration::from_secs(4)).await;
     assert!(initialised(&env, &name).await.is_none(), "the controller's own account may not patch nodes yet");
 

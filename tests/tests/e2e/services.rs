@@ -226,7 +226,7 @@ async fn node_set_changes_reach_every_load_balancer_within_a_second() {
     for n in [&n1, &n3] {
         env.nodes().patch(n, &PatchParams::default(), &Patch::Merge(&patch)).await.expect("exclude");
     }
-    reasons(&env, "a", &["LoadBalancerHostsKept"]).await;
+    reasons(&env, "a", &["UnAvailableLoadBalancer"]).await;
     assert!(all(without.clone()).await.is_some(), "a load balancer was emptied");
     let back =
         serde_json::json!({ "metadata": { "labels": { "node.kubernetes.io/exclude-from-external-load-balancers": null } } });

@@ -53,16 +53,16 @@ args:
 {{- end -}}
 {{- end -}}
 
-{{/* The controllers' own ServiceAccounts and what each does. */}}
+{{/* The controllers' own ServiceAccounts, upstream's names (the core's default
+--service-account-names=upstream), and what each does: node-controller for the node and node
+lifecycle controllers, route-controller, service-controller. */}}
 {{- define "ccm-rs.controllerRules" -}}
-cloud-node-controller:
-  - {apiGroups: [""], resources: [nodes], verbs: [get, patch]}
+node-controller:
+  - {apiGroups: [""], resources: [nodes], verbs: [get, patch, delete]}
   - {apiGroups: [""], resources: [nodes/status], verbs: [patch]}
-cloud-node-lifecycle-controller:
-  - {apiGroups: [""], resources: [nodes], verbs: [patch, delete]}
 route-controller:
   - {apiGroups: [""], resources: [nodes/status], verbs: [patch]}
-service-lb-controller:
+service-controller:
   - {apiGroups: [""], resources: [services], verbs: [get, patch]}
   - {apiGroups: [""], resources: [services/status], verbs: [patch]}
 {{- end -}}
