@@ -18,3 +18,4 @@ pub mod provider;
 pub mod queue;
 pub mod runtime;
 pub mod uninstall;
+pub mod upstream_metrics;

@@ -66,6 +66,16 @@ pub struct Metrics {
     node_deletions: Family<OutcomeLabels, Counter>,
     /// Why the process is failing (a controller ended), for /readyz.
     failure: Arc<std::sync::Mutex<Option<String>>>,
+    /// Upstream's names for the same figures, and its others.
+    upstream: crate::upstream_metrics::UpstreamMetrics,
+}
+
+/// Upstream's work queue name for a controller's queue.
+fn queue_name(controller: &str) -> &str {
+    match controller {
+        "service-lb-controller" => "service",
+        other => other,
+    }
 }
 
 impl Default for Metrics {
@@ -138,7 +148,9 @@ impl Metrics {
         registry.register("ccm_reconcile_errors", "Failed reconciles, by controller", reconcile_errors.clone());
         registry.register("ccm_leader_is_leader", "1 while this process holds at least one of its leader Leases", leader.clone());
         registry.register("ccm_leader_lease_held", "1 while this process holds the Lease, by Lease name", leases.clone());
+        let upstream = crate::upstream_metrics::UpstreamMetrics::register(&mut registry);
         Self {
+            upstream,
             registry: Arc::new(registry),
             provider_calls,
             provider_latency,
@@ -181,6 +193,7 @@ impl Metrics {
     /// A node set change fully applied to load balancers.
     pub fn service_node_sync(&self, elapsed: Duration) {
         self.service_node_sync.observe(elapsed.as_secs_f64());
+        self.upstream.node_sync(elapsed);
     }
 
     /// Orphaned load balancers deleted, or refused by the deletion bound.
@@ -191,6 +204,7 @@ impl Metrics {
     /// One full route reconcile, with what it changed.
     pub fn route_sync(&self, created: u64, deleted: u64, corrections: u64, without_route: usize) {
         self.route_syncs.inc();
+        self.upstream.route_sync();
         self.routes_created.inc_by(created);
         self.routes_deleted.inc_by(deleted);
         self.route_corrections.inc_by(corrections);
@@ -212,16 +226,19 @@ impl Metrics {
     /// A queue's depth.
     pub fn queue_depth(&self, controller: &str, depth: usize) {
         self.queue_depth.get_or_create(&ControllerLabels { controller: controller.into() }).set(depth as i64);
+        self.upstream.queue_depth(queue_name(controller), depth);
     }
 
     /// A key added.
     pub fn queue_add(&self, controller: &str) {
         self.queue_adds.get_or_create(&ControllerLabels { controller: controller.into() }).inc();
+        self.upstream.queue_add(queue_name(controller));
     }
 
     /// One reconcile, and whether it failed.
     pub fn reconcile(&self, controller: &str, elapsed: Duration, failed: bool) {
         let labels = ControllerLabels { controller: controller.into() };
+        self.upstream.reconcile(queue_name(controller), elapsed, failed);
         self.reconcile_latency.get_or_create(&labels).observe(elapsed.as_secs_f64());
         if failed {
             self.reconcile_errors.get_or_create(&labels).inc();
@@ -233,6 +250,7 @@ impl Metrics {
     /// holds any.
     pub fn lease_held(&self, lease: &str, held: bool) {
         self.leases.get_or_create(&LeaseLabels { lease: lease.to_string() }).set(i64::from(held));
+        self.upstream.lease_held(lease, held);
         let mut set = self.held.lock().unwrap_or_else(|p| p.into_inner());
         if held {
             set.insert(lease.to_string());
@@ -242,8 +260,29 @@ impl Metrics {
         self.leader.set(i64::from(!set.is_empty()));
     }
 
+    /// Whether a controller runs in this process (upstream's `running_managed_controllers`).
+    pub fn controller_running(&self, controller: &str, running: bool) {
+        self.upstream.controller_running(controller, running);
+    }
+
+    /// A load balancer ensured (upstream's `service_controller_loadbalancer_sync_total`).
+    pub fn load_balancer_sync(&self) {
+        self.upstream.load_balancer_sync();
+    }
+
+    /// One UpdateLoadBalancerHosts, its latency and whether it failed.
+    pub fn hosts_update(&self, elapsed: Duration, failed: bool) {
+        self.upstream.hosts_update(elapsed, failed);
+    }
+
+    /// A Node initialised, so long after it was created.
+    pub fn node_initialised(&self, since_creation: Duration) {
+        self.upstream.node_initialised(since_creation);
+    }
+
     /// The Prometheus text exposition.
     pub fn encode(&self) -> String {
+        self.upstream.refresh_process();
         let mut text = String::new();
         if let Err(e) = prometheus_client::encoding::text::encode(&mut text, &self.registry) {
             tracing::warn!(error = %e, "encoding metrics failed");

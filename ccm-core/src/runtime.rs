@@ -402,6 +402,9 @@ async fn run_controllers(
         let task = tokio::spawn(crate::controllers::route::RouteController::new(ctx)?.run(ctl_stop.clone()));
         tasks.push((crate::controllers::route::NAME, task));
     }
+    for (name, _) in &tasks {
+        ctx.metrics.controller_running(name, true);
+    }
     let lost = async {
         match leading {
             Some(mut l) => {
@@ -427,6 +430,9 @@ async fn run_controllers(
         (i, result) = ended => Err(Some((i, result))),
     };
     let _ = ctl_stop_tx.send(true);
+    for (name, _) in &tasks {
+        ctx.metrics.controller_running(name, false);
+    }
     for (_, t) in tasks.iter_mut() {
         if outcome.is_err() {
             // The lead is lost (or the process is failing): nothing more is written, not even

@@ -18,6 +18,7 @@
 use std::collections::{BTreeMap, HashMap};
 use std::hash::{Hash, Hasher};
 use std::sync::{Arc, Mutex};
+use std::time::Duration;
 
 use ccm_proto::v1::{self as pb, ServiceType};
 use ccm_provider_sdk::Error;
@@ -248,6 +249,10 @@ impl NodeController {
             Ok(rv) => {
                 self.written.lock().unwrap_or_else(|p| p.into_inner()).insert(name.clone(), rv);
                 tracing::info!(node = %name, provider_id = %meta.provider_id, "node initialised");
+                if let Some(created) = node.metadata.creation_timestamp.as_ref() {
+                    let since = k8s_openapi::jiff::Timestamp::now().duration_since(created.0);
+                    self.ctx.metrics.node_initialised(Duration::try_from(since).unwrap_or_default());
+                }
                 self.ctx.event(NAME, node.as_ref(), false, "Synced", "Node synced successfully".into()).await;
                 Outcome::Success
             }

@@ -891,7 +891,9 @@ impl ServiceController {
         match last {
             Some(e) if e.spec == spec && e.hosts == hosts => return Ok(()),
             Some(e) if e.spec == spec => {
+                let started = Instant::now();
                 let r = self.ctx.provider.update_load_balancer_hosts(self.ctx.fence(), lb, nodes).await;
+                self.ctx.metrics.hosts_update(started.elapsed(), r.is_err());
                 match r {
                     Ok(_) => {
                         self.ensured.lock().unwrap_or_else(|p| p.into_inner()).insert(k, Ensured { spec, hosts, count });
@@ -928,7 +930,10 @@ impl ServiceController {
         }
         self.ctx.event(NAME, svc, false, "EnsuringLoadBalancer", "Ensuring load balancer".into()).await;
         let status = match self.ctx.provider.ensure_load_balancer(self.ctx.fence(), lb, nodes).await {
-            Ok(status) => status,
+            Ok(status) => {
+                self.ctx.metrics.load_balancer_sync();
+                status
+            }
             Err(error) => {
                 tracing::warn!(service = %k, %error, "ensuring the load balancer failed");
                 self.ctx.event(NAME, svc, true, "SyncLoadBalancerFailed", format!("Error syncing load balancer: {error}")).await;

@@ -152,3 +152,59 @@ async fn metrics_are_served_with_the_given_certificate_reloaded_on_rotation_and_
     let _ = roles.delete(&account, &DeleteParams::default()).await;
     env.cleanup().await.expect("cleanup");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn upstreams_metric_names_are_served_beside_ours() {
+    use ccm_e2e::cluster::{NodeBuilder, create_load_balancer_service};
+    use ccm_provider_sim::Config;
+
+    use crate::support::{Core, Sim, TEST_LABEL, eventually, free_port, http_get, instance};
+
+    let cp = ccm_e2e::shared().expect("control plane");
+    let env = TestEnv::new(cp.client().await.expect("client"), "upmetrics").await.expect("env");
+    let name = env.node_name("a");
+    let mut config = Config::default();
+    config.instances.push(instance("i-a", &name, "sim-region-1a"));
+    let sim = Sim::start(config).await;
+    NodeBuilder::new(&name)
+        .uninitialized()
+        .label(TEST_LABEL, &env.prefix)
+        .pod_cidr("10.251.1.0/24")
+        .create(&env.client)
+        .await
+        .expect("node");
+    let port = free_port();
+    let cluster = format!("--cluster-name={}", env.prefix);
+    let flags = [
+        format!("--secure-port={port}"),
+        "--insecure-serving".into(),
+        "--bind-address=127.0.0.1".into(),
+        "--cluster-cidr=10.251.0.0/16".into(),
+        cluster,
+    ];
+    let core = Core::start(cp, &env, &sim, &flags.iter().map(String::as_str).collect::<Vec<_>>());
+    create_load_balancer_service(&env, "web", &[80]).await.expect("service");
+    let base = format!("http://127.0.0.1:{port}");
+    // As an upstream dashboard queries them (series that must exist once the cluster did work).
+    let wanted = [
+        "workqueue_depth{name=\"service\"}",
+        "workqueue_adds_total{name=\"service\"}",
+        "workqueue_work_duration_seconds_count{name=\"service\"}",
+        "leader_election_master_status{name=",
+        "running_managed_controllers{name=\"service-lb-controller\",manager=\"cloud-controller-manager\"} 1",
+        "service_controller_loadbalancer_sync_total",
+        "route_controller_route_sync_total",
+        "node_controller_cloud_provider_taint_removal_delay_seconds_count 1",
+        "process_cpu_seconds_total",
+        "process_resident_memory_bytes",
+        "process_open_fds",
+    ];
+    let text = eventually("upstream's series", Duration::from_secs(30), async || {
+        let (_, text) = http_get(&base, "/metrics").await?;
+        wanted.iter().all(|w| text.contains(w)).then_some(text)
+    })
+    .await;
+    assert!(text.contains("ccm_provider_calls_total"), "ours are still there");
+    core.stop().await.expect("core stops");
+    env.cleanup().await.expect("cleanup");
+}
