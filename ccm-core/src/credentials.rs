@@ -41,15 +41,20 @@ pub struct Credentials {
     root: kube::Client,
     dir: tempfile::TempDir,
     names: crate::options::ServiceAccountNames,
+    metrics: crate::metrics::Metrics,
 }
 
 impl Credentials {
     /// Per-controller credentials derived from `config` (whose identity must be allowed to
     /// create ServiceAccounts and tokens in kube-system).
-    pub fn new(config: kube::Config, names: crate::options::ServiceAccountNames) -> anyhow::Result<Self> {
+    pub fn new(
+        config: kube::Config,
+        names: crate::options::ServiceAccountNames,
+        metrics: crate::metrics::Metrics,
+    ) -> anyhow::Result<Self> {
         let root = kube::Client::try_from(config.clone())?;
         let dir = tempfile::Builder::new().prefix("ccm-tokens-").tempdir().context("creating the token directory")?;
-        Ok(Self { config, root, dir, names })
+        Ok(Self { config, root, dir, names, metrics })
     }
 
     async fn token(root: &kube::Client, name: &str) -> anyhow::Result<String> {
@@ -113,6 +118,6 @@ impl Credentials {
         let mut config = self.config.clone();
         config.auth_info = kube::config::AuthInfo { token_file: Some(path.display().to_string()), ..Default::default() };
         tracing::info!(controller, service_account = %format!("{NAMESPACE}/{account}"), "using the controller's own credentials");
-        kube::Client::try_from(config).context("building the controller's client")
+        self.metrics.kube_client(config).context("building the controller's client")
     }
 }

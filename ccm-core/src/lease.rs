@@ -80,12 +80,16 @@ impl Fence {
 
 /// A client for the Lease only, from `config`: its connect, read and write timeouts are the
 /// renew deadline (the controllers' client keeps long reads for its watches).
-pub fn client(config: &kube::Config, renew_deadline: Duration) -> anyhow::Result<kube::Client> {
+pub fn client(
+    config: &kube::Config,
+    renew_deadline: Duration,
+    metrics: &crate::metrics::Metrics,
+) -> anyhow::Result<kube::Client> {
     let mut config = config.clone();
     config.connect_timeout = Some(renew_deadline);
     config.read_timeout = Some(renew_deadline);
     config.write_timeout = Some(renew_deadline);
-    kube::Client::try_from(config).context("building the leader election client")
+    metrics.kube_client(config).context("building the leader election client")
 }
 
 /// The Lease as last read, and when this process saw its holder or renewal change.

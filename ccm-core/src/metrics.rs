@@ -68,6 +68,8 @@ pub struct Metrics {
     failure: Arc<std::sync::Mutex<Option<String>>>,
     /// Upstream's names for the same figures, and its others.
     upstream: crate::upstream_metrics::UpstreamMetrics,
+    /// The API server's host, as the `host` label of the client metrics.
+    api_host: Arc<std::sync::Mutex<String>>,
 }
 
 /// Upstream's work queue name for a controller's queue.
@@ -151,6 +153,7 @@ impl Metrics {
         let upstream = crate::upstream_metrics::UpstreamMetrics::register(&mut registry);
         Self {
             upstream,
+            api_host: Default::default(),
             registry: Arc::new(registry),
             provider_calls,
             provider_latency,
@@ -258,6 +261,22 @@ impl Metrics {
             set.remove(lease);
         }
         self.leader.set(i64::from(!set.is_empty()));
+    }
+
+    /// A Kubernetes client for `config` whose requests are counted and timed
+    /// (`rest_client_requests_total`, `rest_client_request_duration_seconds`).
+    pub fn kube_client(&self, config: kube::Config) -> anyhow::Result<kube::Client> {
+        use anyhow::Context as _;
+        let host = config.cluster_url.authority().map(|a| a.to_string()).unwrap_or_default();
+        host.clone_into(&mut self.api_host.lock().unwrap_or_else(|p| p.into_inner()));
+        let builder = kube::client::ClientBuilder::try_from(config).context("building the Kubernetes client")?;
+        Ok(builder.with_layer(&crate::upstream_metrics::RestClientLayer::new(self.upstream.clone(), host)).build())
+    }
+
+    /// How long a write waited for the client-side budget (`rest_client_rate_limiter_duration_seconds`).
+    pub fn rate_limited(&self, waited: Duration) {
+        let host = self.api_host.lock().unwrap_or_else(|p| p.into_inner()).clone();
+        self.upstream.rate_limited(&host, "write", waited);
     }
 
     /// Whether a controller runs in this process (upstream's `running_managed_controllers`).

@@ -193,13 +193,13 @@ pub async fn run_until(options: Options, shutdown: impl Future<Output = ()> + Se
         tracing::warn!(controller = name, "controller is not available in this build; skipped");
     }
     let config = kube_config(&options).await?;
-    let client = kube::Client::try_from(config.clone()).context("building the Kubernetes client")?;
+    let metrics = Metrics::new();
+    let client = metrics.kube_client(config.clone())?;
     let credentials = if options.use_service_account_credentials {
-        Some(Arc::new(Credentials::new(config.clone(), options.service_account_names)?))
+        Some(Arc::new(Credentials::new(config.clone(), options.service_account_names, metrics.clone())?))
     } else {
         None
     };
-    let metrics = Metrics::new();
     let tls = options.provider_tls_cert_file.as_ref().map(|cert| ccm_provider_sdk::tls::TlsFiles {
         cert: cert.clone(),
         key: options.provider_tls_key_file.clone().unwrap_or_default(),
@@ -256,7 +256,7 @@ pub async fn run_until(options: Options, shutdown: impl Future<Output = ()> + Se
     let result = if groups.is_empty() {
         run_controllers(ctx, credentials, &enabled, shutdown_rx, None).await
     } else {
-        let lease_client = crate::lease::client(&config, options.leader_elect_renew_deadline)?;
+        let lease_client = crate::lease::client(&config, options.leader_elect_renew_deadline, &metrics)?;
         lead_then_run(&options, lease_client, ctx, credentials, groups, shutdown_rx).await
     };
     let _ = stop_tx.send(true);

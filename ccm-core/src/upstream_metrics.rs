@@ -19,6 +19,19 @@ struct NameLabels {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct RequestLabels {
+    code: String,
+    host: String,
+    method: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct VerbLabels {
+    host: String,
+    verb: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct ManagedLabels {
     name: String,
     manager: String,
@@ -32,6 +45,9 @@ fn queue_histogram() -> Histogram {
 /// Upstream's metrics.
 #[derive(Clone)]
 pub struct UpstreamMetrics {
+    rest_requests: Family<RequestLabels, Counter>,
+    rest_latency: Family<VerbLabels, Histogram, fn() -> Histogram>,
+    rest_rate_limiter: Family<VerbLabels, Histogram, fn() -> Histogram>,
     workqueue_depth: Family<NameLabels, Gauge>,
     workqueue_adds: Family<NameLabels, Counter>,
     workqueue_retries: Family<NameLabels, Counter>,
@@ -57,6 +73,9 @@ impl UpstreamMetrics {
     /// Registers every metric in `registry`.
     pub fn register(registry: &mut Registry) -> Self {
         let m = Self {
+            rest_requests: Family::default(),
+            rest_latency: Family::new_with_constructor(queue_histogram),
+            rest_rate_limiter: Family::new_with_constructor(queue_histogram),
             workqueue_depth: Family::default(),
             workqueue_adds: Family::default(),
             workqueue_retries: Family::default(),
@@ -77,6 +96,21 @@ impl UpstreamMetrics {
             open_fds: Gauge::default(),
             max_fds: Gauge::default(),
         };
+        registry.register(
+            "rest_client_requests",
+            "Number of HTTP requests, partitioned by status code, method, and host",
+            m.rest_requests.clone(),
+        );
+        registry.register(
+            "rest_client_request_duration_seconds",
+            "Request latency in seconds. Broken down by verb, and host",
+            m.rest_latency.clone(),
+        );
+        registry.register(
+            "rest_client_rate_limiter_duration_seconds",
+            "Client side rate limiter latency in seconds. Broken down by verb, and host",
+            m.rest_rate_limiter.clone(),
+        );
         registry.register("workqueue_depth", "Current depth of workqueue", m.workqueue_depth.clone());
         registry.register("workqueue_adds", "Total number of adds handled by workqueue", m.workqueue_adds.clone());
         registry.register("workqueue_retries", "Total number of retries handled by workqueue", m.workqueue_retries.clone());
@@ -143,6 +177,18 @@ impl UpstreamMetrics {
         m
     }
 
+    pub(crate) fn rest_request(&self, host: &str, method: &str, code: &str, elapsed: Duration) {
+        let labels = RequestLabels { code: code.to_string(), host: host.to_string(), method: method.to_string() };
+        self.rest_requests.get_or_create(&labels).inc();
+        let labels = VerbLabels { host: host.to_string(), verb: method.to_string() };
+        self.rest_latency.get_or_create(&labels).observe(elapsed.as_secs_f64());
+    }
+
+    pub(crate) fn rate_limited(&self, host: &str, verb: &str, waited: Duration) {
+        let labels = VerbLabels { host: host.to_string(), verb: verb.to_string() };
+        self.rest_rate_limiter.get_or_create(&labels).observe(waited.as_secs_f64());
+    }
+
     pub(crate) fn queue_depth(&self, name: &str, depth: usize) {
         self.workqueue_depth.get_or_create(&label(name)).set(depth as i64);
     }
@@ -203,6 +249,66 @@ impl UpstreamMetrics {
         self.start_time.set(p.start_time);
         self.open_fds.set(p.open_fds as i64);
         self.max_fds.set(p.max_fds as i64);
+    }
+}
+
+/// A tower layer counting and timing a Kubernetes client's requests as client-go's
+/// `rest_client_*` metrics do.
+#[derive(Clone)]
+pub struct RestClientLayer {
+    metrics: UpstreamMetrics,
+    host: String,
+}
+
+impl RestClientLayer {
+    pub(crate) fn new(metrics: UpstreamMetrics, host: String) -> Self {
+        Self { metrics, host }
+    }
+}
+
+impl<S> tower::Layer<S> for RestClientLayer {
+    type Service = RestClientService<S>;
+
+    fn layer(&self, inner: S) -> Self::Service {
+        RestClientService { inner, metrics: self.metrics.clone(), host: self.host.clone() }
+    }
+}
+
+/// The service of [`RestClientLayer`].
+#[derive(Clone)]
+pub struct RestClientService<S> {
+    inner: S,
+    metrics: UpstreamMetrics,
+    host: String,
+}
+
+impl<S, B, R> tower::Service<http::Request<B>> for RestClientService<S>
+where
+    S: tower::Service<http::Request<B>, Response = http::Response<R>>,
+    S::Future: Send + 'static,
+{
+    type Response = S::Response;
+    type Error = S::Error;
+    type Future = std::pin::Pin<Box<dyn Future<Output = Result<Self::Response, Self::Error>> + Send>>;
+
+    fn poll_ready(&mut self, cx: &mut std::task::Context<'_>) -> std::task::Poll<Result<(), Self::Error>> {
+        self.inner.poll_ready(cx)
+    }
+
+    fn call(&mut self, request: http::Request<B>) -> Self::Future {
+        let method = request.method().to_string();
+        let started = std::time::Instant::now();
+        let future = self.inner.call(request);
+        let (metrics, host) = (self.metrics.clone(), self.host.clone());
+        Box::pin(async move {
+            let result = future.await;
+            let code = match &result {
+                Ok(response) => response.status().as_u16().to_string(),
+                Err(_) => "<error>".to_string(),
+            };
+            metrics.rest_request(&host, &method, &code, started.elapsed());
+            result
+        })
     }
 }
 

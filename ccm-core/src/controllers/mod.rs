@@ -105,9 +105,11 @@ impl Context {
     /// Waits for a token of `--kube-api-qps`/`--kube-api-burst` before a write to the API;
     /// never returns once the lead it writes under is lost.
     pub async fn kube_write_permit(&self) {
+        let started = tokio::time::Instant::now();
         while let Err(wait) = self.kube_writes.try_acquire() {
             tokio::time::sleep(wait).await;
         }
+        self.metrics.rate_limited(started.elapsed());
         self.lead_permit().await;
     }
 

@@ -198,6 +198,9 @@ async fn upstreams_metric_names_are_served_beside_ours() {
         "process_cpu_seconds_total",
         "process_resident_memory_bytes",
         "process_open_fds",
+        "rest_client_requests_total{code=\"200\",host=",
+        "rest_client_request_duration_seconds_count{host=",
+        "rest_client_rate_limiter_duration_seconds_count{host=",
     ];
     let text = eventually("upstream's series", Duration::from_secs(30), async || {
         let (_, text) = http_get(&base, "/metrics").await?;
