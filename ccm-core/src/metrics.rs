@@ -232,6 +232,15 @@ impl Metrics {
         self.upstream.queue_depth(queue_name(controller), depth);
     }
 
+    /// A work queue's state: its depth, how long the keys taken since the last call waited,
+    /// the work in process (upstream's `workqueue_queue_duration_seconds`,
+    /// `workqueue_unfinished_work_seconds`, `workqueue_longest_running_processor_seconds`).
+    pub fn queue_state<K: Clone + Eq + std::hash::Hash>(&self, controller: &str, queue: &crate::queue::WorkQueue<K>) {
+        let stats = queue.stats();
+        self.queue_depth(controller, stats.depth);
+        self.upstream.queue_work(queue_name(controller), &queue.take_waits(), stats.unfinished, stats.longest);
+    }
+
     /// A key added.
     pub fn queue_add(&self, controller: &str) {
         self.queue_adds.get_or_create(&ControllerLabels { controller: controller.into() }).inc();

@@ -83,6 +83,11 @@ struct State<K> {
     failures: HashMap<K, Failure>,
     seq: u64,
     shutdown: bool,
+    /// When each ready key became ready, and when each key in process was taken.
+    ready_since: HashMap<K, Instant>,
+    started: HashMap<K, Instant>,
+    /// How long the keys taken since the last [`WorkQueue::take_waits`] had waited.
+    waits: Vec<Duration>,
 }
 
 /// Counters a queue keeps, for metrics.
@@ -94,6 +99,10 @@ pub struct QueueStats {
     pub waiting: usize,
     /// Keys currently failing.
     pub failing: usize,
+    /// The time the keys in process have been in process, summed.
+    pub unfinished: Duration,
+    /// The longest any key in process has been.
+    pub longest: Duration,
 }
 
 /// The work queue.
@@ -121,6 +130,9 @@ impl<K: Clone + Eq + Hash> WorkQueue<K> {
                 failures: HashMap::new(),
                 seq: 0,
                 shutdown: false,
+                ready_since: HashMap::new(),
+                started: HashMap::new(),
+                waits: Vec::new(),
             }),
             notify: Notify::new(),
         }
@@ -181,8 +193,24 @@ impl<K: Clone + Eq + Hash> WorkQueue<K> {
             s.waiting.remove(&at);
         }
         if s.queued.insert(key.clone()) {
+            s.ready_since.insert(key.clone(), Instant::now());
             s.ready.push_back(key);
         }
+    }
+
+    /// Moves `key`, just popped from the ready keys, into process.
+    fn take(s: &mut State<K>, key: &K) {
+        s.queued.remove(key);
+        s.processing.insert(key.clone());
+        let now = Instant::now();
+        // Bounded: a queue whose waits nobody reads keeps only the latest few thousand.
+        if let Some(since) = s.ready_since.remove(key) {
+            if s.waits.len() >= 4096 {
+                s.waits.clear();
+            }
+            s.waits.push(now.saturating_duration_since(since));
+        }
+        s.started.insert(key.clone(), now);
     }
 
     /// Adds a key after `delay`, unless it is ready or due sooner already.
@@ -228,6 +256,7 @@ impl<K: Clone + Eq + Hash> WorkQueue<K> {
                     if let Some(key) = s.waiting.remove(&(at, seq)) {
                         s.due.remove(&key);
                         if !s.processing.contains(&key) && s.queued.insert(key.clone()) {
+                            s.ready_since.insert(key.clone(), now);
                             s.ready.push_back(key);
                         }
                     }
@@ -237,8 +266,7 @@ impl<K: Clone + Eq + Hash> WorkQueue<K> {
                         Ok(()) => {
                             let key = s.ready.pop_front();
                             if let Some(key) = &key {
-                                s.queued.remove(key);
-                                s.processing.insert(key.clone());
+                                Self::take(&mut s, key);
                             }
                             return key;
                         }
@@ -268,8 +296,7 @@ impl<K: Clone + Eq + Hash> WorkQueue<K> {
         let mut s = self.lock();
         while out.len() < max {
             let Some(key) = s.ready.pop_front() else { break };
-            s.queued.remove(&key);
-            s.processing.insert(key.clone());
+            Self::take(&mut s, &key);
             out.push(key);
         }
         out
@@ -279,6 +306,7 @@ impl<K: Clone + Eq + Hash> WorkQueue<K> {
     pub fn done(&self, key: &K, outcome: Outcome) {
         let mut s = self.lock();
         s.processing.remove(key);
+        s.started.remove(key);
         let dirty = s.dirty.remove(key);
         match outcome {
             Outcome::Success | Outcome::RequeueAfter(_) => {
@@ -314,6 +342,12 @@ impl<K: Clone + Eq + Hash> WorkQueue<K> {
         if s.queued.remove(key) {
             s.ready.retain(|k| k != key);
         }
+        s.ready_since.remove(key);
+    }
+
+    /// How long each key taken since the last call had waited in the queue.
+    pub fn take_waits(&self) -> Vec<Duration> {
+        std::mem::take(&mut self.lock().waits)
     }
 
     /// How many consecutive failures a key has.
@@ -324,7 +358,16 @@ impl<K: Clone + Eq + Hash> WorkQueue<K> {
     /// Current counters.
     pub fn stats(&self) -> QueueStats {
         let s = self.lock();
-        QueueStats { depth: s.ready.len() + s.processing.len(), waiting: s.waiting.len(), failing: s.failures.len() }
+        let now = Instant::now();
+        let running = s.started.values().map(|t| now.saturating_duration_since(*t));
+        let (unfinished, longest) = running.fold((Duration::ZERO, Duration::ZERO), |(sum, max), d| (sum + d, max.max(d)));
+        QueueStats {
+            depth: s.ready.len() + s.processing.len(),
+            waiting: s.waiting.len(),
+            failing: s.failures.len(),
+            unfinished,
+            longest,
+        }
     }
 
     /// Stops the queue: `next` returns `None` from now on.
@@ -446,6 +489,23 @@ mod tests {
         }
         // Two at once, then one every 100 ms.
         assert_eq!((Instant::now() - start).as_millis(), 300);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn the_time_waiting_and_in_process_is_measured() {
+        let q = WorkQueue::new(QueueConfig::default());
+        q.add("a");
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        assert_eq!(q.next().await, Some("a"));
+        let waits = q.take_waits();
+        assert_eq!(waits.len(), 1);
+        assert!(waits[0] >= Duration::from_millis(300), "{waits:?}");
+        assert!(q.take_waits().is_empty(), "taken once");
+        tokio::time::sleep(Duration::from_secs(2)).await;
+        let stats = q.stats();
+        assert!(stats.longest >= Duration::from_secs(2) && stats.unfinished >= stats.longest, "{stats:?}");
+        q.done(&"a", Outcome::Success);
+        assert_eq!(q.stats().longest, Duration::ZERO);
     }
 
     #[tokio::test(start_paused = true)]

@@ -52,6 +52,9 @@ pub struct UpstreamMetrics {
     workqueue_adds: Family<NameLabels, Counter>,
     workqueue_retries: Family<NameLabels, Counter>,
     workqueue_work_duration: Family<NameLabels, Histogram, fn() -> Histogram>,
+    workqueue_queue_duration: Family<NameLabels, Histogram, fn() -> Histogram>,
+    workqueue_unfinished: Family<NameLabels, Gauge<f64, AtomicU64>>,
+    workqueue_longest: Family<NameLabels, Gauge<f64, AtomicU64>>,
     leader_election_master_status: Family<NameLabels, Gauge>,
     running_managed_controllers: Family<ManagedLabels, Gauge>,
     route_sync: Counter,
@@ -80,6 +83,9 @@ impl UpstreamMetrics {
             workqueue_adds: Family::default(),
             workqueue_retries: Family::default(),
             workqueue_work_duration: Family::new_with_constructor(queue_histogram),
+            workqueue_queue_duration: Family::new_with_constructor(queue_histogram),
+            workqueue_unfinished: Family::default(),
+            workqueue_longest: Family::default(),
             leader_election_master_status: Family::default(),
             running_managed_controllers: Family::default(),
             route_sync: Counter::default(),
@@ -118,6 +124,21 @@ impl UpstreamMetrics {
             "workqueue_work_duration_seconds",
             "How long in seconds processing an item from workqueue takes",
             m.workqueue_work_duration.clone(),
+        );
+        registry.register(
+            "workqueue_queue_duration_seconds",
+            "How long in seconds an item stays in workqueue before being requested",
+            m.workqueue_queue_duration.clone(),
+        );
+        registry.register(
+            "workqueue_unfinished_work_seconds",
+            "How many seconds of work has been done that is in progress and hasn't been observed by work_duration",
+            m.workqueue_unfinished.clone(),
+        );
+        registry.register(
+            "workqueue_longest_running_processor_seconds",
+            "How many seconds has the longest running processor for workqueue been running",
+            m.workqueue_longest.clone(),
         );
         registry.register(
             "leader_election_master_status",
@@ -191,6 +212,16 @@ impl UpstreamMetrics {
 
     pub(crate) fn queue_depth(&self, name: &str, depth: usize) {
         self.workqueue_depth.get_or_create(&label(name)).set(depth as i64);
+    }
+
+    pub(crate) fn queue_work(&self, name: &str, waits: &[Duration], unfinished: Duration, longest: Duration) {
+        let labels = label(name);
+        let histogram = self.workqueue_queue_duration.get_or_create(&labels);
+        for wait in waits {
+            histogram.observe(wait.as_secs_f64());
+        }
+        self.workqueue_unfinished.get_or_create(&labels).set(unfinished.as_secs_f64());
+        self.workqueue_longest.get_or_create(&labels).set(longest.as_secs_f64());
     }
 
     pub(crate) fn queue_add(&self, name: &str) {

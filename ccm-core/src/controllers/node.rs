@@ -132,7 +132,7 @@ impl NodeController {
                 }
                 Err(RecvError::Closed) => return,
             }
-            self.ctx.metrics.queue_depth(NAME, self.queue.stats().depth);
+            self.ctx.metrics.queue_state(NAME, &self.queue);
         }
     }
 
@@ -149,7 +149,7 @@ impl NodeController {
                 self.ctx.metrics.reconcile(NAME, started.elapsed(), failed);
                 self.queue.done(key, outcome);
             }
-            self.ctx.metrics.queue_depth(NAME, self.queue.stats().depth);
+            self.ctx.metrics.queue_state(NAME, &self.queue);
         }
     }
 

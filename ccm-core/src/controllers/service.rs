@@ -365,7 +365,7 @@ impl ServiceController {
                 }
                 Err(RecvError::Closed) => return,
             }
-            self.ctx.metrics.queue_depth(NAME, self.queue.stats().depth);
+            self.ctx.metrics.queue_state(NAME, &self.queue);
         }
     }
 
@@ -613,7 +613,7 @@ impl ServiceController {
             let outcome = self.reconcile(&k).await;
             self.ctx.metrics.reconcile(NAME, started.elapsed(), matches!(outcome, Outcome::Retry { .. }));
             self.queue.done(&k, outcome);
-            self.ctx.metrics.queue_depth(NAME, self.queue.stats().depth);
+            self.ctx.metrics.queue_state(NAME, &self.queue);
             let idle = self.queue.stats().depth == 0;
             if idle && let Some(at) = self.node_change_at.lock().unwrap_or_else(|p| p.into_inner()).take() {
                 self.ctx.metrics.service_node_sync(at.elapsed());
