@@ -155,7 +155,10 @@ fn provider_fingerprint(svc: &Service) -> u64 {
         spec.health_check_node_port.hash(&mut h);
         spec.ip_families.hash(&mut h);
     }
-    let annotations: BTreeMap<&String, &String> = svc.metadata.annotations.iter().flatten().collect();
+    // The core's own record of the load balancer name is not the Service's spec: writing it
+    // is no change (it never cuts a backoff short, never calls for an Ensure).
+    let annotations: BTreeMap<&String, &String> =
+        svc.metadata.annotations.iter().flatten().filter(|(k, _)| *k != ANNOTATION_LOAD_BALANCER_NAME).collect();
     annotations.hash(&mut h);
     // Labels go to the provider but, as in upstream's needsUpdate, a label change alone is no
     // reason for an Ensure (and must not cut a failing Service's backoff short).
@@ -758,7 +761,14 @@ impl ServiceController {
                 pb::ExternalTrafficPolicy::Cluster
             } as i32,
             health_check_node_port: spec.health_check_node_port.unwrap_or(0).max(0) as u32,
-            annotations: svc.metadata.annotations.clone().unwrap_or_default().into_iter().collect(),
+            annotations: svc
+                .metadata
+                .annotations
+                .clone()
+                .unwrap_or_default()
+                .into_iter()
+                .filter(|(k, _)| k != ANNOTATION_LOAD_BALANCER_NAME)
+                .collect(),
             load_balancer_class: spec.load_balancer_class.unwrap_or_default(),
             external_ips: spec.external_ips.unwrap_or_default(),
             allocate_load_balancer_node_ports: spec.allocate_load_balancer_node_ports,

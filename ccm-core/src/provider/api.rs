@@ -293,7 +293,7 @@ fn instance(
         return Err(invalid(method, format!("instance of node {:?} exists but came without metadata", lookup.node_name)));
     };
     check::metadata(&m, scheme).map_err(|why| invalid(method, format!("node {:?}: {why}", lookup.node_name)))?;
-    if !lookup.provider_id.is_empty() && m.provider_id != lookup.provider_id {
+    if !lookup.provider_id.is_empty() && !m.provider_id.is_empty() && m.provider_id != lookup.provider_id {
         let why =
             format!("asked about {:?} (node {:?}), it answered about {:?}", lookup.provider_id, lookup.node_name, m.provider_id);
         return Err(invalid(method, why));

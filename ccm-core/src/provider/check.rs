@@ -49,15 +49,13 @@ pub fn address(a: &pb::NodeAddress) -> Result<(), String> {
     }
 }
 
-/// An instance's metadata: a providerID of the advertised scheme, valid addresses, and zone,
-/// region and instance type that can be label values.
+/// An instance's metadata: a providerID, when it gives one, of the advertised scheme (none is
+/// the node controller's to judge: fine for a Node that has its own, a failed
+/// initialisation for one that has not, as upstream), valid addresses, and zone, region and
+/// instance type that can be label values.
 pub fn metadata(m: &pb::InstanceMetadata, scheme: &str) -> Result<(), String> {
-    if !of_scheme(&m.provider_id, scheme) {
-        return Err(if m.provider_id.is_empty() {
-            "an instance without a providerID".to_string()
-        } else {
-            format!("providerID {:?} is not of the provider's scheme {scheme:?}", m.provider_id)
-        });
+    if !m.provider_id.is_empty() && !of_scheme(&m.provider_id, scheme) {
+        return Err(format!("providerID {:?} is not of the provider's scheme {scheme:?}", m.provider_id));
     }
     for a in &m.addresses {
         address(a).map_err(|why| format!("instance {}: {why}", m.provider_id))?;
@@ -143,7 +141,7 @@ mod tests {
         assert!(metadata(&meta("sim://zone-a/i-1", "10.0.0.1"), "").is_ok());
         let other = metadata(&meta("other://zone-a/i-1", "10.0.0.1"), "sim").expect_err("an error");
         assert!(other.contains("not of the provider's scheme"), "{other}");
-        assert!(metadata(&meta("", "10.0.0.1"), "").expect_err("an error").contains("without a providerID"));
+        assert!(metadata(&meta("", "10.0.0.1"), "sim").is_ok(), "no providerID is the node controller's to judge");
         assert!(metadata(&meta("sim://", "10.0.0.1"), "sim").is_err());
         assert!(metadata(&meta("sim://zone-a/i-1", "999.0.0.1"), "sim").expect_err("an error").contains("not an IP"));
         let mut bad_zone = meta("sim://zone-a/i-1", "10.0.0.1");
