@@ -45,11 +45,11 @@ pub struct UpstreamFlags {
     /// The API server's address, overriding the kubeconfig's.
     #[arg(long, value_name = "URL")]
     pub master: Option<String>,
-    /// Allocate Nodes' podCIDRs from --cluster-cidr (node IPAM). Not in this version: refused
-    /// when true.
+    /// Give Nodes without podCIDRs one from each --cluster-cidr (the node IPAM controller, a
+    /// range allocator; --node-cidr-mask-size-ipv4/-ipv6 set their size).
     #[arg(long, num_args = 0..=1, require_equals = true, default_missing_value = "true", action = clap::ArgAction::Set)]
     pub allocate_node_cidrs: Option<bool>,
-    /// Upstream's CIDR allocator: `RangeAllocator` is accepted, `CloudAllocator` refused.
+    /// The CIDR allocator: `RangeAllocator` (the only one here); `CloudAllocator` is refused.
     #[arg(long, value_name = "TYPE")]
     pub cidr_allocator_type: Option<String>,
     /// Only `leases` (upstream's only lock since 1.24).
@@ -253,16 +253,12 @@ impl UpstreamFlags {
                         the sidecar (its own --cloud-config; in the chart, provider.config) and remove the flag here"
                 .into());
         }
-        if self.allocate_node_cidrs == Some(true) {
-            return Err("--allocate-node-cidrs=true: node IPAM is not in this version; let kube-controller-manager \
-                        allocate podCIDRs (its --allocate-node-cidrs and --cluster-cidr) and remove the flag here"
-                .into());
-        }
         match self.cidr_allocator_type.as_deref() {
             None | Some("RangeAllocator") => {}
             Some(other) => {
                 return Err(format!(
-                    "--cidr-allocator-type={other}: only the RangeAllocator of kube-controller-manager applies; remove the flag"
+                    "--cidr-allocator-type={other}: the node IPAM controller here is a RangeAllocator (over --cluster-cidr); \
+                     use RangeAllocator or remove the flag"
                 ));
             }
         }
@@ -318,7 +314,11 @@ impl UpstreamFlags {
                 "accepted; logs go unbuffered to stderr",
             ),
             ("--master", self.master.is_some(), "the API server's address, instead of the kubeconfig's"),
-            ("--allocate-node-cidrs=false", self.allocate_node_cidrs == Some(false), "as here: podCIDRs come from elsewhere"),
+            (
+                "--allocate-node-cidrs",
+                self.allocate_node_cidrs == Some(true),
+                "the node IPAM controller gives Nodes their podCIDRs",
+            ),
             ("--min-resync-period", self.min_resync_period.is_some(), "accepted; watches here never resync on a timer"),
             (
                 "--concurrent-node-status-updates",

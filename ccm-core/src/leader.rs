@@ -172,8 +172,9 @@ mod tests {
         Options::try_parse_from(all).expect("flags")
     }
 
+    /// What `*` runs without --allocate-node-cidrs.
     fn all() -> BTreeSet<&'static str> {
-        crate::options::IMPLEMENTED.iter().copied().collect()
+        options(&[]).enabled_controllers().expect("controllers")
     }
 
     #[test]

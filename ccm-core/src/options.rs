@@ -18,11 +18,17 @@ pub const CONTROLLERS: &[(&str, &str)] = &[
     ("cloud-node-lifecycle-controller", "cloud-node-lifecycle"),
     ("node-route-controller", "route"),
     ("service-lb-controller", "service"),
+    ("node-ipam-controller", "nodeipam"),
 ];
 
 /// The controllers this build implements (the others are accepted and reported as missing).
-pub const IMPLEMENTED: &[&str] =
-    &["cloud-node-controller", "cloud-node-lifecycle-controller", "node-route-controller", "service-lb-controller"];
+pub const IMPLEMENTED: &[&str] = &[
+    "cloud-node-controller",
+    "cloud-node-lifecycle-controller",
+    "node-route-controller",
+    "service-lb-controller",
+    "node-ipam-controller",
+];
 
 /// The canonical name of a controller from any of its spellings: the canonical name, the
 /// alias upstream accepts in `--controllers`, or the name kube-controller-manager used
@@ -215,6 +221,19 @@ pub struct Options {
     #[arg(long, value_delimiter = ',', value_name = "CIDR")]
     pub cluster_cidr: Vec<String>,
 
+    /// The prefix length of the podCIDR the node IPAM controller gives each Node from an IPv4
+    /// --cluster-cidr (--allocate-node-cidrs); 24 by default. --node-cidr-mask-size-ipv4 wins.
+    #[arg(long, value_name = "BITS")]
+    pub node_cidr_mask_size: Option<u8>,
+
+    /// The same for IPv4 (24 by default).
+    #[arg(long, value_name = "BITS")]
+    pub node_cidr_mask_size_ipv4: Option<u8>,
+
+    /// The same for IPv6 (64 by default).
+    #[arg(long, value_name = "BITS")]
+    pub node_cidr_mask_size_ipv6: Option<u8>,
+
     /// Upstream's flag, with this meaning here: the shortest interval between two full route
     /// reconciles. Node changes trigger reconciles (there is no timer); changes within this
     /// interval share one.
@@ -381,6 +400,11 @@ pub enum Command {
 }
 
 impl Options {
+    /// Whether the node IPAM controller gives Nodes their podCIDRs (`--allocate-node-cidrs`).
+    pub fn allocate_node_cidrs(&self) -> bool {
+        self.upstream.allocate_node_cidrs == Some(true)
+    }
+
     /// What the upstream flags given mean here, one log line each.
     pub fn upstream_notes(&self) -> Vec<String> {
         let mut notes = crate::compat::review_gates(&self.feature_gates).unwrap_or_default();
@@ -427,6 +451,10 @@ impl Options {
         }
         if star {
             enabled.extend(CONTROLLERS.iter().map(|(full, _)| *full));
+        }
+        // Node IPAM runs only when asked for with --allocate-node-cidrs, as upstream's.
+        if !self.allocate_node_cidrs() {
+            enabled.remove(crate::controllers::ipam::NAME);
         }
         Ok(enabled.difference(&disabled).copied().collect())
     }

@@ -402,6 +402,11 @@ async fn run_controllers(
         let task = tokio::spawn(crate::controllers::route::RouteController::new(ctx)?.run(ctl_stop.clone()));
         tasks.push((crate::controllers::route::NAME, task));
     }
+    if enabled.contains(crate::controllers::ipam::NAME) {
+        let ctx = ctx_for(crate::controllers::ipam::NAME).await?;
+        let task = tokio::spawn(crate::controllers::ipam::IpamController::new(ctx)?.run(ctl_stop.clone()));
+        tasks.push((crate::controllers::ipam::NAME, task));
+    }
     for (name, _) in &tasks {
         ctx.metrics.controller_running(name, true);
     }

@@ -1,5 +1,6 @@
 //! The controllers, and what they share.
 
+pub mod ipam;
 pub mod node;
 pub mod node_lifecycle;
 pub mod route;

@@ -49,7 +49,8 @@ pub fn relevant(old: Option<&Node>, new: &Node) -> bool {
         || node_util::provider_id(old) != node_util::provider_id(new)
 }
 
-fn pod_cidrs(node: &Node) -> Vec<String> {
+/// A Node's podCIDRs: `spec.podCIDRs`, or the older single `spec.podCIDR`.
+pub(crate) fn pod_cidrs(node: &Node) -> Vec<String> {
     let spec = node.spec.as_ref();
     match spec.and_then(|s| s.pod_cidrs.clone()).filter(|c| !c.is_empty()) {
         Some(cidrs) => cidrs,

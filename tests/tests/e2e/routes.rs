@@ -396,3 +396,73 @@ async fn routes_are_deleted_only_when_their_node_is_gone_or_its_pod_cidr_changed
     let _ = env.nodes().patch(&b, &PatchParams::default(), &Patch::Merge(&patch)).await;
     env.cleanup().await.expect("cleanup");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn node_ipam_gives_podcidrs_from_both_families_and_routes_follow() {
+    let cp = ccm_e2e::shared().expect("control plane");
+    let env = TestEnv::new(cp.client().await.expect("client"), "ipam").await.expect("env");
+    let names: Vec<String> = ["b", "a", "c", "d", "e"].iter().map(|n| env.node_name(n)).collect();
+    let mut config = Config::default();
+    for (i, n) in names.iter().enumerate() {
+        config.instances.push(instance(&format!("i-{i}"), n, "sim-region-1a"));
+    }
+    let sim = Sim::start(config).await;
+    // b's CIDRs were set by someone else: they are never given again.
+    node(&env, &names[0], &["10.252.0.0/24", "fd00:252::/64"]).await;
+    // Four node CIDRs of each family in all.
+    let flags = route_flags(&env, &[]);
+    let mut flags: Vec<String> =
+        flags.into_iter().filter(|f| !f.starts_with("--cluster-cidr") && !f.starts_with("--controllers")).collect();
+    flags.extend([
+        "--controllers=route,nodeipam".to_string(),
+        "--allocate-node-cidrs".to_string(),
+        "--cluster-cidr=10.252.0.0/22,fd00:252::/62".to_string(),
+        "--node-cidr-mask-size-ipv4=24".to_string(),
+        "--node-cidr-mask-size-ipv6=64".to_string(),
+    ]);
+    let core = start(cp, &env, &sim, &flags);
+    for n in &names[1..4] {
+        node(&env, n, &[]).await;
+    }
+    let cidrs_of = async |name: &str| -> Vec<String> {
+        env.nodes().get(name).await.ok().and_then(|n| n.spec?.pod_cidrs).unwrap_or_default()
+    };
+    let mut given = BTreeSet::new();
+    for n in &names[1..4] {
+        let cidrs = eventually("podCIDRs given", Duration::from_secs(20), async || {
+            let c = cidrs_of(n).await;
+            (c.len() == 2).then_some(c)
+        })
+        .await;
+        assert!(cidrs[0].starts_with("10.252.") && cidrs[0].ends_with("/24"), "{cidrs:?}");
+        assert!(cidrs[1].starts_with("fd00:252:") && cidrs[1].ends_with("/64"), "{cidrs:?}");
+        given.extend(cidrs);
+    }
+    assert_eq!(given.len(), 6, "each node CIDR given once: {given:?}");
+    assert!(!given.contains("10.252.0.0/24") && !given.contains("fd00:252::/64"), "b's are never given again");
+    // Routes follow the given CIDRs, both families.
+    eventually("a route for every given CIDR", Duration::from_secs(30), async || {
+        let have: BTreeSet<String> = routes(&sim, &env.prefix).await.into_iter().map(|(_, cidr, _)| cidr).collect();
+        given.iter().all(|c| have.contains(c)).then_some(())
+    })
+    .await;
+
+    // The range is full: the fifth Node gets none, and says so.
+    node(&env, &names[4], &[]).await;
+    eventually("CIDRNotAvailable", Duration::from_secs(20), async || {
+        let events: Api<Event> = Api::all(env.client.clone());
+        let list = events.list(&ListParams::default().fields(&format!("involvedObject.name={}", names[4]))).await.ok()?;
+        list.items.iter().any(|e| e.reason.as_deref() == Some("CIDRNotAvailable")).then_some(())
+    })
+    .await;
+    assert!(cidrs_of(&names[4]).await.is_empty());
+    // a goes: its CIDRs are free again, and the waiting Node gets exactly them.
+    let freed = cidrs_of(&names[1]).await;
+    env.nodes().delete(&names[1], &DeleteParams::default()).await.expect("delete a");
+    eventually("the freed CIDRs given to the waiting Node", Duration::from_secs(20), async || {
+        (cidrs_of(&names[4]).await == freed).then_some(())
+    })
+    .await;
+    core.stop().await.expect("stop");
+    env.cleanup().await.expect("cleanup");
+}

@@ -1,0 +1,286 @@
+//! The node IPAM controller (`node-ipam-controller`, `--allocate-node-cidrs`): gives each Node
+//! without podCIDRs one from each `--cluster-cidr` (dual-stack: an IPv4 and an IPv6 one), of
+//! `--node-cidr-mask-size-ipv4` / `-ipv6`, as kube-controller-manager's range allocator does,
+//! so that a cluster gets podCIDRs and routes from one process. Event-driven: a Node added
+//! without podCIDRs is given them at once; the CIDRs of Nodes that exist (whoever set them)
+//! are never given again; a deleted Node's are free again. No provider call.
+
+use std::collections::{BTreeSet, HashMap};
+
+use ipnet::IpNet;
+use k8s_openapi::api::core::v1::Node;
+use kube::Api;
+use kube::api::{Patch, PatchParams};
+use tokio::sync::broadcast::error::RecvError;
+
+use super::Context;
+use crate::informer::Change;
+use crate::node_util;
+
+/// The controller's name.
+pub const NAME: &str = "node-ipam-controller";
+
+/// The most node CIDRs one cluster CIDR is split into (a /8 in /24s is 65,536).
+const MAX_SUBNETS: u32 = 1 << 20;
+
+/// One cluster CIDR cut into node CIDRs of one size, with those in use.
+#[derive(Debug, Clone)]
+pub struct Range {
+    cluster: IpNet,
+    mask: u8,
+    used: BTreeSet<u32>,
+    next: u32,
+}
+
+impl Range {
+    /// `cluster` in node CIDRs of prefix length `mask`.
+    pub fn new(cluster: IpNet, mask: u8) -> Result<Self, String> {
+        if mask < cluster.prefix_len() || mask > cluster.max_prefix_len() {
+            return Err(format!("a node CIDR mask of /{mask} does not fit in --cluster-cidr {cluster}"));
+        }
+        let bits = u32::from(mask - cluster.prefix_len());
+        if bits > MAX_SUBNETS.trailing_zeros() {
+            return Err(format!(
+                "--cluster-cidr {cluster} in /{mask}s is more than {MAX_SUBNETS} node CIDRs; use a larger node CIDR mask"
+            ));
+        }
+        Ok(Self { cluster: cluster.trunc(), mask, used: BTreeSet::new(), next: 0 })
+    }
+
+    fn count(&self) -> u32 {
+        1 << u32::from(self.mask - self.cluster.prefix_len())
+    }
+
+    /// The index of `cidr` in this range, if it is one of its node CIDRs.
+    fn index_of(&self, cidr: &IpNet) -> Option<u32> {
+        if cidr.prefix_len() != self.mask || !self.cluster.contains(cidr) {
+            return None;
+        }
+        let shift = u32::from(cidr.max_prefix_len() - self.mask);
+        let offset = match (cidr.network(), self.cluster.network()) {
+            (std::net::IpAddr::V4(a), std::net::IpAddr::V4(b)) => u128::from(u32::from(a) - u32::from(b)),
+            (std::net::IpAddr::V6(a), std::net::IpAddr::V6(b)) => u128::from(a) - u128::from(b),
+            _ => return None,
+        };
+        u32::try_from(offset >> shift).ok()
+    }
+
+    fn at(&self, index: u32) -> IpNet {
+        let shift = u32::from(self.cluster.max_prefix_len() - self.mask);
+        let addr = match self.cluster.network() {
+            std::net::IpAddr::V4(b) => {
+                let step = u64::from(index) << shift;
+                std::net::IpAddr::V4(std::net::Ipv4Addr::from(u32::from(b).wrapping_add(step as u32)))
+            }
+            std::net::IpAddr::V6(b) => {
+                std::net::IpAddr::V6(std::net::Ipv6Addr::from(u128::from(b) + (u128::from(index) << shift)))
+            }
+        };
+        IpNet::new(addr, self.mask).unwrap_or(self.cluster)
+    }
+
+    /// Marks `cidr` in use (a Node has it); whether it is one of this range's.
+    pub fn occupy(&mut self, cidr: &IpNet) -> bool {
+        self.index_of(cidr).map(|i| self.used.insert(i)).is_some()
+    }
+
+    /// Frees `cidr`.
+    pub fn release(&mut self, cidr: &IpNet) {
+        if let Some(i) = self.index_of(cidr) {
+            self.used.remove(&i);
+        }
+    }
+
+    /// The next free node CIDR, taken; `None` when the range is full.
+    pub fn allocate(&mut self) -> Option<IpNet> {
+        let count = self.count();
+        for step in 0..count {
+            let i = (self.next + step) % count;
+            if self.used.insert(i) {
+                self.next = (i + 1) % count;
+                return Some(self.at(i));
+            }
+        }
+        None
+    }
+}
+
+/// The node IPAM controller.
+pub struct IpamController {
+    ctx: Context,
+    ranges: Vec<Range>,
+    /// The CIDRs given or seen, by Node name, to free when it goes.
+    held: HashMap<String, Vec<IpNet>>,
+}
+
+impl IpamController {
+    /// A controller over `ctx`; fails on CIDRs and masks that do not fit together.
+    pub fn new(ctx: Context) -> anyhow::Result<Self> {
+        let o = &ctx.options;
+        let mut ranges = Vec::new();
+        for text in &o.cluster_cidr {
+            let cidr: IpNet = text.parse().map_err(|_| anyhow::anyhow!("--cluster-cidr {text:?} is not a CIDR"))?;
+            let mask = match cidr {
+                IpNet::V4(_) => o.node_cidr_mask_size_ipv4.or(o.node_cidr_mask_size).unwrap_or(24),
+                IpNet::V6(_) => o.node_cidr_mask_size_ipv6.unwrap_or(64),
+            };
+            ranges.push(Range::new(cidr, mask).map_err(|e| anyhow::anyhow!(e))?);
+        }
+        Ok(Self { ctx, ranges, held: HashMap::new() })
+    }
+
+    /// Runs until `stop`.
+    pub async fn run(mut self, mut stop: tokio::sync::watch::Receiver<bool>) {
+        if !self.ctx.options.allocate_node_cidrs() {
+            let _ = stop.wait_for(|s| *s).await;
+            return;
+        }
+        if self.ranges.is_empty() {
+            tracing::warn!("--allocate-node-cidrs needs --cluster-cidr; node IPAM is off");
+            let _ = stop.wait_for(|s| *s).await;
+            return;
+        }
+        let mut changes = self.ctx.nodes.subscribe();
+        self.ctx.nodes.wait_synced().await;
+        // Every CIDR a Node has is taken, whoever set it, before any is given.
+        let nodes = self.ctx.nodes.store().state();
+        for node in &nodes {
+            self.occupy(node);
+        }
+        for node in &nodes {
+            self.allocate(node).await;
+        }
+        loop {
+            let change = tokio::select! {
+                c = changes.recv() => c,
+                _ = stop.wait_for(|s| *s) => return,
+            };
+            match change {
+                Ok(Change::Applied { new, .. }) => {
+                    self.occupy(&new);
+                    self.allocate(&new).await;
+                }
+                Ok(Change::Deleted(node)) => {
+                    let freed = self.held.remove(node_util::name(&node)).unwrap_or_default();
+                    for cidr in &freed {
+                        for range in &mut self.ranges {
+                            range.release(cidr);
+                        }
+                    }
+                    // Nodes that waited for a free CIDR get it now.
+                    if !freed.is_empty() {
+                        for waiting in self.ctx.nodes.store().state() {
+                            self.allocate(&waiting).await;
+                        }
+                    }
+                }
+                Err(RecvError::Lagged(_)) => {
+                    for node in self.ctx.nodes.store().state() {
+                        self.occupy(&node);
+                        self.allocate(&node).await;
+                    }
+                }
+                Err(RecvError::Closed) => return,
+            }
+        }
+    }
+
+    fn occupy(&mut self, node: &Node) {
+        let cidrs: Vec<IpNet> = crate::controllers::route::pod_cidrs(node).iter().filter_map(|c| c.parse().ok()).collect();
+        if cidrs.is_empty() {
+            return;
+        }
+        for cidr in &cidrs {
+            for range in &mut self.ranges {
+                range.occupy(cidr);
+            }
+        }
+        self.held.insert(node_util::name(node).to_string(), cidrs);
+    }
+
+    /// Gives `node` its podCIDRs, if it has none and is this process's to manage.
+    async fn allocate(&mut self, node: &Node) {
+        let name = node_util::name(node).to_string();
+        if !crate::controllers::route::pod_cidrs(node).is_empty()
+            || self.held.contains_key(&name)
+            || self.ctx.ignores(node)
+            || node.metadata.deletion_timestamp.is_some()
+        {
+            return;
+        }
+        let mut given = Vec::new();
+        for i in 0..self.ranges.len() {
+            match self.ranges[i].allocate() {
+                Some(cidr) => given.push(cidr),
+                None => {
+                    for (range, cidr) in self.ranges.iter_mut().zip(&given) {
+                        range.release(cidr);
+                    }
+                    let note = format!("Node {name} status is now: CIDRNotAvailable ({} is full)", self.ranges[i].cluster);
+                    tracing::warn!(node = %name, "no pod CIDR left for the node");
+                    self.ctx.event(NAME, node, true, "CIDRNotAvailable", note).await;
+                    return;
+                }
+            }
+        }
+        let cidrs: Vec<String> = given.iter().map(IpNet::to_string).collect();
+        let patch = serde_json::json!({
+            "metadata": { "resourceVersion": node.metadata.resource_version },
+            "spec": { "podCIDR": cidrs.first(), "podCIDRs": cidrs },
+        });
+        self.ctx.kube_write_permit().await;
+        let api: Api<Node> = Api::all(self.ctx.client.clone());
+        match api.patch(&name, &PatchParams::default(), &Patch::Merge(&patch)).await {
+            Ok(_) => {
+                tracing::info!(node = %name, pod_cidrs = ?cidrs, "pod CIDRs allocated");
+                self.held.insert(name, given);
+            }
+            Err(error) => {
+                // A conflict (the Node changed, or someone else set its CIDRs) is read again
+                // from the next event; the CIDRs go back.
+                for cidr in &given {
+                    for range in &mut self.ranges {
+                        range.release(cidr);
+                    }
+                }
+                tracing::warn!(node = %name, %error, "setting the node's pod CIDRs failed");
+                let note = format!("Node {name} status is now: CIDRAssignmentFailed ({error})");
+                self.ctx.event(NAME, node, true, "CIDRAssignmentFailed", note).await;
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn net(s: &str) -> IpNet {
+        s.parse().expect("cidr")
+    }
+
+    #[test]
+    fn ranges_hand_out_each_node_cidr_once() {
+        let mut r = Range::new(net("10.244.0.0/22"), 24).expect("range");
+        r.occupy(&net("10.244.1.0/24"));
+        let got: Vec<IpNet> = std::iter::from_fn(|| r.allocate()).collect();
+        assert_eq!(got, vec![net("10.244.0.0/24"), net("10.244.2.0/24"), net("10.244.3.0/24")]);
+        assert_eq!(r.allocate(), None, "full");
+        r.release(&net("10.244.2.0/24"));
+        assert_eq!(r.allocate(), Some(net("10.244.2.0/24")));
+        assert!(!r.occupy(&net("10.245.0.0/24")), "not of this range");
+        assert!(!r.occupy(&net("10.244.0.0/25")), "not of its size");
+    }
+
+    #[test]
+    fn ipv6_ranges_and_bad_masks() {
+        let mut r = Range::new(net("fd00:10::/48"), 64).expect("range");
+        assert_eq!(r.allocate(), Some(net("fd00:10::/64")));
+        assert_eq!(r.allocate(), Some(net("fd00:10:0:1::/64")));
+        assert!(Range::new(net("10.0.0.0/16"), 8).is_err(), "a mask wider than the cluster CIDR");
+        assert!(Range::new(net("fd00::/8"), 64).is_err(), "too many node CIDRs");
+        let mut small = Range::new(net("10.0.0.0/31"), 32).expect("range");
+        assert_eq!(small.allocate(), Some(net("10.0.0.0/32")));
+        assert_eq!(small.allocate(), Some(net("10.0.0.1/32")));
+    }
+}
