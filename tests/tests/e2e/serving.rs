@@ -211,6 +211,62 @@ async fn upstreams_metric_names_are_served_beside_ours() {
     })
     .await;
     assert!(text.contains("ccm_provider_calls_total"), "ours are still there");
+    // An upstream dashboard's queries find their series.
+    let dashboard = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/data/controller-manager-dashboard.promql"))
+        .expect("dashboard queries");
+    let queries: Vec<&str> = dashboard.lines().filter(|l| !l.trim().is_empty() && !l.starts_with('#')).collect();
+    assert!(queries.len() >= 9);
+    let text = eventually("every dashboard query answered", Duration::from_secs(30), async || {
+        let (_, text) = http_get(&base, "/metrics").await?;
+        queries.iter().all(|q| answers(&text, q)).then_some(text)
+    })
+    .await;
+    for q in &queries {
+        assert!(answers(&text, q), "no series for {q}");
+    }
     core.stop().await.expect("core stops");
     env.cleanup().await.expect("cleanup");
+}
+
+/// Whether a scrape has a series for every metric a PromQL query selects, with the query's
+/// label matchers (`l="v"`, and `l=~"N.."` status classes).
+fn answers(scrape: &str, query: &str) -> bool {
+    let mut rest = query;
+    let mut selectors = Vec::new();
+    while let Some(start) = rest.find(|c: char| c.is_ascii_lowercase()) {
+        let tail = &rest[start..];
+        let end = tail.find(|c: char| !(c.is_ascii_alphanumeric() || c == '_')).unwrap_or(tail.len());
+        let name = &tail[..end];
+        let after = &tail[end..];
+        let (matchers, next) = match after.strip_prefix('{') {
+            Some(inner) => {
+                let close = inner.find('}').unwrap_or(inner.len());
+                (inner[..close].to_string(), &inner[close..])
+            }
+            None => (String::new(), after),
+        };
+        // Metric names are what has a selector or a range after it, or stands alone.
+        if name.contains('_') && (after.starts_with('{') || after.starts_with('[') || query.trim() == name) {
+            selectors.push((name.to_string(), matchers));
+        }
+        rest = next;
+    }
+    !selectors.is_empty()
+        && selectors.iter().all(|(name, matchers)| {
+            scrape.lines().filter(|l| !l.starts_with('#')).any(|line| {
+                let series = line.split(' ').next().unwrap_or_default();
+                let (metric, labels) = series.split_once('{').unwrap_or((series, ""));
+                metric == name
+                    && matchers.split(',').map(str::trim).filter(|m| !m.is_empty()).all(|m| {
+                        if let Some((label, value)) = m.split_once("=~") {
+                            let class = value.trim_matches('"').trim_end_matches('.');
+                            labels.contains(&format!("{label}=\"{class}"))
+                        } else if let Some((label, value)) = m.split_once('=') {
+                            labels.contains(&format!("{label}={value}"))
+                        } else {
+                            false
+                        }
+                    })
+            })
+        })
 }
