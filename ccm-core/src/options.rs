@@ -234,11 +234,17 @@ pub struct Options {
     #[arg(long, value_name = "BITS")]
     pub node_cidr_mask_size_ipv6: Option<u8>,
 
-    /// Upstream's flag, with this meaning here: the shortest interval between two full route
-    /// reconciles. Node changes trigger reconciles (there is no timer); changes within this
-    /// interval share one.
+    /// The shortest interval between two full route reconciles. Node changes trigger
+    /// reconciles (there is no timer); changes within this interval share one.
     #[arg(long, value_name = "DURATION", default_value = "500ms", value_parser = parse_duration)]
-    pub route_reconciliation_period: Duration,
+    pub route_min_interval: Duration,
+
+    /// Upstream's flag, with upstream's meaning: the routes are listed and reconciled every
+    /// period, on top of the reconciles Node changes trigger (one ListRoutes per table each
+    /// time: upstream's 10 s is 360 an hour). Unset (the default), the only listing is the
+    /// safety resync of --route-resync-period.
+    #[arg(long, value_name = "DURATION", value_parser = parse_duration)]
+    pub route_reconciliation_period: Option<Duration>,
 
     /// How long after the first Node change of a burst the route reconcile starts, so that
     /// the rest of the burst shares it.
@@ -255,7 +261,7 @@ pub struct Options {
     pub concurrent_route_syncs: usize,
 
     /// Most stale routes one route reconcile deletes; the rest go at the next reconcile, one
-    /// `--route-reconciliation-period` later. (A route is stale only when its Node is gone
+    /// `--route-min-interval` later. (A route is stale only when its Node is gone
     /// from the API or its podCIDR changed.)
     #[arg(long, value_name = "N", default_value_t = 50)]
     pub max_route_deletions: usize,

@@ -4,7 +4,8 @@
 //! - Triggers: a Node added or deleted, or a change of `spec.podCIDRs` or `status.addresses`.
 //!   Heartbeats, labels and conditions trigger nothing. A burst is coalesced: the reconcile
 //!   starts `--route-coalesce-delay` after the first trigger, and never sooner than
-//!   `--route-reconciliation-period` after the previous one.
+//!   `--route-min-interval` after the previous one. `--route-reconciliation-period`, when
+//!   given, adds upstream's periodic reconcile (a listing every period).
 //! - The cloud's routes are listed once, then kept up to date from the outcomes of this
 //!   controller's own creates and deletes: steady state lists nothing. A safety resync re-lists
 //!   at a random time between `--route-resync-period` and twice it; what it finds that the
@@ -245,6 +246,10 @@ impl RouteController {
     }
 
     fn resync_delay(&self) -> Duration {
+        // Upstream's period, when asked for: a full listing every period, as upstream does.
+        if let Some(period) = self.ctx.options.route_reconciliation_period {
+            return period;
+        }
         let base = self.ctx.options.route_resync_period;
         base + base.mul_f64(rand::random::<f64>())
     }
@@ -299,7 +304,7 @@ impl RouteController {
                 tokio::time::sleep(self.ctx.options.route_coalesce_delay).await;
             }
             if let Some(last) = last_start {
-                let earliest = last + self.ctx.options.route_reconciliation_period;
+                let earliest = last + self.ctx.options.route_min_interval;
                 if Instant::now() < earliest {
                     tokio::time::sleep_until(earliest).await;
                 }
@@ -330,7 +335,7 @@ impl RouteController {
                 Ok(Some(sync)) => {
                     failures = 0;
                     // Deletions left over by the cap: the next reconcile after the period.
-                    retry_at = sync.deletions_left.then(|| Instant::now() + self.ctx.options.route_reconciliation_period);
+                    retry_at = sync.deletions_left.then(|| Instant::now() + self.ctx.options.route_min_interval);
                     self.ctx.metrics.route_sync(sync.created, sync.deleted, sync.corrections, sync.without_route.len());
                 }
                 Ok(None) => {

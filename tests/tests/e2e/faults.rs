@@ -83,7 +83,7 @@ impl World {
             "--cluster-cidr=10.244.0.0/16",
             &cluster,
             "--node-monitor-period=1s",
-            "--route-reconciliation-period=200ms",
+            "--route-min-interval=200ms",
             "--load-balancer-resync-period=2s",
             "--node-status-update-frequency=2s",
             "--provider-call-timeout=1s",

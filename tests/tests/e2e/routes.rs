@@ -466,3 +466,23 @@ async fn node_ipam_gives_podcidrs_from_both_families_and_routes_follow() {
     core.stop().await.expect("stop");
     env.cleanup().await.expect("cleanup");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn upstreams_route_reconciliation_period_lists_routes_every_period() {
+    let cp = ccm_e2e::shared().expect("control plane");
+    let env = TestEnv::new(cp.client().await.expect("client"), "routeperiod").await.expect("env");
+    let a = env.node_name("a");
+    let mut config = Config::default();
+    config.instances.push(instance("i-a", &a, "sim-region-1a"));
+    let sim = Sim::start(config).await;
+    node(&env, &a, &["10.244.7.0/24"]).await;
+    let core = start(cp, &env, &sim, &route_flags(&env, &["--route-reconciliation-period=1s"]));
+    eventually("the route", Duration::from_secs(20), async || (!routes(&sim, &env.prefix).await.is_empty()).then_some(())).await;
+    // No Node changes from here: every listing is the period's.
+    let before = sim.admin.call_count("RoutesService/ListRoutes").await.expect("calls");
+    tokio::time::sleep(Duration::from_secs(4)).await;
+    let listed = sim.admin.call_count("RoutesService/ListRoutes").await.expect("calls") - before;
+    assert!((3..=6).contains(&listed), "one listing a second as upstream's period asks: {listed} in 4 s");
+    core.stop().await.expect("stop");
+    env.cleanup().await.expect("cleanup");
+}
