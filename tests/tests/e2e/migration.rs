@@ -11,11 +11,11 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use ccm_e2e::ControlPlane;
-use ccm_e2e::cluster::{NodeBuilder, TestEnv, create_load_balancer_service, set_ready};
+use ccm_e2e::cluster::{TestEnv, create_load_balancer_service, set_ready};
 use ccm_provider_sim::Config;
 use ccm_provider_sim::cloud::LoadBalancerView;
 
-use crate::support::{Core, Sim, TEST_LABEL, eventually, instance};
+use crate::support::{Core, Sim, eventually, instance};
 
 /// Upstream's cloud-controller-manager with only its service controller, on `sim`.
 struct Upstream(std::process::Child);
@@ -65,13 +65,7 @@ async fn ingress(env: &TestEnv, name: &str) -> Option<String> {
 }
 
 async fn backend(env: &TestEnv, name: &str, id: &str) {
-    NodeBuilder::new(name)
-        .label(TEST_LABEL, &env.prefix)
-        .provider_id(&format!("sim://sim-region-1a/{id}"))
-        .address("InternalIP", "10.0.0.9")
-        .create(&env.client)
-        .await
-        .expect("node");
+    crate::services::backend_node(env, name, id).await;
     set_ready(&env.client, name, "True").await.expect("ready");
 }
 

@@ -48,7 +48,8 @@ async fn reasons(env: &TestEnv, name: &str, want: &[&str]) -> Vec<String> {
     .await
 }
 
-async fn backend_node(env: &TestEnv, name: &str, id: &str) {
+/// A Node of instance `id` that is a load balancer backend.
+pub(crate) async fn backend_node(env: &TestEnv, name: &str, id: &str) {
     NodeBuilder::new(name)
         .label(TEST_LABEL, &env.prefix)
         .provider_id(&format!("sim://sim-region-1a/{id}"))
