@@ -19,3 +19,4 @@ pub mod queue;
 pub mod runtime;
 pub mod uninstall;
 pub mod upstream_metrics;
+pub mod wellknown;

@@ -1,4 +1,5 @@
-//! Well-known names and small helpers about Nodes: taints, conditions, labels, addresses.
+//! Small helpers about Nodes: taints, conditions, labels, addresses (the names they use are in
+//! [`crate::wellknown`]).
 
 use std::collections::BTreeMap;
 use std::net::IpAddr;
@@ -6,25 +7,7 @@ use std::net::IpAddr;
 use ccm_proto::v1 as pb;
 use k8s_openapi::api::core::v1::{Node, NodeAddress, Taint};
 
-/// Set by a kubelet started with `--cloud-provider=external`; removed once initialised.
-pub const TAINT_UNINITIALIZED: &str = "node.cloudprovider.kubernetes.io/uninitialized";
-/// Put on Nodes whose instance is shut down.
-pub const TAINT_SHUTDOWN: &str = "node.cloudprovider.kubernetes.io/shutdown";
-/// The IP(s) the kubelet was told to use (`--node-ip`), which the cloud's addresses must hold.
-pub const ANNOTATION_PROVIDED_NODE_IP: &str = "alpha.kubernetes.io/provided-node-ip";
-/// Zone label.
-pub const LABEL_ZONE: &str = "topology.kubernetes.io/zone";
-/// Region label.
-pub const LABEL_REGION: &str = "topology.kubernetes.io/region";
-/// Instance type label.
-pub const LABEL_INSTANCE_TYPE: &str = "node.kubernetes.io/instance-type";
-/// The beta labels older kubelets and images still set, each with its GA counterpart: a Node
-/// with only the beta one gets the GA one from it (upstream's label reconciliation).
-pub const BETA_LABELS: [(&str, &str); 3] = [
-    ("failure-domain.beta.kubernetes.io/zone", LABEL_ZONE),
-    ("failure-domain.beta.kubernetes.io/region", LABEL_REGION),
-    ("beta.kubernetes.io/instance-type", LABEL_INSTANCE_TYPE),
-];
+use crate::wellknown::{ANNOTATION_PROVIDED_NODE_IP, BETA_LABELS};
 
 /// The GA topology labels a Node lacks while it carries their beta counterparts, with the
 /// beta values. GA labels that exist are never changed here (see `ccm-core/README.md`).
@@ -251,6 +234,7 @@ pub fn selector_matches(terms: &[(String, Op)], labels: &BTreeMap<String, String
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::wellknown::{LABEL_INSTANCE_TYPE, LABEL_ZONE};
     use k8s_openapi::api::core::v1::NodeStatus;
     use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 

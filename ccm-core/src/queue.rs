@@ -13,8 +13,8 @@
 //!   it. The failure count is kept, so a key that fails again keeps backing off.
 //!
 //! This is the opposite of kube-runtime's scheduler and client-go's resync, where any event
-//! pre-empts a pending backoff (see ../shared/FIELD-NOTES.md) and a failing key is retried on
-//! every resync.
+//! for the object (a heartbeat, a status write of the controller's own) schedules it at once,
+//! pre-empting a pending backoff, and a failing key is retried on every resync.
 //!
 //! The delay after the n-th consecutive failure is `base * 2^(n-1)`, capped at `max`, and
 //! never shorter than a `RetryInfo` delay the provider asked for.

@@ -14,7 +14,7 @@ use k8s_openapi::api::core::v1::Service;
 use kube::Api;
 use kube::api::{ListParams, Patch, PatchParams};
 
-use crate::controllers::service::FINALIZER;
+use crate::wellknown::FINALIZER;
 
 /// Errors of the release.
 #[derive(Debug, thiserror::Error)]

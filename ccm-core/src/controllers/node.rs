@@ -32,8 +32,9 @@ use tokio::sync::broadcast::error::RecvError;
 
 use super::{Context, sleep_or_stop};
 use crate::informer::Change;
-use crate::node_util::{self, TAINT_UNINITIALIZED};
+use crate::node_util;
 use crate::queue::{Outcome, QueueConfig, WorkQueue};
+use crate::wellknown::{self, TAINT_UNINITIALIZED};
 
 /// The controller's name, in Events, metrics and logs.
 pub const NAME: &str = "cloud-node-controller";
@@ -55,7 +56,7 @@ fn needs_labels(ctx: &Context, node: &Node) -> bool {
 fn fingerprint(node: &Node) -> u64 {
     let mut h = std::collections::hash_map::DefaultHasher::new();
     node_util::provider_id(node).hash(&mut h);
-    node.metadata.annotations.as_ref().and_then(|a| a.get(node_util::ANNOTATION_PROVIDED_NODE_IP)).hash(&mut h);
+    node.metadata.annotations.as_ref().and_then(|a| a.get(wellknown::ANNOTATION_PROVIDED_NODE_IP)).hash(&mut h);
     node_util::has_taint(node, TAINT_UNINITIALIZED).hash(&mut h);
     h.finish()
 }
@@ -293,9 +294,9 @@ impl NodeController {
         // answer and corrected. Other labels are only added where the Node has none.
         let mut labels = Labels::default();
         for (key, value) in [
-            (node_util::LABEL_ZONE, &meta.zone),
-            (node_util::LABEL_REGION, &meta.region),
-            (node_util::LABEL_INSTANCE_TYPE, &meta.instance_type),
+            (wellknown::LABEL_ZONE, &meta.zone),
+            (wellknown::LABEL_REGION, &meta.region),
+            (wellknown::LABEL_INSTANCE_TYPE, &meta.instance_type),
         ] {
             if !value.is_empty() {
                 labels.owned.insert(key.to_string(), value.clone());
@@ -489,21 +490,21 @@ mod tests {
     #[test]
     fn cloud_owned_labels_are_corrected_and_others_only_added() {
         let mut labels = Labels::default();
-        labels.owned.insert(node_util::LABEL_ZONE.into(), "zone-b".into());
-        labels.owned.insert(node_util::LABEL_REGION.into(), "region".into());
+        labels.owned.insert(wellknown::LABEL_ZONE.into(), "zone-b".into());
+        labels.owned.insert(wellknown::LABEL_REGION.into(), "region".into());
         labels.offered.insert("tags.cloudprovider.dev/team".into(), "payments".into());
         labels.offered.insert("tags.cloudprovider.dev/owner".into(), "cloud".into());
 
         let claimed = node(&[
-            (node_util::LABEL_ZONE, "zone-a"),
-            (node_util::LABEL_REGION, "region"),
+            (wellknown::LABEL_ZONE, "zone-a"),
+            (wellknown::LABEL_REGION, "region"),
             ("tags.cloudprovider.dev/owner", "me"),
         ]);
         let (changes, corrected) = labels.patch(&claimed);
         assert_eq!(
             changes,
             BTreeMap::from([
-                (node_util::LABEL_ZONE.to_string(), "zone-b".to_string()),
+                (wellknown::LABEL_ZONE.to_string(), "zone-b".to_string()),
                 ("tags.cloudprovider.dev/team".to_string(), "payments".to_string()),
             ]),
             "the wrong zone is corrected, the right region and the user's label left alone"

@@ -21,7 +21,8 @@ use kube::Api;
 use kube::api::{DeleteParams, Patch, PatchParams, Preconditions};
 
 use super::{Context, sleep_or_stop};
-use crate::node_util::{self, TAINT_SHUTDOWN, TAINT_UNINITIALIZED};
+use crate::node_util;
+use crate::wellknown::{self, TAINT_SHUTDOWN, TAINT_UNINITIALIZED};
 
 /// The controller's name.
 pub const NAME: &str = "cloud-node-lifecycle-controller";
@@ -49,7 +50,7 @@ pub struct Pass {
 
 /// A Node's zone label ("" without one: the Nodes without a zone count as one zone).
 fn zone_of(node: &Node) -> &str {
-    node.metadata.labels.as_ref().and_then(|l| l.get(node_util::LABEL_ZONE)).map_or("", String::as_str)
+    node.metadata.labels.as_ref().and_then(|l| l.get(wellknown::LABEL_ZONE)).map_or("", String::as_str)
 }
 
 /// The zones where Nodes are not deleted, with (NotReady, all) counts, as
@@ -322,7 +323,7 @@ mod tests {
     fn nodes(zone: &str, n: usize) -> Vec<Arc<Node>> {
         (0..n)
             .map(|i| {
-                let labels = [(node_util::LABEL_ZONE.to_string(), zone.to_string())].into();
+                let labels = [(wellknown::LABEL_ZONE.to_string(), zone.to_string())].into();
                 Arc::new(Node {
                     metadata: ObjectMeta { name: Some(format!("{zone}-{i}")), labels: Some(labels), ..Default::default() },
                     ..Default::default()

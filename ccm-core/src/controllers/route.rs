@@ -35,12 +35,10 @@ use tokio::time::Instant;
 use super::Context;
 use crate::informer::Change;
 use crate::node_util;
+use crate::wellknown::CONDITION_NETWORK_UNAVAILABLE as CONDITION;
 
 /// The controller's name.
 pub const NAME: &str = "node-route-controller";
-
-/// The Node condition this controller keeps.
-pub const CONDITION: &str = "NetworkUnavailable";
 
 /// Whether a Node change matters to routes.
 pub fn relevant(old: Option<&Node>, new: &Node) -> bool {

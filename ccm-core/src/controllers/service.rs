@@ -48,20 +48,10 @@ use crate::informer::Change;
 use crate::node_util;
 use crate::options::LoadBalancerNaming;
 use crate::queue::{Outcome, QueueConfig, WorkQueue};
+use crate::wellknown::{ANNOTATION_LOAD_BALANCER_NAME, ANNOTATION_SOURCE_RANGES, FINALIZER, LABEL_EXCLUDE, TAINT_TO_BE_DELETED};
 
 /// The controller's name.
 pub const NAME: &str = "service-lb-controller";
-/// The finalizer that keeps a Service until its load balancer is gone.
-pub const FINALIZER: &str = "service.kubernetes.io/load-balancer-cleanup";
-/// Nodes with this label are not load balancer backends.
-pub const LABEL_EXCLUDE: &str = "node.kubernetes.io/exclude-from-external-load-balancers";
-/// The annotation upstream reads source ranges from when the spec has none.
-pub const ANNOTATION_SOURCE_RANGES: &str = "service.beta.kubernetes.io/load-balancer-source-ranges";
-/// Nodes with this taint are being removed by the cluster autoscaler.
-pub const TAINT_TO_BE_DELETED: &str = "ToBeDeletedByClusterAutoscaler";
-/// The annotation recording the name a Service's load balancer was made under: kept when
-/// `--load-balancer-naming` changes, so that a load balancer is never made anew by surprise.
-pub const ANNOTATION_LOAD_BALANCER_NAME: &str = "ccm-rs.dev/load-balancer-name";
 const NODE_COALESCE: Duration = Duration::from_millis(50);
 /// Queue keys of load balancers whose Service is gone: this prefix and the Service UID
 /// (never a `namespace/name`: `!` is not allowed in either).

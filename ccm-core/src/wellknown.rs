@@ -1,0 +1,37 @@
+//! The well-known names the core reads and writes on Kubernetes objects, in one place, as
+//! upstream keeps them in its `api` packages: taints, labels, annotations, a finalizer and a
+//! condition. Each says who sets it and what the core does with it.
+
+/// Set by a kubelet started with `--cloud-provider=external`; removed once initialised.
+pub const TAINT_UNINITIALIZED: &str = "node.cloudprovider.kubernetes.io/uninitialized";
+/// Put on Nodes whose instance is shut down.
+pub const TAINT_SHUTDOWN: &str = "node.cloudprovider.kubernetes.io/shutdown";
+/// The IP(s) the kubelet was told to use (`--node-ip`), which the cloud's addresses must hold.
+pub const ANNOTATION_PROVIDED_NODE_IP: &str = "alpha.kubernetes.io/provided-node-ip";
+/// Zone label.
+pub const LABEL_ZONE: &str = "topology.kubernetes.io/zone";
+/// Region label.
+pub const LABEL_REGION: &str = "topology.kubernetes.io/region";
+/// Instance type label.
+pub const LABEL_INSTANCE_TYPE: &str = "node.kubernetes.io/instance-type";
+/// The beta labels older kubelets and images still set, each with its GA counterpart: a Node
+/// with only the beta one gets the GA one from it (upstream's label reconciliation).
+pub const BETA_LABELS: [(&str, &str); 3] = [
+    ("failure-domain.beta.kubernetes.io/zone", LABEL_ZONE),
+    ("failure-domain.beta.kubernetes.io/region", LABEL_REGION),
+    ("beta.kubernetes.io/instance-type", LABEL_INSTANCE_TYPE),
+];
+
+/// The finalizer that keeps a Service until its load balancer is gone.
+pub const FINALIZER: &str = "service.kubernetes.io/load-balancer-cleanup";
+/// Nodes with this label are not load balancer backends.
+pub const LABEL_EXCLUDE: &str = "node.kubernetes.io/exclude-from-external-load-balancers";
+/// The annotation upstream reads source ranges from when the spec has none.
+pub const ANNOTATION_SOURCE_RANGES: &str = "service.beta.kubernetes.io/load-balancer-source-ranges";
+/// Nodes with this taint are being removed by the cluster autoscaler.
+pub const TAINT_TO_BE_DELETED: &str = "ToBeDeletedByClusterAutoscaler";
+/// The annotation recording the name a Service's load balancer was made under: kept when
+/// `--load-balancer-naming` changes, so that a load balancer is never made anew by surprise.
+pub const ANNOTATION_LOAD_BALANCER_NAME: &str = "ccm-rs.dev/load-balancer-name";
+/// The Node condition the route controller keeps.
+pub const CONDITION_NETWORK_UNAVAILABLE: &str = "NetworkUnavailable";
