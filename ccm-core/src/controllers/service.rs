@@ -872,7 +872,12 @@ impl ServiceController {
                 return Ok(());
             }
         } else if !backends.is_empty() {
-            *self.last_backends.lock().unwrap_or_else(|p| p.into_inner()) = backends.clone();
+            // Every Service sees the same set: copied only when it changed, not per Service.
+            let mut last = self.last_backends.lock().unwrap_or_else(|p| p.into_inner());
+            let same = last.len() == backends.len() && last.iter().zip(&backends).all(|(a, b)| Arc::ptr_eq(a, b));
+            if !same {
+                last.clone_from(&backends);
+            }
         } else {
             let note = "There are no available nodes for LoadBalancer".to_string();
             self.ctx.event(NAME, svc, true, "UnAvailableLoadBalancer", note).await;

@@ -65,16 +65,21 @@ async fn node(env: &TestEnv, name: &str, cidrs: &[&str]) {
     b.create(&env.client).await.expect("node");
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn routes_follow_nodes_and_the_condition_follows_routes() {
-    let cp = ccm_e2e::shared().expect("control plane");
-    let env = TestEnv::new(cp.client().await.expect("client"), "routes").await.expect("env");
+/// A sim with instances `i-a`, `i-b`, `i-c` for the env's Nodes a, b and c, and their names.
+async fn three_instances(env: &TestEnv) -> (Sim, String, String, String) {
     let (a, b, c) = (env.node_name("a"), env.node_name("b"), env.node_name("c"));
     let mut config = Config::default();
     for (id, n) in [("i-a", &a), ("i-b", &b), ("i-c", &c)] {
         config.instances.push(instance(id, n, "sim-region-1a"));
     }
-    let sim = Sim::start(config).await;
+    (Sim::start(config).await, a, b, c)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn routes_follow_nodes_and_the_condition_follows_routes() {
+    let cp = ccm_e2e::shared().expect("control plane");
+    let env = TestEnv::new(cp.client().await.expect("client"), "routes").await.expect("env");
+    let (sim, a, b, c) = three_instances(&env).await;
     node(&env, &a, &["10.244.1.0/24"]).await;
     node(&env, &b, &["10.244.2.0/24"]).await;
     node(&env, &c, &[]).await;
@@ -357,12 +362,7 @@ async fn a_failing_provider_is_backed_off_then_converges() {
 async fn routes_are_deleted_only_when_their_node_is_gone_or_its_pod_cidr_changed() {
     let cp = ccm_e2e::shared().expect("control plane");
     let env = TestEnv::new(cp.client().await.expect("client"), "evidence").await.expect("env");
-    let (a, b, c) = (env.node_name("a"), env.node_name("b"), env.node_name("c"));
-    let mut config = Config::default();
-    for (id, n) in [("i-a", &a), ("i-b", &b), ("i-c", &c)] {
-        config.instances.push(instance(id, n, "sim-region-1a"));
-    }
-    let sim = Sim::start(config).await;
+    let (sim, a, b, c) = three_instances(&env).await;
     node(&env, &a, &["10.244.1.0/24"]).await;
     node(&env, &b, &["10.244.2.0/24"]).await;
     node(&env, &c, &["10.244.3.0/24"]).await;
