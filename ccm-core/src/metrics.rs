@@ -216,7 +216,7 @@ impl Metrics {
 
     /// One provider call attempt.
     pub fn provider_call(&self, method: &str, code: tonic::Code, elapsed: Duration) {
-        let code = ccm_provider_sdk::metrics::code_name(code).to_string();
+        let code = ccm_protocol::error::code_name(code).to_string();
         self.provider_calls.get_or_create(&CallLabels { method: method.to_string(), code }).inc();
         self.provider_latency.get_or_create(&MethodLabels { method: method.to_string() }).observe(elapsed.as_secs_f64());
     }

@@ -175,7 +175,7 @@ pub fn same_addresses(a: &[NodeAddress], b: &[NodeAddress]) -> bool {
     a.len() == b.len() && by_type(a) == by_type(b)
 }
 
-pub use ccm_provider_sdk::validate::{valid_label_key, valid_label_value};
+pub use ccm_protocol::labels::{valid_label_key, valid_label_value};
 
 /// Whether a label key is in a domain the core never sets from provider data
 /// (`kubernetes.io`, `k8s.io` and their subdomains).

@@ -24,7 +24,7 @@ use std::hash::Hash;
 use std::sync::Mutex;
 use std::time::Duration;
 
-use ccm_provider_sdk::ratelimit::TokenBucket;
+use ccm_protocol::ratelimit::TokenBucket;
 use tokio::sync::Notify;
 use tokio::time::Instant;
 

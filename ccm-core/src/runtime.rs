@@ -180,7 +180,18 @@ async fn release_finalizers(options: &Options, wait: Duration) -> anyhow::Result
 
 /// Runs the cloud-controller-manager until SIGTERM or SIGINT (Ok) or until it must stop (Err).
 pub async fn run(options: Options) -> anyhow::Result<()> {
-    run_until(options, ccm_provider_sdk::server::shutdown_signal()).await
+    run_until(options, terminated()).await
+}
+
+/// Resolves at the first SIGTERM (what the kubelet sends) or SIGINT (a terminal's Ctrl-C); never
+/// when the handlers cannot be installed, so the process then runs until killed.
+async fn terminated() {
+    use tokio::signal::unix::{SignalKind, signal};
+    let Ok(mut term) = signal(SignalKind::terminate()) else { return std::future::pending().await };
+    tokio::select! {
+        _ = term.recv() => {}
+        _ = tokio::signal::ctrl_c() => {}
+    }
 }
 
 /// Runs the cloud-controller-manager until `shutdown` resolves (Ok) or until it must stop,
@@ -200,7 +211,7 @@ pub async fn run_until(options: Options, shutdown: impl Future<Output = ()> + Se
     } else {
         None
     };
-    let tls = options.provider_tls_cert_file.as_ref().map(|cert| ccm_provider_sdk::tls::TlsFiles {
+    let tls = options.provider_tls_cert_file.as_ref().map(|cert| ccm_protocol::tls::TlsFiles {
         cert: cert.clone(),
         key: options.provider_tls_key_file.clone().unwrap_or_default(),
         ca: options.provider_tls_ca_file.clone().unwrap_or_default(),

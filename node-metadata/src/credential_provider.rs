@@ -95,7 +95,7 @@ pub fn parse_request(bytes: &[u8]) -> anyhow::Result<Request> {
     if request.kind != "CredentialProviderRequest" {
         bail!("unexpected kind {:?}: expected CredentialProviderRequest", request.kind);
     }
-    ccm_provider_sdk::registry::parse_image(&request.image).map_err(|e| anyhow::anyhow!("{e}"))?;
+    ccm_protocol::registry::parse_image(&request.image).map_err(|e| anyhow::anyhow!("{e}"))?;
     Ok(request)
 }
 

@@ -44,7 +44,7 @@ impl Plugin {
         {
             bail!("no node-metadata plugin at {endpoint}: {path} does not exist (is the plugin running on this node?)");
         }
-        let target = ccm_provider_sdk::client::endpoint(endpoint)
+        let target = ccm_protocol::client::endpoint(endpoint)
             .with_context(|| format!("--endpoint {endpoint:?}"))?
             .connect_timeout(timeout);
         let channel = match tokio::time::timeout(timeout, target.connect()).await {
@@ -95,7 +95,7 @@ impl Plugin {
         let request = self.request(pb::GetNodeMetadataRequest {});
         let answer = self.call("NodeMetadataService", client.get_node_metadata(request)).await?;
         let metadata = answer.metadata.with_context(|| format!("the plugin at {} answered no metadata", self.endpoint))?;
-        ccm_provider_sdk::node_plugin::check_metadata(&metadata)
+        ccm_protocol::answer::node_metadata(&metadata)
             .map_err(|e| anyhow::anyhow!("the plugin at {} answered {}", self.endpoint, strip_code(&e)))?;
         Ok(metadata)
     }
@@ -107,14 +107,14 @@ impl Plugin {
     ) -> anyhow::Result<pb::GetImageCredentialsResponse> {
         let mut client = ImageCredentialsServiceClient::new(self.channel.clone());
         let answer = self.call("ImageCredentialsService", client.get_image_credentials(self.request(request))).await?;
-        ccm_provider_sdk::registry::check_answer(&answer)
+        ccm_protocol::registry::check_answer(&answer)
             .map_err(|e| anyhow::anyhow!("the plugin at {} answered {}", self.endpoint, strip_code(&e)))?;
         Ok(answer)
     }
 }
 
 /// An SDK error's message without its "internal error: " prefix.
-fn strip_code(e: &ccm_provider_sdk::Error) -> String {
+fn strip_code(e: &ccm_protocol::Error) -> String {
     let text = e.to_string();
     text.strip_prefix("internal error: ").map(str::to_string).unwrap_or(text)
 }

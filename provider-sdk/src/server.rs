@@ -858,7 +858,7 @@ impl NodeMetadataService for NodeMetadataAdapter {
         self.obs
             .call("NodeMetadataService/GetNodeMetadata", async {
                 let metadata = self.inner.node_metadata().await?;
-                crate::node_plugin::check_metadata(&metadata)?;
+                ccm_protocol::answer::node_metadata(&metadata)?;
                 Ok(pb::GetNodeMetadataResponse { metadata: Some(metadata) })
             })
             .await

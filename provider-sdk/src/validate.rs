@@ -9,45 +9,8 @@ use ipnet::IpNet;
 use crate::error::{Error, Result};
 use crate::names::NameLimits;
 
-/// The most items a batch call takes.
-pub const MAX_BATCH: usize = 500;
-/// The longest route name.
-pub const MAX_ROUTE_NAME: usize = 253;
-
-fn valid_name_part(s: &str) -> bool {
-    let b = s.as_bytes();
-    !b.is_empty()
-        && b.len() <= 63
-        && b[0].is_ascii_alphanumeric()
-        && b[b.len() - 1].is_ascii_alphanumeric()
-        && b.iter().all(|c| c.is_ascii_alphanumeric() || matches!(c, b'-' | b'_' | b'.'))
-}
-
-/// Whether `s` is a DNS subdomain (RFC 1123): dot-separated lowercase labels.
-pub fn valid_dns_subdomain(s: &str) -> bool {
-    s.len() <= 253
-        && s.split('.').all(|l| {
-            let b = l.as_bytes();
-            !b.is_empty()
-                && b.len() <= 63
-                && b[0].is_ascii_alphanumeric()
-                && b[b.len() - 1].is_ascii_alphanumeric()
-                && b.iter().all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || *c == b'-')
-        })
-}
-
-/// Whether `key` is a valid label key (`[prefix/]name`).
-pub fn valid_label_key(key: &str) -> bool {
-    match key.split_once('/') {
-        Some((prefix, name)) => valid_dns_subdomain(prefix) && valid_name_part(name),
-        None => valid_name_part(key),
-    }
-}
-
-/// Whether `value` is a valid label value.
-pub fn valid_label_value(value: &str) -> bool {
-    value.is_empty() || valid_name_part(value)
-}
+pub use ccm_protocol::labels::{valid_dns_subdomain, valid_label_key, valid_label_value};
+pub use ccm_protocol::limits::{MAX_BATCH, MAX_ROUTE_NAME};
 
 /// A lookup needs a provider ID or a node name.
 pub fn lookup(lookup: Option<&InstanceLookup>) -> Result<&InstanceLookup> {

@@ -9,8 +9,8 @@ pub mod service;
 use std::sync::Arc;
 use std::time::Duration;
 
-use ccm_provider_sdk::Error;
-use ccm_provider_sdk::ratelimit::TokenBucket;
+use ccm_protocol::Error;
+use ccm_protocol::ratelimit::TokenBucket;
 use k8s_openapi::api::core::v1::{Node, Service};
 use kube::Resource;
 use kube::runtime::events::{Event, EventType, Recorder, Reporter};

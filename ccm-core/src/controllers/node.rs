@@ -21,8 +21,8 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use ccm_proto::v1::{self as pb, ServiceType};
-use ccm_provider_sdk::Error;
-use ccm_provider_sdk::validate::MAX_BATCH;
+use ccm_protocol::Error;
+use ccm_protocol::limits::MAX_BATCH;
 use futures::future::join_all;
 use k8s_openapi::api::core::v1::Node;
 use kube::Api;

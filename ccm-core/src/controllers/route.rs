@@ -21,7 +21,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use ccm_proto::v1::{self as pb, ServiceType};
-use ccm_provider_sdk::Error;
+use ccm_protocol::Error;
 use futures::StreamExt;
 use ipnet::IpNet;
 use k8s_openapi::api::core::v1::Node;

@@ -33,8 +33,8 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use ccm_proto::v1::{self as pb, ServiceType};
-use ccm_provider_sdk::Error;
-use ccm_provider_sdk::names::{NameLimits, load_balancer_name, upstream_load_balancer_name};
+use ccm_protocol::Error;
+use ccm_protocol::names::{NameLimits, load_balancer_name, upstream_load_balancer_name};
 use k8s_openapi::api::core::v1::{Node, Service};
 use kube::Api;
 use kube::api::{Patch, PatchParams};

@@ -11,9 +11,9 @@ use ccm_proto::v1::instances_service_client::InstancesServiceClient;
 use ccm_proto::v1::load_balancers_service_client::LoadBalancersServiceClient;
 use ccm_proto::v1::routes_service_client::RoutesServiceClient;
 use ccm_proto::v1::tags_service_client::TagsServiceClient;
-use ccm_provider_sdk::Error;
-use ccm_provider_sdk::client::MAX_MESSAGE_SIZE;
-use ccm_provider_sdk::validate::MAX_BATCH;
+use ccm_protocol::Error;
+use ccm_protocol::answer;
+use ccm_protocol::limits::{MAX_BATCH, MAX_MESSAGE_SIZE};
 use futures::future::join_all;
 use tonic::transport::Channel;
 
@@ -43,7 +43,7 @@ impl Provider {
     /// call per 500 lookups when the provider batches reads, else one per lookup. A batch
     /// answer of the wrong length fails its lookups; an answer about another instance than
     /// its lookup (a reordered batch), "exists" without metadata, or metadata that fails
-    /// [`check::metadata`] fails its own lookup; none of them ever reads as "gone".
+    /// [`answer::instance`] fails its own lookup; none of them ever reads as "gone".
     pub async fn instance_metadata(&self, lookups: &[pb::InstanceLookup]) -> PerLookup<Option<pb::InstanceMetadata>> {
         let scheme = self.identity().map(|i| i.provider_id_scheme).unwrap_or_default();
         let (method, answers) = if self.identity().is_some_and(|i| i.batch_reads()) {
@@ -116,7 +116,7 @@ impl Provider {
         }
     }
 
-    /// The cluster's routes in one table, all pages, each checked by [`check::route`].
+    /// The cluster's routes in one table, all pages, each checked by [`answer::route`].
     pub async fn list_routes(&self, cluster: &str, table: &str) -> Result<Vec<pb::Route>, Error> {
         const METHOD: &str = "RoutesService/ListRoutes";
         let mut routes = Vec::new();
@@ -132,7 +132,7 @@ impl Provider {
             let rpc = async |ch, r| routes_client(ch).list_routes(r).await;
             let page = self.call(METHOD, request, rpc).await?;
             for route in &page.routes {
-                check::route(route).map_err(|why| self.invalid(METHOD, why))?;
+                answer::route(route).map_err(|why| self.invalid(METHOD, why))?;
             }
             routes.extend(page.routes);
             match pages.next(METHOD, page.next_page_token).map_err(|e| self.counted(METHOD, e))? {
@@ -169,7 +169,7 @@ impl Provider {
         let request = pb::CreateRouteRequest { cluster_name: cluster.to_string(), route: Some(route.clone()) };
         let rpc = async |ch, r| routes_client(ch).create_route(r).await;
         let made = self.call_fenced(fence, METHOD, request, rpc).await?.route.unwrap_or_else(|| route.clone());
-        check::route(&made).map_err(|why| self.invalid(METHOD, why))?;
+        answer::route(&made).map_err(|why| self.invalid(METHOD, why))?;
         if made.destination_cidr != route.destination_cidr {
             let why = format!("asked for a route to {}, it made one to {}", route.destination_cidr, made.destination_cidr);
             return Err(self.invalid(METHOD, why));
@@ -214,12 +214,12 @@ impl Provider {
             return Ok(None);
         }
         let status = answer.status.unwrap_or_default();
-        check::status(&status).map_err(|why| self.invalid(METHOD, why))?;
+        answer::status(&status).map_err(|why| self.invalid(METHOD, why))?;
         Ok(Some(status))
     }
 
     /// Ensures the load balancer of `service` over `nodes` (fenced); its status, checked by
-    /// [`check::status`].
+    /// [`answer::status`].
     pub async fn ensure_load_balancer(
         &self,
         fence: Option<&Fence>,
@@ -230,7 +230,7 @@ impl Provider {
         let request = pb::EnsureLoadBalancerRequest { service: Some(service), nodes };
         let rpc = async |ch, r| load_balancers_client(ch).ensure_load_balancer(r).await;
         let status = self.call_fenced(fence, METHOD, request, rpc).await?.status.unwrap_or_default();
-        check::status(&status).map_err(|why| self.invalid(METHOD, why))?;
+        answer::status(&status).map_err(|why| self.invalid(METHOD, why))?;
         Ok(status)
     }
 
@@ -292,7 +292,7 @@ fn instance(
     let Some(m) = metadata else {
         return Err(invalid(method, format!("instance of node {:?} exists but came without metadata", lookup.node_name)));
     };
-    check::metadata(&m, scheme).map_err(|why| invalid(method, format!("node {:?}: {why}", lookup.node_name)))?;
+    answer::instance(&m, scheme).map_err(|why| invalid(method, format!("node {:?}: {why}", lookup.node_name)))?;
     if !lookup.provider_id.is_empty() && !m.provider_id.is_empty() && m.provider_id != lookup.provider_id {
         let why =
             format!("asked about {:?} (node {:?}), it answered about {:?}", lookup.provider_id, lookup.node_name, m.provider_id);

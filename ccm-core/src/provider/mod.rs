@@ -14,7 +14,7 @@ use std::time::Duration;
 
 use ccm_proto::v1::identity_service_client::IdentityServiceClient;
 use ccm_proto::v1::{self as pb, ServiceType};
-use ccm_provider_sdk::Error;
+use ccm_protocol::Error;
 use tokio::sync::Semaphore;
 use tokio::time::Instant;
 use tonic::transport::Channel;
@@ -33,7 +33,7 @@ const RECONNECT_PERIOD: Duration = Duration::from_secs(1);
 const DEFAULT_MAX_RETRY_AFTER: Duration = Duration::from_secs(300);
 
 fn identity_client(channel: Channel) -> IdentityServiceClient<Channel> {
-    IdentityServiceClient::new(channel).max_decoding_message_size(ccm_provider_sdk::client::MAX_MESSAGE_SIZE)
+    IdentityServiceClient::new(channel).max_decoding_message_size(ccm_protocol::client::MAX_MESSAGE_SIZE)
 }
 
 /// What the plugin said about itself.
@@ -123,14 +123,14 @@ impl Provider {
     /// provider's certificate must be for, if not the endpoint's host).
     pub fn connect(
         endpoint: &str,
-        tls: Option<(&ccm_provider_sdk::tls::TlsFiles, Option<&str>)>,
+        tls: Option<(&ccm_protocol::tls::TlsFiles, Option<&str>)>,
         timeout: Duration,
         concurrency: usize,
         metrics: Metrics,
     ) -> anyhow::Result<Self> {
         let channel = match tls {
-            Some((files, name)) => ccm_provider_sdk::client::connect_lazy_tls(endpoint, files, name)?,
-            None => ccm_provider_sdk::client::connect_lazy(endpoint)?,
+            Some((files, name)) => ccm_protocol::client::connect_lazy_tls(endpoint, files, name)?,
+            None => ccm_protocol::client::connect_lazy(endpoint)?,
         };
         Ok(Self {
             channel,

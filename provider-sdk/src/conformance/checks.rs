@@ -1380,7 +1380,7 @@ impl<F: FnMut(&CheckResult)> Suite<F> {
         let r =
             self.node_metadata.clone().get_node_metadata(self.req(pb::GetNodeMetadataRequest {})).await.ctx("GetNodeMetadata")?;
         let m = r.metadata.ok_or_else(|| fail("GetNodeMetadata answered no metadata"))?;
-        crate::node_plugin::check_metadata(&m).map_err(|e| fail(e.to_string()))?;
+        ccm_protocol::answer::node_metadata(&m).map_err(|e| fail(e.to_string()))?;
         for a in &m.addresses {
             valid_address(a).map_err(fail)?;
         }

@@ -41,9 +41,7 @@ pub fn endpoint(address: &str) -> Result<Endpoint, ClientError> {
         .keep_alive_while_idle(true))
 }
 
-/// The largest message either side of cloudprovider.v1 sends or accepts: 64 MiB, where gRPC's
-/// default is 4 MiB. An EnsureLoadBalancer for 5000 Nodes with their labels is about 7 MB.
-pub const MAX_MESSAGE_SIZE: usize = 64 << 20;
+pub use crate::limits::MAX_MESSAGE_SIZE;
 
 /// Connects now; fails when nothing answers.
 pub async fn connect(address: &str) -> Result<Channel, ClientError> {
