@@ -16,9 +16,9 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, bail};
-use ccm_e2e::ControlPlane;
-use ccm_e2e::aws::{AWS_ENV, Moto, Sidecar};
-use ccm_e2e::cluster::{NodeBuilder, load_balancer_service};
+use ccm_harness::ControlPlane;
+use ccm_harness::aws::{AWS_ENV, Moto, Sidecar};
+use ccm_harness::cluster::{NodeBuilder, load_balancer_service};
 use k8s_openapi::api::core::v1::{Namespace, Node, Service};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::Api;
@@ -142,12 +142,12 @@ pub struct Tools {
 }
 
 impl Tools {
-    /// Found or built by `tests/envtest/setup.sh` (moto, aws, aws-upstream).
+    /// Found or built by `harness/envtest/setup.sh` (moto, aws, aws-upstream).
     pub fn find() -> anyhow::Result<Self> {
         Ok(Self {
-            python: ccm_e2e::Assets::tool("moto")?,
-            sidecar: ccm_e2e::Assets::tool("aws")?,
-            upstream: ccm_e2e::Assets::tool("aws-upstream")?,
+            python: ccm_harness::Assets::tool("moto")?,
+            sidecar: ccm_harness::Assets::tool("aws")?,
+            upstream: ccm_harness::Assets::tool("aws-upstream")?,
         })
     }
 }

@@ -1,4 +1,4 @@
-//! `ccm-bench`: the Rust core and upstream's cloud-controller-manager (tests/peer, forwarding
+//! `ccm-bench`: the Rust core and upstream's cloud-controller-manager (harness/peer, forwarding
 //! to the same cloudprovider.v1 sidecar), one after the other on the same API server, each with
 //! a fresh simulated cloud of the same latency and rate limit, under the same workload; prints
 //! a table side by side with ratios and writes the figures as JSON.
@@ -51,7 +51,7 @@ pub struct Args {
     /// Where to write the figures as JSON.
     #[arg(long, default_value = "ccm-bench.json")]
     pub json: PathBuf,
-    /// upstream's binary; default: `tests/envtest/setup.sh peer` builds (or finds) it.
+    /// upstream's binary; default: `harness/envtest/setup.sh peer` builds (or finds) it.
     #[arg(long)]
     pub peer: Option<PathBuf>,
     /// Log filter of the cores (their stderr goes to <json>.<core>.log).
@@ -92,11 +92,11 @@ async fn run(mut args: Args) -> anyhow::Result<()> {
     }
     let peer = match &args.peer {
         Some(p) => Some(p.clone()),
-        None if args.cores.iter().any(|c| c.starts_with("upstream")) => Some(ccm_e2e::Assets::tool("peer")?),
+        None if args.cores.iter().any(|c| c.starts_with("upstream")) => Some(ccm_harness::Assets::tool("peer")?),
         None => None,
     };
     eprintln!("starting the control plane");
-    let cp = tokio::task::spawn_blocking(ccm_e2e::ControlPlane::start).await??;
+    let cp = tokio::task::spawn_blocking(ccm_harness::ControlPlane::start).await??;
     let mut results: BTreeMap<String, scenarios::Figures> = BTreeMap::new();
     for core in &args.cores {
         eprintln!(
@@ -124,7 +124,7 @@ fn publish(args: &Args, table: &str, report: &impl serde::Serialize, missing: Ve
 
 async fn run_aws(args: &Args) -> anyhow::Result<()> {
     eprintln!("starting the control plane");
-    let cp = tokio::task::spawn_blocking(ccm_e2e::ControlPlane::start).await??;
+    let cp = tokio::task::spawn_blocking(ccm_harness::ControlPlane::start).await??;
     let report = aws::run(&cp, args).await?;
     publish(args, &report.table(), &report, report.missing())
 }

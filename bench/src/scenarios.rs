@@ -6,8 +6,8 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use anyhow::{Context, bail};
-use ccm_e2e::ControlPlane;
-use ccm_e2e::cluster::{NodeBuilder, UNINITIALIZED_TAINT, load_balancer_ip, load_balancer_service};
+use ccm_harness::ControlPlane;
+use ccm_harness::cluster::{NodeBuilder, UNINITIALIZED_TAINT, load_balancer_ip, load_balancer_service};
 use ccm_provider_sdk::Listen;
 use ccm_provider_sim::config::{ApiConfig, InstanceSpec, RateLimit, RouteTableSpec};
 use ccm_provider_sim::{AdminClient, Config, Endpoints};

@@ -1,5 +1,5 @@
 //! What `ccm-node-metadata` writes for the kubelet, read by the kubelet's own code of the
-//! release the harness pins (`tests/envtest/cmd/kubelet-check`): the drop-in through the
+//! release the harness pins (`harness/envtest/cmd/kubelet-check`): the drop-in through the
 //! kubelet's --config-dir loader, and the credential provider executed by the kubelet's exec
 //! plugin runner from a CredentialProviderConfig.
 
@@ -11,7 +11,7 @@ use common::{BIN, Node, run, text};
 
 /// Builds (first time) and finds kubelet-check with the harness's script.
 fn kubelet_check() -> PathBuf {
-    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/envtest/setup.sh");
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../harness/envtest/setup.sh");
     let out = std::process::Command::new("bash").arg(&script).arg("kubelet-check").output().expect("run setup.sh");
     assert!(out.status.success(), "setup.sh kubelet-check: {}", text(&out.stderr));
     PathBuf::from(text(&out.stdout).trim())

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Regenerates gen/ from ../../proto with buf and the Go protobuf and gRPC plugins (installed
 # into a temporary GOBIN from the Go module proxy). The output is committed: building the
-# adapter needs neither buf nor the plugins. tests/peer imports this package too.
+# adapter needs neither buf nor the plugins. harness/peer imports this package too.
 set -euo pipefail
 cd "$(dirname "$0")"
 export GOTOOLCHAIN=local

@@ -8,8 +8,8 @@ use std::collections::BTreeMap;
 use std::time::Duration;
 
 use anyhow::{Context, bail};
-use ccm_e2e::ControlPlane;
-use ccm_e2e::cluster::{NodeBuilder, UNINITIALIZED_TAINT, load_balancer_ip, load_balancer_service, set_ready};
+use ccm_harness::ControlPlane;
+use ccm_harness::cluster::{NodeBuilder, UNINITIALIZED_TAINT, load_balancer_ip, load_balancer_service, set_ready};
 use ccm_provider_sdk::Listen;
 use ccm_provider_sim::config::{Address, InstanceSpec};
 use ccm_provider_sim::{AdminClient, Config, Endpoints};
@@ -256,14 +256,14 @@ const ADMIN_PORT: u16 = 8170;
 
 /// `--real-nodes`: kubelets, the images, the chart.
 async fn real_nodes(args: &Args) -> anyhow::Result<()> {
-    use ccm_e2e::kubelet_cluster::{self, KubeletCluster};
+    use ccm_harness::kubelet_cluster::{self, KubeletCluster};
     let nodes = usize::from(args.nodes.min(4));
     kubelet_cluster::check_machine().map_err(|e| anyhow::anyhow!("--real-nodes: {e}"))?;
     step(
         1,
         "images: deploy/images/*.Containerfile as OCI archives, static musl binaries (the first build takes about 10 minutes)",
     );
-    let images = tokio::task::spawn_blocking(ccm_e2e::images::project).await??;
+    let images = tokio::task::spawn_blocking(ccm_harness::images::project).await??;
     step(
         2,
         "kubelet cluster: a control plane with kube-controller-manager and kube-scheduler, kubelets with containerd, bridge CNI and kube-proxy",
@@ -277,7 +277,7 @@ async fn real_nodes(args: &Args) -> anyhow::Result<()> {
     let work = tempfile::Builder::new().prefix("ccm-quickstart-").tempdir().context("creating a work directory")?;
     let values = work.path().join("values.yaml");
     std::fs::write(&values, cluster.sim_chart_values(ADMIN_PORT)).context("writing the chart values")?;
-    let helm = tokio::task::spawn_blocking(|| ccm_e2e::Assets::tool("helm")).await??;
+    let helm = tokio::task::spawn_blocking(|| ccm_harness::Assets::tool("helm")).await??;
     let chart = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../deploy/helm/ccm-rs");
     let out = std::process::Command::new(&helm)
         .arg("--kubeconfig")

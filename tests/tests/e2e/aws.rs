@@ -6,9 +6,9 @@
 use std::path::PathBuf;
 use std::time::Duration;
 
-use ccm_e2e::assets::Assets;
-use ccm_e2e::aws::{Moto, Sidecar};
-use ccm_e2e::cluster::{NodeBuilder, TestEnv, set_ready};
+use ccm_harness::assets::Assets;
+use ccm_harness::aws::{Moto, Sidecar};
+use ccm_harness::cluster::{NodeBuilder, TestEnv, set_ready};
 use k8s_openapi::api::core::v1::Node;
 use kube::api::{DeleteParams, Patch, PatchParams, PostParams};
 use serde_json::Value;
@@ -65,7 +65,7 @@ fn label(node: &Node, key: &str) -> Option<String> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_aws_provider_on_moto_initialises_nodes_routes_pods_and_balances_services() {
     let Some((python, binary)) = tools() else { return };
-    let cp = ccm_e2e::shared().expect("control plane");
+    let cp = ccm_harness::shared().expect("control plane");
     let env = TestEnv::new(cp.client().await.expect("client"), "aws").await.expect("env");
     let cluster = env.prefix.clone();
     let mut moto = Moto::start(&python, &cluster, 4, 1).await.expect("moto");
@@ -142,7 +142,7 @@ async fn the_aws_provider_on_moto_initialises_nodes_routes_pods_and_balances_ser
     // A classic ELB for a LoadBalancer Service, with every instance registered.
     let ids: Vec<String> = instances.iter().map(|(id, _, _)| id.clone()).collect();
     let groups_before = moto.query("groups").await.expect("moto");
-    ccm_e2e::cluster::create_load_balancer_service(&env, "web", &[80]).await.expect("service");
+    ccm_harness::cluster::create_load_balancer_service(&env, "web", &[80]).await.expect("service");
     let hostname = eventually("the ELB's hostname in the Service", Duration::from_secs(90), async || {
         let svc = env.services().get("web").await.ok()?;
         svc.status?.load_balancer?.ingress?.first()?.hostname.clone()
@@ -186,7 +186,7 @@ async fn the_aws_provider_on_moto_initialises_nodes_routes_pods_and_balances_ser
     assert_eq!(now, remaining, "the added node's instance registered");
 
     // The NLB annotation gives a network load balancer with the instances as targets.
-    let mut nlb = ccm_e2e::cluster::load_balancer_service(&env.namespace, "fast", &[443]);
+    let mut nlb = ccm_harness::cluster::load_balancer_service(&env.namespace, "fast", &[443]);
     nlb.metadata.annotations =
         Some([("service.beta.kubernetes.io/aws-load-balancer-type".to_string(), "nlb".to_string())].into());
     env.services().create(&PostParams::default(), &nlb).await.expect("nlb service");
@@ -265,7 +265,7 @@ async fn the_aws_provider_on_moto_initialises_nodes_routes_pods_and_balances_ser
 async fn the_conformance_suite_passes_against_the_aws_provider_on_moto() {
     use ccm_provider_sdk::conformance::Options;
     let Some((python, binary)) = tools() else { return };
-    let cp = ccm_e2e::shared().expect("control plane");
+    let cp = ccm_harness::shared().expect("control plane");
     let env = TestEnv::new(cp.client().await.expect("client"), "aws-conf").await.expect("env");
     let cluster = env.prefix.clone();
     let moto = Moto::start(&python, &cluster, 3, 2).await.expect("moto");

@@ -7,8 +7,10 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use ccm_e2e::ControlPlane;
-use ccm_e2e::cluster::{NodeBuilder, TestEnv, UNINITIALIZED_TAINT, create_load_balancer_service, load_balancer_ip, set_ready};
+use ccm_harness::ControlPlane;
+use ccm_harness::cluster::{
+    NodeBuilder, TestEnv, UNINITIALIZED_TAINT, create_load_balancer_service, load_balancer_ip, set_ready,
+};
 use ccm_provider_sim::Config;
 use k8s_openapi::api::authentication::v1::{TokenRequest, TokenRequestSpec};
 use k8s_openapi::api::authorization::v1::{ResourceAttributes, SubjectAccessReview, SubjectAccessReviewSpec};
@@ -88,7 +90,7 @@ fn rules(objects: &[serde_json::Value]) -> BTreeMap<String, BTreeSet<String>> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn every_manifest_and_the_rendered_chart_pass_a_server_side_dry_run() {
-    let cp = ccm_e2e::shared().expect("control plane");
+    let cp = ccm_harness::shared().expect("control plane");
     let mut counts = BTreeMap::new();
     let mut kustomize_rules = BTreeMap::new();
     for dir in ["rbac", "core", "node-metadata"] {
@@ -99,7 +101,7 @@ async fn every_manifest_and_the_rendered_chart_pass_a_server_side_dry_run() {
         counts.insert(format!("kustomize/{dir}"), objects.len());
     }
     let mut helm_rules = BTreeMap::new();
-    let helm = tokio::task::spawn_blocking(|| ccm_e2e::Assets::tool("helm")).await.expect("join").expect("helm");
+    let helm = tokio::task::spawn_blocking(|| ccm_harness::Assets::tool("helm")).await.expect("join").expect("helm");
     let chart = deploy_dir().join("helm/ccm-rs");
     let variants: [(&str, &[&str]); 4] = [
         ("defaults", &["--set", "sim.enabled=true"]),
@@ -462,8 +464,8 @@ fn yaml_object(doc: &str) -> Option<serde_json::Value> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn every_rendered_command_line_is_accepted_by_the_real_binaries() {
-    let helm = tokio::task::spawn_blocking(|| ccm_e2e::Assets::tool("helm")).await.expect("join").expect("helm");
-    let assets = tokio::task::spawn_blocking(ccm_e2e::Assets::find).await.expect("join").expect("assets");
+    let helm = tokio::task::spawn_blocking(|| ccm_harness::Assets::tool("helm")).await.expect("join").expect("helm");
+    let assets = tokio::task::spawn_blocking(ccm_harness::Assets::find).await.expect("join").expect("assets");
     let chart = deploy_dir().join("helm/ccm-rs");
     let variants: [(&str, &[&str]); 5] = [
         ("the sim", &["--set", "sim.enabled=true"]),
@@ -509,7 +511,7 @@ async fn release_finalizers_waits_for_the_leader_then_frees_every_service() {
     use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
     use k8s_openapi::apimachinery::pkg::apis::meta::v1::{MicroTime, ObjectMeta};
 
-    let cp = ccm_e2e::shared().expect("control plane");
+    let cp = ccm_harness::shared().expect("control plane");
     let env = TestEnv::new(cp.client().await.expect("client"), "uninstall").await.expect("env");
     let svc = create_load_balancer_service(&env, "web", &[80]).await.expect("service");
     let services = env.services();

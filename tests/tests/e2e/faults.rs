@@ -8,8 +8,8 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::{Duration, Instant};
 
-use ccm_e2e::ControlPlane;
-use ccm_e2e::cluster::{NodeBuilder, TestEnv, UNINITIALIZED_TAINT, create_load_balancer_service, set_ready};
+use ccm_harness::ControlPlane;
+use ccm_harness::cluster::{NodeBuilder, TestEnv, UNINITIALIZED_TAINT, create_load_balancer_service, set_ready};
 use ccm_provider_sim::Config;
 use ccm_provider_sim::config::{Fault, FaultCode, Lie};
 use k8s_openapi::api::core::v1::{Event, Node, Service};
@@ -42,7 +42,7 @@ struct World {
 
 impl World {
     async fn new(label: &str) -> Self {
-        Self::on(ccm_e2e::shared().expect("control plane"), label).await
+        Self::on(ccm_harness::shared().expect("control plane"), label).await
     }
 
     /// The world on a control plane of the test's own.

@@ -3,10 +3,10 @@
 
 use std::time::Duration;
 
-use ccm_e2e::assets::Assets;
+use ccm_harness::assets::Assets;
 use ccm_provider_sdk::conformance::Options;
 
-use ccm_e2e::aws::Sidecar;
+use ccm_harness::aws::Sidecar;
 
 use crate::aws::{REQUIRE, assert_conformant};
 

@@ -1,6 +1,6 @@
 //! What the harness promises later tests: restricted identities, kubectl, Services.
 
-use ccm_e2e::cluster::{TestEnv, create_load_balancer_service};
+use ccm_harness::cluster::{TestEnv, create_load_balancer_service};
 use k8s_openapi::api::core::v1::Node;
 use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding, PolicyRule, RoleRef, Subject};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
@@ -9,7 +9,7 @@ use kube::api::{DeleteParams, ListParams, PostParams};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_restricted_identity_has_only_what_it_is_granted() {
-    let cp = ccm_e2e::shared().expect("control plane");
+    let cp = ccm_harness::shared().expect("control plane");
     let env = TestEnv::new(cp.client().await.expect("client"), "rbac").await.expect("env");
     let user = format!("{}-reader", env.prefix);
     let restricted = cp.client_as(&user, None).await.expect("restricted client");
@@ -62,7 +62,7 @@ async fn a_restricted_identity_has_only_what_it_is_granted() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn services_get_cluster_ips_and_kubectl_sees_them() {
-    let cp = ccm_e2e::shared().expect("control plane");
+    let cp = ccm_harness::shared().expect("control plane");
     let env = TestEnv::new(cp.client().await.expect("client"), "svc").await.expect("env");
     let svc = create_load_balancer_service(&env, "web", &[80, 443]).await.expect("service");
     let spec = svc.spec.expect("spec");
@@ -78,7 +78,7 @@ async fn services_get_cluster_ips_and_kubectl_sees_them() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_owned_control_plane_stops_everything_when_dropped() {
-    let cp = tokio::task::spawn_blocking(ccm_e2e::ControlPlane::start).await.expect("join").expect("start");
+    let cp = tokio::task::spawn_blocking(ccm_harness::ControlPlane::start).await.expect("join").expect("start");
     eprintln!("control plane start-up: {:?}", cp.startup);
     let client = cp.client().await.expect("client");
     let version = client.apiserver_version().await.expect("version");
@@ -117,13 +117,13 @@ fn host_footprint(id: &str, subnet: &str) -> (Vec<String>, usize, String) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_kubelet_cluster_registers_tainted_nodes_and_leaves_nothing_behind() {
-    if let Err(why) = ccm_e2e::kubelet_cluster::check_machine() {
+    if let Err(why) = ccm_harness::kubelet_cluster::check_machine() {
         assert!(std::env::var_os("CCM_E2E_REQUIRE_KUBELET_CLUSTER").is_none(), "{why}");
         eprintln!("skipped: {why}");
         return;
     }
     let (_, mounts_before, iptables_before) = host_footprint("-", "-");
-    let mut cluster = tokio::task::spawn_blocking(|| ccm_e2e::kubelet_cluster::KubeletCluster::start(2, "tear", &[]))
+    let mut cluster = tokio::task::spawn_blocking(|| ccm_harness::kubelet_cluster::KubeletCluster::start(2, "tear", &[]))
         .await
         .expect("join")
         .expect("kubelet cluster");
@@ -133,7 +133,7 @@ async fn a_kubelet_cluster_registers_tainted_nodes_and_leaves_nothing_behind() {
     assert_eq!(nodes.len(), 2);
     for node in &nodes {
         let taints = node.spec.as_ref().and_then(|s| s.taints.clone()).unwrap_or_default();
-        assert!(taints.iter().any(|t| t.key == ccm_e2e::cluster::UNINITIALIZED_TAINT), "{taints:?}");
+        assert!(taints.iter().any(|t| t.key == ccm_harness::cluster::UNINITIALIZED_TAINT), "{taints:?}");
         let addresses = node.status.as_ref().and_then(|s| s.addresses.clone()).unwrap_or_default();
         let ip = &cluster.nodes.iter().find(|n| Some(&n.name) == node.metadata.name.as_ref()).expect("ours").ip;
         assert!(addresses.iter().any(|a| a.type_ == "InternalIP" && a.address == ip.to_string()), "{addresses:?}");

@@ -4,7 +4,7 @@
 use std::collections::BTreeMap;
 use std::time::Duration;
 
-use ccm_e2e::cluster::{NodeBuilder, TestEnv, UNINITIALIZED_TAINT, create_load_balancer_service, load_balancer_ip};
+use ccm_harness::cluster::{NodeBuilder, TestEnv, UNINITIALIZED_TAINT, create_load_balancer_service, load_balancer_ip};
 use ccm_provider_sim::Config;
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::Node;
@@ -44,7 +44,7 @@ async fn holders(env: &TestEnv, names: &[String]) -> Option<BTreeMap<String, Str
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn with_a_lease_per_controller_each_controller_has_one_leader_and_fails_over() {
-    let cp = ccm_e2e::shared().expect("control plane");
+    let cp = ccm_harness::shared().expect("control plane");
     let env = TestEnv::new(cp.client().await.expect("client"), "perctl").await.expect("env");
     let (first, second) = (env.node_name("first"), env.node_name("second"));
     let mut config = Config::default();
@@ -104,7 +104,7 @@ async fn migrated_controllers_wait_for_the_migration_lease() {
     use k8s_openapi::api::coordination::v1::LeaseSpec;
     use k8s_openapi::apimachinery::pkg::apis::meta::v1::{MicroTime, ObjectMeta};
 
-    let cp = ccm_e2e::shared().expect("control plane");
+    let cp = ccm_harness::shared().expect("control plane");
     let env = TestEnv::new(cp.client().await.expect("client"), "migrate").await.expect("env");
     let name = env.node_name("a");
     let mut config = Config::default();
@@ -189,7 +189,7 @@ async fn migrated_controllers_wait_for_the_migration_lease() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_leader_cut_off_from_the_api_server_stops_before_its_lease_can_expire() {
-    let cp = ccm_e2e::shared().expect("control plane");
+    let cp = ccm_harness::shared().expect("control plane");
     let env = TestEnv::new(cp.client().await.expect("client"), "fence").await.expect("env");
     let sim = Sim::start(Config::default()).await;
     // The leader reaches the API server through a proxy that can go silent (a partition, or
@@ -235,7 +235,7 @@ fn now_ms() -> i64 {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_leader_stopped_past_its_lease_writes_nothing_when_it_resumes() {
     use ccm_provider_sim::config::{Fault, FaultCode};
-    let cp = ccm_e2e::shared().expect("control plane");
+    let cp = ccm_harness::shared().expect("control plane");
     let env = TestEnv::new(cp.client().await.expect("client"), "frozen").await.expect("env");
     // Each process has a cloud of its own, so that the provider calls of the stopped one are
     // told apart; the first one's refuses every EnsureLoadBalancer, so it retries all along.
@@ -310,7 +310,7 @@ async fn a_leader_stopped_past_its_lease_writes_nothing_when_it_resumes() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_controller_that_panics_makes_the_process_exit_non_zero() {
-    let cp = ccm_e2e::shared().expect("control plane");
+    let cp = ccm_harness::shared().expect("control plane");
     let env = TestEnv::new(cp.client().await.expect("client"), "panic").await.expect("env");
     let sim = Sim::start(Config::default()).await;
     let name = env.node_name("a");

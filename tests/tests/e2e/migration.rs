@@ -1,5 +1,5 @@
 //! Moving between upstream's cloud-controller-manager and ours keeps every load balancer:
-//! upstream's (the peer in `tests/peer/`: `k8s.io/cloud-provider`'s controllers, unchanged,
+//! upstream's (the peer in `harness/peer/`: `k8s.io/cloud-provider`'s controllers, unchanged,
 //! against the same sim) makes a Service's load balancer, our core takes it over (the same
 //! load balancer, the same address, hosts never empty), then upstream's takes it back. Each
 //! runs on a control plane of the test's own: upstream's controllers handle every Service and
@@ -10,8 +10,8 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
-use ccm_e2e::ControlPlane;
-use ccm_e2e::cluster::{TestEnv, create_load_balancer_service, set_ready};
+use ccm_harness::ControlPlane;
+use ccm_harness::cluster::{TestEnv, create_load_balancer_service, set_ready};
 use ccm_provider_sim::Config;
 use ccm_provider_sim::cloud::LoadBalancerView;
 
@@ -22,7 +22,7 @@ struct Upstream(std::process::Child);
 
 impl Upstream {
     fn start(cp: &ControlPlane, sim: &Sim, dir: &std::path::Path) -> Self {
-        let peer = ccm_e2e::Assets::tool("peer").expect("upstream's peer (tests/envtest/setup.sh peer)");
+        let peer = ccm_harness::Assets::tool("peer").expect("upstream's peer (harness/envtest/setup.sh peer)");
         let config = dir.join("cloud.yaml");
         std::fs::write(&config, format!("endpoint: {}\n", sim.endpoint)).expect("cloud config");
         let log = std::fs::File::create(dir.join("upstream.log")).expect("log");

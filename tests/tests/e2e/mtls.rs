@@ -7,8 +7,8 @@ use std::time::Duration;
 
 use ccm_core::metrics::Metrics;
 use ccm_core::provider::Provider;
-use ccm_e2e::cluster::{NodeBuilder, TestEnv, UNINITIALIZED_TAINT};
-use ccm_e2e::pki::Ca;
+use ccm_harness::cluster::{NodeBuilder, TestEnv, UNINITIALIZED_TAINT};
+use ccm_harness::pki::Ca;
 use ccm_provider_sdk::Listen;
 use ccm_provider_sdk::tls::TlsFiles;
 use ccm_provider_sim::Config;
@@ -32,7 +32,7 @@ async fn reaches(endpoint: &str, tls: Option<&TlsFiles>) -> Result<String, Strin
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_provider_over_tcp_is_reached_with_mutual_tls_only() {
-    let cp = ccm_e2e::shared().expect("control plane");
+    let cp = ccm_harness::shared().expect("control plane");
     let env = TestEnv::new(cp.client().await.expect("client"), "mtls").await.expect("env");
     let dir = tempfile::tempdir().expect("tempdir");
     let ca = Ca::new().expect("ca");

@@ -7,7 +7,7 @@ use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::time::Duration;
 
-use ccm_e2e::cluster::{NodeBuilder, TestEnv, UNINITIALIZED_TAINT};
+use ccm_harness::cluster::{NodeBuilder, TestEnv, UNINITIALIZED_TAINT};
 use ccm_node_metadata::{KubeletFlags, Plugin};
 use ccm_provider_sdk::Listen;
 use ccm_provider_sim::Config;
@@ -95,7 +95,7 @@ async fn calls(sim: &Sim, method: &str) -> u64 {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn nodes_registered_with_plugin_metadata_are_verified_with_one_batch_read() {
-    let cp = ccm_e2e::shared().expect("control plane");
+    let cp = ccm_harness::shared().expect("control plane");
     let env = TestEnv::new(cp.client().await.expect("client"), "nodemeta").await.expect("env");
     let honest = env.node_name("honest");
     let liar = env.node_name("liar");

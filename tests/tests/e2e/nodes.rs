@@ -4,7 +4,7 @@
 use std::collections::BTreeMap;
 use std::time::Duration;
 
-use ccm_e2e::cluster::{NodeBuilder, TestEnv, UNINITIALIZED_TAINT, set_ready};
+use ccm_harness::cluster::{NodeBuilder, TestEnv, UNINITIALIZED_TAINT, set_ready};
 use ccm_provider_sim::Config;
 use ccm_provider_sim::config::{Address, Fault, FaultCode};
 use k8s_openapi::api::core::v1::{Event, Node};
@@ -46,7 +46,7 @@ const METADATA_CALLS: &[&str] = &["InstancesService/BatchInstanceMetadata", "Ins
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_node_is_initialised_from_the_cloud() {
-    let cp = ccm_e2e::shared().expect("control plane");
+    let cp = ccm_harness::shared().expect("control plane");
     let env = TestEnv::new(cp.client().await.expect("client"), "init").await.expect("env");
     let name = env.node_name("a");
     let bad = env.node_name("bad-ip");
@@ -138,7 +138,7 @@ async fn a_node_is_initialised_from_the_cloud() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn updates_during_an_initialisation_do_not_cause_a_second_lookup() {
-    let cp = ccm_e2e::shared().expect("control plane");
+    let cp = ccm_harness::shared().expect("control plane");
     let env = TestEnv::new(cp.client().await.expect("client"), "once").await.expect("env");
     let name = env.node_name("a");
     let mut config = Config::default();
@@ -174,7 +174,7 @@ async fn updates_during_an_initialisation_do_not_cause_a_second_lookup() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn excluded_nodes_and_other_providers_nodes_are_left_alone() {
-    let cp = ccm_e2e::shared().expect("control plane");
+    let cp = ccm_harness::shared().expect("control plane");
     let env = TestEnv::new(cp.client().await.expect("client"), "skip").await.expect("env");
     let (ours, virt, foreign) = (env.node_name("ours"), env.node_name("virtual"), env.node_name("foreign"));
     let mut config = Config::default();
@@ -217,7 +217,7 @@ async fn excluded_nodes_and_other_providers_nodes_are_left_alone() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn gone_instances_delete_nodes_stopped_ones_taint_them_and_errors_change_nothing() {
-    let cp = ccm_e2e::shared().expect("control plane");
+    let cp = ccm_harness::shared().expect("control plane");
     let env = TestEnv::new(cp.client().await.expect("client"), "life").await.expect("env");
     let (gone, stopped, flaky) = (env.node_name("gone"), env.node_name("stopped"), env.node_name("flaky"));
     let mut config = Config::default();
@@ -297,7 +297,7 @@ async fn gone_instances_delete_nodes_stopped_ones_taint_them_and_errors_change_n
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_provider_down_at_start_is_waited_for() {
-    let cp = ccm_e2e::shared().expect("control plane");
+    let cp = ccm_harness::shared().expect("control plane");
     let env = TestEnv::new(cp.client().await.expect("client"), "down").await.expect("env");
     let name = env.node_name("a");
     let mut sim = Sim::not_started();
@@ -330,7 +330,7 @@ async fn a_provider_down_at_start_is_waited_for() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn rate_limits_are_waited_out_and_retries_back_off_despite_updates() {
-    let cp = ccm_e2e::shared().expect("control plane");
+    let cp = ccm_harness::shared().expect("control plane");
     let env = TestEnv::new(cp.client().await.expect("client"), "throttle").await.expect("env");
     let name = env.node_name("a");
     let mut config = Config::default();
@@ -387,7 +387,7 @@ async fn is_leader(base: &str) -> Option<bool> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn only_the_leader_acts_and_a_standby_takes_over() {
-    let cp = ccm_e2e::shared().expect("control plane");
+    let cp = ccm_harness::shared().expect("control plane");
     let env = TestEnv::new(cp.client().await.expect("client"), "lead").await.expect("env");
     let (first, second) = (env.node_name("first"), env.node_name("second"));
     let mut config = Config::default();
@@ -437,7 +437,7 @@ async fn only_the_leader_acts_and_a_standby_takes_over() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn addresses_are_refreshed_with_batched_reads() {
-    let cp = ccm_e2e::shared().expect("control plane");
+    let cp = ccm_harness::shared().expect("control plane");
     let env = TestEnv::new(cp.client().await.expect("client"), "refresh").await.expect("env");
     let names: Vec<String> = (0..3).map(|i| env.node_name(&format!("n{i}"))).collect();
     let mut config = Config::default();
@@ -480,7 +480,7 @@ async fn addresses_are_refreshed_with_batched_reads() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_health_server_speaks_https_by_default() {
-    let cp = ccm_e2e::shared().expect("control plane");
+    let cp = ccm_harness::shared().expect("control plane");
     let env = TestEnv::new(cp.client().await.expect("client"), "tls").await.expect("env");
     let sim = Sim::start(Config::default()).await;
     let port = free_port();
@@ -505,7 +505,7 @@ async fn with_service_account_credentials_a_controller_has_only_what_its_account
     use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
     use kube::api::{DeleteParams, PostParams};
 
-    let cp = ccm_e2e::shared().expect("control plane");
+    let cp = ccm_harness::shared().expect("control plane");
     let env = TestEnv::new(cp.client().await.expect("client"), "sa").await.expect("env");
     let name = env.node_name("a");
     let mut config = Config::default();
@@ -570,7 +570,7 @@ async fn with_service_account_credentials_a_controller_has_only_what_its_account
 async fn losing_the_lease_stops_the_process() {
     use k8s_openapi::api::coordination::v1::Lease;
 
-    let cp = ccm_e2e::shared().expect("control plane");
+    let cp = ccm_harness::shared().expect("control plane");
     let env = TestEnv::new(cp.client().await.expect("client"), "failstop").await.expect("env");
     let sim = Sim::start(Config::default()).await;
     let port = free_port();
@@ -607,7 +607,7 @@ async fn losing_the_lease_stops_the_process() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn more_gone_instances_than_a_pass_may_delete_or_an_outage_delete_no_node() {
-    let cp = ccm_e2e::shared().expect("control plane");
+    let cp = ccm_harness::shared().expect("control plane");
     let env = TestEnv::new(cp.client().await.expect("client"), "bound").await.expect("env");
     let mut config = Config::default();
     // Three Ready Nodes in zone a; three NotReady ones, one in each of zones b, c and d,
@@ -691,7 +691,7 @@ fn an_hour_of_throttling() -> Fault {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_retry_info_of_hours_is_cut_to_the_maximum() {
-    let cp = ccm_e2e::shared().expect("control plane");
+    let cp = ccm_harness::shared().expect("control plane");
     let env = TestEnv::new(cp.client().await.expect("client"), "hours").await.expect("env");
     let name = env.node_name("a");
     let mut config = Config::default();
@@ -713,7 +713,7 @@ async fn a_retry_info_of_hours_is_cut_to_the_maximum() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn readiness_follows_the_provider_while_it_throttles() {
-    let cp = ccm_e2e::shared().expect("control plane");
+    let cp = ccm_harness::shared().expect("control plane");
     let env = TestEnv::new(cp.client().await.expect("client"), "probe").await.expect("env");
     let name = env.node_name("a");
     let mut config = Config::default();
@@ -749,7 +749,7 @@ async fn readiness_follows_the_provider_while_it_throttles() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn readiness_fails_while_the_watches_fail() {
-    let cp = ccm_e2e::shared().expect("control plane");
+    let cp = ccm_harness::shared().expect("control plane");
     let env = TestEnv::new(cp.client().await.expect("client"), "watchfail").await.expect("env");
     let sim = Sim::start(Config::default()).await;
     let target = cp.server().trim_start_matches("https://").parse().expect("the API server's address");

@@ -1,15 +1,15 @@
 //! What an operator installs, installed the way they install it, on real kubelets: the
 //! images built from `deploy/images/*`, the Helm chart and the kustomize bases applied to the
-//! harness's kubelet cluster (`ccm_e2e::kubelet_cluster`), and the Nodes the kubelets
+//! harness's kubelet cluster (`ccm_harness::kubelet_cluster`), and the Nodes the kubelets
 //! register initialised by the installed core, not by a process of the test.
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
-use ccm_e2e::aws::Moto;
-use ccm_e2e::images;
-use ccm_e2e::kubelet_cluster::{self, CLUSTER_CIDR, KubeletCluster};
+use ccm_harness::aws::Moto;
+use ccm_harness::images;
+use ccm_harness::kubelet_cluster::{self, CLUSTER_CIDR, KubeletCluster};
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::{Node, Pod, Service};
 use kube::Api;
@@ -250,7 +250,7 @@ async fn the_chart_and_the_kustomize_bases_run_on_real_kubelets() {
     let nodes: Api<Node> = Api::all(client.clone());
     tokio::task::block_in_place(|| cluster.label_control_plane()).expect("labels");
     let work = tempfile::tempdir().expect("tempdir");
-    let helm_bin = tokio::task::spawn_blocking(|| ccm_e2e::Assets::tool("helm")).await.expect("join").expect("helm");
+    let helm_bin = tokio::task::spawn_blocking(|| ccm_harness::Assets::tool("helm")).await.expect("join").expect("helm");
     let chart = deploy_dir().join("helm/ccm-rs").display().to_string();
     let values = helm_values(cluster, work.path()).display().to_string();
     let ips: Vec<String> = cluster.nodes.iter().map(|n| n.ip.to_string()).collect();
@@ -485,7 +485,7 @@ async fn the_chart_and_the_kustomize_bases_run_on_real_kubelets() {
 /// the kubelet's address as its private IP and the kubelet given its providerID by a config
 /// drop-in (as AWS nodes not named by their private DNS name are).
 async fn aws_on_real_kubelets(cluster: &KubeletCluster, helm_bin: &Path, chart: &str, dir: &Path) {
-    let python = match tokio::task::spawn_blocking(|| ccm_e2e::Assets::tool("moto")).await.expect("join") {
+    let python = match tokio::task::spawn_blocking(|| ccm_harness::Assets::tool("moto")).await.expect("join") {
         Ok(p) => p,
         Err(e) if std::env::var_os(crate::aws::REQUIRE).is_some() => panic!("moto is missing: {e:#}"),
         Err(e) => return eprintln!("skipped the AWS phase: moto needs python3: {e:#}"),
@@ -507,7 +507,7 @@ async fn aws_on_real_kubelets(cluster: &KubeletCluster, helm_bin: &Path, chart: 
         "clusterName": name,
         "provider": {
             "config": { "cloud.conf": moto.cloud_config(name) },
-            "env": ccm_e2e::aws::AWS_ENV.iter().map(|(k, v)| serde_json::json!({"name": k, "value": v})).collect::<Vec<_>>(),
+            "env": ccm_harness::aws::AWS_ENV.iter().map(|(k, v)| serde_json::json!({"name": k, "value": v})).collect::<Vec<_>>(),
         },
     });
     std::fs::write(&values, test_values.to_string()).expect("values");

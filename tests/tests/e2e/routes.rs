@@ -3,7 +3,7 @@
 use std::collections::BTreeSet;
 use std::time::Duration;
 
-use ccm_e2e::cluster::{NodeBuilder, TestEnv};
+use ccm_harness::cluster::{NodeBuilder, TestEnv};
 use ccm_provider_sim::Config;
 use ccm_provider_sim::admin::RouteSpec;
 use ccm_provider_sim::config::{Fault, FaultCode, RouteTableSpec};
@@ -53,7 +53,7 @@ fn route_flags(env: &TestEnv, extra: &[&str]) -> Vec<String> {
     flags
 }
 
-fn start(cp: &ccm_e2e::ControlPlane, env: &TestEnv, sim: &Sim, flags: &[String]) -> Core {
+fn start(cp: &ccm_harness::ControlPlane, env: &TestEnv, sim: &Sim, flags: &[String]) -> Core {
     Core::start(cp, env, sim, &flags.iter().map(String::as_str).collect::<Vec<_>>())
 }
 
@@ -77,7 +77,7 @@ async fn three_instances(env: &TestEnv) -> (Sim, String, String, String) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn routes_follow_nodes_and_the_condition_follows_routes() {
-    let cp = ccm_e2e::shared().expect("control plane");
+    let cp = ccm_harness::shared().expect("control plane");
     let env = TestEnv::new(cp.client().await.expect("client"), "routes").await.expect("env");
     let (sim, a, b, c) = three_instances(&env).await;
     node(&env, &a, &["10.244.1.0/24"]).await;
@@ -116,7 +116,7 @@ async fn routes_follow_nodes_and_the_condition_follows_routes() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_resync_corrects_drift_and_leaves_foreign_routes_alone() {
-    let cp = ccm_e2e::shared().expect("control plane");
+    let cp = ccm_harness::shared().expect("control plane");
     let env = TestEnv::new(cp.client().await.expect("client"), "drift").await.expect("env");
     let (a, ghost) = (env.node_name("a"), env.node_name("ghost"));
     let mut config = Config::default();
@@ -162,7 +162,7 @@ async fn a_resync_corrects_drift_and_leaves_foreign_routes_alone() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_burst_costs_a_handful_of_reconciles_and_steady_state_lists_nothing() {
-    let cp = ccm_e2e::shared().expect("control plane");
+    let cp = ccm_harness::shared().expect("control plane");
     let env = TestEnv::new(cp.client().await.expect("client"), "burst").await.expect("env");
     let names: Vec<String> = (0..100).map(|i| env.node_name(&format!("n{i:03}"))).collect();
     let mut config = Config::default();
@@ -202,7 +202,7 @@ async fn a_burst_costs_a_handful_of_reconciles_and_steady_state_lists_nothing() 
         futures::future::join_all(names.iter().map(|n| {
             let env = env.clone();
             async move {
-                ccm_e2e::cluster::set_ready(&env.client, n, "True").await.expect("ready");
+                ccm_harness::cluster::set_ready(&env.client, n, "True").await.expect("ready");
                 let patch = serde_json::json!({ "metadata": { "labels": { "heartbeat": round.to_string() } } });
                 env.nodes().patch(n, &PatchParams::default(), &Patch::Merge(&patch)).await.expect("patch");
             }
@@ -222,7 +222,7 @@ async fn a_burst_costs_a_handful_of_reconciles_and_steady_state_lists_nothing() 
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_full_table_creates_what_fits_and_does_not_loop() {
-    let cp = ccm_e2e::shared().expect("control plane");
+    let cp = ccm_harness::shared().expect("control plane");
     let env = TestEnv::new(cp.client().await.expect("client"), "quota").await.expect("env");
     let names: Vec<String> = (0..5).map(|i| env.node_name(&format!("n{i}"))).collect();
     let mut config = Config::default();
@@ -271,7 +271,7 @@ async fn a_full_table_creates_what_fits_and_does_not_loop() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn two_tables_and_dual_stack() {
-    let cp = ccm_e2e::shared().expect("control plane");
+    let cp = ccm_harness::shared().expect("control plane");
     let env = TestEnv::new(cp.client().await.expect("client"), "tables").await.expect("env");
     let (a, b) = (env.node_name("a"), env.node_name("b"));
     let mut config = Config {
@@ -309,7 +309,7 @@ async fn two_tables_and_dual_stack() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_failing_provider_is_backed_off_then_converges() {
-    let cp = ccm_e2e::shared().expect("control plane");
+    let cp = ccm_harness::shared().expect("control plane");
     let env = TestEnv::new(cp.client().await.expect("client"), "rfail").await.expect("env");
     let a = env.node_name("a");
     let mut config = Config::default();
@@ -360,7 +360,7 @@ async fn a_failing_provider_is_backed_off_then_converges() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn routes_are_deleted_only_when_their_node_is_gone_or_its_pod_cidr_changed() {
-    let cp = ccm_e2e::shared().expect("control plane");
+    let cp = ccm_harness::shared().expect("control plane");
     let env = TestEnv::new(cp.client().await.expect("client"), "evidence").await.expect("env");
     let (sim, a, b, c) = three_instances(&env).await;
     node(&env, &a, &["10.244.1.0/24"]).await;
@@ -399,7 +399,7 @@ async fn routes_are_deleted_only_when_their_node_is_gone_or_its_pod_cidr_changed
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn node_ipam_gives_podcidrs_from_both_families_and_routes_follow() {
-    let cp = ccm_e2e::shared().expect("control plane");
+    let cp = ccm_harness::shared().expect("control plane");
     let env = TestEnv::new(cp.client().await.expect("client"), "ipam").await.expect("env");
     let names: Vec<String> = ["b", "a", "c", "d", "e"].iter().map(|n| env.node_name(n)).collect();
     let mut config = Config::default();
@@ -469,7 +469,7 @@ async fn node_ipam_gives_podcidrs_from_both_families_and_routes_follow() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn upstreams_route_reconciliation_period_lists_routes_every_period() {
-    let cp = ccm_e2e::shared().expect("control plane");
+    let cp = ccm_harness::shared().expect("control plane");
     let env = TestEnv::new(cp.client().await.expect("client"), "routeperiod").await.expect("env");
     let a = env.node_name("a");
     let mut config = Config::default();

@@ -2,7 +2,7 @@
 
 use std::time::Duration;
 
-use ccm_e2e::cluster::{NodeBuilder, TestEnv, create_load_balancer_service, set_ready};
+use ccm_harness::cluster::{NodeBuilder, TestEnv, create_load_balancer_service, set_ready};
 use ccm_provider_sim::Config;
 use ccm_provider_sim::cloud::LoadBalancerView;
 use ccm_provider_sim::config::{Fault, FaultCode};
@@ -19,7 +19,7 @@ fn service_flags(env: &TestEnv) -> Vec<String> {
     vec!["--leader-elect=false".into(), "--controllers=service".into(), format!("--service-namespace={}", env.namespace)]
 }
 
-fn start(cp: &ccm_e2e::ControlPlane, env: &TestEnv, sim: &Sim, flags: &[String]) -> Core {
+fn start(cp: &ccm_harness::ControlPlane, env: &TestEnv, sim: &Sim, flags: &[String]) -> Core {
     Core::start(cp, env, sim, &flags.iter().map(String::as_str).collect::<Vec<_>>())
 }
 
@@ -61,7 +61,7 @@ pub(crate) async fn backend_node(env: &TestEnv, name: &str, id: &str) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_service_gets_a_load_balancer_that_follows_it_and_goes_with_it() {
-    let cp = ccm_e2e::shared().expect("control plane");
+    let cp = ccm_harness::shared().expect("control plane");
     let env = TestEnv::new(cp.client().await.expect("client"), "lb").await.expect("env");
     let node = env.node_name("n1");
     let mut config = Config::default();
@@ -108,7 +108,7 @@ async fn a_service_gets_a_load_balancer_that_follows_it_and_goes_with_it() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_service_deleted_while_the_provider_is_down_keeps_its_finalizer_until_cleaned_up() {
-    let cp = ccm_e2e::shared().expect("control plane");
+    let cp = ccm_harness::shared().expect("control plane");
     let env = TestEnv::new(cp.client().await.expect("client"), "lbdown").await.expect("env");
     let sim = Sim::start(Config::default()).await;
     let core = start(cp, &env, &sim, &service_flags(&env));
@@ -143,7 +143,7 @@ async fn a_service_deleted_while_the_provider_is_down_keeps_its_finalizer_until_
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_type_change_deletes_the_load_balancer_and_foreign_classes_are_untouched() {
-    let cp = ccm_e2e::shared().expect("control plane");
+    let cp = ccm_harness::shared().expect("control plane");
     let env = TestEnv::new(cp.client().await.expect("client"), "lbtype").await.expect("env");
     let sim = Sim::start(Config::default()).await;
     let core = start(cp, &env, &sim, &service_flags(&env));
@@ -179,7 +179,7 @@ async fn a_type_change_deletes_the_load_balancer_and_foreign_classes_are_untouch
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn node_set_changes_reach_every_load_balancer_within_a_second() {
-    let cp = ccm_e2e::shared().expect("control plane");
+    let cp = ccm_harness::shared().expect("control plane");
     let env = TestEnv::new(cp.client().await.expect("client"), "lbnodes").await.expect("env");
     let (n1, n2, n3) = (env.node_name("n1"), env.node_name("n2"), env.node_name("n3"));
     let mut config = Config::default();
@@ -245,7 +245,7 @@ async fn node_set_changes_reach_every_load_balancer_within_a_second() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_failing_service_backs_off_alone_and_its_retry_reads_the_newest_spec() {
-    let cp = ccm_e2e::shared().expect("control plane");
+    let cp = ccm_harness::shared().expect("control plane");
     let env = TestEnv::new(cp.client().await.expect("client"), "lbfail").await.expect("env");
     let mut config = Config::default();
     config.faults.push(Fault {
@@ -310,7 +310,7 @@ async fn a_failing_service_backs_off_alone_and_its_retry_reads_the_newest_spec()
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn long_names_fit_the_limit_and_stay_unique() {
-    let cp = ccm_e2e::shared().expect("control plane");
+    let cp = ccm_harness::shared().expect("control plane");
     let env = TestEnv::new(cp.client().await.expect("client"), "lbname").await.expect("env");
     let ns_name = format!("{}-{}", env.prefix, "n".repeat(63 - env.prefix.len() - 1));
     let ns =
@@ -342,7 +342,7 @@ async fn long_names_fit_the_limit_and_stay_unique() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn two_hundred_services_all_get_addresses() {
-    let cp = ccm_e2e::shared().expect("control plane");
+    let cp = ccm_harness::shared().expect("control plane");
     let env = TestEnv::new(cp.client().await.expect("client"), "lb200").await.expect("env");
     let sim = Sim::start(Config::default()).await;
     let mut flags = service_flags(&env);
@@ -386,7 +386,7 @@ async fn two_hundred_services_all_get_addresses() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_naming_change_keeps_load_balancers_unless_renaming_is_allowed() {
-    let cp = ccm_e2e::shared().expect("control plane");
+    let cp = ccm_harness::shared().expect("control plane");
     let env = TestEnv::new(cp.client().await.expect("client"), "naming").await.expect("env");
     let node = env.node_name("n");
     let mut config = Config::default();

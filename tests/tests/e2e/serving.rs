@@ -5,8 +5,8 @@
 use std::path::Path;
 use std::time::Duration;
 
-use ccm_e2e::cluster::TestEnv;
-use ccm_e2e::pki::Ca;
+use ccm_harness::cluster::TestEnv;
+use ccm_harness::pki::Ca;
 use ccm_provider_sim::Config;
 use k8s_openapi::api::authentication::v1::{TokenRequest, TokenRequestSpec};
 use k8s_openapi::api::core::v1::ServiceAccount;
@@ -59,7 +59,7 @@ async fn service_account_token(client: &kube::Client, namespace: &str, name: &st
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn metrics_are_served_with_the_given_certificate_reloaded_on_rotation_and_authorised_by_delegation() {
-    let cp = ccm_e2e::shared().expect("control plane");
+    let cp = ccm_harness::shared().expect("control plane");
     let env = TestEnv::new(cp.client().await.expect("client"), "serve").await.expect("env");
     let sim = Sim::start(Config::default()).await;
     let dir = tempfile::tempdir().expect("tempdir");
@@ -155,12 +155,12 @@ async fn metrics_are_served_with_the_given_certificate_reloaded_on_rotation_and_
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn upstreams_metric_names_are_served_beside_ours() {
-    use ccm_e2e::cluster::{NodeBuilder, create_load_balancer_service};
+    use ccm_harness::cluster::{NodeBuilder, create_load_balancer_service};
     use ccm_provider_sim::Config;
 
     use crate::support::{Core, Sim, TEST_LABEL, eventually, free_port, http_get, instance};
 
-    let cp = ccm_e2e::shared().expect("control plane");
+    let cp = ccm_harness::shared().expect("control plane");
     let env = TestEnv::new(cp.client().await.expect("client"), "upmetrics").await.expect("env");
     let name = env.node_name("a");
     let mut config = Config::default();

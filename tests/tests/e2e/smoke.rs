@@ -2,7 +2,7 @@
 
 use std::time::Duration;
 
-use ccm_e2e::cluster::{NodeBuilder, TestEnv, UNINITIALIZED_TAINT, set_ready};
+use ccm_harness::cluster::{NodeBuilder, TestEnv, UNINITIALIZED_TAINT, set_ready};
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::Node;
 use kube::api::DeleteParams;
@@ -27,7 +27,7 @@ async fn next_matching(
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_node_is_created_watched_patched_and_deleted() {
-    let cp = ccm_e2e::shared().expect("control plane");
+    let cp = ccm_harness::shared().expect("control plane");
     let env = TestEnv::new(cp.client().await.expect("client"), "smoke").await.expect("env");
     let name = env.node_name("n1");
 

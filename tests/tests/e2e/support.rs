@@ -4,8 +4,8 @@
 use std::path::PathBuf;
 use std::time::Duration;
 
-use ccm_e2e::ControlPlane;
-use ccm_e2e::cluster::TestEnv;
+use ccm_harness::ControlPlane;
+use ccm_harness::cluster::TestEnv;
 use ccm_provider_sim::config::InstanceSpec;
 use ccm_provider_sim::{AdminClient, Config};
 use clap::Parser;

@@ -5,7 +5,7 @@
 use std::collections::BTreeMap;
 use std::time::Duration;
 
-use ccm_e2e::cluster::{NodeBuilder, TestEnv, UNINITIALIZED_TAINT, set_ready};
+use ccm_harness::cluster::{NodeBuilder, TestEnv, UNINITIALIZED_TAINT, set_ready};
 use ccm_provider_sim::Config;
 use ccm_provider_sim::config::{Address, Answer, Fault, FaultCode};
 use k8s_openapi::api::core::v1::{Event, Node, NodeAddress};
@@ -55,7 +55,7 @@ fn down() -> Fault {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_ready_node_loses_the_shutdown_taint_whatever_the_cloud_says() {
-    let cp = ccm_e2e::shared().expect("control plane");
+    let cp = ccm_harness::shared().expect("control plane");
     let env = TestEnv::new(cp.client().await.expect("client"), "up-shut").await.expect("env");
     let (recovered, outage) = (env.node_name("recovered"), env.node_name("outage"));
     let mut config = Config::default();
@@ -112,7 +112,7 @@ async fn a_ready_node_loses_the_shutdown_taint_whatever_the_cloud_says() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_provided_node_ip_is_the_only_address_of_its_type() {
-    let cp = ccm_e2e::shared().expect("control plane");
+    let cp = ccm_harness::shared().expect("control plane");
     let env = TestEnv::new(cp.client().await.expect("client"), "up-nodeip").await.expect("env");
     let (single, both, dual) = (env.node_name("single"), env.node_name("both"), env.node_name("dual"));
     let mut config = Config::default();
@@ -173,7 +173,7 @@ async fn a_provided_node_ip_is_the_only_address_of_its_type() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn reordered_addresses_are_no_change_and_a_new_primary_is_one() {
-    let cp = ccm_e2e::shared().expect("control plane");
+    let cp = ccm_harness::shared().expect("control plane");
     let env = TestEnv::new(cp.client().await.expect("client"), "up-order").await.expect("env");
     let name = env.node_name("a");
     let mut config = Config::default();
@@ -219,7 +219,7 @@ async fn reordered_addresses_are_no_change_and_a_new_primary_is_one() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn beta_topology_labels_give_the_missing_ga_ones() {
-    let cp = ccm_e2e::shared().expect("control plane");
+    let cp = ccm_harness::shared().expect("control plane");
     let env = TestEnv::new(cp.client().await.expect("client"), "up-beta").await.expect("env");
     let (old, mixed, joining) = (env.node_name("old"), env.node_name("mixed"), env.node_name("joining"));
     let mut config = Config::default();
@@ -277,7 +277,7 @@ async fn beta_topology_labels_give_the_missing_ga_ones() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn odd_instance_answers_are_handled_as_upstream_or_refused_clearly() {
-    let cp = ccm_e2e::shared().expect("control plane");
+    let cp = ccm_harness::shared().expect("control plane");
     let env = TestEnv::new(cp.client().await.expect("client"), "up-odd").await.expect("env");
     let labelled = env.node_name("labelled");
     let bare = env.node_name("bare");
@@ -357,7 +357,7 @@ fn service_flags(env: &TestEnv) -> Vec<String> {
     vec!["--leader-elect=false".into(), "--controllers=service".into(), format!("--service-namespace={}", env.namespace)]
 }
 
-fn start_services(cp: &ccm_e2e::ControlPlane, env: &TestEnv, sim: &Sim, extra: &[&str]) -> Core {
+fn start_services(cp: &ccm_harness::ControlPlane, env: &TestEnv, sim: &Sim, extra: &[&str]) -> Core {
     let mut flags = service_flags(env);
     flags.extend(extra.iter().map(|s| s.to_string()));
     Core::start(cp, env, sim, &flags.iter().map(String::as_str).collect::<Vec<_>>())
@@ -386,7 +386,7 @@ async fn backend(env: &TestEnv, name: &str, id: &str, exclude: Option<&str>) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_exclusion_label_is_read_as_a_boolean() {
-    let cp = ccm_e2e::shared().expect("control plane");
+    let cp = ccm_harness::shared().expect("control plane");
     let env = TestEnv::new(cp.client().await.expect("client"), "up-excl").await.expect("env");
     let mut config = Config::default();
     let nodes: Vec<(String, Option<&str>)> = vec![
@@ -405,7 +405,7 @@ async fn the_exclusion_label_is_read_as_a_boolean() {
         backend(&env, n, &format!("i-{i}"), *v).await;
     }
     let core = start_services(cp, &env, &sim, &[]);
-    ccm_e2e::cluster::create_load_balancer_service(&env, "web", &[80]).await.expect("service");
+    ccm_harness::cluster::create_load_balancer_service(&env, "web", &[80]).await.expect("service");
     let lb = eventually("a load balancer", Duration::from_secs(20), async || lb_of(&sim, "web").await).await;
     let mut want = vec![nodes[0].0.clone(), nodes[1].0.clone(), nodes[2].0.clone()];
     want.sort();
@@ -417,7 +417,7 @@ async fn the_exclusion_label_is_read_as_a_boolean() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn source_ranges_are_trimmed_and_merged() {
     use kube::api::PostParams;
-    let cp = ccm_e2e::shared().expect("control plane");
+    let cp = ccm_harness::shared().expect("control plane");
     let env = TestEnv::new(cp.client().await.expect("client"), "up-ranges").await.expect("env");
     let node = env.node_name("n");
     let mut config = Config::default();
@@ -426,12 +426,12 @@ async fn source_ranges_are_trimmed_and_merged() {
     backend(&env, &node, "i-n", None).await;
     let core = start_services(cp, &env, &sim, &[]);
 
-    let mut spaced = ccm_e2e::cluster::load_balancer_service(&env.namespace, "spaced", &[80]);
+    let mut spaced = ccm_harness::cluster::load_balancer_service(&env.namespace, "spaced", &[80]);
     if let Some(spec) = spaced.spec.as_mut() {
         spec.load_balancer_source_ranges = Some(vec![" 10.0.0.0/8".into(), "10.0.0.0/8 ".into(), "192.168.0.0/16".into()]);
     }
     env.services().create(&PostParams::default(), &spaced).await.expect("the API server accepts it");
-    let mut annotated = ccm_e2e::cluster::load_balancer_service(&env.namespace, "annotated", &[80]);
+    let mut annotated = ccm_harness::cluster::load_balancer_service(&env.namespace, "annotated", &[80]);
     annotated.metadata.annotations = Some(
         [("service.beta.kubernetes.io/load-balancer-source-ranges".to_string(), " 172.16.0.0/12, 172.16.0.0/12".to_string())]
             .into(),
@@ -452,7 +452,7 @@ async fn source_ranges_are_trimmed_and_merged() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_first_failure_waits_its_backoff() {
-    let cp = ccm_e2e::shared().expect("control plane");
+    let cp = ccm_harness::shared().expect("control plane");
     let env = TestEnv::new(cp.client().await.expect("client"), "up-first").await.expect("env");
     let node = env.node_name("n");
     let mut config = Config::default();
@@ -467,7 +467,7 @@ async fn the_first_failure_waits_its_backoff() {
     let sim = Sim::start(config).await;
     backend(&env, &node, "i-n", None).await;
     let core = start_services(cp, &env, &sim, &["--reconcile-backoff-base=3s"]);
-    ccm_e2e::cluster::create_load_balancer_service(&env, "failing", &[80]).await.expect("service");
+    ccm_harness::cluster::create_load_balancer_service(&env, "failing", &[80]).await.expect("service");
     eventually("the finalizer", Duration::from_secs(10), async || {
         let svc = env.services().get("failing").await.ok()?;
         svc.metadata.finalizers.filter(|f| !f.is_empty()).map(|_| ())
@@ -511,7 +511,7 @@ async fn cloud_routes(sim: &Sim, cluster: &str) -> Vec<ccm_provider_sim::cloud::
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn routes_made_under_another_name_are_adopted_not_recreated() {
     use ccm_provider_sim::admin::RouteSpec;
-    let cp = ccm_e2e::shared().expect("control plane");
+    let cp = ccm_harness::shared().expect("control plane");
     let env = TestEnv::new(cp.client().await.expect("client"), "up-adopt").await.expect("env");
     let (a, b, c) = (env.node_name("a"), env.node_name("b"), env.node_name("c"));
     let mut config = Config::default();
@@ -566,7 +566,7 @@ async fn routes_made_under_another_name_are_adopted_not_recreated() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn routes_that_record_addresses_follow_the_nodes_addresses() {
     use kube::api::{Patch, PatchParams};
-    let cp = ccm_e2e::shared().expect("control plane");
+    let cp = ccm_harness::shared().expect("control plane");
     let env = TestEnv::new(cp.client().await.expect("client"), "up-raddr").await.expect("env");
     let a = env.node_name("a");
     let mut config = Config { route_target_addresses: true, ..Default::default() };
@@ -599,7 +599,7 @@ async fn without_finalizer(env: &TestEnv, name: &str) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_service_deleted_without_its_finalizer_loses_its_load_balancer() {
     use kube::api::DeleteParams;
-    let cp = ccm_e2e::shared().expect("control plane");
+    let cp = ccm_harness::shared().expect("control plane");
     let env = TestEnv::new(cp.client().await.expect("client"), "up-leak").await.expect("env");
     let node = env.node_name("n");
     let mut config = Config::default();
@@ -609,7 +609,7 @@ async fn a_service_deleted_without_its_finalizer_loses_its_load_balancer() {
     // A write budget of two, then one per 5 s: once the finalizer and the status are written,
     // the controller cannot put the finalizer back before the tool's delete lands.
     let core = start_services(cp, &env, &sim, &["--load-balancer-resync-period=0s", "--kube-api-qps=0.2", "--kube-api-burst=2"]);
-    ccm_e2e::cluster::create_load_balancer_service(&env, "web", &[80]).await.expect("service");
+    ccm_harness::cluster::create_load_balancer_service(&env, "web", &[80]).await.expect("service");
     eventually("an address", Duration::from_secs(20), async || ingress_ip(&env, "web").await).await;
     // A tool strips the finalizer and deletes the Service straight away.
     without_finalizer(&env, "web").await;
@@ -643,7 +643,7 @@ async fn foreign_load_balancer(sim: &Sim, cluster: &str, lb_name: &str, uid: &st
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn after_a_restart_orphaned_load_balancers_are_swept_within_bounds() {
     use kube::api::DeleteParams;
-    let cp = ccm_e2e::shared().expect("control plane");
+    let cp = ccm_harness::shared().expect("control plane");
     let env = TestEnv::new(cp.client().await.expect("client"), "up-sweep").await.expect("env");
     let node = env.node_name("n");
     let mut config = Config::default();
@@ -652,7 +652,7 @@ async fn after_a_restart_orphaned_load_balancers_are_swept_within_bounds() {
     backend(&env, &node, "i-n", None).await;
     let core = start_services(cp, &env, &sim, &[]);
     for name in ["gone-a", "gone-b", "kept"] {
-        ccm_e2e::cluster::create_load_balancer_service(&env, name, &[80]).await.expect("service");
+        ccm_harness::cluster::create_load_balancer_service(&env, name, &[80]).await.expect("service");
     }
     for name in ["gone-a", "gone-b", "kept"] {
         eventually("an address", Duration::from_secs(20), async || ingress_ip(&env, name).await).await;
@@ -699,7 +699,7 @@ async fn after_a_restart_orphaned_load_balancers_are_swept_within_bounds() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_throttling_hint_holds_back_every_call_for_its_length() {
-    let cp = ccm_e2e::shared().expect("control plane");
+    let cp = ccm_harness::shared().expect("control plane");
     let env = TestEnv::new(cp.client().await.expect("client"), "up-hint").await.expect("env");
     let (a, b) = (env.node_name("a"), env.node_name("b"));
     let mut config = Config::default();
@@ -746,7 +746,7 @@ async fn a_throttling_hint_holds_back_every_call_for_its_length() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn app_protocol_target_port_and_external_ips_reach_the_provider() {
     use kube::api::{Patch, PatchParams};
-    let cp = ccm_e2e::shared().expect("control plane");
+    let cp = ccm_harness::shared().expect("control plane");
     let env = TestEnv::new(cp.client().await.expect("client"), "up-fields").await.expect("env");
     let node = env.node_name("n");
     let mut config = Config::default();
@@ -754,7 +754,7 @@ async fn app_protocol_target_port_and_external_ips_reach_the_provider() {
     let sim = Sim::start(config).await;
     backend(&env, &node, "i-n", None).await;
     let core = start_services(cp, &env, &sim, &[]);
-    ccm_e2e::cluster::create_load_balancer_service(&env, "web", &[80]).await.expect("service");
+    ccm_harness::cluster::create_load_balancer_service(&env, "web", &[80]).await.expect("service");
     eventually("an address", Duration::from_secs(20), async || ingress_ip(&env, "web").await).await;
     let ensures = async || sim.admin.call_count("LoadBalancersService/EnsureLoadBalancer").await.expect("calls");
     let before = ensures().await;

@@ -2,7 +2,7 @@
 # Pins the test control plane to another Kubernetes release: rewrites go.mod with
 # k8s.io/kubernetes at VERSION and a replace line for every staging module of that release
 # (read from the release's own go.mod), then lets `go mod tidy` pick the etcd it requires.
-# Usage: tests/envtest/bump.sh v1.37.2
+# Usage: harness/envtest/bump.sh v1.37.2
 set -euo pipefail
 version=${1:?usage: bump.sh vX.Y.Z}
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)

@@ -6,7 +6,7 @@
 use std::collections::BTreeMap;
 use std::time::Duration;
 
-use ccm_e2e::ControlPlane;
+use ccm_harness::ControlPlane;
 use ccm_provider_sim::{AdminClient, Config};
 use clap::Parser;
 

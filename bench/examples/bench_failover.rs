@@ -4,7 +4,7 @@
 //! expire), and measures the time until the other replica leads (its
 //! `ccm_leader_is_leader` metric).
 //!
-//! `cargo build -p ccm-core && cargo run -p ccm-e2e --example bench_failover -- [ROUNDS] [LEASE_SECONDS]`
+//! `cargo build -p ccm-core && cargo run -p ccm-bench --example bench_failover -- [ROUNDS] [LEASE_SECONDS]`
 //! (defaults 3 rounds, the production lease of 15 s with a 10 s renew deadline and 2 s retry).
 
 #[path = "bench/mod.rs"]

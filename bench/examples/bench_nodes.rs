@@ -2,7 +2,7 @@
 //! state. Prints provider calls by method, wall time to initialise every Node, and steady-state
 //! calls per hour (measured over a shorter refresh period and scaled to the 5-minute default).
 //!
-//! `cargo run -p ccm-e2e --example bench_nodes -- [NODES] [RPS] [REFRESH_SECONDS] [STEADY_SECONDS]`
+//! `cargo run -p ccm-bench --example bench_nodes -- [NODES] [RPS] [REFRESH_SECONDS] [STEADY_SECONDS]`
 //! Defaults: 500 Nodes, 20 calls/s, refresh every 20 s, 60 s of steady state.
 
 #[path = "bench/mod.rs"]
@@ -12,7 +12,7 @@ use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
 use bench::{World, arg, cloud_calls, print_calls};
-use ccm_e2e::cluster::{NodeBuilder, set_ready};
+use ccm_harness::cluster::{NodeBuilder, set_ready};
 use ccm_provider_sim::Config;
 use ccm_provider_sim::config::RateLimit;
 use futures::StreamExt;

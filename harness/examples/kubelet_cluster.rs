@@ -1,13 +1,13 @@
 //! Starts the harness's real kubelet cluster with the project's images imported and keeps it
 //! running until stdin closes or Ctrl-C, printing how to reach it:
-//! `cargo run -p ccm-e2e --example kubelet_cluster -- [NODES]`.
+//! `cargo run -p ccm-harness --example kubelet_cluster -- [NODES]`.
 
 use std::io::Read;
 
 fn main() -> anyhow::Result<()> {
     let nodes: usize = std::env::args().nth(1).map(|n| n.parse()).transpose()?.unwrap_or(2);
-    let images = ccm_e2e::images::project()?;
-    let cluster = ccm_e2e::kubelet_cluster::KubeletCluster::start(nodes, "kc", &images.archives())?;
+    let images = ccm_harness::images::project()?;
+    let cluster = ccm_harness::kubelet_cluster::KubeletCluster::start(nodes, "kc", &images.archives())?;
     let cp = cluster.control_plane();
     println!("kubelet cluster of {nodes} nodes Ready in {:.1} s", cluster.startup.as_secs_f64());
     println!("export KUBECONFIG={}", cp.kubeconfig_path().display());

@@ -3,7 +3,7 @@
 //! change on the API server to every load balancer's backends changing in the sim (the sim
 //! stamps each load balancer's last backend change).
 //!
-//! `cargo run -p ccm-e2e --example bench_services -- [SERVICES] [CHANGES]` (defaults 200, 10;
+//! `cargo run -p ccm-bench --example bench_services -- [SERVICES] [CHANGES]` (defaults 200, 10;
 //! the node-change latency is measured over the first 100 load balancers' worth of Services).
 
 #[path = "bench/mod.rs"]
@@ -13,7 +13,7 @@ use std::collections::BTreeMap;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use bench::{World, arg, percentile, print_calls};
-use ccm_e2e::cluster::NodeBuilder;
+use ccm_harness::cluster::NodeBuilder;
 use ccm_provider_sim::Config;
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::Service;

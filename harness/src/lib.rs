@@ -1,4 +1,4 @@
-//! # ccm-e2e: end-to-end test support
+//! # ccm-harness: a real control plane, a real kubelet cluster and the tools around them
 //!
 //! Starts a real etcd and kube-apiserver on loopback ([`ControlPlane`]), built from Go modules
 //! by `envtest/setup.sh` or taken from envtest's variables ([`Assets`]), and emulates a

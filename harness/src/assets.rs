@@ -20,7 +20,7 @@ pub struct Assets {
 impl Assets {
     /// Finds the binaries: `TEST_ASSET_KUBE_APISERVER`, `TEST_ASSET_ETCD` and
     /// `TEST_ASSET_KUBECTL` when all are set, else `KUBEBUILDER_ASSETS`, else the directory
-    /// `tests/envtest/setup.sh` prints (building the binaries on first use).
+    /// `harness/envtest/setup.sh` prints (building the binaries on first use).
     pub fn find() -> anyhow::Result<Self> {
         let var = |name: &str| std::env::var_os(name).filter(|v| !v.is_empty()).map(PathBuf::from);
         if let (Some(kube_apiserver), Some(etcd), Some(kubectl)) =

@@ -3,7 +3,7 @@
 //! once with all podCIDRs set in a burst and once with one every 100 ms; then counts
 //! ListRoutes calls at steady state under heartbeat-like Node updates.
 //!
-//! `cargo run -p ccm-e2e --example bench_routes -- [NODES] [STEADY_SECONDS]` (defaults 200, 60)
+//! `cargo run -p ccm-bench --example bench_routes -- [NODES] [STEADY_SECONDS]` (defaults 200, 60)
 
 #[path = "bench/mod.rs"]
 mod bench;
@@ -12,7 +12,7 @@ use std::collections::HashMap;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use bench::{World, arg, cloud_calls, percentile, print_calls};
-use ccm_e2e::cluster::{NodeBuilder, set_ready};
+use ccm_harness::cluster::{NodeBuilder, set_ready};
 use ccm_provider_sim::Config;
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::Node;
