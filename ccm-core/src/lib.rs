@@ -9,6 +9,7 @@ pub mod credentials;
 pub mod delegation;
 pub mod http;
 pub mod informer;
+pub mod labels;
 pub mod leader;
 pub mod lease;
 pub mod metrics;

@@ -5,7 +5,8 @@ use std::collections::BTreeMap;
 use std::net::IpAddr;
 use std::time::Duration;
 
-use ccm_core::node_util::{Op, parse_provided_node_ip, parse_selector, selector_matches};
+use ccm_core::controllers::node_addresses::parse_provided_node_ip;
+use ccm_core::labels::{Op, parse_selector, selector_matches};
 use ccm_core::queue::{QueueConfig, WorkQueue};
 use proptest::prelude::*;
 

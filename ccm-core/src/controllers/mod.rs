@@ -2,6 +2,7 @@
 
 pub mod ipam;
 pub mod node;
+pub mod node_addresses;
 pub mod node_lifecycle;
 pub mod route;
 pub mod service;
@@ -16,8 +17,9 @@ use kube::Resource;
 use kube::runtime::events::{Event, EventType, Recorder, Reporter};
 
 use crate::informer::Informer;
+use crate::labels::{self, Op};
 use crate::metrics::Metrics;
-use crate::node_util::{self, Op};
+use crate::node_util;
 use crate::options::Options;
 use crate::provider::Provider;
 
@@ -61,7 +63,7 @@ impl Context {
         let exclude = options
             .node_exclude_selector
             .iter()
-            .map(|s| node_util::parse_selector(s).map_err(|e| anyhow::anyhow!("--node-exclude-selector: {e}")))
+            .map(|s| labels::parse_selector(s).map_err(|e| anyhow::anyhow!("--node-exclude-selector: {e}")))
             .collect::<anyhow::Result<Vec<_>>>()?;
         let exclude = Arc::new(exclude);
         let kube_writes = Arc::new(TokenBucket::new(f64::from(options.kube_api_qps), options.kube_api_burst));
@@ -132,7 +134,7 @@ impl Context {
     /// or carrying another provider's providerID.
     pub fn ignores(&self, node: &Node) -> bool {
         let labels = node.metadata.labels.clone().unwrap_or_default();
-        if self.exclude.iter().any(|terms| node_util::selector_matches(terms, &labels)) {
+        if self.exclude.iter().any(|terms| labels::selector_matches(terms, &labels)) {
             return true;
         }
         match (node_util::provider_id(node), self.provider.identity()) {

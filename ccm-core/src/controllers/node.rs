@@ -22,6 +22,7 @@ use std::time::Duration;
 
 use ccm_proto::v1::{self as pb, ServiceType};
 use ccm_protocol::Error;
+use ccm_protocol::labels::{valid_label_key, valid_label_value};
 use ccm_protocol::limits::MAX_BATCH;
 use futures::future::join_all;
 use k8s_openapi::api::core::v1::Node;
@@ -30,9 +31,12 @@ use kube::api::{Patch, PatchParams};
 use kube::runtime::reflector::ObjectRef;
 use tokio::sync::broadcast::error::RecvError;
 
+use super::node_addresses;
 use super::{Context, sleep_or_stop};
 use crate::informer::Change;
+use crate::labels;
 use crate::node_util;
+use crate::provider::convert;
 use crate::queue::{Outcome, QueueConfig, WorkQueue};
 use crate::wellknown::{self, TAINT_UNINITIALIZED};
 
@@ -49,7 +53,7 @@ fn needs_labels(ctx: &Context, node: &Node) -> bool {
     !node_util::has_taint(node, TAINT_UNINITIALIZED)
         && node.metadata.deletion_timestamp.is_none()
         && !ctx.ignores(node)
-        && !node_util::missing_ga_labels(node).is_empty()
+        && !node_addresses::missing_ga_labels(node).is_empty()
 }
 
 /// What initialisation acts on; a change of it retries a failing Node at once.
@@ -189,7 +193,7 @@ impl NodeController {
             tracing::info!(nodes = todo.len(), "provider not ready; node initialisation waits");
             return outcomes;
         };
-        let lookups: Vec<pb::InstanceLookup> = todo.iter().map(|(_, n)| node_util::lookup(n)).collect();
+        let lookups: Vec<pb::InstanceLookup> = todo.iter().map(|(_, n)| convert::lookup(n)).collect();
         let metadata = self.ctx.provider.instance_metadata(&lookups).await;
         let want_tags = identity.serves(ServiceType::Tags) && !self.ctx.options.node_tag_label_prefix.is_empty();
         let tags = if want_tags { Some(self.ctx.provider.instance_tags(&lookups).await) } else { None };
@@ -208,7 +212,7 @@ impl NodeController {
     /// upstream does for Nodes of older kubelets and images. No provider call.
     async fn add_ga_labels(&self, node: &Node) -> Outcome {
         let name = node_util::name(node);
-        let labels = node_util::missing_ga_labels(node);
+        let labels = node_addresses::missing_ga_labels(node);
         let patch = serde_json::json!({ "metadata": { "labels": labels } });
         self.ctx.kube_write_permit().await;
         let api: Api<Node> = Api::all(self.ctx.client.clone());
@@ -283,7 +287,7 @@ impl NodeController {
     ) -> Result<u64, InitError> {
         let name = node_util::name(node);
         let api: Api<Node> = Api::all(self.ctx.client.clone());
-        let addresses = node_util::desired_addresses(node, &meta.addresses).map_err(InitError::Invalid)?;
+        let addresses = node_addresses::desired_addresses(node, &meta.addresses).map_err(InitError::Invalid)?;
         if node_util::provider_id(node).is_none() && meta.provider_id.is_empty() {
             return Err(InitError::Invalid(format!(
                 "the provider found the instance of node {name} but reported no providerID for it"
@@ -304,9 +308,9 @@ impl NodeController {
         }
         // GA labels from the beta ones a Node of an older kubelet carries, where the cloud
         // said nothing of its own.
-        labels.offered.extend(node_util::missing_ga_labels(node));
+        labels.offered.extend(node_addresses::missing_ga_labels(node));
         for (k, v) in &meta.additional_labels {
-            if !node_util::reserved_label_domain(k) && node_util::valid_label_key(k) && node_util::valid_label_value(v) {
+            if !labels::reserved_label_domain(k) && valid_label_key(k) && valid_label_value(v) {
                 labels.offered.insert(k.clone(), v.clone());
             }
         }
@@ -316,7 +320,7 @@ impl NodeController {
                 let prefix = &self.ctx.options.node_tag_label_prefix;
                 for (k, v) in tags {
                     let key = format!("{prefix}/{k}");
-                    if node_util::valid_label_key(&key) && node_util::valid_label_value(&v) {
+                    if valid_label_key(&key) && valid_label_value(&v) {
                         labels.offered.insert(key, v);
                     } else {
                         skipped.push(k);
@@ -370,7 +374,7 @@ impl NodeController {
         let name = node_util::name(node);
         let mut version = node.metadata.resource_version.clone();
         // An instance without addresses (yet) keeps what its kubelet reported, as upstream.
-        if !addresses.is_empty() && !node_util::same_addresses(&node_util::addresses(node), addresses) {
+        if !addresses.is_empty() && !node_addresses::same_addresses(&node_util::addresses(node), addresses) {
             self.ctx.kube_write_permit().await;
             let patch = serde_json::json!({ "metadata": { "resourceVersion": version }, "status": { "addresses": addresses } });
             let after = api.patch_status(name, &PatchParams::default(), &Patch::Merge(&patch)).await?;
@@ -406,7 +410,7 @@ impl NodeController {
             .managed_nodes()
             .filter(|n| node_util::provider_id(n).is_some() && !node_util::has_taint(n, TAINT_UNINITIALIZED))
             .collect();
-        let lookups: Vec<_> = nodes.iter().map(|n| node_util::lookup(n)).collect();
+        let lookups: Vec<_> = nodes.iter().map(|n| convert::lookup(n)).collect();
         let results = self.ctx.provider.instance_metadata(&lookups).await;
         let api: Api<Node> = Api::all(self.ctx.client.clone());
         let mut patched = 0;
@@ -419,8 +423,8 @@ impl NodeController {
                     continue;
                 }
             };
-            let Ok(addresses) = node_util::desired_addresses(node, &meta.addresses) else { continue };
-            if addresses.is_empty() || node_util::same_addresses(&node_util::addresses(node), &addresses) {
+            let Ok(addresses) = node_addresses::desired_addresses(node, &meta.addresses) else { continue };
+            if addresses.is_empty() || node_addresses::same_addresses(&node_util::addresses(node), &addresses) {
                 continue;
             }
             self.ctx.kube_write_permit().await;

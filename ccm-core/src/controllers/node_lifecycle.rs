@@ -22,6 +22,7 @@ use kube::api::{DeleteParams, Patch, PatchParams, Preconditions};
 
 use super::{Context, sleep_or_stop};
 use crate::node_util;
+use crate::provider::convert;
 use crate::wellknown::{self, TAINT_SHUTDOWN, TAINT_UNINITIALIZED};
 
 /// The controller's name.
@@ -124,7 +125,7 @@ impl NodeLifecycleController {
         }
         pass.checked = candidates.len();
         let disrupted = disrupted_zones(&ready, &candidates, self.ctx.options.unhealthy_zone_threshold);
-        let lookups: Vec<_> = candidates.iter().map(|n| node_util::lookup(n)).collect();
+        let lookups: Vec<_> = candidates.iter().map(|n| convert::lookup(n)).collect();
         let results = self.ctx.provider.instance_metadata(&lookups).await;
         let mut gone = Vec::new();
         for (node, result) in candidates.iter().zip(results) {
@@ -239,7 +240,7 @@ impl NodeLifecycleController {
     /// account, another region, an empty cache) rather than right about the Nodes.
     async fn doubt(&self, ready: &[Arc<Node>]) -> Option<String> {
         let witnesses: Vec<&Arc<Node>> = ready.iter().filter(|n| node_util::provider_id(n).is_some()).take(WITNESSES).collect();
-        let lookups: Vec<_> = witnesses.iter().map(|n| node_util::lookup(n)).collect();
+        let lookups: Vec<_> = witnesses.iter().map(|n| convert::lookup(n)).collect();
         let answers = self.ctx.provider.instance_metadata(&lookups).await;
         let mut denied = Vec::new();
         for (node, answer) in witnesses.iter().zip(answers) {

@@ -35,6 +35,7 @@ use tokio::time::Instant;
 use super::Context;
 use crate::informer::Change;
 use crate::node_util;
+use crate::provider::convert;
 use crate::wellknown::CONDITION_NETWORK_UNAVAILABLE as CONDITION;
 
 /// The controller's name.
@@ -492,7 +493,7 @@ impl RouteController {
             for cidr in pod_cidrs(node).into_iter().filter(|c| self.in_cluster(c)) {
                 for table in node_tables {
                     let target_addresses = if caps.target_addresses {
-                        node_util::addresses(node).iter().map(node_util::to_proto_address).collect()
+                        node_util::addresses(node).iter().map(convert::to_proto_address).collect()
                     } else {
                         Vec::new()
                     };

@@ -47,6 +47,7 @@ use super::Context;
 use crate::informer::Change;
 use crate::node_util;
 use crate::options::LoadBalancerNaming;
+use crate::provider::convert;
 use crate::queue::{Outcome, QueueConfig, WorkQueue};
 use crate::wellknown::{ANNOTATION_LOAD_BALANCER_NAME, ANNOTATION_SOURCE_RANGES, FINALIZER, LABEL_EXCLUDE, TAINT_TO_BE_DELETED};
 
@@ -779,7 +780,7 @@ impl ServiceController {
             .map(|n| pb::LoadBalancerNode {
                 name: node_util::name(n).to_string(),
                 provider_id: node_util::provider_id(n).unwrap_or_default().to_string(),
-                addresses: node_util::addresses(n).iter().map(node_util::to_proto_address).collect(),
+                addresses: node_util::addresses(n).iter().map(convert::to_proto_address).collect(),
                 labels: n.metadata.labels.clone().unwrap_or_default().into_iter().collect(),
             })
             .collect()

@@ -6,6 +6,7 @@
 
 mod api;
 pub mod check;
+pub mod convert;
 
 pub use api::PerLookup;
 
