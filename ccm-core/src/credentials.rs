@@ -14,6 +14,7 @@ use k8s_openapi::api::core::v1::ServiceAccount;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::Api;
 use kube::api::PostParams;
+use tokio_util::sync::CancellationToken;
 
 /// The namespace of the controllers' ServiceAccounts, as upstream.
 pub const NAMESPACE: &str = "kube-system";
@@ -91,11 +92,7 @@ impl Credentials {
 
     /// A client acting as the ServiceAccount of `controller` ([`service_account`]), renewing
     /// its token until `stop`.
-    pub async fn client_for(
-        &self,
-        controller: &str,
-        mut stop: tokio::sync::watch::Receiver<bool>,
-    ) -> anyhow::Result<kube::Client> {
+    pub async fn client_for(&self, controller: &str, stop: CancellationToken) -> anyhow::Result<kube::Client> {
         let account = service_account(controller, self.names);
         let path = self.dir.path().join(format!("{account}.token"));
         Self::write(&path, &Self::token(&self.root, account).await?)?;
@@ -105,7 +102,7 @@ impl Credentials {
             loop {
                 tokio::select! {
                     _ = tokio::time::sleep(RENEW_EVERY) => {}
-                    _ = stop.wait_for(|s| *s) => return,
+                    _ = stop.cancelled() => return,
                 }
                 match Self::token(&root, &name).await.and_then(|t| Self::write(&file, &t)) {
                     Ok(()) => tracing::debug!(controller = %name, "service account token renewed"),

@@ -18,6 +18,7 @@ use axum::response::IntoResponse;
 use axum::routing::get;
 use hyper_util::rt::{TokioExecutor, TokioIo};
 use hyper_util::service::TowerToHyperService;
+use tokio_util::sync::CancellationToken;
 
 use crate::delegation::Delegation;
 use crate::metrics::Metrics;
@@ -79,19 +80,14 @@ async fn metrics_text(State(s): State<Arc<Shared>>) -> impl IntoResponse {
 const RELOAD_CHECK: std::time::Duration = std::time::Duration::from_secs(2);
 
 /// Binds `addr` and serves until `stop`. Returns the bound address (port 0 picks one).
-pub async fn serve(
-    addr: SocketAddr,
-    tls: Tls,
-    app: axum::Router,
-    mut stop: tokio::sync::watch::Receiver<bool>,
-) -> anyhow::Result<SocketAddr> {
+pub async fn serve(addr: SocketAddr, tls: Tls, app: axum::Router, stop: CancellationToken) -> anyhow::Result<SocketAddr> {
     let listener = tokio::net::TcpListener::bind(addr).await.with_context(|| format!("binding the health server on {addr}"))?;
     let bound = listener.local_addr()?;
     let resolver = match tls {
         Tls::None => {
             tokio::spawn(async move {
                 let shutdown = async move {
-                    let _ = stop.wait_for(|s| *s).await;
+                    stop.cancelled().await;
                 };
                 if let Err(error) = axum::serve(listener, app).with_graceful_shutdown(shutdown).await {
                     tracing::error!(%error, "health server failed");
@@ -123,7 +119,7 @@ pub async fn serve(
                         continue;
                     }
                 },
-                _ = stop.wait_for(|s| *s) => return,
+                _ = stop.cancelled() => return,
             };
             let acceptor = acceptor.clone();
             let app = app.clone();
@@ -155,14 +151,14 @@ impl CertResolver {
 
     /// Reloads the files whenever their contents change, until `stop`. A file that does not
     /// parse (say, half written) keeps the previous certificate and is tried again.
-    async fn watch(self: Arc<Self>, mut stop: tokio::sync::watch::Receiver<bool>) {
+    async fn watch(self: Arc<Self>, stop: CancellationToken) {
         let Some((cert, key)) = self.files.clone() else { return };
         let read = |cert: &std::path::Path, key: &std::path::Path| (std::fs::read(cert).ok(), std::fs::read(key).ok());
         let mut seen = read(&cert, &key);
         loop {
             tokio::select! {
                 _ = tokio::time::sleep(RELOAD_CHECK) => {}
-                _ = stop.wait_for(|s| *s) => return,
+                _ = stop.cancelled() => return,
             }
             let now = read(&cert, &key);
             if now == seen {

@@ -17,6 +17,7 @@ use kube::runtime::watcher::{self, Event};
 use kube::{Api, Resource};
 use serde::de::DeserializeOwned;
 use tokio::sync::{broadcast, watch};
+use tokio_util::sync::CancellationToken;
 
 /// A change seen by the shared watch.
 #[derive(Debug, Clone)]
@@ -61,7 +62,7 @@ where
     K::DynamicType: Eq + Hash + Clone + Default,
 {
     /// Starts watching `api`; `slim` removes what controllers do not need before storing.
-    pub fn start(api: Api<K>, config: watcher::Config, slim: fn(&mut K), mut stop: watch::Receiver<bool>) -> Self {
+    pub fn start(api: Api<K>, config: watcher::Config, slim: fn(&mut K), stop: CancellationToken) -> Self {
         let (store, mut writer) = reflector::store::<K>();
         let (changes, _) = broadcast::channel(16_384);
         let (synced_tx, synced) = watch::channel(false);
@@ -77,7 +78,7 @@ where
             loop {
                 let event = tokio::select! {
                     e = stream.next() => e,
-                    _ = stop.wait_for(|s| *s) => return,
+                    _ = stop.cancelled() => return,
                 };
                 let Some(event) = event else { return };
                 let mut event = match event {

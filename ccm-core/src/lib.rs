@@ -11,7 +11,6 @@ pub mod http;
 pub mod informer;
 pub mod labels;
 pub mod leader;
-pub mod lease;
 pub mod metrics;
 pub mod node_util;
 pub mod options;

@@ -10,7 +10,8 @@ use anyhow::{Context as _, bail};
 use k8s_openapi::api::core::v1::{Node, Service};
 use kube::Api;
 use kube::runtime::watcher;
-use tokio::sync::watch;
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
 
 use crate::controllers::Context;
 use crate::controllers::node::NodeController;
@@ -18,6 +19,7 @@ use crate::controllers::node_lifecycle::NodeLifecycleController;
 use crate::credentials::Credentials;
 use crate::http::{self, Readiness};
 use crate::informer::{Informer, slim_node, slim_service};
+use crate::leader::{self, Election, Leading};
 use crate::metrics::Metrics;
 use crate::options::{IMPLEMENTED, Options};
 use crate::provider::Provider;
@@ -226,13 +228,21 @@ pub async fn run_until(options: Options, shutdown: impl Future<Output = ()> + Se
     .with_context(|| format!("--provider-endpoint {}", options.provider_endpoint))?
     .with_max_retry_after(options.provider_max_retry_after);
 
-    let (stop_tx, stop) = watch::channel(false);
-    let (shutdown_tx, shutdown_rx) = watch::channel(false);
-    tokio::spawn(async move {
-        shutdown.await;
-        let _ = shutdown_tx.send(true);
+    // One cancellation tree: `root` ends the process's background work (watches, the health
+    // server, the provider's probe); `shutdown`, its child, is cancelled by the signal and
+    // stops the controllers first. Background tasks are tracked and joined before returning.
+    let root = CancellationToken::new();
+    let shutdown_token = root.child_token();
+    let background = TaskTracker::new();
+    let signalled = shutdown_token.clone();
+    background.spawn(async move {
+        tokio::select! {
+            _ = shutdown => signalled.cancel(),
+            _ = signalled.cancelled() => {}
+        }
     });
-    tokio::spawn(provider.clone().watch(PROBE_PERIOD, stop.clone()));
+    let stop = root.clone();
+    background.spawn(provider.clone().watch(PROBE_PERIOD, stop.clone()));
     let nodes =
         Informer::start(Api::<Node>::all(client.clone()), watcher::Config::default().page_size(500), slim_node, stop.clone());
     let service_api = match &options.service_namespace {
@@ -263,114 +273,24 @@ pub async fn run_until(options: Options, shutdown: impl Future<Output = ()> + Se
     }
 
     let ctx = Context::new(client.clone(), provider, nodes, services, metrics.clone(), options.clone())?;
-    let groups = crate::leader::plan(&options, &enabled)?;
+    let groups = leader::plan(&options, &enabled)?;
     let result = if groups.is_empty() {
-        run_controllers(ctx, credentials, &enabled, shutdown_rx, None).await
+        run_controllers(ctx, credentials, &enabled, shutdown_token.clone(), None).await
     } else {
-        let lease_client = crate::lease::client(&config, options.leader_elect_renew_deadline, &metrics)?;
-        lead_then_run(&options, lease_client, ctx, credentials, groups, shutdown_rx).await
+        let lease_client = leader::client(&config, options.leader_elect_renew_deadline, &metrics)?;
+        let election = Election::new(&options, lease_client, metrics.clone());
+        election
+            .lead(groups, &shutdown_token, move |group, leading, stop| {
+                let (ctx, credentials) = (ctx.clone().with_fence(Some(leading.fence.clone())), credentials.clone());
+                async move { run_controllers(ctx, credentials, &group.controllers, stop, Some(leading)).await }
+            })
+            .await
     };
-    let _ = stop_tx.send(true);
-    // Give tasks a moment to finish their writes.
-    tokio::time::sleep(Duration::from_millis(200)).await;
-    result
-}
-
-/// Competes for every Lease of `groups` at once (a group with `after` only once that group
-/// leads), runs each group's controllers while its Lease is held, and stops everything when
-/// one Lease is lost (an error) or on shutdown.
-async fn lead_then_run(
-    options: &Options,
-    client: kube::Client,
-    ctx: Context,
-    credentials: Option<Arc<Credentials>>,
-    groups: Vec<crate::leader::LeaseGroup>,
-    shutdown: watch::Receiver<bool>,
-) -> anyhow::Result<()> {
-    let host = std::env::var("HOSTNAME").unwrap_or_else(|_| "localhost".into());
-    let nanos = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.subsec_nanos());
-    let identity = format!("{host}_{}_{nanos:08x}", std::process::id());
-    // A group stops when the process shuts down or another group lost its Lease.
-    let (stop_all_tx, stop_all) = watch::channel(false);
-    let mut forward = shutdown.clone();
-    let forward_tx = stop_all_tx.clone();
-    tokio::spawn(async move {
-        let _ = forward.wait_for(|s| *s).await;
-        let _ = forward_tx.send(true);
-    });
-    let leading_signals: Vec<(watch::Sender<bool>, watch::Receiver<bool>)> =
-        groups.iter().map(|_| watch::channel(false)).collect();
-    let mut tasks = Vec::new();
-    for (i, group) in groups.into_iter().enumerate() {
-        let wait_for = group.after.and_then(|j| leading_signals.get(j)).map(|(_, rx)| rx.clone());
-        let acquired = leading_signals[i].0.clone();
-        let (client, ctx, credentials, options) = (client.clone(), ctx.clone(), credentials.clone(), options.clone());
-        let (identity, stop) = (identity.clone(), stop_all.clone());
-        tasks.push(tokio::spawn(async move {
-            lead_group(&options, client, ctx, credentials, group, identity, wait_for, acquired, stop).await
-        }));
+    root.cancel();
+    background.close();
+    if tokio::time::timeout(Duration::from_secs(5), background.wait()).await.is_err() {
+        tracing::warn!("background tasks did not stop within 5 s");
     }
-    let mut result = Ok(());
-    let mut pending = tasks;
-    while !pending.is_empty() {
-        let (done, _, rest) = futures::future::select_all(pending).await;
-        pending = rest;
-        let outcome = done.map_err(|e| anyhow::anyhow!("a leader election task failed: {e}")).and_then(|r| r);
-        if let Err(e) = outcome {
-            // One Lease lost: stop the other groups too, so that a restart rejoins cleanly.
-            let _ = stop_all_tx.send(true);
-            if result.is_ok() {
-                result = Err(e);
-            }
-        }
-    }
-    result
-}
-
-#[allow(clippy::too_many_arguments)]
-async fn lead_group(
-    options: &Options,
-    client: kube::Client,
-    ctx: Context,
-    credentials: Option<Arc<Credentials>>,
-    group: crate::leader::LeaseGroup,
-    identity: String,
-    wait_for: Option<watch::Receiver<bool>>,
-    acquired: watch::Sender<bool>,
-    mut stop: watch::Receiver<bool>,
-) -> anyhow::Result<()> {
-    if let Some(mut other) = wait_for {
-        tokio::select! {
-            _ = other.wait_for(|l| *l) => {}
-            _ = stop.wait_for(|s| *s) => return Ok(()),
-        }
-    }
-    let controllers: Vec<&str> = group.controllers.iter().copied().collect();
-    tracing::info!(%identity, lease = %group.lease, ?controllers, "waiting to acquire the lease");
-    let settings = crate::lease::Settings {
-        namespace: options.leader_elect_resource_namespace.clone(),
-        name: group.lease.clone(),
-        identity: identity.clone(),
-        lease_duration: options.leader_elect_lease_duration,
-        renew_deadline: options.leader_elect_renew_deadline,
-        retry_period: options.leader_elect_retry_period.max(Duration::from_millis(200)),
-    };
-    let Some(crate::lease::Leadership { leading, task: handle, fence }) =
-        crate::lease::acquire(&client, &settings, &mut stop).await
-    else {
-        return Ok(());
-    };
-    let ctx = ctx.with_fence(Some(fence));
-    tracing::info!(%identity, lease = %group.lease, ?controllers, "acquired the lease; starting its controllers");
-    let _ = acquired.send(true);
-    ctx.metrics.lease_held(&group.lease, true);
-    let metrics = ctx.metrics.clone();
-    let result = run_controllers(ctx, credentials, &group.controllers, stop, Some(leading))
-        .await
-        .with_context(|| format!("Lease {}", group.lease));
-    metrics.lease_held(&group.lease, false);
-    // Dropping the receiver makes the manager release the lease.
-    let _ = handle.await;
     result
 }
 
@@ -380,10 +300,12 @@ async fn run_controllers(
     ctx: Context,
     credentials: Option<Arc<Credentials>>,
     enabled: &std::collections::BTreeSet<&'static str>,
-    stop: watch::Receiver<bool>,
-    leading: Option<watch::Receiver<bool>>,
+    stop: CancellationToken,
+    leading: Option<Leading>,
 ) -> anyhow::Result<()> {
-    let (ctl_stop_tx, ctl_stop) = watch::channel(false);
+    // The controllers' own token: cancelled on `stop`, and when they must end for any other
+    // reason (the lead lost, a controller failed).
+    let ctl_stop = stop.child_token();
     // With --use-service-account-credentials, each controller writes as its own ServiceAccount;
     // the shared watches keep the process's credentials.
     let ctx_for = async |name: &str| -> anyhow::Result<Context> {
@@ -422,11 +344,8 @@ async fn run_controllers(
         ctx.metrics.controller_running(name, true);
     }
     let lost = async {
-        match leading {
-            Some(mut l) => {
-                let _ = l.wait_for(|l| !*l).await;
-                drop(l);
-            }
+        match &leading {
+            Some(l) => l.lost.cancelled().await,
             None => std::future::pending::<()>().await,
         }
     };
@@ -439,13 +358,15 @@ async fn run_controllers(
         let (result, i, _) = futures::future::select_all(tasks.iter_mut().map(|(_, t)| t)).await;
         (i, result)
     };
-    let mut stop = stop;
+    // Biased: the controllers' token is a child of `stop`, so on shutdown they end at once;
+    // the stop is what happened, not a controller ending by itself.
     let outcome = tokio::select! {
-        _ = stop.wait_for(|s| *s) => Ok(()),
+        biased;
+        _ = stop.cancelled() => Ok(()),
         _ = lost => Err(None),
         (i, result) = ended => Err(Some((i, result))),
     };
-    let _ = ctl_stop_tx.send(true);
+    ctl_stop.cancel();
     for (name, _) in &tasks {
         ctx.metrics.controller_running(name, false);
     }

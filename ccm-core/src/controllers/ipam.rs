@@ -12,6 +12,7 @@ use k8s_openapi::api::core::v1::Node;
 use kube::Api;
 use kube::api::{Patch, PatchParams};
 use tokio::sync::broadcast::error::RecvError;
+use tokio_util::sync::CancellationToken;
 
 use super::Context;
 use crate::informer::Change;
@@ -130,14 +131,14 @@ impl IpamController {
     }
 
     /// Runs until `stop`.
-    pub async fn run(mut self, mut stop: tokio::sync::watch::Receiver<bool>) {
+    pub async fn run(mut self, stop: CancellationToken) {
         if !self.ctx.options.allocate_node_cidrs() {
-            let _ = stop.wait_for(|s| *s).await;
+            stop.cancelled().await;
             return;
         }
         if self.ranges.is_empty() {
             tracing::warn!("--allocate-node-cidrs needs --cluster-cidr; node IPAM is off");
-            let _ = stop.wait_for(|s| *s).await;
+            stop.cancelled().await;
             return;
         }
         let mut changes = self.ctx.nodes.subscribe();
@@ -153,7 +154,7 @@ impl IpamController {
         loop {
             let change = tokio::select! {
                 c = changes.recv() => c,
-                _ = stop.wait_for(|s| *s) => return,
+                _ = stop.cancelled() => return,
             };
             match change {
                 Ok(Change::Applied { new, .. }) => {

@@ -15,6 +15,7 @@ use ccm_protocol::ratelimit::TokenBucket;
 use k8s_openapi::api::core::v1::{Node, Service};
 use kube::Resource;
 use kube::runtime::events::{Event, EventType, Recorder, Reporter};
+use tokio_util::sync::CancellationToken;
 
 use crate::informer::Informer;
 use crate::labels::{self, Op};
@@ -44,7 +45,7 @@ pub struct Context {
     /// Events have a budget of their own (upstream records them through a client of its own).
     event_writes: Arc<TokenBucket>,
     /// The lead this context writes under, if any (none without leader election).
-    fence: Option<crate::lease::Fence>,
+    fence: Option<crate::leader::Fence>,
     /// One Event recorder per controller, kept, so that repeated Events are aggregated into a
     /// series (a count and the last time) as client-go's recorder does.
     recorders: Arc<std::sync::Mutex<std::collections::HashMap<String, Recorder>>>,
@@ -101,7 +102,7 @@ impl Context {
     }
 
     /// The same context, writing only while `fence` holds.
-    pub fn with_fence(&self, fence: Option<crate::lease::Fence>) -> Self {
+    pub fn with_fence(&self, fence: Option<crate::leader::Fence>) -> Self {
         Self { fence, ..self.clone() }
     }
 
@@ -126,7 +127,7 @@ impl Context {
 
     /// The lead this context acts under, for provider calls that change the cloud
     /// ([`crate::provider::Provider::call_fenced`]).
-    pub fn fence(&self) -> Option<&crate::lease::Fence> {
+    pub fn fence(&self) -> Option<&crate::leader::Fence> {
         self.fence.as_ref()
     }
 
@@ -243,13 +244,13 @@ fn bounded_note(note: String) -> String {
 /// panic goes on (or one is raised), so that the controller's own task ends with it and the
 /// process supervisor sees it, instead of the controller going on without its workers.
 /// The task that ended is taken out of `tasks` (it must not be awaited again).
-pub async fn supervise(name: &str, tasks: &mut Vec<tokio::task::JoinHandle<()>>, stop: &mut tokio::sync::watch::Receiver<bool>) {
+pub async fn supervise(name: &str, tasks: &mut Vec<tokio::task::JoinHandle<()>>, stop: &CancellationToken) {
     if tasks.is_empty() {
-        let _ = stop.wait_for(|s| *s).await;
+        stop.cancelled().await;
         return;
     }
     let ended = tokio::select! {
-        _ = stop.wait_for(|s| *s) => return,
+        _ = stop.cancelled() => return,
         (result, index, _) = futures::future::select_all(tasks.iter_mut()) => {
             drop(tasks.swap_remove(index));
             result
@@ -261,16 +262,16 @@ pub async fn supervise(name: &str, tasks: &mut Vec<tokio::task::JoinHandle<()>>,
     match ended {
         Err(e) if e.is_panic() => std::panic::resume_unwind(e.into_panic()),
         // Told to stop at the same time: a task that saw it first is no failure.
-        _ if *stop.borrow() => {}
+        _ if stop.is_cancelled() => {}
         _ => panic!("{name}: a task of the controller ended before it was told to stop"),
     }
 }
 
 /// Sleeps `period`, or returns false when `stop` fires first.
-pub async fn sleep_or_stop(period: Duration, stop: &mut tokio::sync::watch::Receiver<bool>) -> bool {
+pub async fn sleep_or_stop(period: Duration, stop: &CancellationToken) -> bool {
     tokio::select! {
         _ = tokio::time::sleep(period) => true,
-        _ = stop.wait_for(|s| *s) => false,
+        _ = stop.cancelled() => false,
     }
 }
 

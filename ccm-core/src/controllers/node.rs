@@ -30,6 +30,7 @@ use kube::Api;
 use kube::api::{Patch, PatchParams};
 use kube::runtime::reflector::ObjectRef;
 use tokio::sync::broadcast::error::RecvError;
+use tokio_util::sync::CancellationToken;
 
 use super::node_addresses;
 use super::{Context, sleep_or_stop};
@@ -88,7 +89,7 @@ impl NodeController {
     }
 
     /// Runs until `stop`: the event feed, the workers and the periodic address refresh.
-    pub async fn run(self, stop: tokio::sync::watch::Receiver<bool>) {
+    pub async fn run(self, stop: CancellationToken) {
         let this = Arc::new(self);
         let mut tasks = Vec::new();
         tasks.push(tokio::spawn(this.clone().feed(stop.clone())));
@@ -96,8 +97,8 @@ impl NodeController {
             tasks.push(tokio::spawn(this.clone().worker()));
         }
         tasks.push(tokio::spawn(this.clone().refresh_loop(stop.clone())));
-        let mut stop = stop;
-        super::supervise(NAME, &mut tasks, &mut stop).await;
+
+        super::supervise(NAME, &mut tasks, &stop).await;
         this.queue.shutdown();
         for t in tasks {
             let _ = t.await;
@@ -111,7 +112,7 @@ impl NodeController {
         }
     }
 
-    async fn feed(self: Arc<Self>, mut stop: tokio::sync::watch::Receiver<bool>) {
+    async fn feed(self: Arc<Self>, stop: CancellationToken) {
         let mut changes = self.ctx.nodes.subscribe();
         self.ctx.nodes.wait_synced().await;
         for node in self.ctx.nodes.store().state() {
@@ -120,7 +121,7 @@ impl NodeController {
         loop {
             let change = tokio::select! {
                 c = changes.recv() => c,
-                _ = stop.wait_for(|s| *s) => return,
+                _ = stop.cancelled() => return,
             };
             match change {
                 Ok(Change::Applied { new, .. }) => self.enqueue(&new),
@@ -390,9 +391,9 @@ impl NodeController {
         Ok((api.patch(name, &PatchParams::default(), &Patch::Merge(&patch)).await?, corrected))
     }
 
-    async fn refresh_loop(self: Arc<Self>, mut stop: tokio::sync::watch::Receiver<bool>) {
+    async fn refresh_loop(self: Arc<Self>, stop: CancellationToken) {
         self.ctx.nodes.wait_synced().await;
-        while sleep_or_stop(self.ctx.options.node_status_update_frequency, &mut stop).await {
+        while sleep_or_stop(self.ctx.options.node_status_update_frequency, &stop).await {
             if let Err(error) = self.refresh_addresses().await {
                 tracing::warn!(%error, "address refresh failed");
             }

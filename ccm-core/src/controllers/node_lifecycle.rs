@@ -19,6 +19,7 @@ use ccm_proto::v1 as pb;
 use k8s_openapi::api::core::v1::{Node, Taint};
 use kube::Api;
 use kube::api::{DeleteParams, Patch, PatchParams, Preconditions};
+use tokio_util::sync::CancellationToken;
 
 use super::{Context, sleep_or_stop};
 use crate::node_util;
@@ -88,9 +89,9 @@ impl NodeLifecycleController {
     }
 
     /// Runs a pass every `--node-monitor-period` until `stop`.
-    pub async fn run(self, mut stop: tokio::sync::watch::Receiver<bool>) {
+    pub async fn run(self, stop: CancellationToken) {
         self.ctx.nodes.wait_synced().await;
-        while sleep_or_stop(self.ctx.options.node_monitor_period, &mut stop).await {
+        while sleep_or_stop(self.ctx.options.node_monitor_period, &stop).await {
             let started = tokio::time::Instant::now();
             let pass = self.pass().await;
             self.ctx.metrics.reconcile(NAME, started.elapsed(), pass.errors > 0);

@@ -31,6 +31,7 @@ use kube::runtime::reflector::ObjectRef;
 use tokio::sync::Notify;
 use tokio::sync::broadcast::error::RecvError;
 use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
 
 use super::Context;
 use crate::informer::Change;
@@ -254,16 +255,16 @@ impl RouteController {
     }
 
     /// Runs until `stop`.
-    pub async fn run(mut self, mut stop: tokio::sync::watch::Receiver<bool>) {
+    pub async fn run(mut self, stop: CancellationToken) {
         // Off, it still lives until stop: a controller task that ends is a failing process.
         if !self.ctx.options.configure_cloud_routes {
             tracing::info!("--configure-cloud-routes=false: the route controller is off");
-            let _ = stop.wait_for(|s| *s).await;
+            stop.cancelled().await;
             return;
         }
         if self.cluster_cidrs.is_empty() {
             tracing::warn!("the route controller needs --cluster-cidr; it is off");
-            let _ = stop.wait_for(|s| *s).await;
+            stop.cancelled().await;
             return;
         }
         let trigger = Arc::new(Notify::new());
@@ -291,7 +292,7 @@ impl RouteController {
                     false
                 }
                 _ = tokio::time::sleep_until(wake) => Instant::now() >= resync_at,
-                _ = stop.wait_for(|s| *s) => break,
+                _ = stop.cancelled() => break,
                 // The feed runs until stop: one that ends first is the controller's failure.
                 ended = &mut feed => match ended {
                     Err(e) if e.is_panic() => std::panic::resume_unwind(e.into_panic()),
@@ -740,12 +741,12 @@ impl ConditionWriter {
     }
 }
 
-async fn feed(ctx: Context, trigger: Arc<Notify>, mut stop: tokio::sync::watch::Receiver<bool>) {
+async fn feed(ctx: Context, trigger: Arc<Notify>, stop: CancellationToken) {
     let mut changes = ctx.nodes.subscribe();
     loop {
         let change = tokio::select! {
             c = changes.recv() => c,
-            _ = stop.wait_for(|s| *s) => return,
+            _ = stop.cancelled() => return,
         };
         match change {
             Ok(Change::Applied { old, new }) => {

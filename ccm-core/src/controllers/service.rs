@@ -42,6 +42,7 @@ use kube::runtime::reflector::ObjectRef;
 use tokio::sync::Notify;
 use tokio::sync::broadcast::error::RecvError;
 use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
 
 use super::Context;
 use crate::informer::Change;
@@ -284,7 +285,7 @@ impl ServiceController {
     }
 
     /// Runs until `stop`.
-    pub async fn run(self, stop: tokio::sync::watch::Receiver<bool>) {
+    pub async fn run(self, stop: CancellationToken) {
         let this = Arc::new(self);
         let mut tasks = vec![
             tokio::spawn(this.clone().feed(stop.clone())),
@@ -294,8 +295,8 @@ impl ServiceController {
         for _ in 0..this.ctx.options.concurrent_service_syncs.max(1) {
             tasks.push(tokio::spawn(this.clone().worker()));
         }
-        let mut stop = stop;
-        super::supervise(NAME, &mut tasks, &mut stop).await;
+
+        super::supervise(NAME, &mut tasks, &stop).await;
         this.queue.shutdown();
         for t in tasks {
             t.abort();
@@ -303,7 +304,7 @@ impl ServiceController {
         }
     }
 
-    async fn feed(self: Arc<Self>, mut stop: tokio::sync::watch::Receiver<bool>) {
+    async fn feed(self: Arc<Self>, stop: CancellationToken) {
         let mut changes = self.ctx.services.subscribe();
         self.ctx.services.wait_synced().await;
         self.ctx.nodes.wait_synced().await;
@@ -317,7 +318,7 @@ impl ServiceController {
         loop {
             let change = tokio::select! {
                 c = changes.recv() => c,
-                _ = stop.wait_for(|s| *s) => return,
+                _ = stop.cancelled() => return,
                 Ok(()) = provider.changed() => {
                     let now = provider.borrow_and_update().epochs;
                     if now != epochs {
@@ -388,10 +389,10 @@ impl ServiceController {
 
     /// Sweeps for orphaned load balancers once the caches are synced and the provider is
     /// known, then every `--load-balancer-resync-period` (jittered up to twice it).
-    async fn sweep_loop(self: Arc<Self>, mut stop: tokio::sync::watch::Receiver<bool>) {
+    async fn sweep_loop(self: Arc<Self>, stop: CancellationToken) {
         self.ctx.services.wait_synced().await;
         while self.ctx.provider.identity().is_none() {
-            if !super::sleep_or_stop(Duration::from_secs(1), &mut stop).await {
+            if !super::sleep_or_stop(Duration::from_secs(1), &stop).await {
                 return;
             }
         }
@@ -407,11 +408,11 @@ impl ServiceController {
             let period = self.ctx.options.load_balancer_resync_period;
             if period.is_zero() {
                 // At start only; the task lives on until stop (one that ends is a failure).
-                let _ = stop.wait_for(|s| *s).await;
+                stop.cancelled().await;
                 return;
             }
             let wait = period + period.mul_f64(rand::random::<f64>());
-            if !super::sleep_or_stop(wait, &mut stop).await {
+            if !super::sleep_or_stop(wait, &stop).await {
                 return;
             }
         }
@@ -541,18 +542,18 @@ impl ServiceController {
 
     /// Watches the node set; on a change (after 50 ms of quiet coalescing) queues every
     /// load balancer Service. Services in backoff stay there: `add` carries no news.
-    async fn node_feed(self: Arc<Self>, mut stop: tokio::sync::watch::Receiver<bool>) {
+    async fn node_feed(self: Arc<Self>, stop: CancellationToken) {
         let mut changes = self.ctx.nodes.subscribe();
         let notify = Arc::new(Notify::new());
         let waker = notify.clone();
         let this = self.clone();
-        let mut stop2 = stop.clone();
+        let stop2 = stop.clone();
         let syncer = tokio::spawn(async move {
             let mut last = this.hosts_fingerprint();
             loop {
                 tokio::select! {
                     _ = waker.notified() => {}
-                    _ = stop2.wait_for(|s| *s) => return,
+                    _ = stop2.cancelled() => return,
                 }
                 tokio::time::sleep(NODE_COALESCE).await;
                 let now = this.hosts_fingerprint();
@@ -571,7 +572,7 @@ impl ServiceController {
         loop {
             let change = tokio::select! {
                 c = changes.recv() => c,
-                _ = stop.wait_for(|s| *s) => break,
+                _ = stop.cancelled() => break,
             };
             match change {
                 Ok(Change::Applied { old, new }) => {

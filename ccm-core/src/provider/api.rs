@@ -19,7 +19,7 @@ use tonic::transport::Channel;
 
 use super::Provider;
 use super::check::{self, Pages, invalid};
-use crate::lease::Fence;
+use crate::leader::Fence;
 
 /// The generated clients, with cloudprovider.v1's message limits (64 MiB each way: a
 /// load balancer's 5000 Nodes with their labels do not fit gRPC's default 4 MiB).

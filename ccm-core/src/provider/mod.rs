@@ -18,6 +18,7 @@ use ccm_proto::v1::{self as pb, ServiceType};
 use ccm_protocol::Error;
 use tokio::sync::Semaphore;
 use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
 use tonic::transport::Channel;
 use tonic::{Request, Response, Status};
 
@@ -230,7 +231,7 @@ impl Provider {
     /// waits for `fence` first, so that none is sent once the lead it is made under is lost.
     async fn call_fenced<M: Clone, T>(
         &self,
-        fence: Option<&crate::lease::Fence>,
+        fence: Option<&crate::leader::Fence>,
         method: &'static str,
         message: M,
         rpc: impl AsyncFn(Channel, Request<M>) -> Result<Response<T>, Status>,
@@ -262,7 +263,7 @@ impl Provider {
                 Err(status) => status,
             };
             let error = Error::from_status(&status).with_retry_after_at_most(self.max_retry_after);
-            if status.code() == tonic::Code::Unavailable && status.message().contains("transport") {
+            if connection_lost(&status) {
                 // The connection broke: the identity is re-read when it comes back.
                 self.set_state(false, format!("provider unreachable: {}", status.message()), None);
                 self.broken.notify_one();
@@ -323,7 +324,7 @@ impl Provider {
     /// Reads the provider's info and probes it every `period` until `stop`; re-reads its whole
     /// identity (capabilities too) whenever it was unreachable, had none, or its info changed
     /// (a restart, an upgrade), and logs when it changes.
-    pub async fn watch(self, period: Duration, mut stop: tokio::sync::watch::Receiver<bool>) {
+    pub async fn watch(self, period: Duration, stop: CancellationToken) {
         loop {
             let had = self.identity();
             let (ready, _) = self.readiness();
@@ -369,8 +370,32 @@ impl Provider {
             tokio::select! {
                 _ = tokio::time::sleep(wait) => {}
                 _ = self.broken.notified() => {}
-                _ = stop.wait_for(|s| *s) => return,
+                _ = stop.cancelled() => return,
             }
         }
+    }
+}
+
+/// Whether a failed call's status is about the connection (it could not be made, or it broke),
+/// not an answer of the provider's: tonic makes such a status from the transport's error and
+/// keeps that error as its source; a status read off the wire, or made here for a deadline,
+/// has none.
+fn connection_lost(status: &Status) -> bool {
+    status.code() == tonic::Code::Unavailable && std::error::Error::source(status).is_some()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn a_refused_connection_is_lost_and_a_provider_answer_is_not() {
+        let dir = tempfile::tempdir().expect("dir");
+        let endpoint = format!("unix://{}", dir.path().join("nobody.sock").display());
+        let channel = ccm_protocol::client::connect_lazy(&endpoint).expect("endpoint");
+        let status = identity_client(channel).probe(pb::ProbeRequest {}).await.expect_err("nothing listens");
+        assert!(connection_lost(&status), "{status:?}");
+        assert!(!connection_lost(&Status::unavailable("transport: the cloud's API is down")), "an answer, whatever it says");
+        assert!(!connection_lost(&Status::deadline_exceeded("no answer within the deadline")));
     }
 }

@@ -21,8 +21,8 @@ use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{MicroTime, ObjectMeta};
 use kube::Api;
 use kube::api::PostParams;
-use tokio::sync::watch;
 use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
 
 /// What to elect on.
 #[derive(Debug, Clone)]
@@ -40,13 +40,25 @@ pub struct Settings {
     pub retry_period: Duration,
 }
 
-/// The lead, held: `leading` turns false when it is lost (and the renewing task ends);
-/// dropping `leading` releases the Lease (the task clears its holder) and ends the task.
+/// The lead, held: `lost` is cancelled when it is lost (and the renewing task ends);
+/// [`Leadership::release`] gives the Lease up (the task clears its holder) and ends the task.
 /// `fence` says, at any instant, whether the lead is still certain.
 pub struct Leadership {
-    pub leading: watch::Receiver<bool>,
-    pub task: tokio::task::JoinHandle<()>,
+    pub lost: CancellationToken,
     pub fence: Fence,
+    release: CancellationToken,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl Leadership {
+    /// Gives the Lease up, unless it is lost already (then it is never written again), and
+    /// waits until the renewing task has ended.
+    pub async fn release(self) {
+        self.release.cancel();
+        if let Err(error) = self.task.await {
+            tracing::error!(%error, "leader election: the renewing task failed");
+        }
+    }
 }
 
 /// Whether this process may still write as the leader: until its last successful renewal
@@ -187,8 +199,8 @@ async fn release(api: &Api<Lease>, s: &Settings) {
 }
 
 /// Waits until `s.identity` holds the Lease, trying every retry period; `None` when `stop`
-/// fires first. The returned lead is renewed in the background until lost or dropped.
-pub async fn acquire(client: &kube::Client, s: &Settings, stop: &mut watch::Receiver<bool>) -> Option<Leadership> {
+/// is cancelled first. The returned lead is renewed in the background until lost or released.
+pub async fn acquire(client: &kube::Client, s: &Settings, stop: &CancellationToken) -> Option<Leadership> {
     let api: Api<Lease> = Api::namespaced(client.clone(), &s.namespace);
     let mut observed = Observed::default();
     loop {
@@ -201,23 +213,24 @@ pub async fn acquire(client: &kube::Client, s: &Settings, stop: &mut watch::Rece
         }
         tokio::select! {
             _ = tokio::time::sleep(s.retry_period) => {}
-            _ = stop.wait_for(|s| *s) => return None,
+            _ = stop.cancelled() => return None,
         }
-        if *stop.borrow() {
+        if stop.is_cancelled() {
             return None;
         }
     }
-    let (tx, leading) = watch::channel(true);
+    let (lost, give_up) = (CancellationToken::new(), CancellationToken::new());
     let fence = Fence::default();
     let mut last = Instant::now();
     fence.set(Some(last + s.renew_deadline));
     let s = s.clone();
     let renewed = fence.clone();
+    let (lost_tx, released) = (lost.clone(), give_up.clone());
     let task = tokio::spawn(async move {
         loop {
             tokio::select! {
                 _ = tokio::time::sleep(s.retry_period) => {}
-                _ = tx.closed() => {
+                _ = released.cancelled() => {
                     renewed.set(None);
                     release(&api, &s).await;
                     return;
@@ -242,9 +255,9 @@ pub async fn acquire(client: &kube::Client, s: &Settings, stop: &mut watch::Rece
             }
             // Lost: say so, and never write the Lease again (another may hold it).
             renewed.set(None);
-            let _ = tx.send(false);
+            lost_tx.cancel();
             return;
         }
     });
-    Some(Leadership { leading, task, fence })
+    Some(Leadership { lost, fence, release: give_up, task })
 }
