@@ -8,7 +8,6 @@
 use std::path::PathBuf;
 use std::time::Duration;
 
-use anyhow::Context as _;
 use k8s_openapi::api::authentication::v1::{TokenRequest, TokenRequestSpec};
 use k8s_openapi::api::core::v1::ServiceAccount;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
@@ -37,6 +36,35 @@ pub fn service_account(controller: &str, names: crate::options::ServiceAccountNa
 }
 
 /// Makes per-controller clients from the process's own credentials.
+/// Why per-controller credentials could not be made or renewed.
+#[derive(Debug, thiserror::Error)]
+pub enum CredentialsError {
+    /// The process's own client could not be built.
+    #[error("building the Kubernetes client")]
+    Client(#[source] kube::Error),
+    /// The directory for token files could not be created.
+    #[error("creating the token directory")]
+    TokenDir(#[source] std::io::Error),
+    /// An API call about the ServiceAccount failed (`what` says which).
+    #[error("{what} {NAMESPACE}/{account}")]
+    Api {
+        what: &'static str,
+        account: String,
+        #[source]
+        source: kube::Error,
+    },
+    /// The TokenRequest was answered without a token.
+    #[error("the token request for {NAMESPACE}/{0} returned no token")]
+    NoToken(String),
+    /// The token file could not be written.
+    #[error("writing the token file {path}")]
+    Write {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+}
+
 pub struct Credentials {
     config: kube::Config,
     root: kube::Client,
@@ -52,47 +80,51 @@ impl Credentials {
         config: kube::Config,
         names: crate::options::ServiceAccountNames,
         metrics: crate::metrics::Metrics,
-    ) -> anyhow::Result<Self> {
-        let root = kube::Client::try_from(config.clone())?;
-        let dir = tempfile::Builder::new().prefix("ccm-tokens-").tempdir().context("creating the token directory")?;
+    ) -> Result<Self, CredentialsError> {
+        let root = kube::Client::try_from(config.clone()).map_err(CredentialsError::Client)?;
+        let dir = tempfile::Builder::new().prefix("ccm-tokens-").tempdir().map_err(CredentialsError::TokenDir)?;
         Ok(Self { config, root, dir, names, metrics })
     }
 
-    async fn token(root: &kube::Client, name: &str) -> anyhow::Result<String> {
+    async fn token(root: &kube::Client, name: &str) -> Result<String, CredentialsError> {
         let api: Api<ServiceAccount> = Api::namespaced(root.clone(), NAMESPACE);
-        if api.get_opt(name).await.with_context(|| format!("reading service account {NAMESPACE}/{name}"))?.is_none() {
+        let failed = |what| move |source| CredentialsError::Api { what, account: name.to_string(), source };
+        if api.get_opt(name).await.map_err(failed("reading service account"))?.is_none() {
             let sa =
                 ServiceAccount { metadata: ObjectMeta { name: Some(name.into()), ..Default::default() }, ..Default::default() };
             match api.create(&PostParams::default(), &sa).await {
                 Ok(_) => {}
                 Err(kube::Error::Api(s)) if s.code == 409 => {}
-                Err(e) => return Err(e).with_context(|| format!("creating service account {NAMESPACE}/{name}")),
+                Err(e) => return Err(failed("creating service account")(e)),
             }
         }
         let request = TokenRequest {
             spec: Some(TokenRequestSpec { expiration_seconds: Some(TOKEN_SECONDS), ..Default::default() }),
             ..Default::default()
         };
-        let answer = api
-            .create_token_request(name, &PostParams::default(), &request)
-            .await
-            .with_context(|| format!("requesting a token for {NAMESPACE}/{name}"))?;
-        answer.status.and_then(|s| s.token).filter(|t| !t.is_empty()).context("the token request returned no token")
+        let answer =
+            api.create_token_request(name, &PostParams::default(), &request).await.map_err(failed("requesting a token for"))?;
+        answer.status.and_then(|s| s.token).filter(|t| !t.is_empty()).ok_or_else(|| CredentialsError::NoToken(name.to_string()))
     }
 
-    fn write(path: &PathBuf, token: &str) -> anyhow::Result<()> {
+    fn write(path: &PathBuf, token: &str) -> Result<(), CredentialsError> {
         use std::io::Write;
         use std::os::unix::fs::OpenOptionsExt;
         let tmp = path.with_extension("new");
-        let mut f = std::fs::OpenOptions::new().write(true).create(true).truncate(true).mode(0o600).open(&tmp)?;
-        f.write_all(token.as_bytes())?;
-        std::fs::rename(&tmp, path)?;
-        Ok(())
+        let written = std::fs::OpenOptions::new()
+            .write(true)
+            .create(true)
+            .truncate(true)
+            .mode(0o600)
+            .open(&tmp)
+            .and_then(|mut f| f.write_all(token.as_bytes()))
+            .and_then(|()| std::fs::rename(&tmp, path));
+        written.map_err(|source| CredentialsError::Write { path: path.clone(), source })
     }
 
     /// A client acting as the ServiceAccount of `controller` ([`service_account`]), renewing
     /// its token until `stop`.
-    pub async fn client_for(&self, controller: &str, stop: CancellationToken) -> anyhow::Result<kube::Client> {
+    pub async fn client_for(&self, controller: &str, stop: CancellationToken) -> Result<kube::Client, CredentialsError> {
         let account = service_account(controller, self.names);
         let path = self.dir.path().join(format!("{account}.token"));
         Self::write(&path, &Self::token(&self.root, account).await?)?;
@@ -107,7 +139,8 @@ impl Credentials {
                 match Self::token(&root, &name).await.and_then(|t| Self::write(&file, &t)) {
                     Ok(()) => tracing::debug!(controller = %name, "service account token renewed"),
                     Err(error) => {
-                        tracing::warn!(controller = %name, error = %format!("{error:#}"), "renewing the token failed; the current one stays")
+                        let error = crate::metrics::chain(&error);
+                        tracing::warn!(controller = %name, %error, "renewing the token failed; the current one stays")
                     }
                 }
             }
@@ -115,6 +148,6 @@ impl Credentials {
         let mut config = self.config.clone();
         config.auth_info = kube::config::AuthInfo { token_file: Some(path.display().to_string()), ..Default::default() };
         tracing::info!(controller, service_account = %format!("{NAMESPACE}/{account}"), "using the controller's own credentials");
-        self.metrics.kube_client(config).context("building the controller's client")
+        self.metrics.kube_client(config).map_err(CredentialsError::Client)
     }
 }

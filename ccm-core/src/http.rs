@@ -11,7 +11,6 @@
 use std::net::SocketAddr;
 use std::sync::Arc;
 
-use anyhow::Context as _;
 use axum::extract::State;
 use axum::http::StatusCode;
 use axum::response::IntoResponse;
@@ -22,6 +21,24 @@ use tokio_util::sync::CancellationToken;
 
 use crate::delegation::Delegation;
 use crate::metrics::Metrics;
+
+/// Why the health server could not start, or a certificate could not be used.
+#[derive(Debug, thiserror::Error)]
+pub enum ServeError {
+    /// The address could not be bound.
+    #[error("binding the health server on {addr}")]
+    Bind {
+        addr: SocketAddr,
+        #[source]
+        source: std::io::Error,
+    },
+    /// A certificate or key file could not be read or holds nothing usable.
+    #[error("{flag} {path}: {why}")]
+    File { flag: &'static str, path: std::path::PathBuf, why: String },
+    /// The serving key or certificate could not be made or used.
+    #[error("the serving certificate: {0}")]
+    Certificate(String),
+}
 
 /// What `/readyz` checks.
 pub trait Readiness: Send + Sync + 'static {
@@ -80,9 +97,10 @@ async fn metrics_text(State(s): State<Arc<Shared>>) -> impl IntoResponse {
 const RELOAD_CHECK: std::time::Duration = std::time::Duration::from_secs(2);
 
 /// Binds `addr` and serves until `stop`. Returns the bound address (port 0 picks one).
-pub async fn serve(addr: SocketAddr, tls: Tls, app: axum::Router, stop: CancellationToken) -> anyhow::Result<SocketAddr> {
-    let listener = tokio::net::TcpListener::bind(addr).await.with_context(|| format!("binding the health server on {addr}"))?;
-    let bound = listener.local_addr()?;
+pub async fn serve(addr: SocketAddr, tls: Tls, app: axum::Router, stop: CancellationToken) -> Result<SocketAddr, ServeError> {
+    let bind = |source| ServeError::Bind { addr, source };
+    let listener = tokio::net::TcpListener::bind(addr).await.map_err(bind)?;
+    let bound = listener.local_addr().map_err(bind)?;
     let resolver = match tls {
         Tls::None => {
             tokio::spawn(async move {
@@ -105,7 +123,8 @@ pub async fn serve(addr: SocketAddr, tls: Tls, app: axum::Router, stop: Cancella
     };
     let provider = Arc::new(rustls::crypto::ring::default_provider());
     let config = rustls::ServerConfig::builder_with_provider(provider)
-        .with_safe_default_protocol_versions()?
+        .with_safe_default_protocol_versions()
+        .map_err(|e| ServeError::Certificate(e.to_string()))?
         .with_no_client_auth()
         .with_cert_resolver(resolver);
     let acceptor = tokio_rustls::TlsAcceptor::from(Arc::new(config));
@@ -189,29 +208,32 @@ impl rustls::server::ResolvesServerCert for CertResolver {
 fn certified(
     chain: Vec<rustls::pki_types::CertificateDer<'static>>,
     key: rustls::pki_types::PrivateKeyDer<'static>,
-) -> anyhow::Result<rustls::sign::CertifiedKey> {
-    let signing = rustls::crypto::ring::sign::any_supported_type(&key).map_err(|e| anyhow::anyhow!("serving key: {e}"))?;
+) -> Result<rustls::sign::CertifiedKey, ServeError> {
+    let signing =
+        rustls::crypto::ring::sign::any_supported_type(&key).map_err(|e| ServeError::Certificate(format!("serving key: {e}")))?;
     Ok(rustls::sign::CertifiedKey::new(chain, signing))
 }
 
-fn load_pem(cert: &std::path::Path, key: &std::path::Path) -> anyhow::Result<rustls::sign::CertifiedKey> {
+fn load_pem(cert: &std::path::Path, key: &std::path::Path) -> Result<rustls::sign::CertifiedKey, ServeError> {
     use rustls::pki_types::pem::PemObject as _;
+    let file = |flag, path: &std::path::Path, why: String| ServeError::File { flag, path: path.to_path_buf(), why };
     let chain = rustls::pki_types::CertificateDer::pem_file_iter(cert)
         .and_then(|certs| certs.collect::<Result<Vec<_>, _>>())
-        .map_err(|e| anyhow::anyhow!("--tls-cert-file {}: {e}", cert.display()))?;
+        .map_err(|e| file("--tls-cert-file", cert, e.to_string()))?;
     if chain.is_empty() {
-        anyhow::bail!("--tls-cert-file {}: no certificate in it", cert.display());
+        return Err(file("--tls-cert-file", cert, "no certificate in it".into()));
     }
-    let key = rustls::pki_types::PrivateKeyDer::from_pem_file(key)
-        .map_err(|e| anyhow::anyhow!("--tls-private-key-file {}: {e}", key.display()))?;
+    let key =
+        rustls::pki_types::PrivateKeyDer::from_pem_file(key).map_err(|e| file("--tls-private-key-file", key, e.to_string()))?;
     certified(chain, key)
 }
 
-fn self_signed() -> anyhow::Result<rustls::sign::CertifiedKey> {
-    let key = rcgen::KeyPair::generate().context("generating the serving key")?;
-    let params = rcgen::CertificateParams::new(vec!["localhost".to_string(), "cloud-controller-manager".to_string()])?;
-    let cert = params.self_signed(&key).context("self-signing the serving certificate")?;
-    let der_key =
-        rustls::pki_types::PrivateKeyDer::try_from(key.serialize_der()).map_err(|e| anyhow::anyhow!("serving key: {e}"))?;
+fn self_signed() -> Result<rustls::sign::CertifiedKey, ServeError> {
+    let failed = |what: &str, e: &dyn std::fmt::Display| ServeError::Certificate(format!("{what}: {e}"));
+    let key = rcgen::KeyPair::generate().map_err(|e| failed("generating the serving key", &e))?;
+    let params = rcgen::CertificateParams::new(vec!["localhost".to_string(), "cloud-controller-manager".to_string()])
+        .map_err(|e| failed("the certificate's names", &e))?;
+    let cert = params.self_signed(&key).map_err(|e| failed("self-signing the serving certificate", &e))?;
+    let der_key = rustls::pki_types::PrivateKeyDer::try_from(key.serialize_der()).map_err(|e| failed("serving key", &e))?;
     certified(vec![cert.der().clone()], der_key)
 }

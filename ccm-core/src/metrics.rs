@@ -274,11 +274,10 @@ impl Metrics {
 
     /// A Kubernetes client for `config` whose requests are counted and timed
     /// (`rest_client_requests_total`, `rest_client_request_duration_seconds`).
-    pub fn kube_client(&self, config: kube::Config) -> anyhow::Result<kube::Client> {
-        use anyhow::Context as _;
+    pub fn kube_client(&self, config: kube::Config) -> Result<kube::Client, kube::Error> {
         let host = config.cluster_url.authority().map(|a| a.to_string()).unwrap_or_default();
         host.clone_into(&mut self.api_host.lock().unwrap_or_else(|p| p.into_inner()));
-        let builder = kube::client::ClientBuilder::try_from(config).context("building the Kubernetes client")?;
+        let builder = kube::client::ClientBuilder::try_from(config)?;
         Ok(builder.with_layer(&crate::upstream_metrics::RestClientLayer::new(self.upstream.clone(), host)).build())
     }
 
@@ -317,4 +316,17 @@ impl Metrics {
         }
         text
     }
+}
+
+/// An error and its sources, `outer: inner: …`, as `{:#}` prints an `anyhow::Error`: for log
+/// fields and Events, where the cause is what the operator needs.
+pub fn chain(error: &(dyn std::error::Error + 'static)) -> String {
+    let mut text = error.to_string();
+    let mut source = error.source();
+    while let Some(cause) = source {
+        text.push_str(": ");
+        text.push_str(&cause.to_string());
+        source = cause.source();
+    }
+    text
 }

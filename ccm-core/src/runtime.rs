@@ -6,7 +6,7 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
-use anyhow::{Context as _, bail};
+use anyhow::Context as _;
 use k8s_openapi::api::core::v1::{Node, Service};
 use kube::Api;
 use kube::runtime::watcher;
@@ -275,7 +275,7 @@ pub async fn run_until(options: Options, shutdown: impl Future<Output = ()> + Se
     let ctx = Context::new(client.clone(), provider, nodes, services, metrics.clone(), options.clone())?;
     let groups = leader::plan(&options, &enabled)?;
     let result = if groups.is_empty() {
-        run_controllers(ctx, credentials, &enabled, shutdown_token.clone(), None).await
+        run_controllers(ctx, credentials, &enabled, shutdown_token.clone(), None).await.map_err(anyhow::Error::from)
     } else {
         let lease_client = leader::client(&config, options.leader_elect_renew_deadline, &metrics)?;
         let election = Election::new(&options, lease_client, metrics.clone());
@@ -285,6 +285,7 @@ pub async fn run_until(options: Options, shutdown: impl Future<Output = ()> + Se
                 async move { run_controllers(ctx, credentials, &group.controllers, stop, Some(leading)).await }
             })
             .await
+            .map_err(anyhow::Error::from)
     };
     root.cancel();
     background.close();
@@ -302,13 +303,13 @@ async fn run_controllers(
     enabled: &std::collections::BTreeSet<&'static str>,
     stop: CancellationToken,
     leading: Option<Leading>,
-) -> anyhow::Result<()> {
+) -> Result<(), RunError> {
     // The controllers' own token: cancelled on `stop`, and when they must end for any other
     // reason (the lead lost, a controller failed).
     let ctl_stop = stop.child_token();
     // With --use-service-account-credentials, each controller writes as its own ServiceAccount;
     // the shared watches keep the process's credentials.
-    let ctx_for = async |name: &str| -> anyhow::Result<Context> {
+    let ctx_for = async |name: &str| -> Result<Context, RunError> {
         let own = ctx.for_controller();
         match &credentials {
             Some(c) => Ok(own.with_client(c.client_for(name, ctl_stop.clone()).await?)),
@@ -385,14 +386,35 @@ async fn run_controllers(
             tracing::info!("stopped");
             Ok(())
         }
-        Err(None) => bail!("lost the leader lease; exiting so that a restart rejoins the election"),
+        Err(None) => Err(RunError::LeaseLost),
         Err(Some((i, result))) => {
             let name = tasks.get(i).map_or("a controller", |(n, _)| *n);
             ctx.metrics.set_failed(format!("{name} ended unexpectedly"));
             match result {
-                Err(e) if e.is_panic() => bail!("{name} panicked; exiting so that the process is restarted"),
-                _ => bail!("{name} ended unexpectedly; exiting so that the process is restarted"),
+                Err(e) if e.is_panic() => Err(RunError::Panicked(name)),
+                _ => Err(RunError::Ended(name)),
             }
         }
     }
+}
+
+/// Why the controllers stopped, other than for shutdown: each is the end of the process, so
+/// that a restart rejoins the election and starts every controller afresh.
+#[derive(Debug, thiserror::Error)]
+pub enum RunError {
+    /// The Lease was lost.
+    #[error("lost the leader lease; exiting so that a restart rejoins the election")]
+    LeaseLost,
+    /// A controller panicked.
+    #[error("{0} panicked; exiting so that the process is restarted")]
+    Panicked(&'static str),
+    /// A controller ended by itself.
+    #[error("{0} ended unexpectedly; exiting so that the process is restarted")]
+    Ended(&'static str),
+    /// A controller's own credentials could not be made.
+    #[error(transparent)]
+    Credentials(#[from] crate::credentials::CredentialsError),
+    /// A controller's flags do not fit together.
+    #[error(transparent)]
+    Config(#[from] crate::controllers::ConfigError),
 }

@@ -14,7 +14,7 @@ use kube::api::{Patch, PatchParams};
 use tokio::sync::broadcast::error::RecvError;
 use tokio_util::sync::CancellationToken;
 
-use super::Context;
+use super::{ConfigError, Context};
 use crate::informer::Change;
 use crate::node_util;
 
@@ -35,15 +35,15 @@ pub struct Range {
 
 impl Range {
     /// `cluster` in node CIDRs of prefix length `mask`.
-    pub fn new(cluster: IpNet, mask: u8) -> Result<Self, String> {
+    pub fn new(cluster: IpNet, mask: u8) -> Result<Self, ConfigError> {
         if mask < cluster.prefix_len() || mask > cluster.max_prefix_len() {
-            return Err(format!("a node CIDR mask of /{mask} does not fit in --cluster-cidr {cluster}"));
+            return Err(ConfigError::Mismatch(format!("a node CIDR mask of /{mask} does not fit in --cluster-cidr {cluster}")));
         }
         let bits = u32::from(mask - cluster.prefix_len());
         if bits > MAX_SUBNETS.trailing_zeros() {
-            return Err(format!(
+            return Err(ConfigError::Mismatch(format!(
                 "--cluster-cidr {cluster} in /{mask}s is more than {MAX_SUBNETS} node CIDRs; use a larger node CIDR mask"
-            ));
+            )));
         }
         Ok(Self { cluster: cluster.trunc(), mask, used: BTreeSet::new(), next: 0 })
     }
@@ -116,16 +116,16 @@ pub struct IpamController {
 
 impl IpamController {
     /// A controller over `ctx`; fails on CIDRs and masks that do not fit together.
-    pub fn new(ctx: Context) -> anyhow::Result<Self> {
+    pub fn new(ctx: Context) -> Result<Self, ConfigError> {
         let o = &ctx.options;
         let mut ranges = Vec::new();
         for text in &o.cluster_cidr {
-            let cidr: IpNet = text.parse().map_err(|_| anyhow::anyhow!("--cluster-cidr {text:?} is not a CIDR"))?;
+            let cidr: IpNet = text.parse().map_err(|_| ConfigError::not_a_cidr("--cluster-cidr", text))?;
             let mask = match cidr {
                 IpNet::V4(_) => o.node_cidr_mask_size_ipv4.or(o.node_cidr_mask_size).unwrap_or(24),
                 IpNet::V6(_) => o.node_cidr_mask_size_ipv6.unwrap_or(64),
             };
-            ranges.push(Range::new(cidr, mask).map_err(|e| anyhow::anyhow!(e))?);
+            ranges.push(Range::new(cidr, mask)?);
         }
         Ok(Self { ctx, ranges, held: HashMap::new() })
     }

@@ -24,6 +24,24 @@ use crate::node_util;
 use crate::options::Options;
 use crate::provider::Provider;
 
+/// A controller that cannot start: flags whose values do not fit together.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ConfigError {
+    /// A flag's value does not parse.
+    #[error("{flag} {value:?}: {why}")]
+    Invalid { flag: &'static str, value: String, why: String },
+    /// Values that parse but do not fit together.
+    #[error("{0}")]
+    Mismatch(String),
+}
+
+impl ConfigError {
+    /// `--cluster-cidr` values that are not CIDRs.
+    pub fn not_a_cidr(flag: &'static str, value: &str) -> Self {
+        Self::Invalid { flag, value: value.to_string(), why: "not a CIDR".into() }
+    }
+}
+
 /// What every controller gets.
 #[derive(Clone)]
 pub struct Context {
@@ -60,12 +78,18 @@ impl Context {
         services: Informer<Service>,
         metrics: Metrics,
         options: Arc<Options>,
-    ) -> anyhow::Result<Self> {
+    ) -> Result<Self, ConfigError> {
         let exclude = options
             .node_exclude_selector
             .iter()
-            .map(|s| labels::parse_selector(s).map_err(|e| anyhow::anyhow!("--node-exclude-selector: {e}")))
-            .collect::<anyhow::Result<Vec<_>>>()?;
+            .map(|s| {
+                labels::parse_selector(s).map_err(|why| ConfigError::Invalid {
+                    flag: "--node-exclude-selector",
+                    value: s.clone(),
+                    why,
+                })
+            })
+            .collect::<Result<Vec<_>, _>>()?;
         let exclude = Arc::new(exclude);
         let kube_writes = Arc::new(TokenBucket::new(f64::from(options.kube_api_qps), options.kube_api_burst));
         let event_writes = Arc::new(TokenBucket::new(f64::from(options.kube_api_qps), options.kube_api_burst));

@@ -402,7 +402,7 @@ impl NodeController {
 
     /// Refreshes every initialised Node's addresses: one batch call per 500 Nodes when the
     /// provider batches; a status patch only where something changed.
-    pub async fn refresh_addresses(&self) -> anyhow::Result<usize> {
+    pub async fn refresh_addresses(&self) -> Result<usize, kube::Error> {
         if self.ctx.provider.identity().is_none() {
             return Ok(0);
         }

@@ -219,13 +219,13 @@ struct ConditionWriter {
 
 impl RouteController {
     /// A controller over `ctx`.
-    pub fn new(ctx: Context) -> anyhow::Result<Self> {
+    pub fn new(ctx: Context) -> Result<Self, super::ConfigError> {
         let cluster_cidrs = ctx
             .options
             .cluster_cidr
             .iter()
-            .map(|c| c.parse::<IpNet>().map_err(|_| anyhow::anyhow!("--cluster-cidr {c:?} is not a CIDR")))
-            .collect::<anyhow::Result<Vec<_>>>()?;
+            .map(|c| c.parse::<IpNet>().map_err(|_| super::ConfigError::not_a_cidr("--cluster-cidr", c)))
+            .collect::<Result<Vec<_>, _>>()?;
         let ctx_for_conditions = ctx.clone();
         Ok(Self {
             ctx,

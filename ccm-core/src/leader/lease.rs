@@ -16,7 +16,6 @@
 
 use std::time::Duration;
 
-use anyhow::Context as _;
 use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{MicroTime, ObjectMeta};
 use kube::Api;
@@ -96,12 +95,12 @@ pub fn client(
     config: &kube::Config,
     renew_deadline: Duration,
     metrics: &crate::metrics::Metrics,
-) -> anyhow::Result<kube::Client> {
+) -> Result<kube::Client, kube::Error> {
     let mut config = config.clone();
     config.connect_timeout = Some(renew_deadline);
     config.read_timeout = Some(renew_deadline);
     config.write_timeout = Some(renew_deadline);
-    metrics.kube_client(config).context("building the leader election client")
+    metrics.kube_client(config)
 }
 
 /// The Lease as last read, and when this process saw its holder or renewal change.

@@ -13,14 +13,29 @@ mod plan;
 use std::future::Future;
 use std::time::Duration;
 
-use anyhow::Context as _;
 use tokio_util::sync::CancellationToken;
 
 pub use lease::{Fence, client};
-pub use plan::{COMPONENT, ControllerLeader, LeaseGroup, MIGRATION_GROUP, MigrationConfig, plan};
+pub use plan::{COMPONENT, ControllerLeader, LeaseGroup, MIGRATION_GROUP, MigrationConfig, PlanError, plan};
 
 use crate::metrics::Metrics;
 use crate::options::Options;
+
+/// Why leading ended: a group's controllers failed (losing the Lease among the ways), or a
+/// task of the election itself did.
+#[derive(Debug, thiserror::Error)]
+pub enum LeadError<E: std::error::Error + 'static> {
+    /// The controllers run under `lease` ended with an error.
+    #[error("Lease {lease}")]
+    Group {
+        lease: String,
+        #[source]
+        source: E,
+    },
+    /// A task of the election panicked or was cancelled.
+    #[error("a leader election task failed")]
+    Task(#[source] tokio::task::JoinError),
+}
 
 /// Who competes, where, and with what timing.
 #[derive(Clone)]
@@ -63,10 +78,11 @@ impl Election {
     /// leads) and, while a group's Lease is held, runs `run(group, leading, stop)`. Ends `Ok`
     /// once every group stopped for `shutdown`; with the first error when a Lease was lost or
     /// `run` failed, after stopping the other groups.
-    pub async fn lead<F, Fut>(&self, groups: Vec<LeaseGroup>, shutdown: &CancellationToken, run: F) -> anyhow::Result<()>
+    pub async fn lead<F, Fut, E>(&self, groups: Vec<LeaseGroup>, shutdown: &CancellationToken, run: F) -> Result<(), LeadError<E>>
     where
         F: Fn(LeaseGroup, Leading, CancellationToken) -> Fut + Clone + Send + 'static,
-        Fut: Future<Output = anyhow::Result<()>> + Send,
+        Fut: Future<Output = Result<(), E>> + Send,
+        E: std::error::Error + Send + 'static,
     {
         // Every group stops when the process shuts down or one group lost its Lease.
         let stop = shutdown.child_token();
@@ -79,7 +95,7 @@ impl Election {
         }
         let mut result = Ok(());
         while let Some(done) = tasks.join_next().await {
-            let outcome = done.map_err(|e| anyhow::anyhow!("a leader election task failed: {e}")).and_then(|r| r);
+            let outcome = done.map_err(LeadError::Task).and_then(|r| r);
             if let Err(e) = outcome {
                 stop.cancel();
                 if result.is_ok() {
@@ -90,17 +106,18 @@ impl Election {
         result
     }
 
-    async fn lead_group<F, Fut>(
+    async fn lead_group<F, Fut, E>(
         self,
         group: LeaseGroup,
         after: Option<CancellationToken>,
         acquired: CancellationToken,
         stop: CancellationToken,
         run: F,
-    ) -> anyhow::Result<()>
+    ) -> Result<(), LeadError<E>>
     where
         F: Fn(LeaseGroup, Leading, CancellationToken) -> Fut,
-        Fut: Future<Output = anyhow::Result<()>>,
+        Fut: Future<Output = Result<(), E>>,
+        E: std::error::Error + 'static,
     {
         if let Some(other) = after {
             tokio::select! {
@@ -125,7 +142,7 @@ impl Election {
         let lease_name = group.lease.clone();
         self.metrics.lease_held(&lease_name, true);
         let leading = Leading { lost: held.lost.clone(), fence: held.fence.clone() };
-        let result = run(group, leading, stop).await.with_context(|| format!("Lease {lease_name}"));
+        let result = run(group, leading, stop).await.map_err(|source| LeadError::Group { lease: lease_name.clone(), source });
         self.metrics.lease_held(&lease_name, false);
         held.release().await;
         result

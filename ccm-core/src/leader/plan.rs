@@ -8,7 +8,6 @@
 use std::collections::BTreeSet;
 use std::path::Path;
 
-use anyhow::{Context, bail};
 use serde::Deserialize;
 
 use crate::options::{Options, canonical_controller};
@@ -18,6 +17,24 @@ pub const COMPONENT: &str = "cloud-controller-manager";
 /// The API group of LeaderMigrationConfiguration.
 pub const MIGRATION_GROUP: &str = "controllermanager.config.k8s.io";
 const MIGRATION_VERSIONS: &[&str] = &["v1", "v1beta1", "v1alpha1"];
+
+/// Why the controllers cannot be grouped under Leases.
+#[derive(Debug, thiserror::Error)]
+pub enum PlanError {
+    /// The `--leader-migration-config` file cannot be read.
+    #[error("--leader-migration-config: reading {path}")]
+    Read {
+        path: std::path::PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    /// The file is not a valid LeaderMigrationConfiguration.
+    #[error("--leader-migration-config {path}: {why}")]
+    Invalid { path: std::path::PathBuf, why: String },
+    /// Flags that cannot be combined.
+    #[error("--leader-elect-per-controller and --enable-leader-migration cannot be combined")]
+    PerControllerAndMigration,
+}
 
 /// A LeaderMigrationConfiguration (`controllermanager.config.k8s.io`).
 #[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
@@ -66,32 +83,31 @@ impl MigrationConfig {
     }
 
     /// Reads and checks a configuration file (YAML or JSON).
-    pub fn load(path: &Path) -> anyhow::Result<Self> {
-        let text = std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
-        let config: Self = serde_saphyr::from_str(&text).with_context(|| format!("parsing {}", path.display()))?;
-        config.check().with_context(|| format!("{}", path.display()))?;
+    pub fn load(path: &Path) -> Result<Self, PlanError> {
+        let text = std::fs::read_to_string(path).map_err(|source| PlanError::Read { path: path.to_path_buf(), source })?;
+        let invalid = |why: String| PlanError::Invalid { path: path.to_path_buf(), why };
+        let config: Self = serde_saphyr::from_str(&text).map_err(|e| invalid(format!("not YAML or JSON of this kind: {e}")))?;
+        config.check().map_err(invalid)?;
         Ok(config)
     }
 
-    fn check(&self) -> anyhow::Result<()> {
+    /// What is wrong with the configuration, if anything.
+    fn check(&self) -> Result<(), String> {
         let version = self.api_version.strip_prefix(&format!("{MIGRATION_GROUP}/"));
         if !version.is_some_and(|v| MIGRATION_VERSIONS.contains(&v)) || self.kind != "LeaderMigrationConfiguration" {
-            bail!(
+            return Err(format!(
                 "expected apiVersion {MIGRATION_GROUP}/v1 and kind LeaderMigrationConfiguration, got {} {}",
-                self.api_version,
-                self.kind
-            );
+                self.api_version, self.kind
+            ));
         }
         if self.leader_name.is_empty() {
-            bail!("leaderName must be set");
+            return Err("leaderName must be set".into());
         }
         if self.resource_lock != "leases" {
-            bail!("resourceLock {:?}: only \"leases\" is supported", self.resource_lock);
+            return Err(format!("resourceLock {:?}: only \"leases\" is supported", self.resource_lock));
         }
-        for (i, l) in self.controller_leaders.iter().enumerate() {
-            if l.name.is_empty() || l.component.is_empty() {
-                bail!("controllerLeaders[{i}] needs a name and a component");
-            }
+        if let Some(i) = self.controller_leaders.iter().position(|l| l.name.is_empty() || l.component.is_empty()) {
+            return Err(format!("controllerLeaders[{i}] needs a name and a component"));
         }
         Ok(())
     }
@@ -119,17 +135,17 @@ pub struct LeaseGroup {
 }
 
 /// How the enabled controllers are grouped under Leases. Empty without leader election.
-pub fn plan(options: &Options, enabled: &BTreeSet<&'static str>) -> anyhow::Result<Vec<LeaseGroup>> {
+pub fn plan(options: &Options, enabled: &BTreeSet<&'static str>) -> Result<Vec<LeaseGroup>, PlanError> {
     if !options.leader_elect {
         return Ok(Vec::new());
     }
     let main = &options.leader_elect_resource_name;
     if options.enable_leader_migration {
         if options.leader_elect_per_controller {
-            bail!("--leader-elect-per-controller and --enable-leader-migration cannot be combined");
+            return Err(PlanError::PerControllerAndMigration);
         }
         let config = match &options.leader_migration_config {
-            Some(path) => MigrationConfig::load(path).context("--leader-migration-config")?,
+            Some(path) => MigrationConfig::load(path)?,
             None => MigrationConfig::default_config(),
         };
         let mut stay = BTreeSet::new();

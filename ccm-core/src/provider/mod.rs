@@ -16,6 +16,7 @@ use std::time::Duration;
 use ccm_proto::v1::identity_service_client::IdentityServiceClient;
 use ccm_proto::v1::{self as pb, ServiceType};
 use ccm_protocol::Error;
+use ccm_protocol::client::ClientError;
 use tokio::sync::Semaphore;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
@@ -117,7 +118,7 @@ struct State {
 
 impl Provider {
     /// A client of `endpoint`; nothing is dialled until the first call.
-    pub fn new(endpoint: &str, timeout: Duration, concurrency: usize, metrics: Metrics) -> anyhow::Result<Self> {
+    pub fn new(endpoint: &str, timeout: Duration, concurrency: usize, metrics: Metrics) -> Result<Self, ClientError> {
         Self::connect(endpoint, None, timeout, concurrency, metrics)
     }
 
@@ -129,7 +130,7 @@ impl Provider {
         timeout: Duration,
         concurrency: usize,
         metrics: Metrics,
-    ) -> anyhow::Result<Self> {
+    ) -> Result<Self, ClientError> {
         let channel = match tls {
             Some((files, name)) => ccm_protocol::client::connect_lazy_tls(endpoint, files, name)?,
             None => ccm_protocol::client::connect_lazy(endpoint)?,
