@@ -430,6 +430,45 @@ pub async fn run_core(cp: &ControlPlane, args: &Args, core: &str, peer: Option<&
         .with_context(|| format!("creating namespace {ns}"))?;
     let services: Api<Service> = Api::namespaced(client.clone(), &ns);
 
+    let dir = tempfile::tempdir()?;
+    let (sim, stop_sim, admin, endpoint) = start_sim(args, tag, dir.path()).await?;
+    let mut process = start_core(cp, args, core, peer, &endpoint, dir.path()).await?;
+    // Let the core start and list (an empty cluster) before anything is measured.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    if let Some(status) = process.exited()? {
+        bail!("{core} exited at start ({status}); see {}.{core}.log", args.json.display());
+    }
+    let mut f = Figures::default();
+
+    let bench = Bench {
+        args,
+        tag,
+        client: client.clone(),
+        nodes: nodes.clone(),
+        services: services.clone(),
+        ns: ns.clone(),
+        label: format!("bench={tag}"),
+        admin,
+    };
+    bench.join_burst(&mut f).await?;
+    bench.load_balancers(&mut f).await?;
+    bench.routes(&mut f).await?;
+    bench.churn(&mut f).await?;
+    bench.steady(&mut f, &mut process).await?;
+    bench.clean_up(process).await?;
+    let _ = Api::<Namespace>::all(client.clone()).delete(&ns, &DeleteParams::default()).await;
+    let _ = stop_sim.send(());
+    let _ = sim.await;
+    Ok(f)
+}
+
+/// A fresh simulated cloud for one core: the joining instances and the ones churn adds, one
+/// route table with room for them all, an address pool; its provider and admin sockets in `dir`.
+async fn start_sim(
+    args: &Args,
+    tag: &str,
+    dir: &Path,
+) -> anyhow::Result<(tokio::task::JoinHandle<anyhow::Result<()>>, tokio::sync::oneshot::Sender<()>, AdminClient, String)> {
     // A fresh cloud: the joining instances and the ones churn adds.
     let total = args.nodes + args.churn;
     let mut config = Config {
@@ -460,8 +499,7 @@ pub async fn run_core(cp: &ControlPlane, args: &Args, core: &str, peer: Option<&
             ..Default::default()
         });
     }
-    let dir = tempfile::tempdir()?;
-    let (provider, admin_sock) = (dir.path().join("provider.sock"), dir.path().join("admin.sock"));
+    let (provider, admin_sock) = (dir.join("provider.sock"), dir.join("admin.sock"));
     let (stop_sim, sim_stopped) = tokio::sync::oneshot::channel::<()>();
     let endpoints =
         Endpoints { provider: Listen::Unix(provider.clone()), admin: Some(Listen::Unix(admin_sock.clone())), metadata: None };
@@ -473,220 +511,250 @@ pub async fn run_core(cp: &ControlPlane, args: &Args, core: &str, peer: Option<&
     }
     let admin = AdminClient::new(format!("unix://{}", admin_sock.display()));
     let endpoint = format!("unix://{}", provider.display());
+    Ok((sim, stop_sim, admin, endpoint))
+}
 
-    let mut process = start_core(cp, args, core, peer, &endpoint, dir.path()).await?;
-    // Let the core start and list (an empty cluster) before anything is measured.
-    tokio::time::sleep(Duration::from_secs(3)).await;
-    if let Some(status) = process.exited()? {
-        bail!("{core} exited at start ({status}); see {}.{core}.log", args.json.display());
-    }
-    let mut f = Figures::default();
-    let label = format!("bench={tag}");
+/// One core's run: its namespace and its cloud, what every scenario uses.
+struct Bench<'a> {
+    args: &'a Args,
+    tag: &'a str,
+    client: kube::Client,
+    nodes: Api<Node>,
+    services: Api<Service>,
+    ns: String,
+    /// The label selector of this run's Nodes.
+    label: String,
+    admin: AdminClient,
+}
 
-    // === join burst ===
-    admin.reset_calls().await?;
-    let started = Instant::now();
-    create_all(args.nodes, |i| {
-        let (client, nodes, tag) = (client.clone(), nodes.clone(), tag.to_string());
-        async move {
-            let name = node_name(&tag, i);
-            NodeBuilder::new(&name)
-                .uninitialized()
-                .label("bench", &tag)
-                .label("kubernetes.io/hostname", &name)
-                .address("Hostname", &name)
-                .create(&client)
-                .await?;
-            ready(&nodes, &name).await
-        }
-    })
-    .await?;
-    let want = args.nodes;
-    until("every Node initialised", Duration::from_secs(600), async || {
-        let listed = nodes.list(&ListParams::default().labels(&label)).await?.items;
-        let done = listed
-            .iter()
-            .filter(|n| {
-                n.spec.as_ref().and_then(|s| s.taints.as_ref()).is_none_or(|t| !t.iter().any(|t| t.key == UNINITIALIZED_TAINT))
-            })
-            .count();
-        Ok((done >= want).then_some(()))
-    })
-    .await?;
-    f.join_seconds = started.elapsed().as_secs_f64();
-    f.join_calls = calls(&admin).await?;
-    eprintln!("   join: {:.1} s, {} provider calls", f.join_seconds, f.join_calls.values().sum::<u64>());
-
-    // === load balancers ===
-    admin.reset_calls().await?;
-    let started = Instant::now();
-    create_all(args.services, |i| {
-        let services = services.clone();
-        let ns = ns.clone();
-        async move {
-            services
-                .create(&PostParams::default(), &load_balancer_service(&ns, &format!("lb-{i}"), &[80]))
-                .await
-                .with_context(|| format!("service lb-{i}"))?;
-            Ok(())
-        }
-    })
-    .await?;
-    let want = args.services;
-    until("every Service with an address", Duration::from_secs(600), async || {
-        let listed = services.list(&ListParams::default()).await?.items;
-        let done = listed.iter().filter(|s| load_balancer_ip(s).is_some()).count();
-        Ok((done >= want).then_some(()))
-    })
-    .await?;
-    f.lb_seconds = started.elapsed().as_secs_f64();
-    f.lb_calls = calls(&admin).await?;
-    eprintln!("   load balancers: {:.1} s, {} provider calls", f.lb_seconds, f.lb_calls.values().sum::<u64>());
-
-    // === routes ===
-    let set_at: std::sync::Arc<std::sync::Mutex<HashMap<String, u64>>> = Default::default();
-    let started = Instant::now();
-    create_all(args.nodes, |i| {
-        let (nodes, set_at, tag) = (nodes.clone(), set_at.clone(), tag.to_string());
-        async move {
-            let name = node_name(&tag, i);
-            let cidr = pod_cidr(i);
-            set_at.lock().map_err(|_| anyhow::anyhow!("lock"))?.insert(name.clone(), now_ms());
-            let patch = serde_json::json!({ "spec": { "podCIDR": cidr, "podCIDRs": [cidr] } });
-            nodes
-                .patch(&name, &PatchParams::default(), &Patch::Merge(&patch))
-                .await
-                .with_context(|| format!("podCIDR of {name}"))?;
-            Ok(())
-        }
-    })
-    .await?;
-    // A core that gives up on a route (and waits for its next resync) is reported, not waited for.
-    let deadline = Instant::now() + Duration::from_secs(120);
-    let mut done_at = None;
-    let routes = loop {
-        let state = admin.state().await?;
-        let routes: Vec<(String, u64)> = state
-            .route_tables
-            .iter()
-            .flat_map(|t| t.routes.iter())
-            .filter(|r| r.cluster == "bench")
-            .map(|r| (r.node_name.clone(), r.created_at_unix_ms))
-            .collect();
-        if routes.len() >= args.nodes {
-            done_at = Some(started.elapsed());
-            break routes;
-        }
-        if Instant::now() > deadline {
-            break routes;
-        }
-        tokio::time::sleep(Duration::from_millis(250)).await;
-    };
-    f.routes_missing = args.nodes.saturating_sub(routes.len());
-    f.routes_seconds = done_at.map_or(f64::NAN, |d| d.as_secs_f64());
-    let set_at = set_at.lock().map_err(|_| anyhow::anyhow!("lock"))?.clone();
-    let mut lat: Vec<u64> = routes.iter().filter_map(|(n, at)| set_at.get(n).map(|s| at.saturating_sub(*s))).collect();
-    lat.sort_unstable();
-    (f.route_p50_ms, f.route_p99_ms) = (percentile(&lat, 50.0), percentile(&lat, 99.0));
-    eprintln!(
-        "   routes: p50 {} ms, p99 {} ms, all in {:.1} s, {} missing",
-        f.route_p50_ms, f.route_p99_ms, f.routes_seconds, f.routes_missing
-    );
-
-    // === node churn ===
-    let mut lat = Vec::new();
-    for change in 0..args.churn {
-        let at = now_ms();
-        match change % 3 {
-            0 => {
-                let i = args.nodes + change;
-                let name = node_name(tag, i);
+impl Bench<'_> {
+    /// N Nodes created together, `uninitialized`: time until all are initialised, and calls.
+    async fn join_burst(&self, f: &mut Figures) -> anyhow::Result<()> {
+        let Self { args, tag, client, nodes, label, admin, .. } = self;
+        admin.reset_calls().await?;
+        let started = Instant::now();
+        create_all(args.nodes, |i| {
+            let (client, nodes, tag) = (client.clone(), nodes.clone(), tag.to_string());
+            async move {
+                let name = node_name(&tag, i);
                 NodeBuilder::new(&name)
-                    .label("bench", tag)
+                    .uninitialized()
+                    .label("bench", &tag)
                     .label("kubernetes.io/hostname", &name)
-                    .provider_id(&format!("sim://{ZONE}/{}", instance_id(tag, i)))
                     .address("Hostname", &name)
                     .create(&client)
                     .await?;
-                ready(&nodes, &name).await?;
+                ready(&nodes, &name).await
             }
-            1 => {
-                nodes.delete(&node_name(tag, change), &DeleteParams::default()).await.context("removing a node")?;
-            }
-            _ => {
-                let patch = serde_json::json!({ "metadata": { "labels": { EXCLUDE_LABEL: "true" } } });
-                nodes
-                    .patch(&node_name(tag, change), &PatchParams::default(), &Patch::Merge(&patch))
+        })
+        .await?;
+        let want = args.nodes;
+        until("every Node initialised", Duration::from_secs(600), async || {
+            let listed = nodes.list(&ListParams::default().labels(label)).await?.items;
+            let done = listed
+                .iter()
+                .filter(|n| {
+                    n.spec
+                        .as_ref()
+                        .and_then(|s| s.taints.as_ref())
+                        .is_none_or(|t| !t.iter().any(|t| t.key == UNINITIALIZED_TAINT))
+                })
+                .count();
+            Ok((done >= want).then_some(()))
+        })
+        .await?;
+        f.join_seconds = started.elapsed().as_secs_f64();
+        f.join_calls = calls(admin).await?;
+        eprintln!("   join: {:.1} s, {} provider calls", f.join_seconds, f.join_calls.values().sum::<u64>());
+        Ok(())
+    }
+
+    /// M LoadBalancer Services created together: time until all have an address, and calls.
+    async fn load_balancers(&self, f: &mut Figures) -> anyhow::Result<()> {
+        let Self { args, services, ns, admin, .. } = self;
+        admin.reset_calls().await?;
+        let started = Instant::now();
+        create_all(args.services, |i| {
+            let services = services.clone();
+            let ns = ns.clone();
+            async move {
+                services
+                    .create(&PostParams::default(), &load_balancer_service(&ns, &format!("lb-{i}"), &[80]))
                     .await
-                    .context("excluding a node")?;
+                    .with_context(|| format!("service lb-{i}"))?;
+                Ok(())
             }
-        }
+        })
+        .await?;
+        let want = args.services;
+        until("every Service with an address", Duration::from_secs(600), async || {
+            let listed = services.list(&ListParams::default()).await?.items;
+            let done = listed.iter().filter(|s| load_balancer_ip(s).is_some()).count();
+            Ok((done >= want).then_some(()))
+        })
+        .await?;
+        f.lb_seconds = started.elapsed().as_secs_f64();
+        f.lb_calls = calls(admin).await?;
+        eprintln!("   load balancers: {:.1} s, {} provider calls", f.lb_seconds, f.lb_calls.values().sum::<u64>());
+        Ok(())
+    }
+
+    /// podCIDRs set on every Node together: latency from each change to its route, time until all exist.
+    async fn routes(&self, f: &mut Figures) -> anyhow::Result<()> {
+        let Self { args, tag, nodes, admin, .. } = self;
+        let set_at: std::sync::Arc<std::sync::Mutex<HashMap<String, u64>>> = Default::default();
+        let started = Instant::now();
+        create_all(args.nodes, |i| {
+            let (nodes, set_at, tag) = (nodes.clone(), set_at.clone(), tag.to_string());
+            async move {
+                let name = node_name(&tag, i);
+                let cidr = pod_cidr(i);
+                set_at.lock().map_err(|_| anyhow::anyhow!("lock"))?.insert(name.clone(), now_ms());
+                let patch = serde_json::json!({ "spec": { "podCIDR": cidr, "podCIDRs": [cidr] } });
+                nodes
+                    .patch(&name, &PatchParams::default(), &Patch::Merge(&patch))
+                    .await
+                    .with_context(|| format!("podCIDR of {name}"))?;
+                Ok(())
+            }
+        })
+        .await?;
+        // A core that gives up on a route (and waits for its next resync) is reported, not waited for.
         let deadline = Instant::now() + Duration::from_secs(120);
-        let mut seen: HashMap<String, u64> = HashMap::new();
-        while Instant::now() < deadline && seen.len() < args.services {
-            for lb in admin.state().await?.load_balancers {
-                if lb.hosts_changed_at_unix_ms >= at {
-                    seen.entry(lb.name).or_insert(lb.hosts_changed_at_unix_ms - at);
+        let mut done_at = None;
+        let routes = loop {
+            let state = admin.state().await?;
+            let routes: Vec<(String, u64)> = state
+                .route_tables
+                .iter()
+                .flat_map(|t| t.routes.iter())
+                .filter(|r| r.cluster == "bench")
+                .map(|r| (r.node_name.clone(), r.created_at_unix_ms))
+                .collect();
+            if routes.len() >= args.nodes {
+                done_at = Some(started.elapsed());
+                break routes;
+            }
+            if Instant::now() > deadline {
+                break routes;
+            }
+            tokio::time::sleep(Duration::from_millis(250)).await;
+        };
+        f.routes_missing = args.nodes.saturating_sub(routes.len());
+        f.routes_seconds = done_at.map_or(f64::NAN, |d| d.as_secs_f64());
+        let set_at = set_at.lock().map_err(|_| anyhow::anyhow!("lock"))?.clone();
+        let mut lat: Vec<u64> = routes.iter().filter_map(|(n, at)| set_at.get(n).map(|s| at.saturating_sub(*s))).collect();
+        lat.sort_unstable();
+        (f.route_p50_ms, f.route_p99_ms) = (percentile(&lat, 50.0), percentile(&lat, 99.0));
+        eprintln!(
+            "   routes: p50 {} ms, p99 {} ms, all in {:.1} s, {} missing",
+            f.route_p50_ms, f.route_p99_ms, f.routes_seconds, f.routes_missing
+        );
+        Ok(())
+    }
+
+    /// Nodes added, removed and excluded one at a time: latency until every load balancer's hosts follow.
+    async fn churn(&self, f: &mut Figures) -> anyhow::Result<()> {
+        let Self { args, tag, client, nodes, admin, .. } = self;
+        let mut lat = Vec::new();
+        for change in 0..args.churn {
+            let at = now_ms();
+            match change % 3 {
+                0 => {
+                    let i = args.nodes + change;
+                    let name = node_name(tag, i);
+                    NodeBuilder::new(&name)
+                        .label("bench", tag)
+                        .label("kubernetes.io/hostname", &name)
+                        .provider_id(&format!("sim://{ZONE}/{}", instance_id(tag, i)))
+                        .address("Hostname", &name)
+                        .create(client)
+                        .await?;
+                    ready(nodes, &name).await?;
+                }
+                1 => {
+                    nodes.delete(&node_name(tag, change), &DeleteParams::default()).await.context("removing a node")?;
+                }
+                _ => {
+                    let patch = serde_json::json!({ "metadata": { "labels": { EXCLUDE_LABEL: "true" } } });
+                    nodes
+                        .patch(&node_name(tag, change), &PatchParams::default(), &Patch::Merge(&patch))
+                        .await
+                        .context("excluding a node")?;
                 }
             }
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
-        f.churn_timeouts += args.services.saturating_sub(seen.len());
-        lat.extend(seen.into_values());
-        tokio::time::sleep(Duration::from_millis(500)).await;
-    }
-    lat.sort_unstable();
-    (f.churn_p50_ms, f.churn_p99_ms) = (percentile(&lat, 50.0), percentile(&lat, 99.0));
-    eprintln!("   churn: p50 {} ms, p99 {} ms, {} not seen", f.churn_p50_ms, f.churn_p99_ms, f.churn_timeouts);
-
-    // === steady state: heartbeats only ===
-    // Let the churn's last changes (a route to delete, a load balancer to update) settle first,
-    // so they are not counted as steady-state traffic.
-    tokio::time::sleep(Duration::from_secs(12)).await;
-    let names: Vec<String> =
-        nodes.list(&ListParams::default().labels(&label)).await?.items.into_iter().filter_map(|n| n.metadata.name).collect();
-    admin.reset_calls().await?;
-    let cpu_before = process.cpu_seconds();
-    let started = Instant::now();
-    let beat = Duration::from_secs(10).checked_div(names.len().max(1) as u32).unwrap_or_default();
-    while started.elapsed() < args.steady {
-        for name in &names {
-            if started.elapsed() >= args.steady {
-                break;
+            let deadline = Instant::now() + Duration::from_secs(120);
+            let mut seen: HashMap<String, u64> = HashMap::new();
+            while Instant::now() < deadline && seen.len() < args.services {
+                for lb in admin.state().await?.load_balancers {
+                    if lb.hosts_changed_at_unix_ms >= at {
+                        seen.entry(lb.name).or_insert(lb.hosts_changed_at_unix_ms - at);
+                    }
+                }
+                tokio::time::sleep(Duration::from_millis(50)).await;
             }
-            let _ = ready(&nodes, name).await;
-            tokio::time::sleep(beat).await;
+            f.churn_timeouts += args.services.saturating_sub(seen.len());
+            lat.extend(seen.into_values());
+            tokio::time::sleep(Duration::from_millis(500)).await;
         }
+        lat.sort_unstable();
+        (f.churn_p50_ms, f.churn_p99_ms) = (percentile(&lat, 50.0), percentile(&lat, 99.0));
+        eprintln!("   churn: p50 {} ms, p99 {} ms, {} not seen", f.churn_p50_ms, f.churn_p99_ms, f.churn_timeouts);
+        Ok(())
     }
-    let elapsed = started.elapsed().as_secs_f64();
-    f.steady_seconds = elapsed;
-    let per_hour = |n: u64| n as f64 * 3600.0 / elapsed;
-    let steady = calls(&admin).await?;
-    f.steady_calls_per_hour = steady.iter().map(|(m, n)| (m.clone(), per_hour(*n))).collect();
-    f.steady_cloud_calls_per_hour =
-        per_hour(steady.iter().filter(|(m, _)| !m.starts_with("IdentityService/")).map(|(_, n)| n).sum());
-    f.steady_list_routes_per_hour = per_hour(steady.get("RoutesService/ListRoutes").copied().unwrap_or(0));
-    f.steady_cpu_seconds = process.cpu_seconds() - cpu_before;
-    f.total_cpu_seconds = process.cpu_seconds();
-    (f.rss_steady_mib, f.rss_peak_mib) = process.rss_mib();
-    eprintln!(
-        "   steady: {:.0} cloud calls/hour, {:.0} ListRoutes/hour, {:.2} CPU s, RSS {:.1} MiB (peak {:.1})",
-        f.steady_cloud_calls_per_hour, f.steady_list_routes_per_hour, f.steady_cpu_seconds, f.rss_steady_mib, f.rss_peak_mib
-    );
 
-    // === clean up: Services first (their finalizers need the core), then Nodes ===
-    services.delete_collection(&DeleteParams::default(), &ListParams::default()).await?;
-    let gone = until("Services deleted", Duration::from_secs(300), async || {
-        Ok(services.list(&ListParams::default()).await?.items.is_empty().then_some(()))
-    })
-    .await;
-    if let Err(e) = gone {
-        eprintln!("   cleanup: {e:#}");
+    /// Heartbeats only: calls per hour, CPU and memory of the core.
+    async fn steady(&self, f: &mut Figures, process: &mut CoreProcess) -> anyhow::Result<()> {
+        let Self { args, nodes, label, admin, .. } = self;
+        // Let the churn's last changes (a route to delete, a load balancer to update) settle first,
+        // so they are not counted as steady-state traffic.
+        tokio::time::sleep(Duration::from_secs(12)).await;
+        let names: Vec<String> =
+            nodes.list(&ListParams::default().labels(label)).await?.items.into_iter().filter_map(|n| n.metadata.name).collect();
+        admin.reset_calls().await?;
+        let cpu_before = process.cpu_seconds();
+        let started = Instant::now();
+        let beat = Duration::from_secs(10).checked_div(names.len().max(1) as u32).unwrap_or_default();
+        while started.elapsed() < args.steady {
+            for name in &names {
+                if started.elapsed() >= args.steady {
+                    break;
+                }
+                let _ = ready(nodes, name).await;
+                tokio::time::sleep(beat).await;
+            }
+        }
+        let elapsed = started.elapsed().as_secs_f64();
+        f.steady_seconds = elapsed;
+        let per_hour = |n: u64| n as f64 * 3600.0 / elapsed;
+        let steady = calls(admin).await?;
+        f.steady_calls_per_hour = steady.iter().map(|(m, n)| (m.clone(), per_hour(*n))).collect();
+        f.steady_cloud_calls_per_hour =
+            per_hour(steady.iter().filter(|(m, _)| !m.starts_with("IdentityService/")).map(|(_, n)| n).sum());
+        f.steady_list_routes_per_hour = per_hour(steady.get("RoutesService/ListRoutes").copied().unwrap_or(0));
+        f.steady_cpu_seconds = process.cpu_seconds() - cpu_before;
+        f.total_cpu_seconds = process.cpu_seconds();
+        (f.rss_steady_mib, f.rss_peak_mib) = process.rss_mib();
+        eprintln!(
+            "   steady: {:.0} cloud calls/hour, {:.0} ListRoutes/hour, {:.2} CPU s, RSS {:.1} MiB (peak {:.1})",
+            f.steady_cloud_calls_per_hour, f.steady_list_routes_per_hour, f.steady_cpu_seconds, f.rss_steady_mib, f.rss_peak_mib
+        );
+        Ok(())
     }
-    process.stop().await;
-    nodes.delete_collection(&DeleteParams::default(), &ListParams::default().labels(&label)).await?;
-    let _ = Api::<Namespace>::all(client.clone()).delete(&ns, &DeleteParams::default()).await;
-    let _ = stop_sim.send(());
-    let _ = sim.await;
-    Ok(f)
+
+    /// Services first (their finalizers need the core), then the core stopped, then the Nodes.
+    async fn clean_up(&self, process: CoreProcess) -> anyhow::Result<()> {
+        let Self { nodes, services, label, .. } = self;
+        services.delete_collection(&DeleteParams::default(), &ListParams::default()).await?;
+        let gone = until("Services deleted", Duration::from_secs(300), async || {
+            Ok(services.list(&ListParams::default()).await?.items.is_empty().then_some(()))
+        })
+        .await;
+        if let Err(e) = gone {
+            eprintln!("   cleanup: {e:#}");
+        }
+        process.stop().await;
+        nodes.delete_collection(&DeleteParams::default(), &ListParams::default().labels(label)).await?;
+        Ok(())
+    }
 }

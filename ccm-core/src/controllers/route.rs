@@ -117,6 +117,19 @@ pub struct Sync {
     pub deletions_left: bool,
 }
 
+/// What the Nodes want: table id → route name → (Node name, route).
+type Desired = BTreeMap<String, BTreeMap<String, (String, pb::Route)>>;
+
+/// The route tables of each (Node name, providerID), as resolved.
+type Tables = HashMap<(String, String), Vec<String>>;
+
+/// What one reconcile will change: (table, route name) to delete, (Node, route) to create.
+#[derive(Debug, Default)]
+struct Changes {
+    deletes: Vec<(String, String)>,
+    creates: Vec<(String, pb::Route)>,
+}
+
 /// What one table needs.
 #[derive(Debug, Default, PartialEq)]
 struct TablePlan {
@@ -391,12 +404,7 @@ impl RouteController {
     /// excluded from the controllers, being deleted or drained, or left out of a short or
     /// failed ResolveRouteTables answer keeps its routes (a route in a table the Node's
     /// resolved tables no longer name is stale, when they were resolved).
-    fn still_wanted(
-        &self,
-        route: &pb::Route,
-        want: &BTreeMap<String, (String, pb::Route)>,
-        tables: &HashMap<(String, String), Vec<String>>,
-    ) -> Option<String> {
+    fn still_wanted(&self, route: &pb::Route, want: &BTreeMap<String, (String, pb::Route)>, tables: &Tables) -> Option<String> {
         let target = route.target.as_ref()?;
         if route.blackhole {
             return None; // it serves nothing (its instance is gone)
@@ -428,7 +436,7 @@ impl RouteController {
         nodes: &[(String, String)],
         known: &Known,
         caps: &pb::RoutesCapabilities,
-    ) -> Result<HashMap<(String, String), Vec<String>>, Error> {
+    ) -> Result<Tables, Error> {
         let default = known.tables.first().map(|t| t.id.clone()).unwrap_or_default();
         if !caps.multiple_tables {
             return Ok(nodes.iter().map(|n| (n.clone(), vec![default.clone()])).collect());
@@ -448,7 +456,8 @@ impl RouteController {
         Ok(nodes.iter().filter_map(|n| self.resolved.get(n).map(|t| (n.clone(), t.clone()))).collect())
     }
 
-    /// One full reconcile. `Ok(None)` when there is nothing to do (provider without Routes).
+    /// One full reconcile: what the cloud has, what the Nodes want, the plan between them,
+    /// then the plan applied. `Ok(None)` when there is nothing to do (provider without Routes).
     pub async fn reconcile(&mut self) -> Result<Option<Sync>, Error> {
         let Some(identity) = self.ctx.provider.identity() else { return Err(Error::unavailable("provider not ready")) };
         if !identity.serves(ServiceType::Routes) {
@@ -456,8 +465,34 @@ impl RouteController {
         }
         let caps = identity.capabilities.routes.unwrap_or_default();
         let mut sync = Sync::default();
+        let mut known = self.known_routes(&caps, &mut sync).await?;
+        let nodes: Vec<Arc<Node>> = self.ctx.managed_nodes().collect();
+        let (desired, tables) = self.desired(&nodes, &known, &caps).await?;
+        // Nodes the cloud's routes point at now: one left without podCIDRs still has its
+        // routes until they are deleted, and its network is unavailable meanwhile.
+        let targeted: HashSet<String> = known
+            .routes
+            .values()
+            .flat_map(|routes| routes.values())
+            .filter(|r| self.in_cluster(&r.destination_cidr))
+            .filter_map(|r| r.target.as_ref().map(|t| t.node_name.clone()))
+            .collect();
+        let changes = self.plan(&known, &desired, &tables, &caps, &mut sync);
+        let first_error = self.apply(changes, &mut known, &mut sync).await;
+        self.known = Some(known.clone());
+        self.conditions.update(&nodes, &desired, &known, &sync.without_route, &targeted, caps.target_addresses);
+        self.progress = sync.created + sync.deleted;
+        match first_error {
+            Some(e) => Err(e),
+            None => Ok(Some(sync)),
+        }
+    }
+
+    /// The cloud's routes: as last known, or listed afresh after a resync (counting, and
+    /// reporting, what changed behind the controller's back since the previous listing).
+    async fn known_routes(&mut self, caps: &pb::RoutesCapabilities, sync: &mut Sync) -> Result<Known, Error> {
         if self.known.is_none() {
-            let fresh = self.list(&caps).await?;
+            let fresh = self.list(caps).await?;
             if let Some(before) = self.previous.take() {
                 let (a, b) = (before.keys(), fresh.keys());
                 sync.corrections = a.symmetric_difference(&b).filter(|(_, _, cidr)| self.in_cluster(cidr)).count() as u64;
@@ -476,18 +511,24 @@ impl RouteController {
             }
             self.known = Some(fresh);
         }
-        let mut known = self.known.clone().unwrap_or_default();
+        Ok(self.known.clone().unwrap_or_default())
+    }
 
-        // What the Nodes want: table → name → route.
-        let nodes: Vec<Arc<Node>> = self.ctx.managed_nodes().collect();
+    /// What the Nodes want, table → route name → (Node, route), and each Node's tables.
+    async fn desired(
+        &mut self,
+        nodes: &[Arc<Node>],
+        known: &Known,
+        caps: &pb::RoutesCapabilities,
+    ) -> Result<(Desired, Tables), Error> {
         let targets: Vec<(String, String)> = nodes
             .iter()
             .filter(|n| !pod_cidrs(n).is_empty())
             .map(|n| (node_util::name(n).to_string(), node_util::provider_id(n).unwrap_or_default().to_string()))
             .collect();
-        let tables = self.tables_for(&targets, &known, &caps).await?;
-        let mut desired: BTreeMap<String, BTreeMap<String, (String, pb::Route)>> = BTreeMap::new();
-        for node in &nodes {
+        let tables = self.tables_for(&targets, known, caps).await?;
+        let mut desired = Desired::new();
+        for node in nodes {
             let name = node_util::name(node).to_string();
             let provider_id = node_util::provider_id(node).unwrap_or_default().to_string();
             let Some(node_tables) = tables.get(&(name.clone(), provider_id.clone())) else { continue };
@@ -510,23 +551,25 @@ impl RouteController {
                 }
             }
         }
+        Ok((desired, tables))
+    }
 
-        let addresses = caps.target_addresses;
-        // Nodes the cloud's routes point at now: one left without podCIDRs still has its
-        // routes until they are deleted, and its network is unavailable meanwhile.
-        let targeted: HashSet<String> = known
-            .routes
-            .values()
-            .flat_map(|routes| routes.values())
-            .filter(|r| self.in_cluster(&r.destination_cidr))
-            .filter_map(|r| r.target.as_ref().map(|t| t.node_name.clone()))
-            .collect();
-        let mut deletes: Vec<(String, String)> = Vec::new();
-        let mut creates: Vec<(String, pb::Route)> = Vec::new();
+    /// The routes to delete and create: per table, what [`plan_table`] finds, deletions only
+    /// on evidence ([`RouteController::still_wanted`]), creations within the table's room,
+    /// no deletions while the provider's identity changed, at most `--max-route-deletions`.
+    fn plan(
+        &mut self,
+        known: &Known,
+        desired: &Desired,
+        tables: &Tables,
+        caps: &pb::RoutesCapabilities,
+        sync: &mut Sync,
+    ) -> Changes {
+        let mut changes = Changes::default();
         for table in &known.tables {
             let have = known.routes.get(&table.id).cloned().unwrap_or_default();
             let want = desired.get(&table.id).cloned().unwrap_or_default();
-            let plan = plan_table(&have, &want, addresses, |cidr| self.in_cluster(cidr));
+            let plan = plan_table(&have, &want, caps.target_addresses, |cidr| self.in_cluster(cidr));
             for (ours, theirs) in &plan.adopted {
                 if self.adopted.insert((table.id.clone(), theirs.clone())) {
                     tracing::info!(table = %table.id, route = %theirs, instead_of = %ours, "adopted a route made under another name");
@@ -534,16 +577,16 @@ impl RouteController {
             }
             sync.adopted += plan.adopted.len() as u64;
             for name in plan.deletes {
-                match have.get(&name).and_then(|r| self.still_wanted(r, &want, &tables)) {
+                match have.get(&name).and_then(|r| self.still_wanted(r, &want, tables)) {
                     Some(why) => {
                         sync.kept += 1;
                         tracing::debug!(table = %table.id, route = %name, "route kept: {why}");
                     }
-                    None => deletes.push((table.id.clone(), name)),
+                    None => changes.deletes.push((table.id.clone(), name)),
                 }
             }
             let max = if table.max_routes > 0 { table.max_routes } else { caps.max_routes_per_table } as usize;
-            let remaining = have.len() - deletes.iter().filter(|(t, _)| *t == table.id).count();
+            let remaining = have.len() - changes.deletes.iter().filter(|(t, _)| *t == table.id).count();
             let mut room = if max > 0 { max.saturating_sub(remaining) } else { usize::MAX };
             // Deterministic order: by node name, then CIDR.
             let mut missing = plan.missing;
@@ -554,30 +597,40 @@ impl RouteController {
                     continue;
                 }
                 room -= 1;
-                creates.push((node, route));
+                changes.creates.push((node, route));
             }
         }
-
-        if self.paused.is_some() && !deletes.is_empty() {
+        if self.paused.is_some() && !changes.deletes.is_empty() {
             tracing::warn!(
-                deletes = deletes.len(),
+                deletes = changes.deletes.len(),
                 "stale routes kept: deletions pause since the provider's identity changed, until the next full resync"
             );
-            sync.kept += deletes.len() as u64;
-            deletes.clear();
+            sync.kept += changes.deletes.len() as u64;
+            changes.deletes.clear();
         }
         // At most --max-route-deletions in one reconcile; the rest wait for the next one.
         let cap = self.ctx.options.max_route_deletions;
-        if deletes.len() > cap {
-            tracing::warn!(deletes = deletes.len(), cap, "more stale routes than one reconcile deletes; the rest at the next");
-            deletes.truncate(cap);
+        if changes.deletes.len() > cap {
+            tracing::warn!(
+                deletes = changes.deletes.len(),
+                cap,
+                "more stale routes than one reconcile deletes; the rest at the next"
+            );
+            changes.deletes.truncate(cap);
             sync.deletions_left = true;
         }
+        changes
+    }
+
+    /// Deletes, then creates, `--concurrent-route-syncs` at a time, keeping `known` as the
+    /// cloud now is; the first error, if any (a full table is not one: its Node is counted
+    /// without a route).
+    async fn apply(&self, changes: Changes, known: &mut Known, sync: &mut Sync) -> Option<Error> {
         let concurrency = self.ctx.options.concurrent_route_syncs.max(1);
         let cluster = self.ctx.options.cluster_name.clone();
         let provider = self.ctx.provider.clone();
         let ctx = &self.ctx;
-        let deleted: Vec<((String, String), Result<(), Error>)> = futures::stream::iter(deletes)
+        let deleted: Vec<((String, String), Result<(), Error>)> = futures::stream::iter(changes.deletes)
             .map(|(table, name)| {
                 let (provider, cluster) = (provider.clone(), cluster.clone());
                 async move {
@@ -600,7 +653,7 @@ impl RouteController {
                 }
             }
         }
-        let created: Vec<(String, pb::Route, Result<pb::Route, Error>)> = futures::stream::iter(creates)
+        let created: Vec<(String, pb::Route, Result<pb::Route, Error>)> = futures::stream::iter(changes.creates)
             .map(|(node, route)| {
                 let (provider, cluster) = (provider.clone(), cluster.clone());
                 async move {
@@ -631,13 +684,7 @@ impl RouteController {
                 }
             }
         }
-        self.known = Some(known.clone());
-        self.conditions.update(&nodes, &desired, &known, &sync.without_route, &targeted, addresses);
-        self.progress = sync.created + sync.deleted;
-        match first_error {
-            Some(e) => Err(e),
-            None => Ok(Some(sync)),
-        }
+        first_error
     }
 }
 
@@ -646,7 +693,7 @@ impl ConditionWriter {
     fn update(
         &self,
         nodes: &[Arc<Node>],
-        desired: &BTreeMap<String, BTreeMap<String, (String, pb::Route)>>,
+        desired: &Desired,
         known: &Known,
         without_route: &BTreeSet<String>,
         targeted: &HashSet<String>,

@@ -818,10 +818,11 @@ impl ServiceController {
         }
     }
 
+    /// Brings a Service's load balancer to what it asks for: the finalizer (and the name)
+    /// recorded first, then only the hosts updated when the spec is what was ensured last, or
+    /// a full Ensure.
     async fn ensure(&self, svc: &Service) -> Result<(), SyncError> {
         let k = key(svc);
-        let api: Api<Service> = Api::namespaced(self.ctx.client.clone(), svc.metadata.namespace.as_deref().unwrap_or_default());
-        let name = svc.metadata.name.as_deref().unwrap_or_default();
         if self.ctx.provider.identity().is_some_and(|i| !i.serves(ServiceType::LoadBalancers)) {
             return Ok(());
         }
@@ -834,56 +835,13 @@ impl ServiceController {
             return Err(SyncError::Invalid);
         }
         let (lb_name, old_name) = self.naming(svc).await.map_err(SyncError::Provider)?;
-        // The name is recorded before the load balancer is made under it (a rename: once the
-        // old one is gone), together with the finalizer when that is missing too.
-        let record = old_name.is_none() && recorded_name(svc) != Some(lb_name.as_str());
-        if !has_finalizer(svc) || record {
-            let mut finalizers = svc.metadata.finalizers.clone().unwrap_or_default();
-            if !has_finalizer(svc) {
-                finalizers.push(FINALIZER.into());
-            }
-            let mut metadata = serde_json::json!({ "finalizers": finalizers, "resourceVersion": svc.metadata.resource_version });
-            if record {
-                metadata["annotations"] = serde_json::json!({ ANNOTATION_LOAD_BALANCER_NAME: lb_name });
-            }
-            self.ctx.kube_write_permit().await;
-            let patch = serde_json::json!({ "metadata": metadata });
-            api.patch(name, &PatchParams::default(), &Patch::Merge(&patch)).await.map_err(SyncError::Kube)?;
-        }
+        self.record_finalizer(svc, &lb_name, old_name.is_none()).await?;
         if let Some(uid) = svc.metadata.uid.clone() {
             self.names.lock().unwrap_or_else(|p| p.into_inner()).insert(uid, lb_name.clone());
         }
-        let mut backends = self.backends();
         // A rename waiting is a full Ensure under the new name.
         let last = self.ensured.lock().unwrap_or_else(|p| p.into_inner()).get(&k).copied().filter(|_| old_name.is_none());
-        // Emptied: it had hosts (or, unknown since this process started, it exists).
-        let had_hosts = last.map_or_else(|| has_ingress(svc), |e| e.count > 0);
-        if backends.is_empty() && had_hosts {
-            // An empty node set is far likelier a listing glitch (an API server that came back
-            // empty, every Node excluded by a bad label) than a cluster that wants its load
-            // balancers cut off: the load balancer keeps the last hosts it was given (a spec
-            // change is still applied, with them), or, with none known since this process
-            // started, is left as it is.
-            tracing::warn!(service = %k, "no Node is a load balancer backend; the load balancer keeps its hosts");
-            let note = "No Node is a load balancer backend now: the load balancer keeps its current hosts \
-                        instead of being emptied, until a Node is one again"
-                .to_string();
-            self.ctx.event(NAME, svc, true, "UnAvailableLoadBalancer", note).await;
-            backends = self.last_backends.lock().unwrap_or_else(|p| p.into_inner()).clone();
-            if backends.is_empty() {
-                return Ok(());
-            }
-        } else if !backends.is_empty() {
-            // Every Service sees the same set: copied only when it changed, not per Service.
-            let mut last = self.last_backends.lock().unwrap_or_else(|p| p.into_inner());
-            let same = last.len() == backends.len() && last.iter().zip(&backends).all(|(a, b)| Arc::ptr_eq(a, b));
-            if !same {
-                last.clone_from(&backends);
-            }
-        } else {
-            let note = "There are no available nodes for LoadBalancer".to_string();
-            self.ctx.event(NAME, svc, true, "UnAvailableLoadBalancer", note).await;
-        }
+        let Some(backends) = self.backends_for(svc, last).await else { return Ok(()) };
         let hosts = {
             let mut h = std::collections::hash_map::DefaultHasher::new();
             for n in &backends {
@@ -891,50 +849,116 @@ impl ServiceController {
             }
             h.finish()
         };
-        let spec = provider_fingerprint(svc);
-        let count = backends.len();
-        let lb = self.lb_service_named(svc, lb_name.clone());
+        let ensured = Ensured { spec: provider_fingerprint(svc), hosts, count: backends.len() };
+        let lb = self.lb_service_named(svc, lb_name);
         let nodes = Self::nodes_proto(&backends);
         match last {
-            Some(e) if e.spec == spec && e.hosts == hosts => return Ok(()),
-            Some(e) if e.spec == spec => {
-                let started = Instant::now();
-                let r = self.ctx.provider.update_load_balancer_hosts(self.ctx.fence(), lb, nodes).await;
-                self.ctx.metrics.hosts_update(started.elapsed(), r.is_err());
-                match r {
-                    Ok(_) => {
-                        self.ensured.lock().unwrap_or_else(|p| p.into_inner()).insert(k, Ensured { spec, hosts, count });
-                        self.ctx
-                            .event(
-                                NAME,
-                                svc,
-                                false,
-                                "UpdatedLoadBalancer",
-                                format!("Updated load balancer with new hosts ({})", backends.len()),
-                            )
-                            .await;
-                        return Ok(());
-                    }
-                    Err(error) => {
-                        self.ctx
-                            .event(
-                                NAME,
-                                svc,
-                                true,
-                                "UpdateLoadBalancerFailed",
-                                format!("Error updating load balancer with new hosts: {error}"),
-                            )
-                            .await;
-                        // A load balancer that vanished gets a full Ensure next time.
-                        if matches!(error, Error::NotFound { .. }) {
-                            self.ensured.lock().unwrap_or_else(|p| p.into_inner()).remove(&k);
-                        }
-                        return Err(SyncError::Provider(error));
-                    }
-                }
-            }
-            _ => {}
+            Some(e) if e.spec == ensured.spec && e.hosts == ensured.hosts => Ok(()),
+            Some(e) if e.spec == ensured.spec => self.update_hosts(svc, lb, nodes, ensured).await,
+            _ => self.ensure_load_balancer(svc, lb, nodes, old_name, ensured).await,
         }
+    }
+
+    /// Adds the finalizer when it is missing, and records `lb_name` when it is not the name
+    /// recorded (`record`: not while a rename waits, whose new name is recorded once the old
+    /// load balancer is gone): before the load balancer is made under it.
+    async fn record_finalizer(&self, svc: &Service, lb_name: &str, record: bool) -> Result<(), SyncError> {
+        let record = record && recorded_name(svc) != Some(lb_name);
+        if has_finalizer(svc) && !record {
+            return Ok(());
+        }
+        let mut finalizers = svc.metadata.finalizers.clone().unwrap_or_default();
+        if !has_finalizer(svc) {
+            finalizers.push(FINALIZER.into());
+        }
+        let mut metadata = serde_json::json!({ "finalizers": finalizers, "resourceVersion": svc.metadata.resource_version });
+        if record {
+            metadata["annotations"] = serde_json::json!({ ANNOTATION_LOAD_BALANCER_NAME: lb_name });
+        }
+        self.ctx.kube_write_permit().await;
+        let patch = serde_json::json!({ "metadata": metadata });
+        let api: Api<Service> = Api::namespaced(self.ctx.client.clone(), svc.metadata.namespace.as_deref().unwrap_or_default());
+        let name = svc.metadata.name.as_deref().unwrap_or_default();
+        api.patch(name, &PatchParams::default(), &Patch::Merge(&patch)).await.map_err(SyncError::Kube)?;
+        Ok(())
+    }
+
+    /// The Nodes the load balancer should have; `None` when it is to be left as it is. An
+    /// empty set never empties a load balancer that had hosts (`last`, or, unknown since this
+    /// process started, its ingress): it keeps the last hosts it was given.
+    async fn backends_for(&self, svc: &Service, last: Option<Ensured>) -> Option<Vec<Arc<Node>>> {
+        let backends = self.backends();
+        let had_hosts = last.map_or_else(|| has_ingress(svc), |e| e.count > 0);
+        if backends.is_empty() && had_hosts {
+            // An empty node set is far likelier a listing glitch (an API server that came back
+            // empty, every Node excluded by a bad label) than a cluster that wants its load
+            // balancers cut off: the load balancer keeps the last hosts it was given (a spec
+            // change is still applied, with them), or, with none known since this process
+            // started, is left as it is.
+            tracing::warn!(service = %key(svc), "no Node is a load balancer backend; the load balancer keeps its hosts");
+            let note = "No Node is a load balancer backend now: the load balancer keeps its current hosts \
+                        instead of being emptied, until a Node is one again"
+                .to_string();
+            self.ctx.event(NAME, svc, true, "UnAvailableLoadBalancer", note).await;
+            let last = self.last_backends.lock().unwrap_or_else(|p| p.into_inner()).clone();
+            return (!last.is_empty()).then_some(last);
+        }
+        if backends.is_empty() {
+            let note = "There are no available nodes for LoadBalancer".to_string();
+            self.ctx.event(NAME, svc, true, "UnAvailableLoadBalancer", note).await;
+        } else {
+            // Every Service sees the same set: copied only when it changed, not per Service.
+            let mut last = self.last_backends.lock().unwrap_or_else(|p| p.into_inner());
+            let same = last.len() == backends.len() && last.iter().zip(&backends).all(|(a, b)| Arc::ptr_eq(a, b));
+            if !same {
+                last.clone_from(&backends);
+            }
+        }
+        Some(backends)
+    }
+
+    /// UpdateLoadBalancerHosts: the spec is what was ensured, only the Nodes changed.
+    async fn update_hosts(
+        &self,
+        svc: &Service,
+        lb: pb::LoadBalancerService,
+        nodes: Vec<pb::LoadBalancerNode>,
+        ensured: Ensured,
+    ) -> Result<(), SyncError> {
+        let k = key(svc);
+        let started = Instant::now();
+        let r = self.ctx.provider.update_load_balancer_hosts(self.ctx.fence(), lb, nodes).await;
+        self.ctx.metrics.hosts_update(started.elapsed(), r.is_err());
+        match r {
+            Ok(_) => {
+                self.ensured.lock().unwrap_or_else(|p| p.into_inner()).insert(k, ensured);
+                let note = format!("Updated load balancer with new hosts ({})", ensured.count);
+                self.ctx.event(NAME, svc, false, "UpdatedLoadBalancer", note).await;
+                Ok(())
+            }
+            Err(error) => {
+                let note = format!("Error updating load balancer with new hosts: {error}");
+                self.ctx.event(NAME, svc, true, "UpdateLoadBalancerFailed", note).await;
+                // A load balancer that vanished gets a full Ensure next time.
+                if matches!(error, Error::NotFound { .. }) {
+                    self.ensured.lock().unwrap_or_else(|p| p.into_inner()).remove(&k);
+                }
+                Err(SyncError::Provider(error))
+            }
+        }
+    }
+
+    /// EnsureLoadBalancer, the status written, a waiting rename finished.
+    async fn ensure_load_balancer(
+        &self,
+        svc: &Service,
+        lb: pb::LoadBalancerService,
+        nodes: Vec<pb::LoadBalancerNode>,
+        old_name: Option<String>,
+        ensured: Ensured,
+    ) -> Result<(), SyncError> {
+        let k = key(svc);
+        let lb_name = lb.load_balancer_name.clone();
         self.ctx.event(NAME, svc, false, "EnsuringLoadBalancer", "Ensuring load balancer".into()).await;
         let status = match self.ctx.provider.ensure_load_balancer(self.ctx.fence(), lb, nodes).await {
             Ok(status) => {
@@ -951,7 +975,7 @@ impl ServiceController {
         if let Some(old) = old_name {
             self.finish_rename(svc, &old, &lb_name).await?;
         }
-        self.ensured.lock().unwrap_or_else(|p| p.into_inner()).insert(k, Ensured { spec, hosts, count });
+        self.ensured.lock().unwrap_or_else(|p| p.into_inner()).insert(k, ensured);
         self.ctx.event(NAME, svc, false, "EnsuredLoadBalancer", "Ensured load balancer".into()).await;
         Ok(())
     }
