@@ -357,14 +357,7 @@ pub async fn run_core(cp: &ControlPlane, args: &Args, tools: &Tools, core: &str,
     eprintln!("   steady: {:.0} AWS calls/hour", f.steady_total_per_hour);
 
     // === clean up: Services first (their finalizers need the core), then Nodes ===
-    services.delete_collection(&DeleteParams::default(), &ListParams::default()).await?;
-    let gone = until("Services deleted", Duration::from_secs(120), async || {
-        Ok(services.list(&ListParams::default()).await?.items.is_empty().then_some(()))
-    })
-    .await;
-    if let Err(e) = gone {
-        eprintln!("   cleanup: {e:#}");
-    }
+    crate::scenarios::delete_services(&services, Duration::from_secs(120)).await?;
     running.core.stop().await;
     if let Some((sidecar, _)) = running.sidecar.take() {
         let kept = format!("{}.aws-{core}.sidecar.log", args.json.display());

@@ -514,6 +514,19 @@ async fn start_sim(
     Ok((sim, stop_sim, admin, endpoint))
 }
 
+/// Deletes every Service of `services` and waits up to `wait` for them to be gone (their
+/// finalizers need the core, so it runs until then); a timeout is reported, not an error.
+pub(crate) async fn delete_services(services: &Api<Service>, wait: Duration) -> anyhow::Result<()> {
+    services.delete_collection(&DeleteParams::default(), &ListParams::default()).await?;
+    let gone =
+        until("Services deleted", wait, async || Ok(services.list(&ListParams::default()).await?.items.is_empty().then_some(())))
+            .await;
+    if let Err(e) = gone {
+        eprintln!("   cleanup: {e:#}");
+    }
+    Ok(())
+}
+
 /// One core's run: its namespace and its cloud, what every scenario uses.
 struct Bench<'a> {
     args: &'a Args,
@@ -745,14 +758,7 @@ impl Bench<'_> {
     /// Services first (their finalizers need the core), then the core stopped, then the Nodes.
     async fn clean_up(&self, process: CoreProcess) -> anyhow::Result<()> {
         let Self { nodes, services, label, .. } = self;
-        services.delete_collection(&DeleteParams::default(), &ListParams::default()).await?;
-        let gone = until("Services deleted", Duration::from_secs(300), async || {
-            Ok(services.list(&ListParams::default()).await?.items.is_empty().then_some(()))
-        })
-        .await;
-        if let Err(e) = gone {
-            eprintln!("   cleanup: {e:#}");
-        }
+        delete_services(services, Duration::from_secs(300)).await?;
         process.stop().await;
         nodes.delete_collection(&DeleteParams::default(), &ListParams::default().labels(label)).await?;
         Ok(())
