@@ -36,6 +36,9 @@ pub mod reason {
     pub const UNIMPLEMENTED: &str = "UNIMPLEMENTED";
     /// Anything else.
     pub const INTERNAL: &str = "INTERNAL";
+    /// The provider answered something the protocol does not allow (an INTERNAL error the
+    /// caller makes of the answer; see `answer`).
+    pub const INVALID_ANSWER: &str = "INVALID_ANSWER";
 }
 
 /// A provider's error. Each kind maps to one canonical gRPC code.
@@ -104,6 +107,9 @@ pub enum Error {
     /// INTERNAL or anything unexpected.
     #[error("internal error: {message}")]
     Internal {
+        /// Stable reason: [`reason::INTERNAL`], or a more precise one such as
+        /// [`reason::INVALID_ANSWER`].
+        reason: String,
         /// What went wrong.
         message: String,
     },
@@ -145,7 +151,12 @@ impl Error {
 
     /// INTERNAL.
     pub fn internal(message: impl Into<String>) -> Self {
-        Self::Internal { message: message.into() }
+        Self::Internal { reason: reason::INTERNAL.into(), message: message.into() }
+    }
+
+    /// INTERNAL with a specific reason.
+    pub fn internal_because(reason: &str, message: impl Into<String>) -> Self {
+        Self::Internal { reason: reason.into(), message: message.into() }
     }
 
     /// The canonical gRPC code of this error.
@@ -174,7 +185,7 @@ impl Error {
             Self::Unavailable { .. } => reason::UNAVAILABLE,
             Self::DeadlineExceeded { .. } => reason::DEADLINE_EXCEEDED,
             Self::Unimplemented { .. } => reason::UNIMPLEMENTED,
-            Self::Internal { .. } => reason::INTERNAL,
+            Self::Internal { reason, .. } => reason,
         }
     }
 
@@ -215,7 +226,7 @@ impl Error {
             | Self::Unavailable { message, .. }
             | Self::DeadlineExceeded { message }
             | Self::Unimplemented { message }
-            | Self::Internal { message } => message.clone(),
+            | Self::Internal { message, .. } => message.clone(),
         }
     }
 
@@ -253,7 +264,7 @@ impl Error {
             Code::Unavailable => Self::Unavailable { message, retry_after },
             Code::DeadlineExceeded | Code::Cancelled => Self::DeadlineExceeded { message },
             Code::Unimplemented => Self::Unimplemented { message },
-            _ => Self::Internal { message: format!("{}: {message}", status.code()) },
+            _ => Self::Internal { reason: or(reason, reason::INTERNAL), message: format!("{}: {message}", status.code()) },
         }
     }
 

@@ -5,7 +5,7 @@
 use std::collections::HashSet;
 use std::fmt::Display;
 
-use ccm_protocol::Error;
+use ccm_protocol::{Error, reason};
 
 /// The most pages one listing may take (10,000 pages of the default size is millions of items).
 pub const MAX_PAGES: usize = 10_000;
@@ -15,12 +15,13 @@ pub const REASON: &str = "InvalidProviderAnswer";
 
 /// The error of an invalid answer to `method`.
 pub fn invalid(method: &str, why: impl Display) -> Error {
-    Error::internal(format!("{REASON}: the provider's answer to {method} is invalid: {why}"))
+    Error::internal_because(reason::INVALID_ANSWER, format!("{REASON}: the provider's answer to {method} is invalid: {why}"))
 }
 
-/// Whether `error` is about an invalid provider answer (see [`invalid`]).
+/// Whether `error` is about an invalid provider answer (see [`invalid`]): by its reason, not
+/// its text.
 pub fn is_invalid(error: &Error) -> bool {
-    error.to_string().contains(REASON)
+    error.reason() == reason::INVALID_ANSWER
 }
 
 /// The page tokens of one listing: a bounded number of pages, and no token twice (a provider
@@ -58,5 +59,13 @@ mod tests {
         let again = pages.next("M", "a".into()).expect_err("an error");
         assert!(is_invalid(&again), "{again}");
         assert_eq!(Pages::default().next("M", String::new()).expect("ok"), None);
+    }
+
+    #[test]
+    fn an_invalid_answer_is_known_by_its_reason_not_its_text() {
+        assert!(is_invalid(&invalid("M", "why")));
+        assert!(!is_invalid(&Error::internal(format!("{REASON}: only the text says so"))));
+        let back = Error::from_status(&invalid("M", "why").into_status());
+        assert!(is_invalid(&back), "the reason survives the wire: {back:?}");
     }
 }
