@@ -60,6 +60,24 @@ pub enum LoadBalancerNaming {
     Readable,
 }
 
+/// Flags that each parse but not together, or name what does not exist: the message says
+/// which flag and why, for the operator.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{0}")]
+pub struct InvalidFlags(pub String);
+
+impl From<String> for InvalidFlags {
+    fn from(why: String) -> Self {
+        Self(why)
+    }
+}
+
+impl From<&str> for InvalidFlags {
+    fn from(why: &str) -> Self {
+        Self(why.to_string())
+    }
+}
+
 /// Parses a duration such as `300ms`, `10s`, `5m`, `1h30m` or `1h 30m`.
 pub fn parse_duration(text: &str) -> Result<Duration, String> {
     humantime::parse_duration(text).map_err(|e| format!("{text:?} is not a duration (like 10s, 5m, 1h30m): {e}"))
@@ -436,7 +454,7 @@ impl Options {
     }
 
     /// The controllers to run, by full name, from `--controllers`.
-    pub fn enabled_controllers(&self) -> Result<BTreeSet<&'static str>, String> {
+    pub fn enabled_controllers(&self) -> Result<BTreeSet<&'static str>, InvalidFlags> {
         let resolve = |name: &str| {
             canonical_controller(name).ok_or_else(|| {
                 let known: Vec<&str> = CONTROLLERS.iter().map(|(f, _)| *f).collect();
@@ -466,7 +484,7 @@ impl Options {
     }
 
     /// Checks flag combinations that clap cannot.
-    pub fn validate(&self) -> Result<(), String> {
+    pub fn validate(&self) -> Result<(), InvalidFlags> {
         self.enabled_controllers()?;
         crate::compat::review_gates(&self.feature_gates)?;
         self.upstream.review()?;
@@ -487,7 +505,7 @@ impl Options {
             ("--unhealthy-zone-threshold", self.unhealthy_zone_threshold),
         ] {
             if !(share > 0.0 && share <= 1.0) {
-                return Err(format!("{flag} must be a share above 0 and at most 1, got {share}"));
+                return Err(format!("{flag} must be a share above 0 and at most 1, got {share}").into());
             }
         }
         if self.reconcile_backoff_base > self.reconcile_backoff_max {

@@ -199,9 +199,9 @@ async fn terminated() {
 /// Runs the cloud-controller-manager until `shutdown` resolves (Ok) or until it must stop,
 /// such as after losing the leader lease (Err).
 pub async fn run_until(options: Options, shutdown: impl Future<Output = ()> + Send + 'static) -> anyhow::Result<()> {
-    options.validate().map_err(|e| anyhow::anyhow!(e))?;
+    options.validate()?;
     let options = Arc::new(options);
-    let enabled = options.enabled_controllers().map_err(|e| anyhow::anyhow!(e))?;
+    let enabled = options.enabled_controllers()?;
     for name in enabled.iter().filter(|n| !IMPLEMENTED.contains(n)) {
         tracing::warn!(controller = name, "controller is not available in this build; skipped");
     }
