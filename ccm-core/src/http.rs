@@ -18,6 +18,7 @@ use axum::routing::get;
 use hyper_util::rt::{TokioExecutor, TokioIo};
 use hyper_util::service::TowerToHyperService;
 use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
 
 use crate::delegation::Delegation;
 use crate::metrics::Metrics;
@@ -96,14 +97,21 @@ async fn metrics_text(State(s): State<Arc<Shared>>) -> impl IntoResponse {
 /// How often the certificate files are checked for a change.
 const RELOAD_CHECK: std::time::Duration = std::time::Duration::from_secs(2);
 
-/// Binds `addr` and serves until `stop`. Returns the bound address (port 0 picks one).
-pub async fn serve(addr: SocketAddr, tls: Tls, app: axum::Router, stop: CancellationToken) -> Result<SocketAddr, ServeError> {
+/// Binds `addr` and serves, on `tasks`, until `stop`. Returns the bound address (port 0 picks
+/// one). Connections in flight at `stop` are not waited for (they are probes and scrapes).
+pub async fn serve(
+    addr: SocketAddr,
+    tls: Tls,
+    app: axum::Router,
+    tasks: &TaskTracker,
+    stop: CancellationToken,
+) -> Result<SocketAddr, ServeError> {
     let bind = |source| ServeError::Bind { addr, source };
     let listener = tokio::net::TcpListener::bind(addr).await.map_err(bind)?;
     let bound = listener.local_addr().map_err(bind)?;
     let resolver = match tls {
         Tls::None => {
-            tokio::spawn(async move {
+            tasks.spawn(async move {
                 let shutdown = async move {
                     stop.cancelled().await;
                 };
@@ -117,7 +125,7 @@ pub async fn serve(addr: SocketAddr, tls: Tls, app: axum::Router, stop: Cancella
         Tls::Files { cert, key } => {
             let loaded = load_pem(&cert, &key)?;
             let resolver = Arc::new(CertResolver::new(loaded, Some((cert, key))));
-            tokio::spawn(resolver.clone().watch(stop.clone()));
+            tasks.spawn(resolver.clone().watch(stop.clone()));
             resolver
         }
     };
@@ -128,7 +136,7 @@ pub async fn serve(addr: SocketAddr, tls: Tls, app: axum::Router, stop: Cancella
         .with_no_client_auth()
         .with_cert_resolver(resolver);
     let acceptor = tokio_rustls::TlsAcceptor::from(Arc::new(config));
-    tokio::spawn(async move {
+    tasks.spawn(async move {
         loop {
             let (tcp, _) = tokio::select! {
                 accepted = listener.accept() => match accepted {

@@ -18,6 +18,7 @@ use kube::{Api, Resource};
 use serde::de::DeserializeOwned;
 use tokio::sync::{broadcast, watch};
 use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
 
 /// A change seen by the shared watch.
 #[derive(Debug, Clone)]
@@ -62,7 +63,8 @@ where
     K::DynamicType: Eq + Hash + Clone + Default,
 {
     /// Starts watching `api`; `slim` removes what controllers do not need before storing.
-    pub fn start(api: Api<K>, config: watcher::Config, slim: fn(&mut K), stop: CancellationToken) -> Self {
+    /// The watch runs on `tasks` until `stop`.
+    pub fn start(api: Api<K>, config: watcher::Config, slim: fn(&mut K), tasks: &TaskTracker, stop: CancellationToken) -> Self {
         let (store, mut writer) = reflector::store::<K>();
         let (changes, _) = broadcast::channel(16_384);
         let (synced_tx, synced) = watch::channel(false);
@@ -70,7 +72,7 @@ where
         let failing = failures.clone();
         let sender = changes.clone();
         let reader = store.clone();
-        tokio::spawn(async move {
+        tasks.spawn(async move {
             let mut stream = watcher::watcher(api, config).default_backoff().boxed();
             // Keys present before a re-list, to notice objects deleted while disconnected.
             let mut before: Option<HashSet<ObjectRef<K>>> = None;

@@ -243,13 +243,19 @@ pub async fn run_until(options: Options, shutdown: impl Future<Output = ()> + Se
     });
     let stop = root.clone();
     background.spawn(provider.clone().watch(PROBE_PERIOD, stop.clone()));
-    let nodes =
-        Informer::start(Api::<Node>::all(client.clone()), watcher::Config::default().page_size(500), slim_node, stop.clone());
+    let nodes = Informer::start(
+        Api::<Node>::all(client.clone()),
+        watcher::Config::default().page_size(500),
+        slim_node,
+        &background,
+        stop.clone(),
+    );
     let service_api = match &options.service_namespace {
         Some(ns) => Api::<Service>::namespaced(client.clone(), ns),
         None => Api::<Service>::all(client.clone()),
     };
-    let services = Informer::start(service_api, watcher::Config::default().page_size(500), slim_service, stop.clone());
+    let services =
+        Informer::start(service_api, watcher::Config::default().page_size(500), slim_service, &background, stop.clone());
 
     if options.secure_port != 0 {
         let ready = Arc::new(Ready {
@@ -268,7 +274,7 @@ pub async fn run_until(options: Options, shutdown: impl Future<Output = ()> + Se
             (Some(cert), Some(key)) => http::Tls::Files { cert: cert.clone(), key: key.clone() },
             _ => http::Tls::SelfSigned,
         };
-        let bound = http::serve(addr, tls, app, stop.clone()).await?;
+        let bound = http::serve(addr, tls, app, &background, stop.clone()).await?;
         tracing::info!(address = %bound, tls = !options.insecure_serving, delegated_auth = checked, "serving /healthz, /readyz and /metrics");
     }
 
