@@ -38,3 +38,12 @@ pub fn name(node: &Node) -> &str {
 pub fn addresses(node: &Node) -> Vec<NodeAddress> {
     node.status.as_ref().and_then(|s| s.addresses.clone()).unwrap_or_default()
 }
+
+/// A Node's podCIDRs: `spec.podCIDRs`, or the older single `spec.podCIDR`.
+pub fn pod_cidrs(node: &Node) -> Vec<String> {
+    let spec = node.spec.as_ref();
+    match spec.and_then(|s| s.pod_cidrs.clone()).filter(|c| !c.is_empty()) {
+        Some(cidrs) => cidrs,
+        None => spec.and_then(|s| s.pod_cidr.clone()).into_iter().collect(),
+    }
+}

@@ -187,7 +187,7 @@ impl IpamController {
     }
 
     fn occupy(&mut self, node: &Node) {
-        let cidrs: Vec<IpNet> = crate::controllers::route::pod_cidrs(node).iter().filter_map(|c| c.parse().ok()).collect();
+        let cidrs: Vec<IpNet> = node_util::pod_cidrs(node).iter().filter_map(|c| c.parse().ok()).collect();
         if cidrs.is_empty() {
             return;
         }
@@ -202,7 +202,7 @@ impl IpamController {
     /// Gives `node` its podCIDRs, if it has none and is this process's to manage.
     async fn allocate(&mut self, node: &Node) {
         let name = node_util::name(node).to_string();
-        if !crate::controllers::route::pod_cidrs(node).is_empty()
+        if !node_util::pod_cidrs(node).is_empty()
             || self.held.contains_key(&name)
             || self.ctx.ignores(node)
             || node.metadata.deletion_timestamp.is_some()

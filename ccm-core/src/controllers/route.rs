@@ -35,7 +35,7 @@ use tokio_util::sync::CancellationToken;
 
 use super::Context;
 use crate::informer::Change;
-use crate::node_util;
+use crate::node_util::{self, pod_cidrs};
 use crate::provider::convert;
 use crate::wellknown::CONDITION_NETWORK_UNAVAILABLE as CONDITION;
 
@@ -48,15 +48,6 @@ pub fn relevant(old: Option<&Node>, new: &Node) -> bool {
     pod_cidrs(old) != pod_cidrs(new)
         || node_util::addresses(old) != node_util::addresses(new)
         || node_util::provider_id(old) != node_util::provider_id(new)
-}
-
-/// A Node's podCIDRs: `spec.podCIDRs`, or the older single `spec.podCIDR`.
-pub(crate) fn pod_cidrs(node: &Node) -> Vec<String> {
-    let spec = node.spec.as_ref();
-    match spec.and_then(|s| s.pod_cidrs.clone()).filter(|c| !c.is_empty()) {
-        Some(cidrs) => cidrs,
-        None => spec.and_then(|s| s.pod_cidr.clone()).into_iter().collect(),
-    }
 }
 
 /// The route name for a Node's CIDR: readable, deterministic, at most 253 characters.
