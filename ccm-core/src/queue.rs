@@ -62,6 +62,26 @@ pub enum Outcome {
     },
     /// Succeeded, and wants another look after this delay (periodic work).
     RequeueAfter(Duration),
+    /// Throttled: the provider asked for `retry_after`. Retried then, without counting as a
+    /// failure (the backoff does not grow while the controller as a whole makes progress at
+    /// the rate the cloud allows); an earlier failure count is kept.
+    Throttled {
+        /// Fingerprint of the acted-on fields.
+        fingerprint: Option<u64>,
+        /// The delay the provider asked for.
+        retry_after: Duration,
+    },
+}
+
+impl Outcome {
+    /// How a provider error ends a key's turn: throttled (RESOURCE_EXHAUSTED with RetryInfo)
+    /// waits the delay it asks for and is no failure; anything else backs off.
+    pub fn of_provider_error(fingerprint: Option<u64>, error: &ccm_protocol::Error) -> Self {
+        match error {
+            ccm_protocol::Error::RateLimited { retry_after } => Self::Throttled { fingerprint, retry_after: *retry_after },
+            _ => Self::Retry { fingerprint, retry_after: error.retry_after() },
+        }
+    }
 }
 
 #[derive(Debug)]
@@ -317,9 +337,17 @@ impl<K: Clone + Eq + Hash> WorkQueue<K> {
                     Self::schedule(&mut s, key.clone(), Instant::now() + delay, false);
                 }
             }
-            Outcome::Retry { fingerprint, retry_after } => {
-                let count = s.failures.get(key).map_or(0, |f| f.count) + 1;
-                let delay = self.backoff(count).max(retry_after.unwrap_or_default());
+            Outcome::Retry { .. } | Outcome::Throttled { .. } => {
+                let before = s.failures.get(key).map_or(0, |f| f.count);
+                let (count, delay, fingerprint) = match outcome {
+                    Outcome::Throttled { fingerprint, retry_after } => (before, retry_after, fingerprint),
+                    Outcome::Retry { fingerprint, retry_after } => {
+                        (before + 1, self.backoff(before + 1).max(retry_after.unwrap_or_default()), fingerprint)
+                    }
+                    _ => return,
+                };
+                // Kept while it waits, so that a resync or an update without news does not cut
+                // the wait short.
                 s.failures.insert(key.clone(), Failure { count, fingerprint });
                 match dirty {
                     // Something the controller acts on changed while it failed: try now.
@@ -446,6 +474,29 @@ mod tests {
         q.done(&"a", Outcome::Retry { fingerprint: Some(1), retry_after: None });
         q.add_changed("a", 2);
         assert_eq!(next_within(&q, Duration::from_millis(10)).await, Some("a"));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn throttling_waits_as_asked_without_growing_the_backoff() {
+        let q = queue();
+        q.add("a");
+        assert_eq!(q.next().await, Some("a"));
+        q.done(&"a", Outcome::Retry { fingerprint: Some(1), retry_after: None });
+        assert_eq!(q.next().await, Some("a"));
+        for _ in 0..5 {
+            let start = Instant::now();
+            q.done(&"a", Outcome::Throttled { fingerprint: Some(1), retry_after: Duration::from_secs(2) });
+            // A resync without news does not cut the wait short.
+            q.add_changed("a", 1);
+            assert_eq!(next_within(&q, Duration::from_millis(1900)).await, None);
+            assert_eq!(q.next().await, Some("a"));
+            assert_eq!((Instant::now() - start).as_secs(), 2, "the provider's delay, not a growing backoff");
+        }
+        assert_eq!(q.failures(&"a"), 1, "throttling is not counted as failing");
+        let start = Instant::now();
+        q.done(&"a", Outcome::Retry { fingerprint: Some(1), retry_after: None });
+        assert_eq!(q.next().await, Some("a"));
+        assert_eq!((Instant::now() - start).as_secs(), 10, "the second real failure's backoff");
     }
 
     #[tokio::test(start_paused = true)]

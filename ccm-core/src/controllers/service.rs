@@ -512,7 +512,7 @@ impl ServiceController {
             }
             Err(error) => {
                 tracing::warn!(service = %key(&svc), %uid, %error, "deleting the load balancer of a gone service failed");
-                Outcome::Retry { fingerprint: None, retry_after: error.retry_after() }
+                Outcome::of_provider_error(None, &error)
             }
         }
     }
@@ -806,7 +806,8 @@ impl ServiceController {
         };
         match result {
             Ok(()) => Outcome::Success,
-            Err(SyncError::Provider(error)) => Outcome::Retry { fingerprint: Some(fp), retry_after: error.retry_after() },
+            // Throttled is no failure: the backoff does not grow while the cloud paces us.
+            Err(SyncError::Provider(error)) => Outcome::of_provider_error(Some(fp), &error),
             Err(SyncError::Kube(error)) => {
                 tracing::warn!(service = %k, %error, "writing the service failed");
                 Outcome::Retry { fingerprint: Some(fp), retry_after: None }
