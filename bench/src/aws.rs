@@ -336,18 +336,7 @@ pub async fn run_core(cp: &ControlPlane, args: &Args, tools: &Tools, core: &str,
     // === steady state: heartbeats only ===
     let before = now;
     let names: Vec<String> = instances.iter().map(|i| i.private_dns.clone()).collect();
-    let started = Instant::now();
-    let beat = Duration::from_secs(10).checked_div(names.len().max(1) as u32).unwrap_or_default();
-    while started.elapsed() < args.steady {
-        for name in &names {
-            if started.elapsed() >= args.steady {
-                break;
-            }
-            let _ = ready(&nodes, name).await;
-            tokio::time::sleep(beat).await;
-        }
-    }
-    f.steady_seconds = started.elapsed().as_secs_f64();
+    f.steady_seconds = crate::scenarios::heartbeats(&nodes, &names, args.steady).await.as_secs_f64();
     let steady = since(&moto.calls().await?, &before);
     let per_hour = |n: u64| n as f64 * 3600.0 / f.steady_seconds;
     f.steady_calls_per_hour = steady.iter().map(|(k, n)| (k.clone(), per_hour(*n))).collect();

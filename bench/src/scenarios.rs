@@ -411,6 +411,23 @@ pub(crate) async fn ready(api: &Api<Node>, name: &str) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// Heartbeat-like status updates, every Node every 10 s, spread evenly, for `steady`: what a
+/// quiet cluster sends. Returns how long it ran.
+pub(crate) async fn heartbeats(nodes: &Api<Node>, names: &[String], steady: Duration) -> Duration {
+    let started = Instant::now();
+    let beat = Duration::from_secs(10).checked_div(names.len().max(1) as u32).unwrap_or_default();
+    while started.elapsed() < steady {
+        for name in names {
+            if started.elapsed() >= steady {
+                break;
+            }
+            let _ = ready(nodes, name).await;
+            tokio::time::sleep(beat).await;
+        }
+    }
+    started.elapsed()
+}
+
 /// Runs every scenario against `core` and cleans up after it.
 pub async fn run_core(cp: &ControlPlane, args: &Args, core: &str, peer: Option<&Path>) -> anyhow::Result<Figures> {
     let tag = match core {
@@ -726,18 +743,7 @@ impl Bench<'_> {
             nodes.list(&ListParams::default().labels(label)).await?.items.into_iter().filter_map(|n| n.metadata.name).collect();
         admin.reset_calls().await?;
         let cpu_before = process.cpu_seconds();
-        let started = Instant::now();
-        let beat = Duration::from_secs(10).checked_div(names.len().max(1) as u32).unwrap_or_default();
-        while started.elapsed() < args.steady {
-            for name in &names {
-                if started.elapsed() >= args.steady {
-                    break;
-                }
-                let _ = ready(nodes, name).await;
-                tokio::time::sleep(beat).await;
-            }
-        }
-        let elapsed = started.elapsed().as_secs_f64();
+        let elapsed = heartbeats(nodes, &names, args.steady).await.as_secs_f64();
         f.steady_seconds = elapsed;
         let per_hour = |n: u64| n as f64 * 3600.0 / elapsed;
         let steady = calls(admin).await?;
