@@ -337,27 +337,30 @@ impl<K: Clone + Eq + Hash> WorkQueue<K> {
                     Self::schedule(&mut s, key.clone(), Instant::now() + delay, false);
                 }
             }
-            Outcome::Retry { .. } | Outcome::Throttled { .. } => {
-                let before = s.failures.get(key).map_or(0, |f| f.count);
-                let (count, delay, fingerprint) = match outcome {
-                    Outcome::Throttled { fingerprint, retry_after } => (before, retry_after, fingerprint),
-                    Outcome::Retry { fingerprint, retry_after } => {
-                        (before + 1, self.backoff(before + 1).max(retry_after.unwrap_or_default()), fingerprint)
-                    }
-                    _ => return,
-                };
-                // Kept while it waits, so that a resync or an update without news does not cut
-                // the wait short.
-                s.failures.insert(key.clone(), Failure { count, fingerprint });
-                match dirty {
-                    // Something the controller acts on changed while it failed: try now.
-                    Some(Some(now)) if Some(now) != fingerprint => Self::make_ready(&mut s, key.clone()),
-                    _ => Self::schedule(&mut s, key.clone(), Instant::now() + delay, true),
-                }
+            Outcome::Retry { fingerprint, retry_after } => {
+                let count = s.failures.get(key).map_or(0, |f| f.count) + 1;
+                let delay = self.backoff(count).max(retry_after.unwrap_or_default());
+                Self::wait(&mut s, key, Failure { count, fingerprint }, dirty, delay);
+            }
+            Outcome::Throttled { fingerprint, retry_after } => {
+                let count = s.failures.get(key).map_or(0, |f| f.count);
+                Self::wait(&mut s, key, Failure { count, fingerprint }, dirty, retry_after);
             }
         }
         drop(s);
         self.notify.notify_one();
+    }
+
+    /// Schedules a key that failed or was throttled `delay` from now, keeping `failure` while
+    /// it waits so that a resync or an update without news does not cut the wait short; at
+    /// once when something the controller acts on changed meanwhile (`dirty`).
+    fn wait(s: &mut State<K>, key: &K, failure: Failure, dirty: Option<Option<u64>>, delay: Duration) {
+        let fingerprint = failure.fingerprint;
+        s.failures.insert(key.clone(), failure);
+        match dirty {
+            Some(Some(now)) if Some(now) != fingerprint => Self::make_ready(s, key.clone()),
+            _ => Self::schedule(s, key.clone(), Instant::now() + delay, true),
+        }
     }
 
     /// Forgets a key entirely (its object is gone).

@@ -287,7 +287,7 @@ pub async fn run_until(options: Options, shutdown: impl Future<Output = ()> + Se
         let election = Election::new(&options, lease_client, metrics.clone());
         election
             .lead(groups, &shutdown_token, move |group, leading, stop| {
-                let (ctx, credentials) = (ctx.clone().with_fence(Some(leading.fence.clone())), credentials.clone());
+                let (ctx, credentials) = (ctx.with_fence(Some(leading.fence.clone())), credentials.clone());
                 async move { run_controllers(ctx, credentials, &group.controllers, stop, Some(leading)).await }
             })
             .await
