@@ -131,6 +131,36 @@ pub trait Routes: Send + Sync + 'static {
         let table = first.items.first().map(|t| t.id.clone()).unwrap_or_default();
         Ok(targets.iter().map(|_| Ok(vec![table.clone()])).collect())
     }
+
+    /// ApplyRoutes: deletes, then creates, many routes of one table (`""` is the default
+    /// table; every create's `table_id` is `table_id`), one result per item in order. Override
+    /// it when advertising `bulk_apply`, with one cloud call (or a few) for the whole list; the
+    /// default is a loop over [`Routes::delete_route`] and [`Routes::create_route`].
+    async fn apply_routes(
+        &self,
+        cluster_name: &str,
+        table_id: &str,
+        deletes: &[String],
+        creates: Vec<Route>,
+    ) -> Result<AppliedRoutes> {
+        let mut applied = AppliedRoutes::default();
+        for name in deletes {
+            applied.deletes.push(self.delete_route(cluster_name, table_id, name).await);
+        }
+        for route in creates {
+            applied.creates.push(self.create_route(cluster_name, route).await);
+        }
+        Ok(applied)
+    }
+}
+
+/// What an ApplyRoutes did: one result per delete and per create, in request order.
+#[derive(Debug, Default)]
+pub struct AppliedRoutes {
+    /// One result per delete.
+    pub deletes: Vec<Result<()>>,
+    /// One result per create: the route as stored.
+    pub creates: Vec<Result<Route>>,
 }
 
 /// LoadBalancersService. The name, ports, source ranges and requested IP are validated
@@ -161,6 +191,22 @@ pub trait LoadBalancers: Send + Sync + 'static {
     async fn list_load_balancers(&self, cluster_name: &str, page: &PageRequest) -> Result<Page<LoadBalancerSummary>> {
         let _ = (cluster_name, page);
         Err(crate::Error::Unimplemented { message: "ListLoadBalancers".into() })
+    }
+
+    /// BatchUpdateLoadBalancerHosts: points every listed load balancer at `nodes`, one result
+    /// per Service in order (NOT_FOUND for one that does not exist). Override it when
+    /// advertising `bulk_update_hosts`, with one cloud call (or a few) for the whole list; the
+    /// default is a loop over [`LoadBalancers::update_load_balancer_hosts`].
+    async fn batch_update_load_balancer_hosts(
+        &self,
+        services: &[LoadBalancerService],
+        nodes: &[LoadBalancerNode],
+    ) -> Result<Vec<Result<()>>> {
+        let mut results = Vec::with_capacity(services.len());
+        for service in services {
+            results.push(self.update_load_balancer_hosts(service, nodes).await);
+        }
+        Ok(results)
     }
 }
 

@@ -503,18 +503,38 @@ async fn batch<T>(
     call: impl AsyncFnOnce(Vec<pb::InstanceLookup>) -> Result<Vec<Result<T>>>,
 ) -> Result<Vec<Result<T>>> {
     validate::batch_size(lookups.len())?;
-    let checked: Vec<Result<()>> = lookups.iter().map(|l| validate::lookup(Some(l)).map(|_| ())).collect();
-    let valid: Vec<pb::InstanceLookup> =
-        lookups.iter().zip(&checked).filter(|(_, c)| c.is_ok()).map(|(l, _)| l.clone()).collect();
-    let expected = valid.len();
-    let mut answers = call(valid).await?.into_iter();
+    let (checked, valid) = checked(lookups, |l| validate::lookup(Some(l)).cloned());
+    merge("lookups", checked, call(valid).await?)
+}
+
+/// Each item's check, and the items that passed it (as `check` returns them), in order.
+fn checked<I, V>(items: &[I], check: impl Fn(&I) -> Result<V>) -> (Vec<Result<()>>, Vec<V>) {
+    let mut valid = Vec::with_capacity(items.len());
+    let checks = items.iter().map(|item| check(item).map(|v| valid.push(v))).collect();
+    (checks, valid)
+}
+
+/// One answer per item: its check's error, or the provider's answer for it (the answers are
+/// for the items that passed, in order; any other count is the provider's bug).
+fn merge<T>(what: &str, checks: Vec<Result<()>>, answers: Vec<Result<T>>) -> Result<Vec<Result<T>>> {
+    let expected = checks.iter().filter(|c| c.is_ok()).count();
     if answers.len() != expected {
-        return Err(Error::internal(format!("provider answered {} of {expected} lookups", answers.len())));
+        return Err(Error::internal(format!("provider answered {} of {expected} {what}", answers.len())));
     }
-    Ok(checked
+    let mut answers = answers.into_iter();
+    Ok(checks
         .into_iter()
         .map(|c| c.and_then(|()| answers.next().unwrap_or_else(|| Err(Error::internal("missing answer")))))
         .collect())
+}
+
+/// INVALID_ARGUMENT when a name is listed twice.
+fn distinct<'a>(what: &str, names: impl IntoIterator<Item = &'a str>) -> Result<()> {
+    let mut seen = std::collections::HashSet::new();
+    match names.into_iter().find(|n| !seen.insert(*n)) {
+        Some(twice) => Err(Error::invalid_argument(format!("{what} {twice:?} is listed twice"))),
+        None => Ok(()),
+    }
 }
 
 // === impl InstancesAdapter ===
@@ -758,6 +778,46 @@ impl RoutesService for RoutesAdapter {
             })
             .await
     }
+
+    async fn apply_routes(
+        &self,
+        req: Request<pb::ApplyRoutesRequest>,
+    ) -> std::result::Result<Response<pb::ApplyRoutesResponse>, Status> {
+        let req = req.into_inner();
+        self.obs
+            .call("RoutesService/ApplyRoutes", async {
+                validate::batch_size(req.deletes.len() + req.creates.len())?;
+                distinct("route to delete", req.deletes.iter().map(String::as_str))?;
+                distinct("route to create", req.creates.iter().map(|r| r.name.as_str()))?;
+                if let Some(r) = req.creates.iter().find(|r| !r.table_id.is_empty() && r.table_id != req.table_id) {
+                    let why = format!("route {:?} names table {:?} in a call for table {:?}", r.name, r.table_id, req.table_id);
+                    return Err(Error::invalid_argument(why));
+                }
+                let (delete_checks, deletes) = checked(&req.deletes, |n| validate::route_name(n).map(|()| n.clone()));
+                let (create_checks, creates) = checked(&req.creates, |r| {
+                    let mut route = validate::route(Some(r), self.ipv6)?.clone();
+                    route.table_id.clone_from(&req.table_id);
+                    Ok(route)
+                });
+                let applied = self.inner.apply_routes(&req.cluster_name, &req.table_id, &deletes, creates).await?;
+                let deletes = merge("deletes", delete_checks, applied.deletes)?;
+                let creates = merge("creates", create_checks, applied.creates)?;
+                Ok(pb::ApplyRoutesResponse {
+                    deletes: deletes
+                        .into_iter()
+                        .map(|r| pb::RouteDeleteResult { error: r.err().map(|e| e.to_item_error()) })
+                        .collect(),
+                    creates: creates
+                        .into_iter()
+                        .map(|r| match r {
+                            Ok(route) => pb::RouteResult { route: Some(route), error: None },
+                            Err(e) => pb::RouteResult { route: None, error: Some(e.to_item_error()) },
+                        })
+                        .collect(),
+                })
+            })
+            .await
+    }
 }
 
 // === impl LoadBalancersAdapter ===
@@ -837,6 +897,26 @@ impl LoadBalancersService for LoadBalancersAdapter {
                 page.after()?;
                 let page = self.inner.list_load_balancers(&req.cluster_name, &page).await?;
                 Ok(pb::ListLoadBalancersResponse { load_balancers: page.items, next_page_token: page.next_page_token })
+            })
+            .await
+    }
+
+    async fn batch_update_load_balancer_hosts(
+        &self,
+        req: Request<pb::BatchUpdateLoadBalancerHostsRequest>,
+    ) -> std::result::Result<Response<pb::BatchUpdateLoadBalancerHostsResponse>, Status> {
+        let req = req.into_inner();
+        self.obs
+            .call("LoadBalancersService/BatchUpdateLoadBalancerHosts", async {
+                validate::batch_size(req.services.len())?;
+                distinct("load balancer", req.services.iter().map(|s| s.load_balancer_name.as_str()))?;
+                let (checks, valid) = checked(&req.services, |s| validate::load_balancer_ref(Some(s), &self.limits).cloned());
+                let answers = self.inner.batch_update_load_balancer_hosts(&valid, &req.nodes).await?;
+                let results = merge("load balancers", checks, answers)?
+                    .into_iter()
+                    .map(|r| pb::HostsUpdateResult { error: r.err().map(|e| e.to_item_error()) })
+                    .collect();
+                Ok(pb::BatchUpdateLoadBalancerHostsResponse { results })
             })
             .await
     }

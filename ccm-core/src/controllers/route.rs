@@ -114,6 +114,12 @@ type Desired = BTreeMap<String, BTreeMap<String, (String, pb::Route)>>;
 /// The route tables of each (Node name, providerID), as resolved.
 type Tables = HashMap<(String, String), Vec<String>>;
 
+/// What the deletes did: (table, route name) and the result.
+type Deleted = Vec<((String, String), Result<(), Error>)>;
+
+/// What the creates did: Node, the route asked for, and the result.
+type Created = Vec<(String, pb::Route, Result<pb::Route, Error>)>;
+
 /// What one reconcile will change: (table, route name) to delete, (Node, route) to create.
 #[derive(Debug, Default)]
 struct Changes {
@@ -613,25 +619,16 @@ impl RouteController {
         changes
     }
 
-    /// Deletes, then creates, `--concurrent-route-syncs` at a time, keeping `known` as the
-    /// cloud now is; the first error, if any (a full table is not one: its Node is counted
-    /// without a route).
+    /// Deletes, then creates (`--concurrent-route-syncs` calls at a time, or, when the
+    /// provider advertises bulk_apply, one ApplyRoutes per table and 500 items), keeping
+    /// `known` as the cloud now is; the first error, if any (a full table is not one: its Node
+    /// is counted without a route).
     async fn apply(&self, changes: Changes, known: &mut Known, sync: &mut Sync) -> Option<Error> {
-        let concurrency = self.ctx.options.concurrent_route_syncs.max(1);
-        let cluster = self.ctx.options.cluster_name.clone();
-        let provider = self.ctx.provider.clone();
-        let ctx = &self.ctx;
-        let deleted: Vec<((String, String), Result<(), Error>)> = futures::stream::iter(changes.deletes)
-            .map(|(table, name)| {
-                let (provider, cluster) = (provider.clone(), cluster.clone());
-                async move {
-                    let r = provider.delete_route(ctx.fence(), &cluster, &table, &name).await;
-                    ((table, name), r)
-                }
-            })
-            .buffer_unordered(concurrency)
-            .collect()
-            .await;
+        let (deleted, created) = if self.ctx.provider.identity().is_some_and(|i| i.bulk_routes()) {
+            self.apply_in_bulk(changes).await
+        } else {
+            self.apply_one_by_one(changes).await
+        };
         let mut first_error = None;
         for ((table, name), result) in deleted {
             match result {
@@ -644,17 +641,6 @@ impl RouteController {
                 }
             }
         }
-        let created: Vec<(String, pb::Route, Result<pb::Route, Error>)> = futures::stream::iter(changes.creates)
-            .map(|(node, route)| {
-                let (provider, cluster) = (provider.clone(), cluster.clone());
-                async move {
-                    let r = provider.create_route(ctx.fence(), &cluster, route.clone()).await;
-                    (node, route, r)
-                }
-            })
-            .buffer_unordered(concurrency)
-            .collect()
-            .await;
         for (node, wanted, result) in created {
             match result {
                 Ok(route) => {
@@ -676,6 +662,58 @@ impl RouteController {
             }
         }
         first_error
+    }
+
+    /// Deletes, then creates, one call each, `--concurrent-route-syncs` at a time.
+    async fn apply_one_by_one(&self, changes: Changes) -> (Deleted, Created) {
+        let concurrency = self.ctx.options.concurrent_route_syncs.max(1);
+        let cluster = self.ctx.options.cluster_name.clone();
+        let provider = self.ctx.provider.clone();
+        let ctx = &self.ctx;
+        let deleted: Deleted = futures::stream::iter(changes.deletes)
+            .map(|(table, name)| {
+                let (provider, cluster) = (provider.clone(), cluster.clone());
+                async move {
+                    let r = provider.delete_route(ctx.fence(), &cluster, &table, &name).await;
+                    ((table, name), r)
+                }
+            })
+            .buffer_unordered(concurrency)
+            .collect()
+            .await;
+        let created: Created = futures::stream::iter(changes.creates)
+            .map(|(node, route)| {
+                let (provider, cluster) = (provider.clone(), cluster.clone());
+                async move {
+                    let r = provider.create_route(ctx.fence(), &cluster, route.clone()).await;
+                    (node, route, r)
+                }
+            })
+            .buffer_unordered(concurrency)
+            .collect()
+            .await;
+        (deleted, created)
+    }
+
+    /// Deletes, then creates, with ApplyRoutes: each table's changes in calls of 500 items.
+    async fn apply_in_bulk(&self, changes: Changes) -> (Deleted, Created) {
+        let cluster = &self.ctx.options.cluster_name;
+        let mut by_table: BTreeMap<String, Changes> = BTreeMap::new();
+        for (table, name) in changes.deletes {
+            by_table.entry(table.clone()).or_default().deletes.push((table, name));
+        }
+        for (node, route) in changes.creates {
+            by_table.entry(route.table_id.clone()).or_default().creates.push((node, route));
+        }
+        let (mut deleted, mut created) = (Vec::new(), Vec::new());
+        for (table, changes) in by_table {
+            let names = changes.deletes.iter().map(|(_, name)| name.clone()).collect();
+            let routes = changes.creates.iter().map(|(_, r)| r.clone()).collect();
+            let (d, c) = self.ctx.provider.apply_routes(self.ctx.fence(), cluster, &table, names, routes).await;
+            deleted.extend(changes.deletes.into_iter().zip(d));
+            created.extend(changes.creates.into_iter().zip(c).map(|((node, route), r)| (node, route, r)));
+        }
+        (deleted, created)
     }
 }
 

@@ -58,6 +58,9 @@ const NODE_COALESCE: Duration = Duration::from_millis(50);
 /// Queue keys of load balancers whose Service is gone: this prefix and the Service UID
 /// (never a `namespace/name`: `!` is not allowed in either).
 const ORPHAN_KEY: char = '!';
+/// The queue key of one pass that updates the hosts of every load balancer whose Service is
+/// as it was ensured, with BatchUpdateLoadBalancerHosts (when the provider advertises it).
+const HOSTS_KEY: &str = "*hosts";
 
 fn key(svc: &Service) -> String {
     format!("{}/{}", svc.metadata.namespace.as_deref().unwrap_or_default(), svc.metadata.name.as_deref().unwrap_or_default())
@@ -562,6 +565,10 @@ impl ServiceController {
                 }
                 last = now;
                 this.node_change_at.lock().unwrap_or_else(|p| p.into_inner()).get_or_insert(Instant::now());
+                if this.ctx.provider.identity().is_some_and(|i| i.bulk_hosts()) {
+                    this.queue.add(HOSTS_KEY.to_string());
+                    continue;
+                }
                 for svc in this.ctx.services.store().state() {
                     if this.wants_lb(&svc) {
                         this.queue.add(key(&svc));
@@ -595,11 +602,7 @@ impl ServiceController {
     }
 
     fn hosts_fingerprint(&self) -> u64 {
-        let mut h = std::collections::hash_map::DefaultHasher::new();
-        for n in self.backends() {
-            node_fingerprint(&n).hash(&mut h);
-        }
-        h.finish()
+        Self::hosts_of(&self.backends())
     }
 
     async fn worker(self: Arc<Self>) {
@@ -791,6 +794,9 @@ impl ServiceController {
         if let Some(uid) = k.strip_prefix(ORPHAN_KEY) {
             return self.delete_orphan(uid).await;
         }
+        if k == HOSTS_KEY {
+            return self.update_all_hosts().await;
+        }
         let (ns, name) = k.split_once('/').unwrap_or(("", k));
         // Always the newest Service: never a copy from before a failure.
         let Some(svc) = self.ctx.services.store().get(&ObjectRef::new(name).within(ns)) else {
@@ -843,13 +849,7 @@ impl ServiceController {
         // A rename waiting is a full Ensure under the new name.
         let last = self.ensured.lock().unwrap_or_else(|p| p.into_inner()).get(&k).copied().filter(|_| old_name.is_none());
         let Some(backends) = self.backends_for(svc, last).await else { return Ok(()) };
-        let hosts = {
-            let mut h = std::collections::hash_map::DefaultHasher::new();
-            for n in &backends {
-                node_fingerprint(n).hash(&mut h);
-            }
-            h.finish()
-        };
+        let hosts = Self::hosts_of(&backends);
         let ensured = Ensured { spec: provider_fingerprint(svc), hosts, count: backends.len() };
         let lb = self.lb_service_named(svc, lb_name);
         let nodes = Self::nodes_proto(&backends);
@@ -908,14 +908,107 @@ impl ServiceController {
             let note = "There are no available nodes for LoadBalancer".to_string();
             self.ctx.event(NAME, svc, true, "UnAvailableLoadBalancer", note).await;
         } else {
-            // Every Service sees the same set: copied only when it changed, not per Service.
-            let mut last = self.last_backends.lock().unwrap_or_else(|p| p.into_inner());
-            let same = last.len() == backends.len() && last.iter().zip(&backends).all(|(a, b)| Arc::ptr_eq(a, b));
-            if !same {
-                last.clone_from(&backends);
-            }
+            self.remember_backends(&backends);
         }
         Some(backends)
+    }
+
+    /// Keeps `backends` as the last non-empty set. Every Service sees the same set: copied
+    /// only when it changed, not per Service.
+    fn remember_backends(&self, backends: &[Arc<Node>]) {
+        let mut last = self.last_backends.lock().unwrap_or_else(|p| p.into_inner());
+        let same = last.len() == backends.len() && last.iter().zip(backends).all(|(a, b)| Arc::ptr_eq(a, b));
+        if !same {
+            last.clear();
+            last.extend_from_slice(backends);
+        }
+    }
+
+    /// The hosts fingerprint of a node set.
+    fn hosts_of(backends: &[Arc<Node>]) -> u64 {
+        let mut h = std::collections::hash_map::DefaultHasher::new();
+        for n in backends {
+            node_fingerprint(n).hash(&mut h);
+        }
+        h.finish()
+    }
+
+    /// After the node set changed, with a provider that updates hosts in bulk: one
+    /// BatchUpdateLoadBalancerHosts per 500 load balancers whose Service is as it was last
+    /// ensured under its recorded name. Every other Service (not ensured yet, changed, being
+    /// renamed, or with no backend left, which keeps its hosts) takes its own reconcile, and
+    /// so does each load balancer whose item failed for good; a throttled or transient
+    /// failure retries the whole pass.
+    async fn update_all_hosts(&self) -> Outcome {
+        let Some(identity) = self.ctx.provider.identity() else {
+            return Outcome::of_provider_error(None, &Error::unavailable("provider not ready"));
+        };
+        if !identity.serves(ServiceType::LoadBalancers) {
+            return Outcome::Success;
+        }
+        let backends = self.backends();
+        let hosts = Self::hosts_of(&backends);
+        let mut todo = Vec::new();
+        for svc in self.ctx.services.store().state() {
+            if !self.wants_lb(&svc) {
+                continue;
+            }
+            let k = key(&svc);
+            let last = self.ensured.lock().unwrap_or_else(|p| p.into_inner()).get(&k).copied();
+            let uid = svc.metadata.uid.as_deref().unwrap_or_default();
+            let name = self.names.lock().unwrap_or_else(|p| p.into_inner()).get(uid).cloned();
+            let as_ensured = last.is_some_and(|e| e.spec == provider_fingerprint(&svc))
+                && has_finalizer(&svc)
+                && name.is_some()
+                && recorded_name(&svc) == name.as_deref()
+                && source_ranges(&svc).is_ok();
+            match (last, name) {
+                (Some(e), Some(name)) if as_ensured && !backends.is_empty() => {
+                    if e.hosts != hosts {
+                        let ensured = Ensured { spec: e.spec, hosts, count: backends.len() };
+                        todo.push((svc.clone(), self.lb_service_named(&svc, name), ensured));
+                    }
+                }
+                _ => self.queue.add(k),
+            }
+        }
+        if todo.is_empty() {
+            return Outcome::Success;
+        }
+        self.remember_backends(&backends);
+        let services: Vec<pb::LoadBalancerService> = todo.iter().map(|(_, lb, _)| lb.clone()).collect();
+        let started = Instant::now();
+        let results =
+            self.ctx.provider.batch_update_load_balancer_hosts(self.ctx.fence(), &services, &Self::nodes_proto(&backends)).await;
+        let mut retry = None;
+        for ((svc, _, ensured), result) in todo.into_iter().zip(results) {
+            self.ctx.metrics.hosts_update(started.elapsed(), result.is_err());
+            let k = key(&svc);
+            match result {
+                Ok(()) => {
+                    self.ensured.lock().unwrap_or_else(|p| p.into_inner()).insert(k, ensured);
+                    let note = format!("Updated load balancer with new hosts ({})", ensured.count);
+                    self.ctx.event(NAME, svc.as_ref(), false, "UpdatedLoadBalancer", note).await;
+                }
+                Err(error) if error.is_transient() => {
+                    retry.get_or_insert(error);
+                }
+                Err(error) => {
+                    tracing::warn!(service = %k, %error, "updating the load balancer's hosts failed");
+                    let note = format!("Error updating load balancer with new hosts: {error}");
+                    self.ctx.event(NAME, svc.as_ref(), true, "UpdateLoadBalancerFailed", note).await;
+                    // A load balancer that vanished gets a full Ensure.
+                    if matches!(error, Error::NotFound { .. }) {
+                        self.ensured.lock().unwrap_or_else(|p| p.into_inner()).remove(&k);
+                    }
+                    self.queue.add(k);
+                }
+            }
+        }
+        match retry {
+            Some(error) => Outcome::of_provider_error(None, &error),
+            None => Outcome::Success,
+        }
     }
 
     /// UpdateLoadBalancerHosts: the spec is what was ensured, only the Nodes changed.

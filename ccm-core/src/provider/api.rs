@@ -168,13 +168,8 @@ impl Provider {
         const METHOD: &str = "RoutesService/CreateRoute";
         let request = pb::CreateRouteRequest { cluster_name: cluster.to_string(), route: Some(route.clone()) };
         let rpc = async |ch, r| routes_client(ch).create_route(r).await;
-        let made = self.call_fenced(fence, METHOD, request, rpc).await?.route.unwrap_or_else(|| route.clone());
-        answer::route(&made).map_err(|why| self.invalid(METHOD, why))?;
-        if made.destination_cidr != route.destination_cidr {
-            let why = format!("asked for a route to {}, it made one to {}", route.destination_cidr, made.destination_cidr);
-            return Err(self.invalid(METHOD, why));
-        }
-        Ok(made)
+        let made = self.call_fenced(fence, METHOD, request, rpc).await?.route;
+        self.made_route(METHOD, &route, made)
     }
 
     /// Deletes the route `name` of `table` (fenced).
@@ -183,6 +178,72 @@ impl Provider {
             pb::DeleteRouteRequest { cluster_name: cluster.to_string(), table_id: table.to_string(), name: name.to_string() };
         let rpc = async |ch, r| routes_client(ch).delete_route(r).await;
         self.call_fenced(fence, "RoutesService/DeleteRoute", request, rpc).await.map(|_| ())
+    }
+
+    /// Deletes the routes `deletes` and creates `creates` in `table` with ApplyRoutes (fenced),
+    /// 500 items a call, every delete before any create: one result per delete and per
+    /// create, in order. A failed call, or an answer of the wrong length, fails every item of
+    /// its call; a created route is checked as CreateRoute's answer is.
+    pub async fn apply_routes(
+        &self,
+        fence: Option<&Fence>,
+        cluster: &str,
+        table: &str,
+        deletes: Vec<String>,
+        creates: Vec<pb::Route>,
+    ) -> (PerLookup<()>, PerLookup<pb::Route>) {
+        const METHOD: &str = "RoutesService/ApplyRoutes";
+        let (mut deleted, mut created) = (Vec::with_capacity(deletes.len()), Vec::with_capacity(creates.len()));
+        let (mut deletes, mut creates) = (deletes.into_iter().peekable(), creates.into_iter().peekable());
+        while deletes.peek().is_some() || creates.peek().is_some() {
+            let deletes: Vec<String> = deletes.by_ref().take(MAX_BATCH).collect();
+            let creates: Vec<pb::Route> = creates.by_ref().take(MAX_BATCH - deletes.len()).collect();
+            let request = pb::ApplyRoutesRequest {
+                cluster_name: cluster.to_string(),
+                table_id: table.to_string(),
+                deletes: deletes.clone(),
+                creates: creates.clone(),
+            };
+            let rpc = async |ch, r| routes_client(ch).apply_routes(r).await;
+            let answer = self.call_fenced(fence, METHOD, request, rpc).await.and_then(|a| {
+                if a.deletes.len() != deletes.len() || a.creates.len() != creates.len() {
+                    let why = format!(
+                        "{} and {} results for {} deletes and {} creates",
+                        a.deletes.len(),
+                        a.creates.len(),
+                        deletes.len(),
+                        creates.len()
+                    );
+                    return Err(self.invalid(METHOD, why));
+                }
+                Ok(a)
+            });
+            match answer {
+                Ok(a) => {
+                    deleted.extend(a.deletes.into_iter().map(|d| d.error.map_or(Ok(()), |e| Err(Error::from_item_error(&e)))));
+                    created.extend(a.creates.into_iter().zip(creates).map(|(r, wanted)| match (r.error, r.route) {
+                        (Some(e), _) => Err(Error::from_item_error(&e)),
+                        (None, made) => self.made_route(METHOD, &wanted, made),
+                    }));
+                }
+                Err(e) => {
+                    deleted.extend(deletes.iter().map(|_| Err(e.clone())));
+                    created.extend(creates.iter().map(|_| Err(e.clone())));
+                }
+            }
+        }
+        (deleted, created)
+    }
+
+    /// A created route as the provider answered it (`made`; none means as asked), checked.
+    fn made_route(&self, method: &str, wanted: &pb::Route, made: Option<pb::Route>) -> Result<pb::Route, Error> {
+        let made = made.unwrap_or_else(|| wanted.clone());
+        answer::route(&made).map_err(|why| self.invalid(method, why))?;
+        if made.destination_cidr != wanted.destination_cidr {
+            let why = format!("asked for a route to {}, it made one to {}", wanted.destination_cidr, made.destination_cidr);
+            return Err(self.invalid(method, why));
+        }
+        Ok(made)
     }
 
     /// The cluster's load balancers, all pages.
@@ -244,6 +305,34 @@ impl Provider {
         let request = pb::UpdateLoadBalancerHostsRequest { service: Some(service), nodes };
         let rpc = async |ch, r| load_balancers_client(ch).update_load_balancer_hosts(r).await;
         self.call_fenced(fence, "LoadBalancersService/UpdateLoadBalancerHosts", request, rpc).await.map(|_| ())
+    }
+
+    /// Points the load balancers of `services` at `nodes` with BatchUpdateLoadBalancerHosts
+    /// (fenced), 500 a call: one result per Service, in order. A failed call, or an answer of
+    /// the wrong length, fails every Service of its call.
+    pub async fn batch_update_load_balancer_hosts(
+        &self,
+        fence: Option<&Fence>,
+        services: &[pb::LoadBalancerService],
+        nodes: &[pb::LoadBalancerNode],
+    ) -> PerLookup<()> {
+        const METHOD: &str = "LoadBalancersService/BatchUpdateLoadBalancerHosts";
+        let mut out = Vec::with_capacity(services.len());
+        for chunk in services.chunks(MAX_BATCH) {
+            let request = pb::BatchUpdateLoadBalancerHostsRequest { nodes: nodes.to_vec(), services: chunk.to_vec() };
+            let rpc = async |ch, r| load_balancers_client(ch).batch_update_load_balancer_hosts(r).await;
+            match self.call_fenced(fence, METHOD, request, rpc).await {
+                Ok(a) if a.results.len() == chunk.len() => {
+                    out.extend(a.results.into_iter().map(|r| r.error.map_or(Ok(()), |e| Err(Error::from_item_error(&e)))));
+                }
+                Ok(a) => {
+                    let e = self.invalid(METHOD, format!("{} results for {} load balancers", a.results.len(), chunk.len()));
+                    out.extend(chunk.iter().map(|_| Err(e.clone())));
+                }
+                Err(e) => out.extend(chunk.iter().map(|_| Err(e.clone()))),
+            }
+        }
+        out
     }
 
     /// Deletes the load balancer of `service` if it exists (fenced).

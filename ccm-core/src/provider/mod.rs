@@ -76,6 +76,16 @@ impl Identity {
     pub fn batch_reads(&self) -> bool {
         self.capabilities.instances.as_ref().is_some_and(|c| c.batch_reads)
     }
+
+    /// Whether ApplyRoutes is advertised.
+    pub fn bulk_routes(&self) -> bool {
+        self.capabilities.routes.as_ref().is_some_and(|c| c.bulk_apply)
+    }
+
+    /// Whether BatchUpdateLoadBalancerHosts is advertised.
+    pub fn bulk_hosts(&self) -> bool {
+        self.capabilities.load_balancers.as_ref().is_some_and(|c| c.bulk_update_hosts)
+    }
 }
 
 /// The provider client; cheap to clone.

@@ -41,6 +41,10 @@ type Options struct {
 	BatchConcurrency int
 	// RoutesIPv6 advertises routes to IPv6 destinations (only for providers that create them).
 	RoutesIPv6 bool
+	// Bulk advertises ApplyRoutes and BatchUpdateLoadBalancerHosts. The interface has no bulk
+	// call, so each item is still its own cloud call (BatchConcurrency at a time); the core
+	// sends one RPC per 500 items instead of one each.
+	Bulk bool
 	// TLSCertFile, TLSKeyFile and TLSClientCAFile (PEM) serve a TCP Listen with mutual TLS:
 	// this certificate, and a client certificate of that CA required (the core's
 	// --provider-tls-* files). Not for unix sockets, whose file mode guards them.
@@ -121,11 +125,11 @@ func NewServer(cloud cloudprovider.Interface, opts Options, extra ...grpc.Server
 		id.services = append(id.services, pb.ServiceType_SERVICE_TYPE_INSTANCES)
 	}
 	if r, ok := cloud.Routes(); ok && r != nil {
-		pb.RegisterRoutesServiceServer(server, &routes{routes: r, name: cloud.ProviderName(), ipv6: opts.RoutesIPv6})
+		pb.RegisterRoutesServiceServer(server, &routes{routes: r, name: cloud.ProviderName(), ipv6: opts.RoutesIPv6, concurrency: opts.BatchConcurrency})
 		id.services = append(id.services, pb.ServiceType_SERVICE_TYPE_ROUTES)
 	}
 	if lb, ok := cloud.LoadBalancer(); ok && lb != nil {
-		pb.RegisterLoadBalancersServiceServer(server, &loadBalancers{lb: lb})
+		pb.RegisterLoadBalancersServiceServer(server, &loadBalancers{lb: lb, concurrency: opts.BatchConcurrency})
 		id.services = append(id.services, pb.ServiceType_SERVICE_TYPE_LOAD_BALANCERS)
 	}
 	if !cloud.HasClusterID() {

@@ -422,3 +422,79 @@ func TestLoadBalancerCallsForFiveThousandNodesFitTheWire(t *testing.T) {
 		t.Errorf("%d update calls", n)
 	}
 }
+
+func TestBulkCallsAnswerPerItemInOrder(t *testing.T) {
+	cloud, err := fakecloud.New(fakecloud.Config{ExternalIP: "192.0.2.10"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	conn := serve(t, cloud, Options{Bulk: true, BatchConcurrency: 2})
+	caps, err := pb.NewIdentityServiceClient(conn).GetPluginCapabilities(ctx(t), &pb.GetPluginCapabilitiesRequest{})
+	if err != nil || !caps.GetRoutes().GetBulkApply() || !caps.GetLoadBalancers().GetBulkUpdateHosts() {
+		t.Fatalf("bulk calls advertised with Bulk: %v %v", caps, err)
+	}
+	routes := pb.NewRoutesServiceClient(conn)
+	route := func(node, cidr string) *pb.Route {
+		return &pb.Route{Name: "r-" + node, Target: &pb.RouteTarget{NodeName: node}, DestinationCidr: cidr}
+	}
+	applied, err := routes.ApplyRoutes(ctx(t), &pb.ApplyRoutesRequest{ClusterName: "c", Creates: []*pb.Route{
+		route("a", "10.244.1.0/24"), route("b", "10.244.2.0/24"), route("bad", "10.244.3.1/24"), route("c", "10.244.4.0/24"),
+	}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(applied.GetCreates()) != 4 || len(applied.GetDeletes()) != 0 {
+		t.Fatalf("answers %v", applied)
+	}
+	for i, want := range []string{"10.244.1.0/24>a", "10.244.2.0/24>b", "", "10.244.4.0/24>c"} {
+		got := applied.GetCreates()[i]
+		if want == "" {
+			if got.GetError().GetCode() != int32(codes.InvalidArgument) || got.GetRoute() != nil {
+				t.Errorf("a malformed CIDR fails its own item: %v", got)
+			}
+		} else if got.GetError() != nil || got.GetRoute().GetName() != want {
+			t.Errorf("item %d: %v, want route %s", i, got, want)
+		}
+	}
+	// Deletes come before creates: the same destination moves to another node in one call.
+	applied, err = routes.ApplyRoutes(ctx(t), &pb.ApplyRoutesRequest{
+		ClusterName: "c", Deletes: []string{"10.244.1.0/24>a", "absent"}, Creates: []*pb.Route{route("d", "10.244.1.0/24")},
+	})
+	if err != nil || len(applied.GetDeletes()) != 2 || applied.GetDeletes()[0].GetError() != nil || applied.GetDeletes()[1].GetError() != nil ||
+		applied.GetCreates()[0].GetError() != nil {
+		t.Fatalf("delete and create in one call: %v %v", applied, err)
+	}
+	if len(cloud.RouteMap) != 3 {
+		t.Errorf("%d routes, want 3", len(cloud.RouteMap))
+	}
+	if _, err := routes.ApplyRoutes(ctx(t), &pb.ApplyRoutesRequest{ClusterName: "c", Deletes: make([]string, 501)}); status.Code(err) != codes.InvalidArgument {
+		t.Errorf("501 items: %v", err)
+	}
+
+	lbs := pb.NewLoadBalancersServiceClient(conn)
+	svc := func(name string) *pb.LoadBalancerService {
+		return &pb.LoadBalancerService{ClusterName: "c", Namespace: "ns", Name: name, Uid: "uid-" + name, LoadBalancerName: "c-ns-" + name,
+			Ports: []*pb.ServicePort{{Protocol: pb.Protocol_PROTOCOL_TCP, Port: 80, NodePort: 30080}}}
+	}
+	for _, name := range []string{"one", "two"} {
+		if _, err := lbs.EnsureLoadBalancer(ctx(t), &pb.EnsureLoadBalancerRequest{Service: svc(name)}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	nodes := []*pb.LoadBalancerNode{{Name: "node-a", ProviderId: "fake://zone-a/i-a"}}
+	hosts, err := lbs.BatchUpdateLoadBalancerHosts(ctx(t), &pb.BatchUpdateLoadBalancerHostsRequest{
+		Nodes: nodes, Services: []*pb.LoadBalancerService{svc("one"), svc("gone"), svc("two")},
+	})
+	if err != nil || len(hosts.GetResults()) != 3 {
+		t.Fatalf("hosts: %v %v", hosts, err)
+	}
+	if hosts.GetResults()[0].GetError() != nil || hosts.GetResults()[2].GetError() != nil {
+		t.Errorf("existing load balancers updated: %v", hosts)
+	}
+	if e := hosts.GetResults()[1].GetError(); e.GetCode() != int32(codes.NotFound) || e.GetReason() != "NOT_FOUND" {
+		t.Errorf("an absent load balancer is NOT_FOUND in its own item: %v", e)
+	}
+	if len(cloud.UpdateCalls) != 2 {
+		t.Errorf("%d UpdateLoadBalancer calls, want 2", len(cloud.UpdateCalls))
+	}
+}

@@ -2,6 +2,7 @@ package adapter
 
 import (
 	"context"
+	"sync"
 	"time"
 
 	"google.golang.org/grpc/codes"
@@ -43,4 +44,25 @@ func bounded[T any](ctx context.Context, call func(context.Context) (T, error)) 
 		}
 		return zero, newStatus(codes.Canceled, "DEADLINE_EXCEEDED", "the request was cancelled before the provider answered", 0)
 	}
+}
+
+// maxBatch is the most items one batch or bulk call carries (the protocol's limit).
+const maxBatch = 500
+
+// each runs do(0) … do(n-1), at most limit at a time, and returns when all have.
+func each(n, limit int, do func(i int)) {
+	if limit <= 0 {
+		limit = 1
+	}
+	slots := make(chan struct{}, limit)
+	var wg sync.WaitGroup
+	for i := 0; i < n; i++ {
+		slots <- struct{}{}
+		wg.Add(1)
+		go func(i int) {
+			defer func() { <-slots; wg.Done() }()
+			do(i)
+		}(i)
+	}
+	wg.Wait()
 }

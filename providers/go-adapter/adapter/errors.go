@@ -80,8 +80,21 @@ func unimplemented(message string) error {
 	return newStatus(codes.Unimplemented, "UNIMPLEMENTED", message, 0)
 }
 
-// itemError is the per-item error of a batch answer.
+// itemError is the per-item error of a batch answer: a status error (one of this adapter's
+// own answers) keeps its code, reason and delay; a provider's error is classified.
 func itemError(err error) *pb.ItemError {
+	if st, ok := status.FromError(err); ok {
+		item := &pb.ItemError{Code: int32(st.Code()), Message: st.Message(), Reason: st.Code().String()}
+		for _, d := range st.Details() {
+			switch d := d.(type) {
+			case *errdetails.ErrorInfo:
+				item.Reason = d.GetReason()
+			case *errdetails.RetryInfo:
+				item.RetryAfterMs = uint64(d.GetRetryDelay().AsDuration().Milliseconds())
+			}
+		}
+		return item
+	}
 	code, reason, delay := classify(err)
 	return &pb.ItemError{Code: int32(code), Message: err.Error(), Reason: reason, RetryAfterMs: uint64(delay.Milliseconds())}
 }

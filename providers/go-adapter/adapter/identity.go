@@ -29,9 +29,9 @@ func (s *identity) GetPluginCapabilities(context.Context, *pb.GetPluginCapabilit
 		case pb.ServiceType_SERVICE_TYPE_INSTANCES:
 			out.Instances = &pb.InstancesCapabilities{BatchReads: s.opts.BatchReads}
 		case pb.ServiceType_SERVICE_TYPE_ROUTES:
-			out.Routes = &pb.RoutesCapabilities{Ipv6: s.opts.RoutesIPv6, ProviderNames: true}
+			out.Routes = &pb.RoutesCapabilities{Ipv6: s.opts.RoutesIPv6, ProviderNames: true, BulkApply: s.opts.Bulk}
 		case pb.ServiceType_SERVICE_TYPE_LOAD_BALANCERS:
-			out.LoadBalancers = &pb.LoadBalancersCapabilities{}
+			out.LoadBalancers = &pb.LoadBalancersCapabilities{BulkUpdateHosts: s.opts.Bulk}
 		}
 	}
 	return out, nil

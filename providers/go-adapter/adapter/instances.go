@@ -229,31 +229,23 @@ func (s *instances) InstanceShutdown(ctx context.Context, req *pb.InstanceShutdo
 // each with its own error, in request order.
 func (s *instances) BatchInstanceMetadata(ctx context.Context, req *pb.BatchInstanceMetadataRequest) (*pb.BatchInstanceMetadataResponse, error) {
 	return bounded(ctx, func(ctx context.Context) (*pb.BatchInstanceMetadataResponse, error) {
-		if len(req.GetInstances()) > 500 {
-			return nil, invalidArgument("INVALID_ARGUMENT", fmt.Sprintf("at most 500 instances per call, got %d", len(req.GetInstances())))
+		if len(req.GetInstances()) > maxBatch {
+			return nil, invalidArgument("INVALID_ARGUMENT", fmt.Sprintf("at most %d instances per call, got %d", maxBatch, len(req.GetInstances())))
 		}
 		results := make([]*pb.InstanceMetadataResult, len(req.GetInstances()))
-		limit := make(chan struct{}, s.batchSize)
-		var wg sync.WaitGroup
-		for i, l := range req.GetInstances() {
-			wg.Add(1)
-			go func(i int, l *pb.InstanceLookup) {
-				defer wg.Done()
-				limit <- struct{}{}
-				defer func() { <-limit }()
-				if err := checkLookup(l); err != nil {
-					results[i] = &pb.InstanceMetadataResult{Error: &pb.ItemError{Code: int32(codes.InvalidArgument), Message: err.Error(), Reason: "INVALID_ARGUMENT"}}
-					return
-				}
-				meta, exists, err := s.read(ctx, l)
-				if err != nil {
-					results[i] = &pb.InstanceMetadataResult{Error: itemError(err)}
-					return
-				}
-				results[i] = &pb.InstanceMetadataResult{Exists: exists, Metadata: meta}
-			}(i, l)
-		}
-		wg.Wait()
+		each(len(req.GetInstances()), s.batchSize, func(i int) {
+			l := req.GetInstances()[i]
+			if err := checkLookup(l); err != nil {
+				results[i] = &pb.InstanceMetadataResult{Error: &pb.ItemError{Code: int32(codes.InvalidArgument), Message: err.Error(), Reason: "INVALID_ARGUMENT"}}
+				return
+			}
+			meta, exists, err := s.read(ctx, l)
+			if err != nil {
+				results[i] = &pb.InstanceMetadataResult{Error: itemError(err)}
+				return
+			}
+			results[i] = &pb.InstanceMetadataResult{Exists: exists, Metadata: meta}
+		})
 		return &pb.BatchInstanceMetadataResponse{Results: results}, nil
 	})
 }

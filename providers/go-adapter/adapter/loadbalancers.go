@@ -18,6 +18,8 @@ import (
 type loadBalancers struct {
 	pb.UnimplementedLoadBalancersServiceServer
 	lb cloudprovider.LoadBalancer
+	// concurrency bounds the UpdateLoadBalancer calls one BatchUpdateLoadBalancerHosts makes.
+	concurrency int
 }
 
 func (s *loadBalancers) service(in *pb.LoadBalancerService) (*pb.LoadBalancerService, error) {
@@ -111,4 +113,22 @@ func (s *loadBalancers) EnsureLoadBalancerDeleted(ctx context.Context, req *pb.E
 // ListLoadBalancers: cloudprovider.LoadBalancer cannot list.
 func (s *loadBalancers) ListLoadBalancers(context.Context, *pb.ListLoadBalancersRequest) (*pb.ListLoadBalancersResponse, error) {
 	return nil, unimplemented("cloudprovider.LoadBalancer has no call that lists load balancers")
+}
+
+// BatchUpdateLoadBalancerHosts: cloudprovider.LoadBalancer has no bulk call, so each load
+// balancer is its own UpdateLoadBalancer, up to s.concurrency at a time, each answering for
+// itself.
+func (s *loadBalancers) BatchUpdateLoadBalancerHosts(ctx context.Context, req *pb.BatchUpdateLoadBalancerHostsRequest) (*pb.BatchUpdateLoadBalancerHostsResponse, error) {
+	if n := len(req.GetServices()); n > maxBatch {
+		return nil, invalidArgument("INVALID_ARGUMENT", fmt.Sprintf("%d load balancers; at most %d are allowed", n, maxBatch))
+	}
+	out := &pb.BatchUpdateLoadBalancerHostsResponse{Results: make([]*pb.HostsUpdateResult, len(req.GetServices()))}
+	each(len(req.GetServices()), s.concurrency, func(i int) {
+		one := &pb.UpdateLoadBalancerHostsRequest{Service: req.GetServices()[i], Nodes: req.GetNodes()}
+		out.Results[i] = &pb.HostsUpdateResult{}
+		if _, err := s.UpdateLoadBalancerHosts(ctx, one); err != nil {
+			out.Results[i].Error = itemError(err)
+		}
+	})
+	return out, nil
 }

@@ -29,6 +29,8 @@ type routes struct {
 	routes cloudprovider.Routes
 	name   string
 	ipv6   bool
+	// concurrency bounds the single-route calls one ApplyRoutes makes.
+	concurrency int
 }
 
 func (s *routes) ListRouteTables(_ context.Context, req *pb.ListRouteTablesRequest) (*pb.ListRouteTablesResponse, error) {
@@ -207,5 +209,38 @@ func (s *routes) ResolveRouteTables(_ context.Context, req *pb.ResolveRouteTable
 	for range req.GetTargets() {
 		out.Assignments = append(out.Assignments, &pb.RouteTableAssignment{TableIds: []string{defaultTable}})
 	}
+	return out, nil
+}
+
+// ApplyRoutes: cloudprovider.Routes has no bulk call, so each item is its single call
+// (DeleteRoute, then CreateRoute), up to s.concurrency at a time, every delete before any
+// create; each item answers for itself.
+func (s *routes) ApplyRoutes(ctx context.Context, req *pb.ApplyRoutesRequest) (*pb.ApplyRoutesResponse, error) {
+	if n := len(req.GetDeletes()) + len(req.GetCreates()); n > maxBatch {
+		return nil, invalidArgument("INVALID_ARGUMENT", fmt.Sprintf("%d items; at most %d are allowed", n, maxBatch))
+	}
+	if err := s.checkTable(req.GetTableId()); err != nil {
+		return nil, err
+	}
+	out := &pb.ApplyRoutesResponse{
+		Deletes: make([]*pb.RouteDeleteResult, len(req.GetDeletes())),
+		Creates: make([]*pb.RouteResult, len(req.GetCreates())),
+	}
+	each(len(req.GetDeletes()), s.concurrency, func(i int) {
+		one := &pb.DeleteRouteRequest{ClusterName: req.GetClusterName(), TableId: req.GetTableId(), Name: req.GetDeletes()[i]}
+		out.Deletes[i] = &pb.RouteDeleteResult{}
+		if _, err := s.DeleteRoute(ctx, one); err != nil {
+			out.Deletes[i].Error = itemError(err)
+		}
+	})
+	each(len(req.GetCreates()), s.concurrency, func(i int) {
+		one := &pb.CreateRouteRequest{ClusterName: req.GetClusterName(), Route: req.GetCreates()[i]}
+		made, err := s.CreateRoute(ctx, one)
+		if err != nil {
+			out.Creates[i] = &pb.RouteResult{Error: itemError(err)}
+			return
+		}
+		out.Creates[i] = &pb.RouteResult{Route: made.GetRoute()}
+	})
 	return out, nil
 }

@@ -64,6 +64,7 @@ func Run(ctx context.Context, defaultProvider string, args []string, stdout io.W
 	batchReads := fs.Bool("batch-reads", false, "advertise BatchInstanceMetadata as cheap (the provider coalesces its cloud reads)")
 	batchConcurrency := fs.Int("batch-concurrency", 16, "per-instance calls in flight for one batch read")
 	routesIPv6 := fs.Bool("routes-ipv6", false, "advertise routes to IPv6 destinations (only if the provider creates them)")
+	bulk := fs.Bool("bulk", true, "advertise ApplyRoutes and BatchUpdateLoadBalancerHosts (each item is still its own cloud call, --batch-concurrency at a time)")
 	tlsCert := fs.String("tls-cert-file", "", "serve a tcp:// --listen with mutual TLS: this certificate (PEM), with --tls-key-file and --tls-client-ca-file")
 	tlsKey := fs.String("tls-key-file", "", "the private key of --tls-cert-file (PEM)")
 	tlsClientCA := fs.String("tls-client-ca-file", "", "the CA whose client certificates are accepted (PEM)")
@@ -115,6 +116,7 @@ func Run(ctx context.Context, defaultProvider string, args []string, stdout io.W
 		BatchReads:       *batchReads,
 		BatchConcurrency: *batchConcurrency,
 		RoutesIPv6:       *routesIPv6,
+		Bulk:             *bulk,
 		TLSCertFile:      *tlsCert,
 		TLSKeyFile:       *tlsKey,
 		TLSClientCAFile:  *tlsClientCA,

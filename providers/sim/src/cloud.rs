@@ -168,6 +168,8 @@ pub struct Cloud {
     region: String,
     ipv6_routes: bool,
     route_target_addresses: bool,
+    bulk_routes: bool,
+    bulk_hosts: bool,
     batch_reads: bool,
     cache_ttl: Option<Duration>,
     max_name_length: u32,
@@ -281,6 +283,8 @@ impl Cloud {
             region: config.region.clone(),
             ipv6_routes: config.ipv6_routes,
             route_target_addresses: config.route_target_addresses,
+            bulk_routes: config.bulk_routes,
+            bulk_hosts: config.load_balancers.bulk_hosts,
             batch_reads: config.batch_reads,
             cache_ttl: (config.cache_ttl_seconds > 0).then(|| Duration::from_secs(config.cache_ttl_seconds)),
             max_name_length: config.load_balancers.max_name_length,
@@ -355,6 +359,19 @@ impl Cloud {
             Some(fault) => Err(fault_error(&fault, method)),
             None => Ok(()),
         }
+    }
+
+    /// The error of one item of a bulk call to `method` (a route's or a load balancer's name
+    /// as `subject`): a fault naming a subject fails just the items it names, as a cloud's
+    /// bulk API fails single entries. The call itself passed [`Cloud::api_call`].
+    pub fn item_fault(&self, method: &str, subject: &str) -> Option<Error> {
+        let gate = self.gate_lock();
+        gate.faults
+            .iter()
+            .filter(|f| f.method == "*" || f.method == method)
+            .filter(|f| f.subject.as_deref().is_some_and(|s| subject.contains(s)))
+            .find(|f| f.down || (f.error_rate > 0.0 && rand::random::<f64>() < f.error_rate))
+            .map(|f| fault_error(f, method))
     }
 
     /// The wrong answer an injected fault asks `method` to give, if any.
@@ -576,6 +593,7 @@ impl Cloud {
             ipv6: self.ipv6_routes,
             target_addresses: self.route_target_addresses,
             provider_names: false,
+            bulk_apply: self.bulk_routes,
         }
     }
 
@@ -721,6 +739,7 @@ impl Cloud {
             max_name_length: self.max_name_length,
             allowed_name_characters: self.allowed_name_characters.clone(),
             list: true,
+            bulk_update_hosts: self.bulk_hosts,
         }
     }
 

@@ -27,6 +27,9 @@ pub struct Config {
     /// Whether routes record their target's addresses (advertised as
     /// `RoutesCapabilities.target_addresses`), as clouds whose routes point at an address do.
     pub route_target_addresses: bool,
+    /// Whether ApplyRoutes is advertised (`RoutesCapabilities.bulk_apply`): a table's creates
+    /// and deletes in one cloud call, as clouds that write a route table as one list do.
+    pub bulk_routes: bool,
     /// Load balancer behaviour.
     pub load_balancers: LoadBalancerConfig,
     /// The instance whose metadata NodeMetadataService serves; unset means the sim does not
@@ -52,6 +55,7 @@ impl Default for Config {
             route_tables: vec![RouteTableSpec { id: "rt-main".into(), name: "main".into(), max_routes: 200, zones: Vec::new() }],
             ipv6_routes: true,
             route_target_addresses: false,
+            bulk_routes: false,
             load_balancers: LoadBalancerConfig::default(),
             node_metadata_instance: None,
             batch_reads: true,
@@ -290,11 +294,20 @@ pub struct LoadBalancerConfig {
     pub max_name_length: u32,
     /// The characters a name may contain; empty means lowercase letters, digits and '-'.
     pub allowed_name_characters: String,
+    /// Whether BatchUpdateLoadBalancerHosts is advertised
+    /// (`LoadBalancersCapabilities.bulk_update_hosts`): many load balancers' hosts in one cloud
+    /// call, as clouds whose load balancers share a backend pool do.
+    pub bulk_hosts: bool,
 }
 
 impl Default for LoadBalancerConfig {
     fn default() -> Self {
-        Self { address_pool: vec!["203.0.113.0/24".into()], max_name_length: 32, allowed_name_characters: String::new() }
+        Self {
+            address_pool: vec!["203.0.113.0/24".into()],
+            max_name_length: 32,
+            allowed_name_characters: String::new(),
+            bulk_hosts: false,
+        }
     }
 }
 

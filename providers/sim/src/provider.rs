@@ -5,7 +5,7 @@ use std::collections::HashMap;
 use std::sync::Arc;
 
 use ccm_provider_sdk::proto as pb;
-use ccm_provider_sdk::{Page, PageRequest, Readiness, Result, paginate};
+use ccm_provider_sdk::{AppliedRoutes, Page, PageRequest, Readiness, Result, paginate};
 
 use crate::cloud::Cloud;
 use crate::config::Lie;
@@ -133,6 +133,33 @@ impl ccm_provider_sdk::Routes for SimProvider {
         let lie = self.cloud.lie("ResolveRouteTables");
         Ok(shuffled(lie, targets.iter().map(|t| self.cloud.tables_for(t)).collect()))
     }
+
+    /// One cloud call for the whole list, as a route table written as one document.
+    async fn apply_routes(
+        &self,
+        cluster_name: &str,
+        table_id: &str,
+        deletes: &[String],
+        creates: Vec<pb::Route>,
+    ) -> Result<AppliedRoutes> {
+        const METHOD: &str = "ApplyRoutes";
+        self.cloud.api_call(METHOD).await?;
+        let deletes = deletes
+            .iter()
+            .map(|name| match self.cloud.item_fault(METHOD, name) {
+                Some(e) => Err(e),
+                None => self.cloud.delete_route(cluster_name, table_id, name),
+            })
+            .collect();
+        let creates = creates
+            .into_iter()
+            .map(|route| match self.cloud.item_fault(METHOD, &route.name) {
+                Some(e) => Err(e),
+                None => self.cloud.create_route(cluster_name, route),
+            })
+            .collect();
+        Ok(AppliedRoutes { deletes, creates })
+    }
 }
 
 #[tonic::async_trait]
@@ -176,6 +203,23 @@ impl ccm_provider_sdk::LoadBalancers for SimProvider {
         self.cloud.api_call("ListLoadBalancers").await?;
         let lie = self.cloud.lie("ListLoadBalancers");
         listing(lie, self.cloud.load_balancers(cluster_name), |l| l.load_balancer_name.as_str(), page)
+    }
+
+    /// One cloud call for every listed load balancer, as a shared backend pool.
+    async fn batch_update_load_balancer_hosts(
+        &self,
+        services: &[pb::LoadBalancerService],
+        nodes: &[pb::LoadBalancerNode],
+    ) -> Result<Vec<Result<()>>> {
+        const METHOD: &str = "BatchUpdateLoadBalancerHosts";
+        self.cloud.api_call(METHOD).await?;
+        Ok(services
+            .iter()
+            .map(|s| match self.cloud.item_fault(METHOD, &s.load_balancer_name) {
+                Some(e) => Err(e),
+                None => self.cloud.update_load_balancer_hosts(&s.load_balancer_name, nodes),
+            })
+            .collect())
     }
 }
 

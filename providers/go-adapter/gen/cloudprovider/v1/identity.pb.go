@@ -322,6 +322,10 @@ type RoutesCapabilities struct {
 	// the provider's name, and DeleteRoute takes that name. The core matches routes by
 	// destination and target either way.
 	ProviderNames bool `protobuf:"varint,5,opt,name=provider_names,json=providerNames,proto3" json:"provider_names,omitempty"`
+	// ApplyRoutes is implemented: the core writes a table's creates and deletes in calls of up
+	// to 500 items instead of one call each. Additive: a core that does not know it keeps using
+	// CreateRoute and DeleteRoute, which a provider must still serve.
+	BulkApply     bool `protobuf:"varint,6,opt,name=bulk_apply,json=bulkApply,proto3" json:"bulk_apply,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -391,6 +395,13 @@ func (x *RoutesCapabilities) GetProviderNames() bool {
 	return false
 }
 
+func (x *RoutesCapabilities) GetBulkApply() bool {
+	if x != nil {
+		return x.BulkApply
+	}
+	return false
+}
+
 // Optional features of LoadBalancersService.
 type LoadBalancersCapabilities struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -402,9 +413,13 @@ type LoadBalancersCapabilities struct {
 	AllowedNameCharacters string `protobuf:"bytes,2,opt,name=allowed_name_characters,json=allowedNameCharacters,proto3" json:"allowed_name_characters,omitempty"`
 	// ListLoadBalancers is implemented: the provider records, per load balancer, the Service
 	// (namespace, name, UID) it was ensured for, and lists the cluster's load balancers.
-	List          bool `protobuf:"varint,3,opt,name=list,proto3" json:"list,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	List bool `protobuf:"varint,3,opt,name=list,proto3" json:"list,omitempty"`
+	// BatchUpdateLoadBalancerHosts is implemented: when the node set changes, the core updates
+	// the hosts of up to 500 load balancers a call instead of one call each. Additive:
+	// UpdateLoadBalancerHosts must still be served.
+	BulkUpdateHosts bool `protobuf:"varint,4,opt,name=bulk_update_hosts,json=bulkUpdateHosts,proto3" json:"bulk_update_hosts,omitempty"`
+	unknownFields   protoimpl.UnknownFields
+	sizeCache       protoimpl.SizeCache
 }
 
 func (x *LoadBalancersCapabilities) Reset() {
@@ -454,6 +469,13 @@ func (x *LoadBalancersCapabilities) GetAllowedNameCharacters() string {
 func (x *LoadBalancersCapabilities) GetList() bool {
 	if x != nil {
 		return x.List
+	}
+	return false
+}
+
+func (x *LoadBalancersCapabilities) GetBulkUpdateHosts() bool {
+	if x != nil {
+		return x.BulkUpdateHosts
 	}
 	return false
 }
@@ -650,17 +672,20 @@ const file_cloudprovider_v1_identity_proto_rawDesc = "" +
 	"\x1cGetPluginCapabilitiesRequest\"8\n" +
 	"\x15InstancesCapabilities\x12\x1f\n" +
 	"\vbatch_reads\x18\x01 \x01(\bR\n" +
-	"batchReads\"\xd4\x01\n" +
+	"batchReads\"\xf3\x01\n" +
 	"\x12RoutesCapabilities\x12'\n" +
 	"\x0fmultiple_tables\x18\x01 \x01(\bR\x0emultipleTables\x12/\n" +
 	"\x14max_routes_per_table\x18\x02 \x01(\rR\x11maxRoutesPerTable\x12\x12\n" +
 	"\x04ipv6\x18\x03 \x01(\bR\x04ipv6\x12)\n" +
 	"\x10target_addresses\x18\x04 \x01(\bR\x0ftargetAddresses\x12%\n" +
-	"\x0eprovider_names\x18\x05 \x01(\bR\rproviderNames\"\x8f\x01\n" +
+	"\x0eprovider_names\x18\x05 \x01(\bR\rproviderNames\x12\x1d\n" +
+	"\n" +
+	"bulk_apply\x18\x06 \x01(\bR\tbulkApply\"\xbb\x01\n" +
 	"\x19LoadBalancersCapabilities\x12&\n" +
 	"\x0fmax_name_length\x18\x01 \x01(\rR\rmaxNameLength\x126\n" +
 	"\x17allowed_name_characters\x18\x02 \x01(\tR\x15allowedNameCharacters\x12\x12\n" +
-	"\x04list\x18\x03 \x01(\bR\x04list\"\xb3\x02\n" +
+	"\x04list\x18\x03 \x01(\bR\x04list\x12*\n" +
+	"\x11bulk_update_hosts\x18\x04 \x01(\bR\x0fbulkUpdateHosts\"\xb3\x02\n" +
 	"\x1dGetPluginCapabilitiesResponse\x129\n" +
 	"\bservices\x18\x01 \x03(\x0e2\x1d.cloudprovider.v1.ServiceTypeR\bservices\x12E\n" +
 	"\tinstances\x18\x02 \x01(\v2'.cloudprovider.v1.InstancesCapabilitiesR\tinstances\x12<\n" +

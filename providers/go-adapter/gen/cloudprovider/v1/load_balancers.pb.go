@@ -1492,6 +1492,154 @@ func (x *ListLoadBalancersResponse) GetNextPageToken() string {
 	return ""
 }
 
+// Request of BatchUpdateLoadBalancerHosts.
+type BatchUpdateLoadBalancerHostsRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The backend nodes of every listed load balancer: the whole set, replacing any earlier one.
+	Nodes []*LoadBalancerNode `protobuf:"bytes,1,rep,name=nodes,proto3" json:"nodes,omitempty"`
+	// The Services whose load balancers to update, each at most once; only the name fields and
+	// what the provider reads of a Service for its hosts are needed.
+	Services      []*LoadBalancerService `protobuf:"bytes,2,rep,name=services,proto3" json:"services,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *BatchUpdateLoadBalancerHostsRequest) Reset() {
+	*x = BatchUpdateLoadBalancerHostsRequest{}
+	mi := &file_cloudprovider_v1_load_balancers_proto_msgTypes[17]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *BatchUpdateLoadBalancerHostsRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*BatchUpdateLoadBalancerHostsRequest) ProtoMessage() {}
+
+func (x *BatchUpdateLoadBalancerHostsRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_cloudprovider_v1_load_balancers_proto_msgTypes[17]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use BatchUpdateLoadBalancerHostsRequest.ProtoReflect.Descriptor instead.
+func (*BatchUpdateLoadBalancerHostsRequest) Descriptor() ([]byte, []int) {
+	return file_cloudprovider_v1_load_balancers_proto_rawDescGZIP(), []int{17}
+}
+
+func (x *BatchUpdateLoadBalancerHostsRequest) GetNodes() []*LoadBalancerNode {
+	if x != nil {
+		return x.Nodes
+	}
+	return nil
+}
+
+func (x *BatchUpdateLoadBalancerHostsRequest) GetServices() []*LoadBalancerService {
+	if x != nil {
+		return x.Services
+	}
+	return nil
+}
+
+// The result of one load balancer of BatchUpdateLoadBalancerHosts.
+type HostsUpdateResult struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Set when this item failed.
+	Error         *ItemError `protobuf:"bytes,1,opt,name=error,proto3" json:"error,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *HostsUpdateResult) Reset() {
+	*x = HostsUpdateResult{}
+	mi := &file_cloudprovider_v1_load_balancers_proto_msgTypes[18]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *HostsUpdateResult) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*HostsUpdateResult) ProtoMessage() {}
+
+func (x *HostsUpdateResult) ProtoReflect() protoreflect.Message {
+	mi := &file_cloudprovider_v1_load_balancers_proto_msgTypes[18]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use HostsUpdateResult.ProtoReflect.Descriptor instead.
+func (*HostsUpdateResult) Descriptor() ([]byte, []int) {
+	return file_cloudprovider_v1_load_balancers_proto_rawDescGZIP(), []int{18}
+}
+
+func (x *HostsUpdateResult) GetError() *ItemError {
+	if x != nil {
+		return x.Error
+	}
+	return nil
+}
+
+// Response of BatchUpdateLoadBalancerHosts.
+type BatchUpdateLoadBalancerHostsResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// One result per Service, in request order.
+	Results       []*HostsUpdateResult `protobuf:"bytes,1,rep,name=results,proto3" json:"results,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *BatchUpdateLoadBalancerHostsResponse) Reset() {
+	*x = BatchUpdateLoadBalancerHostsResponse{}
+	mi := &file_cloudprovider_v1_load_balancers_proto_msgTypes[19]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *BatchUpdateLoadBalancerHostsResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*BatchUpdateLoadBalancerHostsResponse) ProtoMessage() {}
+
+func (x *BatchUpdateLoadBalancerHostsResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_cloudprovider_v1_load_balancers_proto_msgTypes[19]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use BatchUpdateLoadBalancerHostsResponse.ProtoReflect.Descriptor instead.
+func (*BatchUpdateLoadBalancerHostsResponse) Descriptor() ([]byte, []int) {
+	return file_cloudprovider_v1_load_balancers_proto_rawDescGZIP(), []int{19}
+}
+
+func (x *BatchUpdateLoadBalancerHostsResponse) GetResults() []*HostsUpdateResult {
+	if x != nil {
+		return x.Results
+	}
+	return nil
+}
+
 var File_cloudprovider_v1_load_balancers_proto protoreflect.FileDescriptor
 
 const file_cloudprovider_v1_load_balancers_proto_rawDesc = "" +
@@ -1587,7 +1735,14 @@ const file_cloudprovider_v1_load_balancers_proto_rawDesc = "" +
 	"\x06status\x18\x05 \x01(\v2$.cloudprovider.v1.LoadBalancerStatusR\x06status\"\x91\x01\n" +
 	"\x19ListLoadBalancersResponse\x12L\n" +
 	"\x0eload_balancers\x18\x01 \x03(\v2%.cloudprovider.v1.LoadBalancerSummaryR\rloadBalancers\x12&\n" +
-	"\x0fnext_page_token\x18\x02 \x01(\tR\rnextPageToken*[\n" +
+	"\x0fnext_page_token\x18\x02 \x01(\tR\rnextPageToken\"\xa2\x01\n" +
+	"#BatchUpdateLoadBalancerHostsRequest\x128\n" +
+	"\x05nodes\x18\x01 \x03(\v2\".cloudprovider.v1.LoadBalancerNodeR\x05nodes\x12A\n" +
+	"\bservices\x18\x02 \x03(\v2%.cloudprovider.v1.LoadBalancerServiceR\bservices\"F\n" +
+	"\x11HostsUpdateResult\x121\n" +
+	"\x05error\x18\x01 \x01(\v2\x1b.cloudprovider.v1.ItemErrorR\x05error\"e\n" +
+	"$BatchUpdateLoadBalancerHostsResponse\x12=\n" +
+	"\aresults\x18\x01 \x03(\v2#.cloudprovider.v1.HostsUpdateResultR\aresults*[\n" +
 	"\bProtocol\x12\x18\n" +
 	"\x14PROTOCOL_UNSPECIFIED\x10\x00\x12\x10\n" +
 	"\fPROTOCOL_TCP\x10\x01\x12\x10\n" +
@@ -1613,13 +1768,14 @@ const file_cloudprovider_v1_load_balancers_proto_rawDesc = "" +
 	"\x06IpMode\x12\x17\n" +
 	"\x13IP_MODE_UNSPECIFIED\x10\x00\x12\x0f\n" +
 	"\vIP_MODE_VIP\x10\x01\x12\x11\n" +
-	"\rIP_MODE_PROXY\x10\x022\xe4\x04\n" +
+	"\rIP_MODE_PROXY\x10\x022\xf4\x05\n" +
 	"\x14LoadBalancersService\x12f\n" +
 	"\x0fGetLoadBalancer\x12(.cloudprovider.v1.GetLoadBalancerRequest\x1a).cloudprovider.v1.GetLoadBalancerResponse\x12o\n" +
 	"\x12EnsureLoadBalancer\x12+.cloudprovider.v1.EnsureLoadBalancerRequest\x1a,.cloudprovider.v1.EnsureLoadBalancerResponse\x12~\n" +
 	"\x17UpdateLoadBalancerHosts\x120.cloudprovider.v1.UpdateLoadBalancerHostsRequest\x1a1.cloudprovider.v1.UpdateLoadBalancerHostsResponse\x12\x84\x01\n" +
 	"\x19EnsureLoadBalancerDeleted\x122.cloudprovider.v1.EnsureLoadBalancerDeletedRequest\x1a3.cloudprovider.v1.EnsureLoadBalancerDeletedResponse\x12l\n" +
-	"\x11ListLoadBalancers\x12*.cloudprovider.v1.ListLoadBalancersRequest\x1a+.cloudprovider.v1.ListLoadBalancersResponseB\xce\x01\n" +
+	"\x11ListLoadBalancers\x12*.cloudprovider.v1.ListLoadBalancersRequest\x1a+.cloudprovider.v1.ListLoadBalancersResponse\x12\x8d\x01\n" +
+	"\x1cBatchUpdateLoadBalancerHosts\x125.cloudprovider.v1.BatchUpdateLoadBalancerHostsRequest\x1a6.cloudprovider.v1.BatchUpdateLoadBalancerHostsResponseB\xce\x01\n" +
 	"\x14com.cloudprovider.v1B\x12LoadBalancersProtoP\x01ZAgithub.com/ccm-rs/go-adapter/gen/cloudprovider/v1;cloudproviderv1\xa2\x02\x03CXX\xaa\x02\x10Cloudprovider.V1\xca\x02\x10Cloudprovider\\V1\xe2\x02\x1cCloudprovider\\V1\\GPBMetadata\xea\x02\x11Cloudprovider::V1b\x06proto3"
 
 var (
@@ -1635,35 +1791,39 @@ func file_cloudprovider_v1_load_balancers_proto_rawDescGZIP() []byte {
 }
 
 var file_cloudprovider_v1_load_balancers_proto_enumTypes = make([]protoimpl.EnumInfo, 6)
-var file_cloudprovider_v1_load_balancers_proto_msgTypes = make([]protoimpl.MessageInfo, 20)
+var file_cloudprovider_v1_load_balancers_proto_msgTypes = make([]protoimpl.MessageInfo, 23)
 var file_cloudprovider_v1_load_balancers_proto_goTypes = []any{
-	(Protocol)(0),                             // 0: cloudprovider.v1.Protocol
-	(SessionAffinity)(0),                      // 1: cloudprovider.v1.SessionAffinity
-	(IpFamily)(0),                             // 2: cloudprovider.v1.IpFamily
-	(IpFamilyPolicy)(0),                       // 3: cloudprovider.v1.IpFamilyPolicy
-	(ExternalTrafficPolicy)(0),                // 4: cloudprovider.v1.ExternalTrafficPolicy
-	(IpMode)(0),                               // 5: cloudprovider.v1.IpMode
-	(*ServicePort)(nil),                       // 6: cloudprovider.v1.ServicePort
-	(*LoadBalancerService)(nil),               // 7: cloudprovider.v1.LoadBalancerService
-	(*LoadBalancerNode)(nil),                  // 8: cloudprovider.v1.LoadBalancerNode
-	(*PortStatus)(nil),                        // 9: cloudprovider.v1.PortStatus
-	(*LoadBalancerIngress)(nil),               // 10: cloudprovider.v1.LoadBalancerIngress
-	(*LoadBalancerStatus)(nil),                // 11: cloudprovider.v1.LoadBalancerStatus
-	(*GetLoadBalancerRequest)(nil),            // 12: cloudprovider.v1.GetLoadBalancerRequest
-	(*GetLoadBalancerResponse)(nil),           // 13: cloudprovider.v1.GetLoadBalancerResponse
-	(*EnsureLoadBalancerRequest)(nil),         // 14: cloudprovider.v1.EnsureLoadBalancerRequest
-	(*EnsureLoadBalancerResponse)(nil),        // 15: cloudprovider.v1.EnsureLoadBalancerResponse
-	(*UpdateLoadBalancerHostsRequest)(nil),    // 16: cloudprovider.v1.UpdateLoadBalancerHostsRequest
-	(*UpdateLoadBalancerHostsResponse)(nil),   // 17: cloudprovider.v1.UpdateLoadBalancerHostsResponse
-	(*EnsureLoadBalancerDeletedRequest)(nil),  // 18: cloudprovider.v1.EnsureLoadBalancerDeletedRequest
-	(*EnsureLoadBalancerDeletedResponse)(nil), // 19: cloudprovider.v1.EnsureLoadBalancerDeletedResponse
-	(*ListLoadBalancersRequest)(nil),          // 20: cloudprovider.v1.ListLoadBalancersRequest
-	(*LoadBalancerSummary)(nil),               // 21: cloudprovider.v1.LoadBalancerSummary
-	(*ListLoadBalancersResponse)(nil),         // 22: cloudprovider.v1.ListLoadBalancersResponse
-	nil,                                       // 23: cloudprovider.v1.LoadBalancerService.AnnotationsEntry
-	nil,                                       // 24: cloudprovider.v1.LoadBalancerService.LabelsEntry
-	nil,                                       // 25: cloudprovider.v1.LoadBalancerNode.LabelsEntry
-	(*NodeAddress)(nil),                       // 26: cloudprovider.v1.NodeAddress
+	(Protocol)(0),                                // 0: cloudprovider.v1.Protocol
+	(SessionAffinity)(0),                         // 1: cloudprovider.v1.SessionAffinity
+	(IpFamily)(0),                                // 2: cloudprovider.v1.IpFamily
+	(IpFamilyPolicy)(0),                          // 3: cloudprovider.v1.IpFamilyPolicy
+	(ExternalTrafficPolicy)(0),                   // 4: cloudprovider.v1.ExternalTrafficPolicy
+	(IpMode)(0),                                  // 5: cloudprovider.v1.IpMode
+	(*ServicePort)(nil),                          // 6: cloudprovider.v1.ServicePort
+	(*LoadBalancerService)(nil),                  // 7: cloudprovider.v1.LoadBalancerService
+	(*LoadBalancerNode)(nil),                     // 8: cloudprovider.v1.LoadBalancerNode
+	(*PortStatus)(nil),                           // 9: cloudprovider.v1.PortStatus
+	(*LoadBalancerIngress)(nil),                  // 10: cloudprovider.v1.LoadBalancerIngress
+	(*LoadBalancerStatus)(nil),                   // 11: cloudprovider.v1.LoadBalancerStatus
+	(*GetLoadBalancerRequest)(nil),               // 12: cloudprovider.v1.GetLoadBalancerRequest
+	(*GetLoadBalancerResponse)(nil),              // 13: cloudprovider.v1.GetLoadBalancerResponse
+	(*EnsureLoadBalancerRequest)(nil),            // 14: cloudprovider.v1.EnsureLoadBalancerRequest
+	(*EnsureLoadBalancerResponse)(nil),           // 15: cloudprovider.v1.EnsureLoadBalancerResponse
+	(*UpdateLoadBalancerHostsRequest)(nil),       // 16: cloudprovider.v1.UpdateLoadBalancerHostsRequest
+	(*UpdateLoadBalancerHostsResponse)(nil),      // 17: cloudprovider.v1.UpdateLoadBalancerHostsResponse
+	(*EnsureLoadBalancerDeletedRequest)(nil),     // 18: cloudprovider.v1.EnsureLoadBalancerDeletedRequest
+	(*EnsureLoadBalancerDeletedResponse)(nil),    // 19: cloudprovider.v1.EnsureLoadBalancerDeletedResponse
+	(*ListLoadBalancersRequest)(nil),             // 20: cloudprovider.v1.ListLoadBalancersRequest
+	(*LoadBalancerSummary)(nil),                  // 21: cloudprovider.v1.LoadBalancerSummary
+	(*ListLoadBalancersResponse)(nil),            // 22: cloudprovider.v1.ListLoadBalancersResponse
+	(*BatchUpdateLoadBalancerHostsRequest)(nil),  // 23: cloudprovider.v1.BatchUpdateLoadBalancerHostsRequest
+	(*HostsUpdateResult)(nil),                    // 24: cloudprovider.v1.HostsUpdateResult
+	(*BatchUpdateLoadBalancerHostsResponse)(nil), // 25: cloudprovider.v1.BatchUpdateLoadBalancerHostsResponse
+	nil,                 // 26: cloudprovider.v1.LoadBalancerService.AnnotationsEntry
+	nil,                 // 27: cloudprovider.v1.LoadBalancerService.LabelsEntry
+	nil,                 // 28: cloudprovider.v1.LoadBalancerNode.LabelsEntry
+	(*NodeAddress)(nil), // 29: cloudprovider.v1.NodeAddress
+	(*ItemError)(nil),   // 30: cloudprovider.v1.ItemError
 }
 var file_cloudprovider_v1_load_balancers_proto_depIdxs = []int32{
 	0,  // 0: cloudprovider.v1.ServicePort.protocol:type_name -> cloudprovider.v1.Protocol
@@ -1671,12 +1831,12 @@ var file_cloudprovider_v1_load_balancers_proto_depIdxs = []int32{
 	1,  // 2: cloudprovider.v1.LoadBalancerService.session_affinity:type_name -> cloudprovider.v1.SessionAffinity
 	2,  // 3: cloudprovider.v1.LoadBalancerService.ip_families:type_name -> cloudprovider.v1.IpFamily
 	4,  // 4: cloudprovider.v1.LoadBalancerService.external_traffic_policy:type_name -> cloudprovider.v1.ExternalTrafficPolicy
-	23, // 5: cloudprovider.v1.LoadBalancerService.annotations:type_name -> cloudprovider.v1.LoadBalancerService.AnnotationsEntry
+	26, // 5: cloudprovider.v1.LoadBalancerService.annotations:type_name -> cloudprovider.v1.LoadBalancerService.AnnotationsEntry
 	3,  // 6: cloudprovider.v1.LoadBalancerService.ip_family_policy:type_name -> cloudprovider.v1.IpFamilyPolicy
-	24, // 7: cloudprovider.v1.LoadBalancerService.labels:type_name -> cloudprovider.v1.LoadBalancerService.LabelsEntry
+	27, // 7: cloudprovider.v1.LoadBalancerService.labels:type_name -> cloudprovider.v1.LoadBalancerService.LabelsEntry
 	11, // 8: cloudprovider.v1.LoadBalancerService.current_status:type_name -> cloudprovider.v1.LoadBalancerStatus
-	26, // 9: cloudprovider.v1.LoadBalancerNode.addresses:type_name -> cloudprovider.v1.NodeAddress
-	25, // 10: cloudprovider.v1.LoadBalancerNode.labels:type_name -> cloudprovider.v1.LoadBalancerNode.LabelsEntry
+	29, // 9: cloudprovider.v1.LoadBalancerNode.addresses:type_name -> cloudprovider.v1.NodeAddress
+	28, // 10: cloudprovider.v1.LoadBalancerNode.labels:type_name -> cloudprovider.v1.LoadBalancerNode.LabelsEntry
 	0,  // 11: cloudprovider.v1.PortStatus.protocol:type_name -> cloudprovider.v1.Protocol
 	5,  // 12: cloudprovider.v1.LoadBalancerIngress.ip_mode:type_name -> cloudprovider.v1.IpMode
 	9,  // 13: cloudprovider.v1.LoadBalancerIngress.ports:type_name -> cloudprovider.v1.PortStatus
@@ -1691,21 +1851,27 @@ var file_cloudprovider_v1_load_balancers_proto_depIdxs = []int32{
 	7,  // 22: cloudprovider.v1.EnsureLoadBalancerDeletedRequest.service:type_name -> cloudprovider.v1.LoadBalancerService
 	11, // 23: cloudprovider.v1.LoadBalancerSummary.status:type_name -> cloudprovider.v1.LoadBalancerStatus
 	21, // 24: cloudprovider.v1.ListLoadBalancersResponse.load_balancers:type_name -> cloudprovider.v1.LoadBalancerSummary
-	12, // 25: cloudprovider.v1.LoadBalancersService.GetLoadBalancer:input_type -> cloudprovider.v1.GetLoadBalancerRequest
-	14, // 26: cloudprovider.v1.LoadBalancersService.EnsureLoadBalancer:input_type -> cloudprovider.v1.EnsureLoadBalancerRequest
-	16, // 27: cloudprovider.v1.LoadBalancersService.UpdateLoadBalancerHosts:input_type -> cloudprovider.v1.UpdateLoadBalancerHostsRequest
-	18, // 28: cloudprovider.v1.LoadBalancersService.EnsureLoadBalancerDeleted:input_type -> cloudprovider.v1.EnsureLoadBalancerDeletedRequest
-	20, // 29: cloudprovider.v1.LoadBalancersService.ListLoadBalancers:input_type -> cloudprovider.v1.ListLoadBalancersRequest
-	13, // 30: cloudprovider.v1.LoadBalancersService.GetLoadBalancer:output_type -> cloudprovider.v1.GetLoadBalancerResponse
-	15, // 31: cloudprovider.v1.LoadBalancersService.EnsureLoadBalancer:output_type -> cloudprovider.v1.EnsureLoadBalancerResponse
-	17, // 32: cloudprovider.v1.LoadBalancersService.UpdateLoadBalancerHosts:output_type -> cloudprovider.v1.UpdateLoadBalancerHostsResponse
-	19, // 33: cloudprovider.v1.LoadBalancersService.EnsureLoadBalancerDeleted:output_type -> cloudprovider.v1.EnsureLoadBalancerDeletedResponse
-	22, // 34: cloudprovider.v1.LoadBalancersService.ListLoadBalancers:output_type -> cloudprovider.v1.ListLoadBalancersResponse
-	30, // [30:35] is the sub-list for method output_type
-	25, // [25:30] is the sub-list for method input_type
-	25, // [25:25] is the sub-list for extension type_name
-	25, // [25:25] is the sub-list for extension extendee
-	0,  // [0:25] is the sub-list for field type_name
+	8,  // 25: cloudprovider.v1.BatchUpdateLoadBalancerHostsRequest.nodes:type_name -> cloudprovider.v1.LoadBalancerNode
+	7,  // 26: cloudprovider.v1.BatchUpdateLoadBalancerHostsRequest.services:type_name -> cloudprovider.v1.LoadBalancerService
+	30, // 27: cloudprovider.v1.HostsUpdateResult.error:type_name -> cloudprovider.v1.ItemError
+	24, // 28: cloudprovider.v1.BatchUpdateLoadBalancerHostsResponse.results:type_name -> cloudprovider.v1.HostsUpdateResult
+	12, // 29: cloudprovider.v1.LoadBalancersService.GetLoadBalancer:input_type -> cloudprovider.v1.GetLoadBalancerRequest
+	14, // 30: cloudprovider.v1.LoadBalancersService.EnsureLoadBalancer:input_type -> cloudprovider.v1.EnsureLoadBalancerRequest
+	16, // 31: cloudprovider.v1.LoadBalancersService.UpdateLoadBalancerHosts:input_type -> cloudprovider.v1.UpdateLoadBalancerHostsRequest
+	18, // 32: cloudprovider.v1.LoadBalancersService.EnsureLoadBalancerDeleted:input_type -> cloudprovider.v1.EnsureLoadBalancerDeletedRequest
+	20, // 33: cloudprovider.v1.LoadBalancersService.ListLoadBalancers:input_type -> cloudprovider.v1.ListLoadBalancersRequest
+	23, // 34: cloudprovider.v1.LoadBalancersService.BatchUpdateLoadBalancerHosts:input_type -> cloudprovider.v1.BatchUpdateLoadBalancerHostsRequest
+	13, // 35: cloudprovider.v1.LoadBalancersService.GetLoadBalancer:output_type -> cloudprovider.v1.GetLoadBalancerResponse
+	15, // 36: cloudprovider.v1.LoadBalancersService.EnsureLoadBalancer:output_type -> cloudprovider.v1.EnsureLoadBalancerResponse
+	17, // 37: cloudprovider.v1.LoadBalancersService.UpdateLoadBalancerHosts:output_type -> cloudprovider.v1.UpdateLoadBalancerHostsResponse
+	19, // 38: cloudprovider.v1.LoadBalancersService.EnsureLoadBalancerDeleted:output_type -> cloudprovider.v1.EnsureLoadBalancerDeletedResponse
+	22, // 39: cloudprovider.v1.LoadBalancersService.ListLoadBalancers:output_type -> cloudprovider.v1.ListLoadBalancersResponse
+	25, // 40: cloudprovider.v1.LoadBalancersService.BatchUpdateLoadBalancerHosts:output_type -> cloudprovider.v1.BatchUpdateLoadBalancerHostsResponse
+	35, // [35:41] is the sub-list for method output_type
+	29, // [29:35] is the sub-list for method input_type
+	29, // [29:29] is the sub-list for extension type_name
+	29, // [29:29] is the sub-list for extension extendee
+	0,  // [0:29] is the sub-list for field type_name
 }
 
 func init() { file_cloudprovider_v1_load_balancers_proto_init() }
@@ -1721,7 +1887,7 @@ func file_cloudprovider_v1_load_balancers_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_cloudprovider_v1_load_balancers_proto_rawDesc), len(file_cloudprovider_v1_load_balancers_proto_rawDesc)),
 			NumEnums:      6,
-			NumMessages:   20,
+			NumMessages:   23,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

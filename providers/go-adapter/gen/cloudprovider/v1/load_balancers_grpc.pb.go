@@ -19,11 +19,12 @@ import (
 const _ = grpc.SupportPackageIsVersion9
 
 const (
-	LoadBalancersService_GetLoadBalancer_FullMethodName           = "/cloudprovider.v1.LoadBalancersService/GetLoadBalancer"
-	LoadBalancersService_EnsureLoadBalancer_FullMethodName        = "/cloudprovider.v1.LoadBalancersService/EnsureLoadBalancer"
-	LoadBalancersService_UpdateLoadBalancerHosts_FullMethodName   = "/cloudprovider.v1.LoadBalancersService/UpdateLoadBalancerHosts"
-	LoadBalancersService_EnsureLoadBalancerDeleted_FullMethodName = "/cloudprovider.v1.LoadBalancersService/EnsureLoadBalancerDeleted"
-	LoadBalancersService_ListLoadBalancers_FullMethodName         = "/cloudprovider.v1.LoadBalancersService/ListLoadBalancers"
+	LoadBalancersService_GetLoadBalancer_FullMethodName              = "/cloudprovider.v1.LoadBalancersService/GetLoadBalancer"
+	LoadBalancersService_EnsureLoadBalancer_FullMethodName           = "/cloudprovider.v1.LoadBalancersService/EnsureLoadBalancer"
+	LoadBalancersService_UpdateLoadBalancerHosts_FullMethodName      = "/cloudprovider.v1.LoadBalancersService/UpdateLoadBalancerHosts"
+	LoadBalancersService_EnsureLoadBalancerDeleted_FullMethodName    = "/cloudprovider.v1.LoadBalancersService/EnsureLoadBalancerDeleted"
+	LoadBalancersService_ListLoadBalancers_FullMethodName            = "/cloudprovider.v1.LoadBalancersService/ListLoadBalancers"
+	LoadBalancersService_BatchUpdateLoadBalancerHosts_FullMethodName = "/cloudprovider.v1.LoadBalancersService/BatchUpdateLoadBalancerHosts"
 )
 
 // LoadBalancersServiceClient is the client API for LoadBalancersService service.
@@ -56,6 +57,13 @@ type LoadBalancersServiceClient interface {
 	// whose Service is gone (deleted without its finalizer, or while the core was down) and
 	// deletes only those named by its own scheme for a Service UID that no longer exists.
 	ListLoadBalancers(ctx context.Context, in *ListLoadBalancersRequest, opts ...grpc.CallOption) (*ListLoadBalancersResponse, error)
+	// Points many load balancers at one node set in one call, for clouds whose load balancers
+	// share backend pools or register many targets a call (an ELBv2 target group). Only called
+	// when the provider advertises LoadBalancersCapabilities.bulk_update_hosts. Each item is
+	// UpdateLoadBalancerHosts of its Service with the request's nodes (NOT_FOUND for a load
+	// balancer that does not exist), with its own result, in request order. At most 500
+	// load balancers. A whole-call error means no item is known to be done.
+	BatchUpdateLoadBalancerHosts(ctx context.Context, in *BatchUpdateLoadBalancerHostsRequest, opts ...grpc.CallOption) (*BatchUpdateLoadBalancerHostsResponse, error)
 }
 
 type loadBalancersServiceClient struct {
@@ -116,6 +124,16 @@ func (c *loadBalancersServiceClient) ListLoadBalancers(ctx context.Context, in *
 	return out, nil
 }
 
+func (c *loadBalancersServiceClient) BatchUpdateLoadBalancerHosts(ctx context.Context, in *BatchUpdateLoadBalancerHostsRequest, opts ...grpc.CallOption) (*BatchUpdateLoadBalancerHostsResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(BatchUpdateLoadBalancerHostsResponse)
+	err := c.cc.Invoke(ctx, LoadBalancersService_BatchUpdateLoadBalancerHosts_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 // LoadBalancersServiceServer is the server API for LoadBalancersService service.
 // All implementations must embed UnimplementedLoadBalancersServiceServer
 // for forward compatibility.
@@ -146,6 +164,13 @@ type LoadBalancersServiceServer interface {
 	// whose Service is gone (deleted without its finalizer, or while the core was down) and
 	// deletes only those named by its own scheme for a Service UID that no longer exists.
 	ListLoadBalancers(context.Context, *ListLoadBalancersRequest) (*ListLoadBalancersResponse, error)
+	// Points many load balancers at one node set in one call, for clouds whose load balancers
+	// share backend pools or register many targets a call (an ELBv2 target group). Only called
+	// when the provider advertises LoadBalancersCapabilities.bulk_update_hosts. Each item is
+	// UpdateLoadBalancerHosts of its Service with the request's nodes (NOT_FOUND for a load
+	// balancer that does not exist), with its own result, in request order. At most 500
+	// load balancers. A whole-call error means no item is known to be done.
+	BatchUpdateLoadBalancerHosts(context.Context, *BatchUpdateLoadBalancerHostsRequest) (*BatchUpdateLoadBalancerHostsResponse, error)
 	mustEmbedUnimplementedLoadBalancersServiceServer()
 }
 
@@ -170,6 +195,9 @@ func (UnimplementedLoadBalancersServiceServer) EnsureLoadBalancerDeleted(context
 }
 func (UnimplementedLoadBalancersServiceServer) ListLoadBalancers(context.Context, *ListLoadBalancersRequest) (*ListLoadBalancersResponse, error) {
 	return nil, status.Errorf(codes.Unimplemented, "method ListLoadBalancers not implemented")
+}
+func (UnimplementedLoadBalancersServiceServer) BatchUpdateLoadBalancerHosts(context.Context, *BatchUpdateLoadBalancerHostsRequest) (*BatchUpdateLoadBalancerHostsResponse, error) {
+	return nil, status.Errorf(codes.Unimplemented, "method BatchUpdateLoadBalancerHosts not implemented")
 }
 func (UnimplementedLoadBalancersServiceServer) mustEmbedUnimplementedLoadBalancersServiceServer() {}
 func (UnimplementedLoadBalancersServiceServer) testEmbeddedByValue()                              {}
@@ -282,6 +310,24 @@ func _LoadBalancersService_ListLoadBalancers_Handler(srv interface{}, ctx contex
 	return interceptor(ctx, in, info, handler)
 }
 
+func _LoadBalancersService_BatchUpdateLoadBalancerHosts_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(BatchUpdateLoadBalancerHostsRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(LoadBalancersServiceServer).BatchUpdateLoadBalancerHosts(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: LoadBalancersService_BatchUpdateLoadBalancerHosts_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(LoadBalancersServiceServer).BatchUpdateLoadBalancerHosts(ctx, req.(*BatchUpdateLoadBalancerHostsRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 // LoadBalancersService_ServiceDesc is the grpc.ServiceDesc for LoadBalancersService service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -308,6 +354,10 @@ var LoadBalancersService_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "ListLoadBalancers",
 			Handler:    _LoadBalancersService_ListLoadBalancers_Handler,
+		},
+		{
+			MethodName: "BatchUpdateLoadBalancerHosts",
+			Handler:    _LoadBalancersService_BatchUpdateLoadBalancerHosts_Handler,
 		},
 	},
 	Streams:  []grpc.StreamDesc{},

@@ -833,6 +833,236 @@ func (x *ResolveRouteTablesResponse) GetAssignments() []*RouteTableAssignment {
 	return nil
 }
 
+// Request of ApplyRoutes.
+type ApplyRoutesRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The cluster the routes belong to.
+	ClusterName string `protobuf:"bytes,1,opt,name=cluster_name,json=clusterName,proto3" json:"cluster_name,omitempty"`
+	// The table every item is in; empty means the default table. A create whose route names
+	// another table is INVALID_ARGUMENT for the whole call.
+	TableId string `protobuf:"bytes,2,opt,name=table_id,json=tableId,proto3" json:"table_id,omitempty"`
+	// The names of the routes to delete, each at most once; deleting an absent route is OK.
+	Deletes []string `protobuf:"bytes,3,rep,name=deletes,proto3" json:"deletes,omitempty"`
+	// The routes to create, as in CreateRoute.
+	Creates       []*Route `protobuf:"bytes,4,rep,name=creates,proto3" json:"creates,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ApplyRoutesRequest) Reset() {
+	*x = ApplyRoutesRequest{}
+	mi := &file_cloudprovider_v1_routes_proto_msgTypes[14]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ApplyRoutesRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ApplyRoutesRequest) ProtoMessage() {}
+
+func (x *ApplyRoutesRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_cloudprovider_v1_routes_proto_msgTypes[14]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ApplyRoutesRequest.ProtoReflect.Descriptor instead.
+func (*ApplyRoutesRequest) Descriptor() ([]byte, []int) {
+	return file_cloudprovider_v1_routes_proto_rawDescGZIP(), []int{14}
+}
+
+func (x *ApplyRoutesRequest) GetClusterName() string {
+	if x != nil {
+		return x.ClusterName
+	}
+	return ""
+}
+
+func (x *ApplyRoutesRequest) GetTableId() string {
+	if x != nil {
+		return x.TableId
+	}
+	return ""
+}
+
+func (x *ApplyRoutesRequest) GetDeletes() []string {
+	if x != nil {
+		return x.Deletes
+	}
+	return nil
+}
+
+func (x *ApplyRoutesRequest) GetCreates() []*Route {
+	if x != nil {
+		return x.Creates
+	}
+	return nil
+}
+
+// The result of one create of ApplyRoutes.
+type RouteResult struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The route as stored; unset when the item failed.
+	Route *Route `protobuf:"bytes,1,opt,name=route,proto3" json:"route,omitempty"`
+	// Set when this item failed (ALREADY_EXISTS, QUOTA_EXCEEDED, throttled, transient).
+	Error         *ItemError `protobuf:"bytes,2,opt,name=error,proto3" json:"error,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *RouteResult) Reset() {
+	*x = RouteResult{}
+	mi := &file_cloudprovider_v1_routes_proto_msgTypes[15]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *RouteResult) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*RouteResult) ProtoMessage() {}
+
+func (x *RouteResult) ProtoReflect() protoreflect.Message {
+	mi := &file_cloudprovider_v1_routes_proto_msgTypes[15]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use RouteResult.ProtoReflect.Descriptor instead.
+func (*RouteResult) Descriptor() ([]byte, []int) {
+	return file_cloudprovider_v1_routes_proto_rawDescGZIP(), []int{15}
+}
+
+func (x *RouteResult) GetRoute() *Route {
+	if x != nil {
+		return x.Route
+	}
+	return nil
+}
+
+func (x *RouteResult) GetError() *ItemError {
+	if x != nil {
+		return x.Error
+	}
+	return nil
+}
+
+// The result of one delete of ApplyRoutes.
+type RouteDeleteResult struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Set when this item failed.
+	Error         *ItemError `protobuf:"bytes,1,opt,name=error,proto3" json:"error,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *RouteDeleteResult) Reset() {
+	*x = RouteDeleteResult{}
+	mi := &file_cloudprovider_v1_routes_proto_msgTypes[16]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *RouteDeleteResult) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*RouteDeleteResult) ProtoMessage() {}
+
+func (x *RouteDeleteResult) ProtoReflect() protoreflect.Message {
+	mi := &file_cloudprovider_v1_routes_proto_msgTypes[16]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use RouteDeleteResult.ProtoReflect.Descriptor instead.
+func (*RouteDeleteResult) Descriptor() ([]byte, []int) {
+	return file_cloudprovider_v1_routes_proto_rawDescGZIP(), []int{16}
+}
+
+func (x *RouteDeleteResult) GetError() *ItemError {
+	if x != nil {
+		return x.Error
+	}
+	return nil
+}
+
+// Response of ApplyRoutes.
+type ApplyRoutesResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// One result per delete, in request order.
+	Deletes []*RouteDeleteResult `protobuf:"bytes,1,rep,name=deletes,proto3" json:"deletes,omitempty"`
+	// One result per create, in request order.
+	Creates       []*RouteResult `protobuf:"bytes,2,rep,name=creates,proto3" json:"creates,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ApplyRoutesResponse) Reset() {
+	*x = ApplyRoutesResponse{}
+	mi := &file_cloudprovider_v1_routes_proto_msgTypes[17]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ApplyRoutesResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ApplyRoutesResponse) ProtoMessage() {}
+
+func (x *ApplyRoutesResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_cloudprovider_v1_routes_proto_msgTypes[17]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ApplyRoutesResponse.ProtoReflect.Descriptor instead.
+func (*ApplyRoutesResponse) Descriptor() ([]byte, []int) {
+	return file_cloudprovider_v1_routes_proto_rawDescGZIP(), []int{17}
+}
+
+func (x *ApplyRoutesResponse) GetDeletes() []*RouteDeleteResult {
+	if x != nil {
+		return x.Deletes
+	}
+	return nil
+}
+
+func (x *ApplyRoutesResponse) GetCreates() []*RouteResult {
+	if x != nil {
+		return x.Creates
+	}
+	return nil
+}
+
 var File_cloudprovider_v1_routes_proto protoreflect.FileDescriptor
 
 const file_cloudprovider_v1_routes_proto_rawDesc = "" +
@@ -888,14 +1118,28 @@ const file_cloudprovider_v1_routes_proto_rawDesc = "" +
 	"\ttable_ids\x18\x01 \x03(\tR\btableIds\x121\n" +
 	"\x05error\x18\x02 \x01(\v2\x1b.cloudprovider.v1.ItemErrorR\x05error\"f\n" +
 	"\x1aResolveRouteTablesResponse\x12H\n" +
-	"\vassignments\x18\x01 \x03(\v2&.cloudprovider.v1.RouteTableAssignmentR\vassignments2\xf9\x03\n" +
+	"\vassignments\x18\x01 \x03(\v2&.cloudprovider.v1.RouteTableAssignmentR\vassignments\"\x9f\x01\n" +
+	"\x12ApplyRoutesRequest\x12!\n" +
+	"\fcluster_name\x18\x01 \x01(\tR\vclusterName\x12\x19\n" +
+	"\btable_id\x18\x02 \x01(\tR\atableId\x12\x18\n" +
+	"\adeletes\x18\x03 \x03(\tR\adeletes\x121\n" +
+	"\acreates\x18\x04 \x03(\v2\x17.cloudprovider.v1.RouteR\acreates\"o\n" +
+	"\vRouteResult\x12-\n" +
+	"\x05route\x18\x01 \x01(\v2\x17.cloudprovider.v1.RouteR\x05route\x121\n" +
+	"\x05error\x18\x02 \x01(\v2\x1b.cloudprovider.v1.ItemErrorR\x05error\"F\n" +
+	"\x11RouteDeleteResult\x121\n" +
+	"\x05error\x18\x01 \x01(\v2\x1b.cloudprovider.v1.ItemErrorR\x05error\"\x8d\x01\n" +
+	"\x13ApplyRoutesResponse\x12=\n" +
+	"\adeletes\x18\x01 \x03(\v2#.cloudprovider.v1.RouteDeleteResultR\adeletes\x127\n" +
+	"\acreates\x18\x02 \x03(\v2\x1d.cloudprovider.v1.RouteResultR\acreates2\xd5\x04\n" +
 	"\rRoutesService\x12f\n" +
 	"\x0fListRouteTables\x12(.cloudprovider.v1.ListRouteTablesRequest\x1a).cloudprovider.v1.ListRouteTablesResponse\x12W\n" +
 	"\n" +
 	"ListRoutes\x12#.cloudprovider.v1.ListRoutesRequest\x1a$.cloudprovider.v1.ListRoutesResponse\x12Z\n" +
 	"\vCreateRoute\x12$.cloudprovider.v1.CreateRouteRequest\x1a%.cloudprovider.v1.CreateRouteResponse\x12Z\n" +
 	"\vDeleteRoute\x12$.cloudprovider.v1.DeleteRouteRequest\x1a%.cloudprovider.v1.DeleteRouteResponse\x12o\n" +
-	"\x12ResolveRouteTables\x12+.cloudprovider.v1.ResolveRouteTablesRequest\x1a,.cloudprovider.v1.ResolveRouteTablesResponseB\xc7\x01\n" +
+	"\x12ResolveRouteTables\x12+.cloudprovider.v1.ResolveRouteTablesRequest\x1a,.cloudprovider.v1.ResolveRouteTablesResponse\x12Z\n" +
+	"\vApplyRoutes\x12$.cloudprovider.v1.ApplyRoutesRequest\x1a%.cloudprovider.v1.ApplyRoutesResponseB\xc7\x01\n" +
 	"\x14com.cloudprovider.v1B\vRoutesProtoP\x01ZAgithub.com/ccm-rs/go-adapter/gen/cloudprovider/v1;cloudproviderv1\xa2\x02\x03CXX\xaa\x02\x10Cloudprovider.V1\xca\x02\x10Cloudprovider\\V1\xe2\x02\x1cCloudprovider\\V1\\GPBMetadata\xea\x02\x11Cloudprovider::V1b\x06proto3"
 
 var (
@@ -910,7 +1154,7 @@ func file_cloudprovider_v1_routes_proto_rawDescGZIP() []byte {
 	return file_cloudprovider_v1_routes_proto_rawDescData
 }
 
-var file_cloudprovider_v1_routes_proto_msgTypes = make([]protoimpl.MessageInfo, 14)
+var file_cloudprovider_v1_routes_proto_msgTypes = make([]protoimpl.MessageInfo, 18)
 var file_cloudprovider_v1_routes_proto_goTypes = []any{
 	(*RouteTable)(nil),                 // 0: cloudprovider.v1.RouteTable
 	(*RouteTarget)(nil),                // 1: cloudprovider.v1.RouteTarget
@@ -926,36 +1170,48 @@ var file_cloudprovider_v1_routes_proto_goTypes = []any{
 	(*ResolveRouteTablesRequest)(nil),  // 11: cloudprovider.v1.ResolveRouteTablesRequest
 	(*RouteTableAssignment)(nil),       // 12: cloudprovider.v1.RouteTableAssignment
 	(*ResolveRouteTablesResponse)(nil), // 13: cloudprovider.v1.ResolveRouteTablesResponse
-	(*NodeAddress)(nil),                // 14: cloudprovider.v1.NodeAddress
-	(*durationpb.Duration)(nil),        // 15: google.protobuf.Duration
-	(*ItemError)(nil),                  // 16: cloudprovider.v1.ItemError
+	(*ApplyRoutesRequest)(nil),         // 14: cloudprovider.v1.ApplyRoutesRequest
+	(*RouteResult)(nil),                // 15: cloudprovider.v1.RouteResult
+	(*RouteDeleteResult)(nil),          // 16: cloudprovider.v1.RouteDeleteResult
+	(*ApplyRoutesResponse)(nil),        // 17: cloudprovider.v1.ApplyRoutesResponse
+	(*NodeAddress)(nil),                // 18: cloudprovider.v1.NodeAddress
+	(*durationpb.Duration)(nil),        // 19: google.protobuf.Duration
+	(*ItemError)(nil),                  // 20: cloudprovider.v1.ItemError
 }
 var file_cloudprovider_v1_routes_proto_depIdxs = []int32{
 	1,  // 0: cloudprovider.v1.Route.target:type_name -> cloudprovider.v1.RouteTarget
-	14, // 1: cloudprovider.v1.Route.target_addresses:type_name -> cloudprovider.v1.NodeAddress
+	18, // 1: cloudprovider.v1.Route.target_addresses:type_name -> cloudprovider.v1.NodeAddress
 	0,  // 2: cloudprovider.v1.ListRouteTablesResponse.tables:type_name -> cloudprovider.v1.RouteTable
 	2,  // 3: cloudprovider.v1.ListRoutesResponse.routes:type_name -> cloudprovider.v1.Route
-	15, // 4: cloudprovider.v1.ListRoutesResponse.cache_ttl:type_name -> google.protobuf.Duration
+	19, // 4: cloudprovider.v1.ListRoutesResponse.cache_ttl:type_name -> google.protobuf.Duration
 	2,  // 5: cloudprovider.v1.CreateRouteRequest.route:type_name -> cloudprovider.v1.Route
 	2,  // 6: cloudprovider.v1.CreateRouteResponse.route:type_name -> cloudprovider.v1.Route
 	1,  // 7: cloudprovider.v1.ResolveRouteTablesRequest.targets:type_name -> cloudprovider.v1.RouteTarget
-	16, // 8: cloudprovider.v1.RouteTableAssignment.error:type_name -> cloudprovider.v1.ItemError
+	20, // 8: cloudprovider.v1.RouteTableAssignment.error:type_name -> cloudprovider.v1.ItemError
 	12, // 9: cloudprovider.v1.ResolveRouteTablesResponse.assignments:type_name -> cloudprovider.v1.RouteTableAssignment
-	3,  // 10: cloudprovider.v1.RoutesService.ListRouteTables:input_type -> cloudprovider.v1.ListRouteTablesRequest
-	5,  // 11: cloudprovider.v1.RoutesService.ListRoutes:input_type -> cloudprovider.v1.ListRoutesRequest
-	7,  // 12: cloudprovider.v1.RoutesService.CreateRoute:input_type -> cloudprovider.v1.CreateRouteRequest
-	9,  // 13: cloudprovider.v1.RoutesService.DeleteRoute:input_type -> cloudprovider.v1.DeleteRouteRequest
-	11, // 14: cloudprovider.v1.RoutesService.ResolveRouteTables:input_type -> cloudprovider.v1.ResolveRouteTablesRequest
-	4,  // 15: cloudprovider.v1.RoutesService.ListRouteTables:output_type -> cloudprovider.v1.ListRouteTablesResponse
-	6,  // 16: cloudprovider.v1.RoutesService.ListRoutes:output_type -> cloudprovider.v1.ListRoutesResponse
-	8,  // 17: cloudprovider.v1.RoutesService.CreateRoute:output_type -> cloudprovider.v1.CreateRouteResponse
-	10, // 18: cloudprovider.v1.RoutesService.DeleteRoute:output_type -> cloudprovider.v1.DeleteRouteResponse
-	13, // 19: cloudprovider.v1.RoutesService.ResolveRouteTables:output_type -> cloudprovider.v1.ResolveRouteTablesResponse
-	15, // [15:20] is the sub-list for method output_type
-	10, // [10:15] is the sub-list for method input_type
-	10, // [10:10] is the sub-list for extension type_name
-	10, // [10:10] is the sub-list for extension extendee
-	0,  // [0:10] is the sub-list for field type_name
+	2,  // 10: cloudprovider.v1.ApplyRoutesRequest.creates:type_name -> cloudprovider.v1.Route
+	2,  // 11: cloudprovider.v1.RouteResult.route:type_name -> cloudprovider.v1.Route
+	20, // 12: cloudprovider.v1.RouteResult.error:type_name -> cloudprovider.v1.ItemError
+	20, // 13: cloudprovider.v1.RouteDeleteResult.error:type_name -> cloudprovider.v1.ItemError
+	16, // 14: cloudprovider.v1.ApplyRoutesResponse.deletes:type_name -> cloudprovider.v1.RouteDeleteResult
+	15, // 15: cloudprovider.v1.ApplyRoutesResponse.creates:type_name -> cloudprovider.v1.RouteResult
+	3,  // 16: cloudprovider.v1.RoutesService.ListRouteTables:input_type -> cloudprovider.v1.ListRouteTablesRequest
+	5,  // 17: cloudprovider.v1.RoutesService.ListRoutes:input_type -> cloudprovider.v1.ListRoutesRequest
+	7,  // 18: cloudprovider.v1.RoutesService.CreateRoute:input_type -> cloudprovider.v1.CreateRouteRequest
+	9,  // 19: cloudprovider.v1.RoutesService.DeleteRoute:input_type -> cloudprovider.v1.DeleteRouteRequest
+	11, // 20: cloudprovider.v1.RoutesService.ResolveRouteTables:input_type -> cloudprovider.v1.ResolveRouteTablesRequest
+	14, // 21: cloudprovider.v1.RoutesService.ApplyRoutes:input_type -> cloudprovider.v1.ApplyRoutesRequest
+	4,  // 22: cloudprovider.v1.RoutesService.ListRouteTables:output_type -> cloudprovider.v1.ListRouteTablesResponse
+	6,  // 23: cloudprovider.v1.RoutesService.ListRoutes:output_type -> cloudprovider.v1.ListRoutesResponse
+	8,  // 24: cloudprovider.v1.RoutesService.CreateRoute:output_type -> cloudprovider.v1.CreateRouteResponse
+	10, // 25: cloudprovider.v1.RoutesService.DeleteRoute:output_type -> cloudprovider.v1.DeleteRouteResponse
+	13, // 26: cloudprovider.v1.RoutesService.ResolveRouteTables:output_type -> cloudprovider.v1.ResolveRouteTablesResponse
+	17, // 27: cloudprovider.v1.RoutesService.ApplyRoutes:output_type -> cloudprovider.v1.ApplyRoutesResponse
+	22, // [22:28] is the sub-list for method output_type
+	16, // [16:22] is the sub-list for method input_type
+	16, // [16:16] is the sub-list for extension type_name
+	16, // [16:16] is the sub-list for extension extendee
+	0,  // [0:16] is the sub-list for field type_name
 }
 
 func init() { file_cloudprovider_v1_routes_proto_init() }
@@ -970,7 +1226,7 @@ func file_cloudprovider_v1_routes_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_cloudprovider_v1_routes_proto_rawDesc), len(file_cloudprovider_v1_routes_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   14,
+			NumMessages:   18,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

@@ -24,6 +24,7 @@ const (
 	RoutesService_CreateRoute_FullMethodName        = "/cloudprovider.v1.RoutesService/CreateRoute"
 	RoutesService_DeleteRoute_FullMethodName        = "/cloudprovider.v1.RoutesService/DeleteRoute"
 	RoutesService_ResolveRouteTables_FullMethodName = "/cloudprovider.v1.RoutesService/ResolveRouteTables"
+	RoutesService_ApplyRoutes_FullMethodName        = "/cloudprovider.v1.RoutesService/ApplyRoutes"
 )
 
 // RoutesServiceClient is the client API for RoutesService service.
@@ -52,6 +53,13 @@ type RoutesServiceClient interface {
 	// Which tables each target's routes go to. Only called when the provider advertises
 	// multiple_tables. Results in request order, one per target, each with its own error.
 	ResolveRouteTables(ctx context.Context, in *ResolveRouteTablesRequest, opts ...grpc.CallOption) (*ResolveRouteTablesResponse, error)
+	// Deletes and creates many routes of one table in one call, for clouds that write a table
+	// as one list (an Azure route table, an OpenStack router's routes). Only called when the
+	// provider advertises RoutesCapabilities.bulk_apply. Deletes are applied before creates,
+	// so a route may be replaced under its own name in one call; each item is idempotent as
+	// its single-item call is, and has its own result, in request order. At most 500 items
+	// (deletes and creates together). A whole-call error means no item is known to be done.
+	ApplyRoutes(ctx context.Context, in *ApplyRoutesRequest, opts ...grpc.CallOption) (*ApplyRoutesResponse, error)
 }
 
 type routesServiceClient struct {
@@ -112,6 +120,16 @@ func (c *routesServiceClient) ResolveRouteTables(ctx context.Context, in *Resolv
 	return out, nil
 }
 
+func (c *routesServiceClient) ApplyRoutes(ctx context.Context, in *ApplyRoutesRequest, opts ...grpc.CallOption) (*ApplyRoutesResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(ApplyRoutesResponse)
+	err := c.cc.Invoke(ctx, RoutesService_ApplyRoutes_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 // RoutesServiceServer is the server API for RoutesService service.
 // All implementations must embed UnimplementedRoutesServiceServer
 // for forward compatibility.
@@ -138,6 +156,13 @@ type RoutesServiceServer interface {
 	// Which tables each target's routes go to. Only called when the provider advertises
 	// multiple_tables. Results in request order, one per target, each with its own error.
 	ResolveRouteTables(context.Context, *ResolveRouteTablesRequest) (*ResolveRouteTablesResponse, error)
+	// Deletes and creates many routes of one table in one call, for clouds that write a table
+	// as one list (an Azure route table, an OpenStack router's routes). Only called when the
+	// provider advertises RoutesCapabilities.bulk_apply. Deletes are applied before creates,
+	// so a route may be replaced under its own name in one call; each item is idempotent as
+	// its single-item call is, and has its own result, in request order. At most 500 items
+	// (deletes and creates together). A whole-call error means no item is known to be done.
+	ApplyRoutes(context.Context, *ApplyRoutesRequest) (*ApplyRoutesResponse, error)
 	mustEmbedUnimplementedRoutesServiceServer()
 }
 
@@ -162,6 +187,9 @@ func (UnimplementedRoutesServiceServer) DeleteRoute(context.Context, *DeleteRout
 }
 func (UnimplementedRoutesServiceServer) ResolveRouteTables(context.Context, *ResolveRouteTablesRequest) (*ResolveRouteTablesResponse, error) {
 	return nil, status.Errorf(codes.Unimplemented, "method ResolveRouteTables not implemented")
+}
+func (UnimplementedRoutesServiceServer) ApplyRoutes(context.Context, *ApplyRoutesRequest) (*ApplyRoutesResponse, error) {
+	return nil, status.Errorf(codes.Unimplemented, "method ApplyRoutes not implemented")
 }
 func (UnimplementedRoutesServiceServer) mustEmbedUnimplementedRoutesServiceServer() {}
 func (UnimplementedRoutesServiceServer) testEmbeddedByValue()                       {}
@@ -274,6 +302,24 @@ func _RoutesService_ResolveRouteTables_Handler(srv interface{}, ctx context.Cont
 	return interceptor(ctx, in, info, handler)
 }
 
+func _RoutesService_ApplyRoutes_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(ApplyRoutesRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(RoutesServiceServer).ApplyRoutes(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: RoutesService_ApplyRoutes_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(RoutesServiceServer).ApplyRoutes(ctx, req.(*ApplyRoutesRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 // RoutesService_ServiceDesc is the grpc.ServiceDesc for RoutesService service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -300,6 +346,10 @@ var RoutesService_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "ResolveRouteTables",
 			Handler:    _RoutesService_ResolveRouteTables_Handler,
+		},
+		{
+			MethodName: "ApplyRoutes",
+			Handler:    _RoutesService_ApplyRoutes_Handler,
 		},
 	},
 	Streams:  []grpc.StreamDesc{},
