@@ -246,6 +246,8 @@ impl<F: FnMut(&CheckResult)> Suite<F> {
         gated!(routes, why, "routes.delete-idempotent", self.delete_route_again());
         gated!(routes, why, "routes.delete-absent", self.delete_route_absent());
         gated!(routes, why, "routes.resolve-tables", self.resolve_tables());
+        gated!(routes, why, "routes.bulk-apply", self.bulk_apply());
+        gated!(routes, why, "routes.bulk-apply-too-large", self.bulk_apply_too_large());
         gated!(routes, why, "routes.quota", self.route_quota());
 
         let lbs = self.advertises(ServiceType::LoadBalancers);
@@ -257,6 +259,7 @@ impl<F: FnMut(&CheckResult)> Suite<F> {
         gated!(lbs, why, "load-balancers.update-hosts", self.lb_update_hosts());
         gated!(lbs, why, "load-balancers.list", self.lb_list());
         gated!(lbs, why, "load-balancers.update-hosts-absent", self.lb_update_hosts_absent());
+        gated!(lbs, why, "load-balancers.bulk-update-hosts", self.lb_bulk_update_hosts());
         gated!(lbs, why, "load-balancers.ensure-empty-name", self.lb_empty_name());
         gated!(lbs, why, "load-balancers.ensure-name-too-long", self.lb_name_too_long());
         gated!(lbs, why, "load-balancers.ensure-no-ports", self.lb_no_ports());

@@ -486,3 +486,47 @@ async fn upstreams_route_reconciliation_period_lists_routes_every_period() {
     core.stop().await.expect("stop");
     env.cleanup().await.expect("cleanup");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_bulk_provider_gets_a_table_of_routes_in_one_call_and_a_failed_item_is_retried() {
+    let cp = ccm_harness::shared().expect("control plane");
+    let env = TestEnv::new(cp.client().await.expect("client"), "rbulk").await.expect("env");
+    let names: Vec<String> = (0..40).map(|i| env.node_name(&format!("n{i:02}"))).collect();
+    let mut config = Config { bulk_routes: true, ..Default::default() };
+    config.route_tables[0].max_routes = 0;
+    for (i, n) in names.iter().enumerate() {
+        config.instances.push(instance(&format!("i-{i}"), n, "sim-region-1a"));
+    }
+    // The first attempt of one route fails in its own item (transient): the rest are made
+    // in the same call, and it comes with the retry.
+    config.faults.push(Fault {
+        method: "ApplyRoutes".into(),
+        down: true,
+        subject: Some(names[7].clone()),
+        code: FaultCode::Unavailable,
+        ..Default::default()
+    });
+    let sim = Sim::start(config).await;
+    for (i, n) in names.iter().enumerate() {
+        node(&env, n, &[&format!("10.244.{i}.0/24")]).await;
+    }
+    let core = start(cp, &env, &sim, &route_flags(&env, &[]));
+    eventually("39 routes", Duration::from_secs(20), async || (routes(&sim, &env.prefix).await.len() == 39).then_some(())).await;
+    let cidr7 = "10.244.7.0/24";
+    assert!(!routes(&sim, &env.prefix).await.iter().any(|(_, d, _)| d == cidr7), "the route whose item failed was not made");
+    sim.admin.set_faults(&[]).await.expect("clear");
+    eventually("40 routes", Duration::from_secs(20), async || (routes(&sim, &env.prefix).await.len() == 40).then_some(())).await;
+    let bulk = sim.admin.call_count("RoutesService/ApplyRoutes").await.expect("calls");
+    let single = sim.admin.call_count("RoutesService/CreateRoute").await.expect("calls");
+    assert_eq!(single, 0, "no single CreateRoute with a bulk provider");
+    assert!(bulk <= 6, "{bulk} ApplyRoutes calls for 40 routes (one, then retries of the failed one)");
+
+    // Deleting Nodes deletes their routes in one call too.
+    for n in &names[..10] {
+        env.nodes().delete(n, &DeleteParams::default()).await.expect("delete");
+    }
+    eventually("30 routes", Duration::from_secs(20), async || (routes(&sim, &env.prefix).await.len() == 30).then_some(())).await;
+    assert_eq!(sim.admin.call_count("RoutesService/DeleteRoute").await.expect("calls"), 0, "no single DeleteRoute");
+    core.stop().await.expect("stop");
+    env.cleanup().await.expect("cleanup");
+}

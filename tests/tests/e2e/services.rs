@@ -449,3 +449,59 @@ async fn a_naming_change_keeps_load_balancers_unless_renaming_is_allowed() {
     core.stop().await.expect("stop");
     env.cleanup().await.expect("cleanup");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_bulk_provider_gets_one_call_for_every_load_balancer_and_a_failed_item_is_retried_alone() {
+    let cp = ccm_harness::shared().expect("control plane");
+    let env = TestEnv::new(cp.client().await.expect("client"), "lbbulk").await.expect("env");
+    let (n1, n2, n3) = (env.node_name("n1"), env.node_name("n2"), env.node_name("n3"));
+    let mut config = Config::default();
+    config.load_balancers.bulk_hosts = true;
+    for (id, n) in [("i-1", &n1), ("i-2", &n2), ("i-3", &n3)] {
+        config.instances.push(instance(id, n, "sim-region-1a"));
+    }
+    let sim = Sim::start(config).await;
+    backend_node(&env, &n1, "i-1").await;
+    let core = start(cp, &env, &sim, &service_flags(&env));
+    let names = ["web-a", "web-b", "web-c", "flaky"];
+    for s in names {
+        create_load_balancer_service(&env, s, &[80]).await.expect("service");
+    }
+    let all = |want: Vec<String>| {
+        let sim = &sim;
+        async move {
+            let lbs = lbs(sim).await;
+            (lbs.len() == 4 && lbs.iter().all(|l| l.nodes == want)).then_some(())
+        }
+    };
+    eventually("four load balancers on one node", Duration::from_secs(20), async || all(vec![n1.clone()]).await).await;
+    // One load balancer's item of every bulk call fails (INTERNAL, not transient): it alone
+    // takes the single call.
+    let flaky = lb_of(&sim, "flaky").await.expect("flaky's load balancer").name;
+    let fault = Fault {
+        method: "BatchUpdateLoadBalancerHosts".into(),
+        down: true,
+        code: FaultCode::Internal,
+        subject: Some(flaky),
+        ..Default::default()
+    };
+    sim.admin.set_faults(&[fault]).await.expect("fault");
+    let batch = async || sim.admin.call_count("LoadBalancersService/BatchUpdateLoadBalancerHosts").await.expect("calls");
+    let single = async || sim.admin.call_count("LoadBalancersService/UpdateLoadBalancerHosts").await.expect("calls");
+    let (batch_before, single_before) = (batch().await, single().await);
+
+    backend_node(&env, &n2, "i-2").await;
+    backend_node(&env, &n3, "i-3").await;
+    let three = vec![n1.clone(), n2.clone(), n3.clone()];
+    eventually("every load balancer on three nodes", Duration::from_secs(10), async || all(three.clone()).await).await;
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let (batches, singles) = (batch().await - batch_before, single().await - single_before);
+    // Two Nodes created 50 ms apart are one node change or two: one bulk call each, and a
+    // single call for the failed item of each.
+    assert!((1..=2).contains(&batches), "{batches} BatchUpdateLoadBalancerHosts calls for four load balancers");
+    assert!((1..=batches).contains(&singles), "{singles} UpdateLoadBalancerHosts calls: only the failed item's");
+    reasons(&env, "flaky", &["UpdateLoadBalancerFailed", "UpdatedLoadBalancer"]).await;
+    reasons(&env, "web-a", &["UpdatedLoadBalancer"]).await;
+    core.stop().await.expect("stop");
+    env.cleanup().await.expect("cleanup");
+}

@@ -245,3 +245,24 @@ impl<F: FnMut(&CheckResult)> Suite<F> {
         self.delete_lb(self.lb_service("never-created")).await
     }
 }
+
+impl<F: FnMut(&CheckResult)> Suite<F> {
+    /// BatchUpdateLoadBalancerHosts of an ensured load balancer and an absent one: OK and
+    /// NOT_FOUND, each in its own item, in order.
+    pub(super) async fn lb_bulk_update_hosts(&mut self) -> Check {
+        if !self.caps.load_balancers.as_ref().is_some_and(|l| l.bulk_update_hosts) {
+            return Err(skip("bulk_update_hosts is not advertised"));
+        }
+        let request = pb::BatchUpdateLoadBalancerHostsRequest {
+            nodes: self.lb_nodes(),
+            services: vec![self.lb_service("absent"), self.lb_service("main")],
+        };
+        let r = self.lbs.clone().batch_update_load_balancer_hosts(self.req(request)).await;
+        let results = r.ctx("BatchUpdateLoadBalancerHosts")?.results;
+        ensure(results.len() == 2, || format!("{} results for 2 load balancers", results.len()))?;
+        ensure(results[0].error.as_ref().is_some_and(|e| e.code == Code::NotFound as i32), || {
+            format!("an absent load balancer is NOT_FOUND in its own item, got {:?}", results[0])
+        })?;
+        ensure(results[1].error.is_none(), || format!("the ensured load balancer's item failed: {:?}", results[1]))
+    }
+}

@@ -333,3 +333,76 @@ impl<F: FnMut(&CheckResult)> Suite<F> {
         outcome
     }
 }
+
+impl<F: FnMut(&CheckResult)> Suite<F> {
+    fn bulk_routes(&self) -> Result<(), Not> {
+        match self.caps.routes.as_ref().is_some_and(|r| r.bulk_apply) {
+            true => Ok(()),
+            false => Err(skip("bulk_apply is not advertised")),
+        }
+    }
+
+    async fn apply(&self, deletes: Vec<String>, creates: Vec<pb::Route>) -> Result<pb::ApplyRoutesResponse, Not> {
+        let request = pb::ApplyRoutesRequest { cluster_name: self.cluster(), table_id: String::new(), deletes, creates };
+        self.routes.clone().apply_routes(self.req(request)).await.ctx("ApplyRoutes")
+    }
+
+    /// ApplyRoutes: three creates and a malformed one answer per item in order, the three are
+    /// listed; deleting them with an absent name is OK per item, and they are gone.
+    pub(super) async fn bulk_apply(&mut self) -> Check {
+        self.bulk_routes()?;
+        let cidrs: Vec<String> = (40..43).map(|i| self.cidr(i)).collect();
+        let mut creates = Vec::new();
+        for (i, cidr) in cidrs.iter().enumerate() {
+            creates.push(self.route(&format!("bulk-{i}"), cidr.clone())?);
+        }
+        let mut malformed = self.route("bulk-bad", self.cidr(43))?;
+        malformed.destination_cidr = "198.18.0.1/24".into();
+        creates.insert(1, malformed);
+        let applied = self.apply(Vec::new(), creates).await?;
+        ensure(applied.creates.len() == 4 && applied.deletes.is_empty(), || {
+            format!("{} create and {} delete results for 4 creates", applied.creates.len(), applied.deletes.len())
+        })?;
+        let bad = &applied.creates[1];
+        ensure(bad.error.as_ref().is_some_and(|e| e.code == Code::InvalidArgument as i32), || {
+            format!("a malformed CIDR in a bulk call is INVALID_ARGUMENT in its own item, got {bad:?}")
+        })?;
+        let mut made = Vec::new();
+        for (result, cidr) in [&applied.creates[0], &applied.creates[2], &applied.creates[3]].into_iter().zip(&cidrs) {
+            let route = result.route.as_ref().filter(|_| result.error.is_none());
+            let route = route.ok_or_else(|| fail(format!("the create of {cidr} failed: {:?}", result.error)))?;
+            ensure(&route.destination_cidr == cidr, || format!("results out of order: {cidr} answered with {route:?}"))?;
+            self.created_routes.push((route.table_id.clone(), route.name.clone(), cidr.clone()));
+            made.push(route.name.clone());
+        }
+        let cluster = self.cluster();
+        self.eventually(async || {
+            let listed = self.list_all_routes(&cluster, "", 0).await?;
+            let n = cidrs.iter().filter(|c| listed.iter().any(|r| &r.destination_cidr == *c)).count();
+            ensure(n == 3, || format!("{n} of the 3 routes ApplyRoutes created are listed"))
+        })
+        .await?;
+        let mut deletes = made.clone();
+        deletes.push(format!("ccm-conformance-{}-bulk-never-created", self.run_id));
+        let applied = self.apply(deletes, Vec::new()).await?;
+        ensure(applied.deletes.len() == 4 && applied.deletes.iter().all(|d| d.error.is_none()), || {
+            format!("deleting 3 routes and an absent one: {:?}", applied.deletes)
+        })?;
+        self.eventually(async || {
+            let listed = self.list_all_routes(&cluster, "", 0).await?;
+            let left = listed.iter().filter(|r| cidrs.contains(&r.destination_cidr)).count();
+            ensure(left == 0, || format!("{left} routes still listed after their bulk delete"))
+        })
+        .await
+    }
+
+    /// ApplyRoutes of more than 500 items is INVALID_ARGUMENT.
+    pub(super) async fn bulk_apply_too_large(&mut self) -> Check {
+        self.bulk_routes()?;
+        let deletes = (0..=500).map(|i| format!("ccm-conformance-{}-absent-{i}", self.run_id)).collect();
+        let request =
+            pb::ApplyRoutesRequest { cluster_name: self.cluster(), table_id: String::new(), deletes, creates: Vec::new() };
+        let r = self.routes.clone().apply_routes(self.req(request)).await;
+        expect_code(r, Code::InvalidArgument, "ApplyRoutes of 501 items")
+    }
+}
