@@ -38,6 +38,18 @@ pub struct Args {
     /// The simulated cloud's account-wide rate limit, in calls per second.
     #[arg(long, default_value_t = 20.0)]
     pub rate_limit: f64,
+    /// The API server budget of both cores (`--kube-api-qps`); the join's floor is 2 writes
+    /// per Node at this rate.
+    #[arg(long, default_value_t = 20.0)]
+    pub kube_api_qps: f64,
+    /// Both cores' `--kube-api-burst`.
+    #[arg(long, default_value_t = 30)]
+    pub kube_api_burst: u32,
+    /// The simulated cloud offers the bulk calls (ApplyRoutes, BatchUpdateLoadBalancerHosts;
+    /// one cloud call per 500 items). Upstream's interface has no bulk call, so only our core
+    /// uses them; the floors are then per bulk call.
+    #[arg(long)]
+    pub bulk: bool,
     /// Which cores: `rust`, `upstream` (routes on a 10 s timer), `upstream-watch` (upstream
     /// with the watch-based route reconciliation feature gate on). With `--cloud aws`:
     /// `rust` and `upstream` (aws-cloud-controller-manager); default both.

@@ -64,10 +64,65 @@ pub struct Figures {
     pub steady_cpu_seconds: f64,
     /// CPU seconds the core used in all.
     pub total_cpu_seconds: f64,
+    /// CPU seconds of the core during the join.
+    pub join_cpu_seconds: f64,
+    /// CPU seconds of the core while the load balancers were created.
+    pub lb_cpu_seconds: f64,
+    /// CPU seconds of the core while the routes were created.
+    pub routes_cpu_seconds: f64,
+    /// CPU seconds of the core during the churn.
+    pub churn_cpu_seconds: f64,
+    /// (change, load balancer) updates the churn saw reach the cloud.
+    pub churn_updates: usize,
+    /// CPU milliseconds per unit of work, scenario by scenario.
+    pub per_unit: PerUnit,
     /// Resident memory at the end of the steady state, MiB.
     pub rss_steady_mib: f64,
     /// Peak resident memory, MiB.
     pub rss_peak_mib: f64,
+}
+
+/// CPU milliseconds per unit of work, so that cores doing different amounts of work compare.
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct PerUnit {
+    /// Per Node initialised (the join).
+    pub node_initialised: f64,
+    /// Per load balancer made.
+    pub load_balancer_made: f64,
+    /// Per route created.
+    pub route_created: f64,
+    /// Per load balancer whose hosts a node change updated (the churn).
+    pub load_balancer_update: f64,
+}
+
+/// The physical limits of the scenarios: the least time the API server budget and the
+/// cloud's rate limit allow, whatever the core does.
+#[derive(Debug, Clone, Copy, Serialize)]
+pub struct Floors {
+    /// Join: 2 writes per Node (the providerID and addresses, the taint removed) at
+    /// --kube-api-qps, or the instance reads (500 a batch) at the rate limit, the longer.
+    pub join_seconds: f64,
+    /// Load balancers: an Ensure per Service at the rate limit, or 2 writes per Service (the
+    /// finalizer, the status) at --kube-api-qps, the longer.
+    pub lb_seconds: f64,
+    /// Routes: a create per route (or a bulk call per 500) at the rate limit.
+    pub routes_seconds: f64,
+    /// Churn: an update per load balancer (or a bulk call per 500) at the rate limit, for the
+    /// last load balancer of a change, in milliseconds.
+    pub churn_ms: f64,
+}
+
+impl Floors {
+    fn of(args: &Args) -> Self {
+        let (nodes, services, rate, qps) = (args.nodes as f64, args.services as f64, args.rate_limit, args.kube_api_qps);
+        let per_call = |items: f64| if args.bulk { (items / 500.0).ceil() } else { items };
+        Self {
+            join_seconds: (2.0 * nodes / qps).max((nodes / 500.0).ceil() / rate),
+            lb_seconds: (services / rate).max(2.0 * services / qps),
+            routes_seconds: per_call(nodes) / rate,
+            churn_ms: per_call(services) / rate * 1000.0,
+        }
+    }
 }
 
 /// Every core's figures, and what they ran under.
@@ -85,6 +140,12 @@ pub struct Report {
     pub latency_ms: u64,
     /// Simulated rate limit.
     pub rate_limit: f64,
+    /// Both cores' --kube-api-qps.
+    pub kube_api_qps: f64,
+    /// Whether the sim offered the bulk calls.
+    pub bulk: bool,
+    /// The physical limits each scenario could reach, at best.
+    pub floors: Floors,
     /// The machine.
     pub machine: String,
     /// Figures by core.
@@ -101,6 +162,9 @@ impl Report {
             steady_seconds: args.steady.as_secs(),
             latency_ms: args.latency_ms,
             rate_limit: args.rate_limit,
+            kube_api_qps: args.kube_api_qps,
+            bulk: args.bulk,
+            floors: Floors::of(args),
             machine: machine(),
             cores,
         }
@@ -141,6 +205,10 @@ impl Report {
             ("churn: node change to LB p50 (ms)", |f| f.churn_p50_ms as f64),
             ("churn: node change to LB p99 (ms)", |f| f.churn_p99_ms as f64),
             ("churn: changes not seen in 120 s", |f| f.churn_timeouts as f64),
+            ("CPU ms per Node initialised", |f| f.per_unit.node_initialised),
+            ("CPU ms per load balancer made", |f| f.per_unit.load_balancer_made),
+            ("CPU ms per route created", |f| f.per_unit.route_created),
+            ("CPU ms per load balancer update", |f| f.per_unit.load_balancer_update),
             ("steady: cloud calls per hour", |f| f.steady_cloud_calls_per_hour),
             ("steady: ListRoutes per hour", |f| f.steady_list_routes_per_hour),
             ("steady: CPU seconds", |f| f.steady_cpu_seconds),
@@ -149,10 +217,38 @@ impl Report {
             ("peak RSS (MiB)", |f| f.rss_peak_mib),
         ];
         let mut out = format!(
-            "{} Nodes, {} LoadBalancer Services, {} churn changes, {} s steady state; cloud API {} ms per call, {} calls/s\n{}\n\n",
-            self.nodes, self.services, self.churn, self.steady_seconds, self.latency_ms, self.rate_limit, self.machine
+            "{} Nodes, {} LoadBalancer Services, {} churn changes, {} s steady state; cloud API {} ms per call, {} calls/s{}; \
+             --kube-api-qps {}\n{}\n\n",
+            self.nodes,
+            self.services,
+            self.churn,
+            self.steady_seconds,
+            self.latency_ms,
+            self.rate_limit,
+            if self.bulk { ", bulk calls offered" } else { "" },
+            self.kube_api_qps,
+            self.machine
         );
         out.push_str(&side_by_side(&self.cores, &rows));
+        let fl = self.floors;
+        let against: Vec<(Row<Figures>, f64)> = vec![
+            (("join: all initialised (s)", |f| f.join_seconds), fl.join_seconds),
+            (("load balancers: all addressed (s)", |f| f.lb_seconds), fl.lb_seconds),
+            (("routes: all created (s)", |f| f.routes_seconds), fl.routes_seconds),
+            (("churn: node change to LB p99 (ms)", |f| f.churn_p99_ms as f64), fl.churn_ms),
+        ];
+        out.push_str(&format!("\n{:38}{:>16}", "against the physical floor", "floor"));
+        for n in self.cores.keys() {
+            out.push_str(&format!("{:>18}", format!("{n}/floor")));
+        }
+        out.push('\n');
+        for ((label, value), floor) in against {
+            out.push_str(&format!("{label:38}{:>16}", fmt(floor)));
+            for f in self.cores.values() {
+                out.push_str(&format!("{:>18}", ratio(value(f), floor)));
+            }
+            out.push('\n');
+        }
         out.push_str("\nprovider calls per hour at steady state, by method:\n");
         for (name, f) in &self.cores {
             out.push_str(&format!("  {name}:\n"));
@@ -186,22 +282,25 @@ pub(crate) fn side_by_side<F>(cores: &BTreeMap<String, F>, rows: &[Row<F>]) -> S
         }
         if let Some(r) = rust {
             for n in names.iter().filter(|n| n.as_str() != "rust") {
-                let (a, b) = (value(&cores[*n]), value(r));
-                let ratio = if a.is_nan() || b.is_nan() {
-                    "-".into()
-                } else if b > 0.0 {
-                    format!("{:.1}x", a / b)
-                } else if a > 0.0 {
-                    "inf".into()
-                } else {
-                    "-".into()
-                };
-                out.push_str(&format!("{ratio:>18}"));
+                out.push_str(&format!("{:>18}", ratio(value(&cores[*n]), value(r))));
             }
         }
         out.push('\n');
     }
     out
+}
+
+/// `a / b` as "2.5x"; "-" when either is unknown or both are 0, "inf" for a / 0.
+fn ratio(a: f64, b: f64) -> String {
+    if a.is_nan() || b.is_nan() {
+        "-".into()
+    } else if b > 0.0 {
+        format!("{:.2}x", a / b)
+    } else if a > 0.0 {
+        "inf".into()
+    } else {
+        "-".into()
+    }
 }
 
 fn fmt(v: f64) -> String {
@@ -323,6 +422,8 @@ async fn start_core(
                 format!("--cluster-cidr={CLUSTER_CIDR}"),
                 "--leader-elect=false".into(),
                 "--secure-port=0".into(),
+                format!("--kube-api-qps={}", args.kube_api_qps),
+                format!("--kube-api-burst={}", args.kube_api_burst),
                 format!("--log-level={}", args.core_log),
             ]);
             c
@@ -342,6 +443,8 @@ async fn start_core(
                 "--configure-cloud-routes=true".into(),
                 "--leader-elect=false".into(),
                 "--secure-port=0".into(),
+                format!("--kube-api-qps={}", args.kube_api_qps),
+                format!("--kube-api-burst={}", args.kube_api_burst),
                 "--v=1".into(),
             ]);
             if core == "upstream-watch" {
@@ -467,10 +570,27 @@ pub async fn run_core(cp: &ControlPlane, args: &Args, core: &str, peer: Option<&
         label: format!("bench={tag}"),
         admin,
     };
+    // The core's CPU seconds since the last lap.
+    let mut mark = process.cpu_seconds();
+    let mut lap = |process: &CoreProcess| {
+        let now = process.cpu_seconds();
+        std::mem::replace(&mut mark, now).mul_add(-1.0, now)
+    };
     bench.join_burst(&mut f).await?;
+    f.join_cpu_seconds = lap(&process);
     bench.load_balancers(&mut f).await?;
+    f.lb_cpu_seconds = lap(&process);
     bench.routes(&mut f).await?;
+    f.routes_cpu_seconds = lap(&process);
     bench.churn(&mut f).await?;
+    f.churn_cpu_seconds = lap(&process);
+    let per = |cpu: f64, units: usize| cpu * 1000.0 / units.max(1) as f64;
+    f.per_unit = PerUnit {
+        node_initialised: per(f.join_cpu_seconds, args.nodes),
+        load_balancer_made: per(f.lb_cpu_seconds, args.services),
+        route_created: per(f.routes_cpu_seconds, args.nodes - f.routes_missing),
+        load_balancer_update: per(f.churn_cpu_seconds, f.churn_updates),
+    };
     bench.steady(&mut f, &mut process).await?;
     bench.clean_up(process).await?;
     let _ = Api::<Namespace>::all(client.clone()).delete(&ns, &DeleteParams::default()).await;
@@ -504,6 +624,8 @@ async fn start_sim(
         ..Config::default()
     };
     config.load_balancers.address_pool = vec!["198.18.0.0/15".into()];
+    config.bulk_routes = args.bulk;
+    config.load_balancers.bulk_hosts = args.bulk;
     for i in 0..total {
         config.instances.push(InstanceSpec {
             id: instance_id(tag, i),
@@ -724,6 +846,7 @@ impl Bench<'_> {
                 tokio::time::sleep(Duration::from_millis(50)).await;
             }
             f.churn_timeouts += args.services.saturating_sub(seen.len());
+            f.churn_updates += seen.len();
             lat.extend(seen.into_values());
             tokio::time::sleep(Duration::from_millis(500)).await;
         }
