@@ -101,6 +101,7 @@ pub struct PerUnit {
 pub struct Floors {
     /// Join: 2 writes per Node (the providerID and addresses, the taint removed) at
     /// --kube-api-qps, or the instance reads (500 a batch) at the rate limit, the longer.
+    /// Every floor counts the bursts: a token bucket's first second's worth is free.
     pub join_seconds: f64,
     /// Load balancers: an Ensure per Service at the rate limit, or 2 writes per Service (the
     /// finalizer, the status) at --kube-api-qps, the longer.
@@ -113,14 +114,19 @@ pub struct Floors {
 }
 
 impl Floors {
+    /// The floors of `args`' run: `calls` at the cloud's rate limit take one call's latency
+    /// and what the bucket's burst (one second's worth) does not cover; `writes` at
+    /// --kube-api-qps what --kube-api-burst does not.
     fn of(args: &Args) -> Self {
-        let (nodes, services, rate, qps) = (args.nodes as f64, args.services as f64, args.rate_limit, args.kube_api_qps);
+        let (nodes, services) = (args.nodes as f64, args.services as f64);
+        let cloud = |calls: f64| args.latency_ms as f64 / 1000.0 + (calls - args.rate_limit.ceil()).max(0.0) / args.rate_limit;
+        let kube = |writes: f64| (writes - f64::from(args.kube_api_burst)).max(0.0) / args.kube_api_qps;
         let per_call = |items: f64| if args.bulk { (items / 500.0).ceil() } else { items };
         Self {
-            join_seconds: (2.0 * nodes / qps).max((nodes / 500.0).ceil() / rate),
-            lb_seconds: (services / rate).max(2.0 * services / qps),
-            routes_seconds: per_call(nodes) / rate,
-            churn_ms: per_call(services) / rate * 1000.0,
+            join_seconds: kube(2.0 * nodes).max(cloud((nodes / 500.0).ceil())),
+            lb_seconds: cloud(services).max(kube(2.0 * services)),
+            routes_seconds: cloud(per_call(nodes)),
+            churn_ms: cloud(per_call(services)) * 1000.0,
         }
     }
 }
@@ -239,13 +245,13 @@ impl Report {
         ];
         out.push_str(&format!("\n{:38}{:>16}", "against the physical floor", "floor"));
         for n in self.cores.keys() {
-            out.push_str(&format!("{:>18}", format!("{n}/floor")));
+            out.push_str(&format!("{:>22}", format!("{n}/floor")));
         }
         out.push('\n');
         for ((label, value), floor) in against {
             out.push_str(&format!("{label:38}{:>16}", fmt(floor)));
             for f in self.cores.values() {
-                out.push_str(&format!("{:>18}", ratio(value(f), floor)));
+                out.push_str(&format!("{:>22}", ratio(value(f), floor)));
             }
             out.push('\n');
         }
@@ -272,7 +278,7 @@ pub(crate) fn side_by_side<F>(cores: &BTreeMap<String, F>, rows: &[Row<F>]) -> S
         out.push_str(&format!("{:>16}", n));
     }
     for n in names.iter().filter(|n| n.as_str() != "rust" && rust.is_some()) {
-        out.push_str(&format!("{:>18}", format!("{n}/rust")));
+        out.push_str(&format!("{:>22}", format!("{n}/rust")));
     }
     out.push('\n');
     for (label, value) in rows {
@@ -282,7 +288,7 @@ pub(crate) fn side_by_side<F>(cores: &BTreeMap<String, F>, rows: &[Row<F>]) -> S
         }
         if let Some(r) = rust {
             for n in names.iter().filter(|n| n.as_str() != "rust") {
-                out.push_str(&format!("{:>18}", ratio(value(&cores[*n]), value(r))));
+                out.push_str(&format!("{:>22}", ratio(value(&cores[*n]), value(r))));
             }
         }
         out.push('\n');

@@ -11,14 +11,23 @@
 //! never deleted and loses the shutdown taint without the provider being asked (as upstream:
 //! a recovered Node must not stay unschedulable through a cloud outage); with every Node Ready
 //! this controller makes no provider call at all.
+//!
+//! A NotReady Node whose state does not change is asked about less and less often: first at
+//! the next pass, then after twice the interval each time, up to [`MAX_RECHECK`] (5 s, 10 s,
+//! 20 s … 5 min with the default period), all that are due (or half-way there) in one batch.
+//! A change of the Node (its Ready condition, taints, providerID) or of the provider's answer
+//! (running, shut down, gone) starts it at the period again.
 
-use std::collections::BTreeMap;
-use std::sync::Arc;
+use std::collections::{BTreeMap, HashMap};
+use std::hash::{Hash, Hasher};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
 
 use ccm_proto::v1 as pb;
 use k8s_openapi::api::core::v1::{Node, Taint};
 use kube::Api;
 use kube::api::{DeleteParams, Patch, PatchParams, Preconditions};
+use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 use super::{Context, sleep_or_stop};
@@ -32,6 +41,74 @@ pub const NAME: &str = "cloud-node-lifecycle-controller";
 /// How many Ready Nodes' instances a pass that would delete Nodes asks about too, as a check
 /// of the provider's answer (one more call per 500 at most, only in such a pass).
 const WITNESSES: usize = 8;
+
+/// The longest a NotReady Node whose state does not change waits between two questions.
+pub const MAX_RECHECK: Duration = Duration::from_secs(300);
+
+/// When a NotReady Node is asked about next.
+#[derive(Debug, Clone, Copy)]
+struct Recheck {
+    /// The Node's state when it was last asked about.
+    state: u64,
+    /// The provider's last answer: (exists, shut down); `None` after an error.
+    answer: Option<(bool, bool)>,
+    /// The current interval.
+    interval: Duration,
+    /// When it is due.
+    due: Instant,
+}
+
+/// What of a Node starts its interval anew when it changes: its identity, Ready condition
+/// status and reason, taints and providerID (not heartbeat times).
+fn state_of(node: &Node) -> u64 {
+    let mut h = std::collections::hash_map::DefaultHasher::new();
+    node.metadata.uid.hash(&mut h);
+    node_util::ready_status(node).hash(&mut h);
+    node_util::provider_id(node).hash(&mut h);
+    for t in node.spec.as_ref().and_then(|s| s.taints.as_ref()).into_iter().flatten() {
+        (&t.key, &t.value, &t.effect).hash(&mut h);
+    }
+    h.finish()
+}
+
+/// The schedule of the NotReady Nodes' questions.
+#[derive(Debug)]
+struct Rechecks {
+    /// The first interval (`--node-monitor-period`).
+    period: Duration,
+    /// By Node name.
+    by_node: HashMap<String, Recheck>,
+}
+
+impl Rechecks {
+    /// Of the NotReady `candidates`, those to ask about now: new ones, changed ones, and those
+    /// due or half-way to due (so that Nodes that went NotReady apart share batches).
+    fn due(&mut self, candidates: Vec<Arc<Node>>, now: Instant) -> Vec<Arc<Node>> {
+        let rechecks = &mut self.by_node;
+        rechecks.retain(|name, _| candidates.iter().any(|n| node_util::name(n) == name));
+        // Within `slack` of being due (a new or changed Node always is).
+        let within = |n: &Arc<Node>, slack: fn(Duration) -> Duration| match rechecks.get(node_util::name(n)) {
+            Some(r) if r.state == state_of(n) => r.due.saturating_duration_since(now) <= slack(r.interval),
+            _ => true,
+        };
+        if !candidates.iter().any(|n| within(n, |_| Duration::ZERO)) {
+            return Vec::new();
+        }
+        candidates.into_iter().filter(|n| within(n, |interval| interval / 2)).collect()
+    }
+
+    /// After asking about `node`: its next question after twice the interval, or after the
+    /// period when the Node or the answer changed.
+    fn asked(&mut self, node: &Node, answer: Option<(bool, bool)>, now: Instant) {
+        let (period, rechecks) = (self.period, &mut self.by_node);
+        let state = state_of(node);
+        let interval = match rechecks.get(node_util::name(node)) {
+            Some(r) if r.state == state && (r.answer == answer || answer.is_none()) => (r.interval * 2).min(MAX_RECHECK),
+            _ => period,
+        };
+        rechecks.insert(node_util::name(node).to_string(), Recheck { state, answer, interval, due: now + interval });
+    }
+}
 
 /// What one pass did.
 #[derive(Debug, Default, Clone, PartialEq, Eq)]
@@ -80,12 +157,19 @@ fn disrupted_zones(ready: &[Arc<Node>], not_ready: &[Arc<Node>], threshold: f64)
 /// The lifecycle controller.
 pub struct NodeLifecycleController {
     ctx: Context,
+    /// When each NotReady Node is asked about next.
+    rechecks: Mutex<Rechecks>,
 }
 
 impl NodeLifecycleController {
     /// A controller over `ctx`.
     pub fn new(ctx: Context) -> Self {
-        Self { ctx }
+        let period = ctx.options.node_monitor_period.max(Duration::from_millis(100));
+        Self { ctx, rechecks: Mutex::new(Rechecks { period, by_node: HashMap::new() }) }
+    }
+
+    fn rechecks(&self) -> std::sync::MutexGuard<'_, Rechecks> {
+        self.rechecks.lock().unwrap_or_else(|p| p.into_inner())
     }
 
     /// Runs a pass every `--node-monitor-period` until `stop`.
@@ -121,11 +205,14 @@ impl NodeLifecycleController {
                 }
             }
         }
+        let disrupted = disrupted_zones(&ready, &candidates, self.ctx.options.unhealthy_zone_threshold);
+        let not_ready = candidates.len();
+        let now = Instant::now();
+        let candidates = self.rechecks().due(candidates, now);
         if candidates.is_empty() {
             return pass;
         }
         pass.checked = candidates.len();
-        let disrupted = disrupted_zones(&ready, &candidates, self.ctx.options.unhealthy_zone_threshold);
         let lookups: Vec<_> = candidates.iter().map(|n| convert::lookup(n)).collect();
         let results = self.ctx.provider.instance_metadata(&lookups).await;
         let mut gone = Vec::new();
@@ -134,6 +221,7 @@ impl NodeLifecycleController {
             match result {
                 Err(error) => {
                     // Never read as "gone".
+                    self.rechecks().asked(node, None, now);
                     tracing::warn!(node = %name, %error, "instance check failed; node left as is");
                     self.ctx.report_invalid(NAME, node.as_ref(), &error).await;
                     pass.errors += 1;
@@ -141,6 +229,7 @@ impl NodeLifecycleController {
                 Ok(meta) => {
                     let exists = meta.as_ref().is_some_and(|m| m.state() != pb::InstanceState::Terminated);
                     let shutdown = meta.as_ref().is_some_and(|m| m.state() == pb::InstanceState::Stopped);
+                    self.rechecks().asked(node, Some((exists, shutdown)), now);
                     if !exists {
                         gone.push(node.clone());
                     } else if shutdown && !node_util::has_taint(node, TAINT_SHUTDOWN) {
@@ -163,7 +252,7 @@ impl NodeLifecycleController {
                 }
             }
         }
-        self.delete_gone(gone, &disrupted, &ready, candidates.len(), &mut pass).await;
+        self.delete_gone(gone, &disrupted, &ready, not_ready, &mut pass).await;
         pass
     }
 
@@ -332,6 +421,55 @@ mod tests {
                 })
             })
             .collect()
+    }
+
+    #[test]
+    fn an_unchanged_not_ready_node_is_asked_less_and_less_often_and_a_change_starts_it_again() {
+        let mut r = Rechecks { period: Duration::from_secs(5), by_node: HashMap::new() };
+        let node = |ready: &str| {
+            let mut n = nodes("a", 1).remove(0);
+            let status = k8s_openapi::api::core::v1::NodeStatus {
+                conditions: Some(vec![k8s_openapi::api::core::v1::NodeCondition {
+                    type_: "Ready".into(),
+                    status: ready.into(),
+                    ..Default::default()
+                }]),
+                ..Default::default()
+            };
+            Arc::make_mut(&mut n).status = Some(status);
+            n
+        };
+        let start = Instant::now();
+        let mut asked_at = Vec::new();
+        let mut t = start;
+        while t < start + Duration::from_secs(3600) {
+            if !r.due(vec![node("False")], t).is_empty() {
+                asked_at.push((t - start).as_secs());
+                r.asked(&node("False"), Some((true, false)), t);
+            }
+            t += Duration::from_secs(5);
+        }
+        assert_eq!(&asked_at[..8], &[0, 5, 15, 35, 75, 155, 315, 615], "doubling from the period");
+        assert!(asked_at.windows(2).all(|w| w[1] - w[0] <= 300), "at most 5 min apart: {asked_at:?}");
+        assert!(asked_at.len() <= 20, "{} questions in an hour", asked_at.len());
+        // The Node changes (Ready flips to Unknown): asked at once, then after the period.
+        assert_eq!(r.due(vec![node("Unknown")], t).len(), 1);
+        r.asked(&node("Unknown"), Some((true, false)), t);
+        assert!(r.due(vec![node("Unknown")], t + Duration::from_secs(4)).is_empty());
+        assert_eq!(r.due(vec![node("Unknown")], t + Duration::from_secs(5)).len(), 1);
+        // The answer changes (shut down): the period again.
+        r.asked(&node("Unknown"), Some((true, true)), t + Duration::from_secs(5));
+        assert_eq!(r.due(vec![node("Unknown")], t + Duration::from_secs(10)).len(), 1);
+        // Another Node half-way to due joins a batch that is due anyway.
+        let other = {
+            let mut n = node("False");
+            Arc::make_mut(&mut n).metadata.name = Some("b-0".into());
+            n
+        };
+        let mut r = Rechecks { period: Duration::from_secs(5), by_node: HashMap::new() };
+        r.asked(&node("False"), Some((true, false)), start);
+        r.asked(&other, Some((true, false)), start + Duration::from_secs(2));
+        assert_eq!(r.due(vec![node("False"), other.clone()], start + Duration::from_secs(5)).len(), 2);
     }
 
     #[test]
