@@ -32,6 +32,10 @@ pub struct Args {
     /// How long the steady state is observed (heartbeats every 10 s per Node).
     #[arg(long, default_value = "60s", value_parser = humantime::parse_duration)]
     pub steady: Duration,
+    /// How long the steady state with 1% of the Nodes NotReady and 1% shut down is observed
+    /// (what the lifecycle controller costs); 0 leaves it out.
+    #[arg(long, default_value = "60s", value_parser = humantime::parse_duration)]
+    pub unhealthy: Duration,
     /// The simulated cloud API's latency per call, in milliseconds.
     #[arg(long, default_value_t = 20)]
     pub latency_ms: u64,

@@ -62,6 +62,12 @@ pub struct Figures {
     pub steady_list_routes_per_hour: f64,
     /// CPU seconds the core used during the steady state.
     pub steady_cpu_seconds: f64,
+    /// How long the steady state with 1% NotReady and 1% shut down was observed, in seconds.
+    pub unhealthy_seconds: f64,
+    /// Its cloud calls per hour (all but IdentityService), by method.
+    pub unhealthy_calls_per_hour: BTreeMap<String, f64>,
+    /// Its cloud calls per hour in all.
+    pub unhealthy_cloud_calls_per_hour: f64,
     /// CPU seconds the core used in all.
     pub total_cpu_seconds: f64,
     /// CPU seconds of the core during the join.
@@ -217,6 +223,7 @@ impl Report {
             ("CPU ms per load balancer update", |f| f.per_unit.load_balancer_update),
             ("steady: cloud calls per hour", |f| f.steady_cloud_calls_per_hour),
             ("steady: ListRoutes per hour", |f| f.steady_list_routes_per_hour),
+            ("1% NotReady, 1% shut down: calls/hour", |f| f.unhealthy_cloud_calls_per_hour),
             ("steady: CPU seconds", |f| f.steady_cpu_seconds),
             ("total CPU seconds", |f| f.total_cpu_seconds),
             ("RSS at steady state (MiB)", |f| f.rss_steady_mib),
@@ -260,6 +267,15 @@ impl Report {
             out.push_str(&format!("  {name}:\n"));
             for (m, n) in &f.steady_calls_per_hour {
                 out.push_str(&format!("    {m:50} {n:>10.0}\n"));
+            }
+        }
+        if self.cores.values().any(|f| f.unhealthy_seconds > 0.0) {
+            out.push_str("\ncloud calls per hour with 1% of the Nodes NotReady and 1% shut down, by method:\n");
+            for (name, f) in &self.cores {
+                out.push_str(&format!("  {name} ({:.0} s):\n", f.unhealthy_seconds));
+                for (m, n) in &f.unhealthy_calls_per_hour {
+                    out.push_str(&format!("    {m:50} {n:>10.0}\n"));
+                }
             }
         }
         out
@@ -598,6 +614,7 @@ pub async fn run_core(cp: &ControlPlane, args: &Args, core: &str, peer: Option<&
         load_balancer_update: per(f.churn_cpu_seconds, f.churn_updates),
     };
     bench.steady(&mut f, &mut process).await?;
+    bench.unhealthy(&mut f).await?;
     bench.clean_up(process).await?;
     let _ = Api::<Namespace>::all(client.clone()).delete(&ns, &DeleteParams::default()).await;
     let _ = stop_sim.send(());
@@ -886,6 +903,45 @@ impl Bench<'_> {
         eprintln!(
             "   steady: {:.0} cloud calls/hour, {:.0} ListRoutes/hour, {:.2} CPU s, RSS {:.1} MiB (peak {:.1})",
             f.steady_cloud_calls_per_hour, f.steady_list_routes_per_hour, f.steady_cpu_seconds, f.rss_steady_mib, f.rss_peak_mib
+        );
+        Ok(())
+    }
+
+    /// 1% of the Nodes NotReady (their heartbeats stop, Ready False) and 1% shut down (the
+    /// instance stopped, its Node NotReady), at least one of each, the rest beating on: the
+    /// cloud calls per hour that costs.
+    async fn unhealthy(&self, f: &mut Figures) -> anyhow::Result<()> {
+        let Self { args, tag, nodes, label, admin, .. } = self;
+        if args.unhealthy.is_zero() {
+            return Ok(());
+        }
+        let mut names: Vec<String> =
+            nodes.list(&ListParams::default().labels(label)).await?.items.into_iter().filter_map(|n| n.metadata.name).collect();
+        names.sort();
+        let k = (names.len() / 100).max(1).min(names.len() / 2);
+        let (down, healthy) = names.split_at(2 * k);
+        for (j, name) in down.iter().enumerate() {
+            if j >= k {
+                let index = name.rsplit_once("-n").and_then(|(_, i)| i.parse::<usize>().ok()).context("a bench Node's index")?;
+                admin.instance_action(&instance_id(tag, index), "stop").await?;
+            }
+            let patch = serde_json::json!({ "status": { "conditions": [{
+                "type": "Ready", "status": "False", "reason": "KubeletNotReady",
+                "lastHeartbeatTime": k8s_openapi::jiff::Timestamp::now().to_string(),
+            }] } });
+            nodes.patch_status(name, &PatchParams::default(), &Patch::Strategic(&patch)).await?;
+        }
+        admin.reset_calls().await?;
+        let elapsed = heartbeats(nodes, healthy, args.unhealthy).await.as_secs_f64();
+        f.unhealthy_seconds = elapsed;
+        let cloud: BTreeMap<String, u64> =
+            calls(admin).await?.into_iter().filter(|(m, _)| !m.starts_with("IdentityService/")).collect();
+        let per_hour = |n: u64| n as f64 * 3600.0 / elapsed;
+        f.unhealthy_cloud_calls_per_hour = per_hour(cloud.values().sum());
+        f.unhealthy_calls_per_hour = cloud.into_iter().map(|(m, n)| (m, per_hour(n))).collect();
+        eprintln!(
+            "   {k} NotReady and {k} shut down: {:.0} cloud calls/hour over {elapsed:.0} s",
+            f.unhealthy_cloud_calls_per_hour
         );
         Ok(())
     }
