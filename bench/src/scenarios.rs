@@ -9,7 +9,7 @@ use anyhow::{Context, bail};
 use ccm_harness::ControlPlane;
 use ccm_harness::cluster::{NodeBuilder, UNINITIALIZED_TAINT, load_balancer_ip, load_balancer_service};
 use ccm_provider_sdk::Listen;
-use ccm_provider_sim::config::{ApiConfig, InstanceSpec, RateLimit, RouteTableSpec};
+use ccm_provider_sim::config::{Address, ApiConfig, InstanceSpec, RateLimit, RouteTableSpec};
 use ccm_provider_sim::{AdminClient, Config, Endpoints};
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::{Namespace, Node, Service};
@@ -223,7 +223,9 @@ impl Report {
             ("CPU ms per load balancer update", |f| f.per_unit.load_balancer_update),
             ("steady: cloud calls per hour", |f| f.steady_cloud_calls_per_hour),
             ("steady: ListRoutes per hour", |f| f.steady_list_routes_per_hour),
-            ("1% NotReady, 1% shut down: calls/hour", |f| f.unhealthy_cloud_calls_per_hour),
+            ("1% NotReady, 1% shut down: calls/hour", |f| {
+                if f.unhealthy_seconds > 0.0 { f.unhealthy_cloud_calls_per_hour } else { f64::NAN }
+            }),
             ("steady: CPU seconds", |f| f.steady_cpu_seconds),
             ("total CPU seconds", |f| f.total_cpu_seconds),
             ("RSS at steady state (MiB)", |f| f.rss_steady_mib),
@@ -512,6 +514,13 @@ fn instance_id(tag: &str, i: usize) -> String {
     format!("i-{tag}-{i}")
 }
 
+/// The private address of instance `i`: Nodes the churn adds already initialised carry it, as
+/// the address refresh would give them (else its first pass changes every load balancer's
+/// hosts in the steady state).
+fn instance_ip(i: usize) -> String {
+    format!("10.{}.{}.{}", 128 + i / 65536, (i / 256) % 256, i % 256)
+}
+
 fn pod_cidr(i: usize) -> String {
     format!("10.{}.{}.0/24", 64 + i / 256, i % 256)
 }
@@ -656,7 +665,7 @@ async fn start_sim(
             zone: ZONE.into(),
             instance_type: "sim.large".into(),
             state: Default::default(),
-            addresses: Vec::new(),
+            addresses: vec![Address { kind: "InternalIP".into(), address: instance_ip(i) }],
             tags: Default::default(),
             ..Default::default()
         });
@@ -842,6 +851,7 @@ impl Bench<'_> {
                         .label("bench", tag)
                         .label("kubernetes.io/hostname", &name)
                         .provider_id(&format!("sim://{ZONE}/{}", instance_id(tag, i)))
+                        .address("InternalIP", &instance_ip(i))
                         .address("Hostname", &name)
                         .create(client)
                         .await?;
