@@ -316,7 +316,22 @@ async fn the_chart_and_the_kustomize_bases_run_on_real_kubelets() {
         let pods: Api<Pod> = Api::namespaced(client.clone(), "kube-system");
         let t0 = Instant::now();
         pods.delete(pod.metadata.name.as_deref().unwrap_or_default(), &DeleteParams::default()).await.expect("delete leader pod");
-        eventually("a new leader", Duration::from_secs(30), async || lease_holder(&client).await.filter(|h| *h != old)).await;
+        // No new leader in 35 s: fail with what the cluster shows (pods, lease, the cores' logs).
+        let mut waited = 0;
+        while lease_holder(&client).await.is_none_or(|h| h == old) {
+            tokio::time::sleep(Duration::from_secs(1)).await;
+            waited += 1;
+            if waited == 35 {
+                let show = |args: &[&str]| {
+                    let out = cluster.kubectl(args).output().expect("kubectl");
+                    format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr))
+                };
+                let pods = show(&["-n", "kube-system", "get", "pods", "-o", "wide"]);
+                let lease = show(&["-n", "kube-system", "get", "lease", "cloud-controller-manager", "-o", "yaml"]);
+                let logs = show(&["-n", "kube-system", "logs", "-l", CORE_PODS, "--all-containers", "--prefix", "--tail=60"]);
+                panic!("no new leader 35 s after deleting the leader's pod (old {old})\n{pods}\n{lease}\n{logs}");
+            }
+        }
         handovers.push(t0.elapsed());
         eventually("two Ready core pods", Duration::from_secs(90), async || {
             (ready_pods(&client, CORE_PODS).await.len() == 2).then_some(())
