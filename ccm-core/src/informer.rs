@@ -113,11 +113,11 @@ where
                     Event::Apply(obj) | Event::InitApply(obj) => {
                         let key = ObjectRef::from_obj(obj);
                         let old = reader.get(&key);
-                        seen.insert(key);
                         writer.apply_watcher_event(&event);
-                        if let Event::Apply(obj) | Event::InitApply(obj) = &event {
-                            let _ = sender.send(Change::Applied { old, new: Arc::new(obj.clone()) });
-                        }
+                        // The store's own copy: no second deep copy per event.
+                        let new = reader.get(&key).unwrap_or_else(|| Arc::new(obj.clone()));
+                        seen.insert(key);
+                        let _ = sender.send(Change::Applied { old, new });
                         continue;
                     }
                     Event::Delete(obj) => {

@@ -64,6 +64,7 @@ pub struct Metrics {
     service_node_sync: Histogram,
     orphans: Family<OutcomeLabels, Counter>,
     node_deletions: Family<OutcomeLabels, Counter>,
+    out_of_service: Family<OutcomeLabels, Counter>,
     /// Why the process is failing (a controller ended), for /readyz.
     failure: Arc<std::sync::Mutex<Option<String>>>,
     /// Upstream's names for the same figures, and its others.
@@ -108,6 +109,12 @@ impl Metrics {
         let service_node_sync = latency_histogram();
         let orphans = Family::<OutcomeLabels, Counter>::default();
         let node_deletions = Family::<OutcomeLabels, Counter>::default();
+        let out_of_service = Family::<OutcomeLabels, Counter>::default();
+        registry.register(
+            "ccm_node_out_of_service_taints",
+            "The out-of-service taint on Nodes whose instance is shut down (--out-of-service-after): added, removed, or refused (over the deletion bounds, a disrupted zone, a provider not believed)",
+            out_of_service.clone(),
+        );
         registry.register(
             "ccm_node_deletions",
             "Nodes whose instance is gone: deleted, or refused (over --max-node-deletions, or in a disrupted zone)",
@@ -173,6 +180,7 @@ impl Metrics {
             nodes_without_route,
             service_node_sync,
             orphans,
+            out_of_service,
             node_deletions,
             failure: Default::default(),
         }
@@ -191,6 +199,11 @@ impl Metrics {
     /// Nodes deleted by the lifecycle controller, or refused by its bounds.
     pub fn node_deletions(&self, outcome: &str, n: u64) {
         self.node_deletions.get_or_create(&OutcomeLabels { outcome: outcome.into() }).inc_by(n);
+    }
+
+    /// Out-of-service taints added, removed or refused.
+    pub fn out_of_service_taints(&self, outcome: &str, n: u64) {
+        self.out_of_service.get_or_create(&OutcomeLabels { outcome: outcome.into() }).inc_by(n);
     }
 
     /// A node set change fully applied to load balancers.

@@ -178,6 +178,17 @@ pub struct Options {
     #[arg(long, value_name = "SHARE", default_value_t = 0.55)]
     pub unhealthy_zone_threshold: f64,
 
+    /// Off unless set. A NotReady Node whose instance the provider has reported shut down in
+    /// every answer for this long (two answers at least) gets the taint
+    /// `node.kubernetes.io/out-of-service=nodeshutdown:NoExecute`, so that
+    /// kube-controller-manager force-deletes its pods and detaches their volumes (non-graceful
+    /// node shutdown) without a person applying it. Under the same bounds as Node deletion
+    /// (`--max-node-deletions`, `--max-node-deletion-share`, disrupted zones, a provider that
+    /// calls Ready Nodes' instances shut down is not believed); the taint is removed, only when
+    /// this controller added it, once the instance runs and the Node is Ready again.
+    #[arg(long, value_name = "DURATION", value_parser = parse_duration)]
+    pub out_of_service_after: Option<Duration>,
+
     /// Label selector of Nodes the node controllers leave alone (for example virtual-kubelet
     /// nodes: `type=virtual-kubelet`). Repeatable: a Node matching any of them is left alone.
     #[arg(long, value_name = "SELECTOR")]

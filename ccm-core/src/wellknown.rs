@@ -6,6 +6,19 @@
 pub const TAINT_UNINITIALIZED: &str = "node.cloudprovider.kubernetes.io/uninitialized";
 /// Put on Nodes whose instance is shut down.
 pub const TAINT_SHUTDOWN: &str = "node.cloudprovider.kubernetes.io/shutdown";
+/// Non-graceful node shutdown: kube-controller-manager force-deletes the pods of a NotReady
+/// Node with this taint and detaches their volumes. Added by the lifecycle controller (value
+/// [`OUT_OF_SERVICE_VALUE`], effect NoExecute) with `--out-of-service-after`.
+pub const TAINT_OUT_OF_SERVICE: &str = "node.kubernetes.io/out-of-service";
+/// The value of the out-of-service taint the lifecycle controller adds.
+pub const OUT_OF_SERVICE_VALUE: &str = "nodeshutdown";
+/// On a Node the lifecycle controller put the out-of-service taint on: when it did (RFC 3339).
+/// Only a taint recorded so is ever removed by it; an operator's own is left alone.
+pub const ANNOTATION_OUT_OF_SERVICE: &str = "ccm-rs.dev/out-of-service-since";
+/// On a Node: the labels the node controller owns because it made them from instance tags
+/// (comma-separated keys). Only these follow the tags' later changes; a label of the same
+/// key that a user set is never touched.
+pub const ANNOTATION_TAG_LABELS: &str = "ccm-rs.dev/tag-labels";
 /// The IP(s) the kubelet was told to use (`--node-ip`), which the cloud's addresses must hold.
 pub const ANNOTATION_PROVIDED_NODE_IP: &str = "alpha.kubernetes.io/provided-node-ip";
 /// Zone label.

@@ -7,6 +7,7 @@ pub mod node_lifecycle;
 pub mod route;
 pub mod service;
 
+use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -158,8 +159,9 @@ impl Context {
     /// Whether the node controllers leave this Node alone: excluded by the operator's selector,
     /// or carrying another provider's providerID.
     pub fn ignores(&self, node: &Node) -> bool {
-        let labels = node.metadata.labels.clone().unwrap_or_default();
-        if self.exclude.iter().any(|terms| labels::selector_matches(terms, &labels)) {
+        static NO_LABELS: BTreeMap<String, String> = BTreeMap::new();
+        let labels = node.metadata.labels.as_ref().unwrap_or(&NO_LABELS);
+        if self.exclude.iter().any(|terms| labels::selector_matches(terms, labels)) {
             return true;
         }
         match (node_util::provider_id(node), self.provider.identity()) {

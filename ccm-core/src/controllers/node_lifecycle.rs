@@ -17,6 +17,16 @@
 //! 20 s … 5 min with the default period), all that are due (or half-way there) in one batch.
 //! A change of the Node (its Ready condition, taints, providerID) or of the provider's answer
 //! (running, shut down, gone) starts it at the period again.
+//!
+//! Non-graceful node shutdown, with `--out-of-service-after`: a NotReady Node whose instance
+//! every answer has called shut down for that long (two answers at least; an error or another
+//! answer starts the count again) gets `node.kubernetes.io/out-of-service=nodeshutdown:NoExecute`
+//! and the annotation that says this controller added it, with a Normal Event; its pods are
+//! then force-deleted and their volumes detached by kube-controller-manager. The same bounds
+//! as deletion hold (a disrupted zone, more than `--max-node-deletions` at once, a provider that
+//! says Ready Nodes' instances are shut down or gone: none is tainted, a Warning Event each). A
+//! Node so tainted is asked about once Ready, and loses the taint and the annotation when its
+//! instance runs; an out-of-service taint this controller did not add is never removed.
 
 use std::collections::{BTreeMap, HashMap};
 use std::hash::{Hash, Hasher};
@@ -33,7 +43,9 @@ use tokio_util::sync::CancellationToken;
 use super::{Context, sleep_or_stop};
 use crate::node_util;
 use crate::provider::convert;
-use crate::wellknown::{self, TAINT_SHUTDOWN, TAINT_UNINITIALIZED};
+use crate::wellknown::{
+    self, ANNOTATION_OUT_OF_SERVICE, OUT_OF_SERVICE_VALUE, TAINT_OUT_OF_SERVICE, TAINT_SHUTDOWN, TAINT_UNINITIALIZED,
+};
 
 /// The controller's name.
 pub const NAME: &str = "cloud-node-lifecycle-controller";
@@ -56,6 +68,14 @@ struct Recheck {
     interval: Duration,
     /// When it is due.
     due: Instant,
+    /// Since when every answer has said the instance is shut down (the first of them), and
+    /// how many answers said so; reset by any other answer or an error.
+    shut_down: Option<(Instant, u32)>,
+}
+
+/// Which instance a Node stands for: a shutdown count is about one instance only.
+fn instance_of(node: &Node) -> (Option<&str>, Option<&str>) {
+    (node.metadata.uid.as_deref(), node_util::provider_id(node))
 }
 
 /// What of a Node starts its interval anew when it changes: its identity, Ready condition
@@ -76,8 +96,17 @@ fn state_of(node: &Node) -> u64 {
 struct Rechecks {
     /// The first interval (`--node-monitor-period`).
     period: Duration,
-    /// By Node name.
-    by_node: HashMap<String, Recheck>,
+    /// `--out-of-service-after`: a Node shut down is asked about again when it may be tainted.
+    out_of_service_after: Option<Duration>,
+    /// By Node name, with the instance it was asked about.
+    by_node: HashMap<String, (Recheck, u64)>,
+}
+
+/// A hash of [`instance_of`].
+fn instance_key(node: &Node) -> u64 {
+    let mut h = std::collections::hash_map::DefaultHasher::new();
+    instance_of(node).hash(&mut h);
+    h.finish()
 }
 
 impl Rechecks {
@@ -88,7 +117,7 @@ impl Rechecks {
         rechecks.retain(|name, _| candidates.iter().any(|n| node_util::name(n) == name));
         // Within `slack` of being due (a new or changed Node always is).
         let within = |n: &Arc<Node>, slack: fn(Duration) -> Duration| match rechecks.get(node_util::name(n)) {
-            Some(r) if r.state == state_of(n) => r.due.saturating_duration_since(now) <= slack(r.interval),
+            Some((r, _)) if r.state == state_of(n) => r.due.saturating_duration_since(now) <= slack(r.interval),
             _ => true,
         };
         if !candidates.iter().any(|n| within(n, |_| Duration::ZERO)) {
@@ -102,11 +131,35 @@ impl Rechecks {
     fn asked(&mut self, node: &Node, answer: Option<(bool, bool)>, now: Instant) {
         let (period, rechecks) = (self.period, &mut self.by_node);
         let state = state_of(node);
-        let interval = match rechecks.get(node_util::name(node)) {
-            Some(r) if r.state == state && (r.answer == answer || answer.is_none()) => (r.interval * 2).min(MAX_RECHECK),
+        let instance = instance_key(node);
+        let before = rechecks.get(node_util::name(node));
+        let interval = match before {
+            Some((r, _)) if r.state == state && (r.answer == answer || answer.is_none()) => (r.interval * 2).min(MAX_RECHECK),
             _ => period,
         };
-        rechecks.insert(node_util::name(node).to_string(), Recheck { state, answer, interval, due: now + interval });
+        let shut_down = match (answer, before) {
+            (Some((true, true)), Some((r, i))) if *i == instance => r.shut_down.map(|(since, n)| (since, n + 1)),
+            _ => None,
+        }
+        .or((answer == Some((true, true))).then_some((now, 1)));
+        let mut due = now + interval;
+        // A Node that may be taken out of service is asked about when its time comes.
+        if let (Some(after), Some((since, _))) = (self.out_of_service_after, shut_down)
+            && !node_util::has_taint(node, TAINT_OUT_OF_SERVICE)
+        {
+            due = due.min((since + after).max(now + period));
+        }
+        rechecks.insert(node_util::name(node).to_string(), (Recheck { state, answer, interval, due, shut_down }, instance));
+    }
+
+    /// How long the instance of `node` has been shut down by every answer since, when that
+    /// is `--out-of-service-after` or more and at least two answers said so.
+    fn out_of_service_for(&self, node: &Node, now: Instant) -> Option<Duration> {
+        let after = self.out_of_service_after?;
+        let (r, instance) = self.by_node.get(node_util::name(node))?;
+        let (since, answers) = r.shut_down?;
+        let lasted = now.saturating_duration_since(since);
+        (*instance == instance_key(node) && answers >= 2 && lasted >= after).then_some(lasted)
     }
 }
 
@@ -125,6 +178,50 @@ pub struct Pass {
     pub errors: usize,
     /// Nodes reported gone but not deleted: over the pass's bound, or in a disrupted zone.
     pub refused: Vec<String>,
+    /// Nodes given the out-of-service taint.
+    pub out_of_service: Vec<String>,
+    /// Nodes whose out-of-service taint (ours) was removed.
+    pub back_in_service: Vec<String>,
+    /// Nodes shut down long enough for the out-of-service taint but not given it (the same
+    /// bounds as deletion).
+    pub out_of_service_refused: Vec<String>,
+}
+
+/// What the lifecycle controller would do to Nodes on the provider's word, under one set of
+/// bounds.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Act {
+    /// Delete Nodes whose instance is gone.
+    Delete,
+    /// Taint Nodes whose instance is shut down out of service.
+    OutOfService,
+}
+
+impl Act {
+    /// What is done, for messages: "deleted", "taken out of service".
+    fn done(self) -> &'static str {
+        match self {
+            Act::Delete => "deleted",
+            Act::OutOfService => "taken out of service",
+        }
+    }
+
+    /// What the provider said, for messages.
+    fn reported(self) -> &'static str {
+        match self {
+            Act::Delete => "gone",
+            Act::OutOfService => "shut down",
+        }
+    }
+
+    /// Whether a witness's answer (a Ready Node's instance) says what the pass would act on.
+    fn denies(self, answer: Option<&pb::InstanceMetadata>) -> bool {
+        match answer.map(|m| m.state()) {
+            None | Some(pb::InstanceState::Terminated) => true,
+            Some(pb::InstanceState::Stopped) => self == Act::OutOfService,
+            Some(_) => false,
+        }
+    }
 }
 
 /// A Node's zone label ("" without one: the Nodes without a zone count as one zone).
@@ -154,6 +251,27 @@ fn disrupted_zones(ready: &[Arc<Node>], not_ready: &[Arc<Node>], threshold: f64)
     zones
 }
 
+/// The Event reason of a Node given the out-of-service taint.
+pub const REASON_OUT_OF_SERVICE: &str = "NodeOutOfService";
+/// The Event reason of a Node whose out-of-service taint was removed.
+pub const REASON_BACK_IN_SERVICE: &str = "NodeBackInService";
+/// The Event reason of a Node shut down long enough but not given the out-of-service taint.
+pub const REASON_OUT_OF_SERVICE_REFUSED: &str = "NodeOutOfServiceRefused";
+
+fn has_annotation(node: &Node, key: &str) -> bool {
+    node.metadata.annotations.as_ref().is_some_and(|a| a.contains_key(key))
+}
+
+/// What a pass's actions are bounded by.
+struct Bounds<'a> {
+    /// The disrupted zones, with their (NotReady, all) counts.
+    disrupted: &'a BTreeMap<String, (usize, usize)>,
+    /// The Ready Nodes (witnesses of the provider's word).
+    ready: &'a [Arc<Node>],
+    /// All managed Nodes.
+    total: usize,
+}
+
 /// The lifecycle controller.
 pub struct NodeLifecycleController {
     ctx: Context,
@@ -165,7 +283,8 @@ impl NodeLifecycleController {
     /// A controller over `ctx`.
     pub fn new(ctx: Context) -> Self {
         let period = ctx.options.node_monitor_period.max(Duration::from_millis(100));
-        Self { ctx, rechecks: Mutex::new(Rechecks { period, by_node: HashMap::new() }) }
+        let out_of_service_after = ctx.options.out_of_service_after;
+        Self { ctx, rechecks: Mutex::new(Rechecks { period, out_of_service_after, by_node: HashMap::new() }) }
     }
 
     fn rechecks(&self) -> std::sync::MutexGuard<'_, Rechecks> {
@@ -205,6 +324,7 @@ impl NodeLifecycleController {
                 }
             }
         }
+        self.return_to_service(&ready, &mut pass).await;
         let disrupted = disrupted_zones(&ready, &candidates, self.ctx.options.unhealthy_zone_threshold);
         let not_ready = candidates.len();
         let now = Instant::now();
@@ -216,6 +336,7 @@ impl NodeLifecycleController {
         let lookups: Vec<_> = candidates.iter().map(|n| convert::lookup(n)).collect();
         let results = self.ctx.provider.instance_metadata(&lookups).await;
         let mut gone = Vec::new();
+        let mut shut_down = Vec::new();
         for (node, result) in candidates.iter().zip(results) {
             let name = node_util::name(node).to_string();
             match result {
@@ -230,6 +351,11 @@ impl NodeLifecycleController {
                     let exists = meta.as_ref().is_some_and(|m| m.state() != pb::InstanceState::Terminated);
                     let shutdown = meta.as_ref().is_some_and(|m| m.state() == pb::InstanceState::Stopped);
                     self.rechecks().asked(node, Some((exists, shutdown)), now);
+                    if shutdown && !node_util::has_taint(node, TAINT_OUT_OF_SERVICE) {
+                        if let Some(lasted) = self.rechecks().out_of_service_for(node, now) {
+                            shut_down.push((node.clone(), lasted));
+                        }
+                    }
                     if !exists {
                         gone.push(node.clone());
                     } else if shutdown && !node_util::has_taint(node, TAINT_SHUTDOWN) {
@@ -252,60 +378,72 @@ impl NodeLifecycleController {
                 }
             }
         }
-        self.delete_gone(gone, &disrupted, &ready, not_ready, &mut pass).await;
+        let bounds = Bounds { disrupted: &disrupted, ready: &ready, total: ready.len() + not_ready };
+        let gone = self.within_bounds(Act::Delete, gone, &bounds, &mut pass.refused).await;
+        self.delete_gone(gone, &mut pass).await;
+        let lasted: HashMap<String, Duration> =
+            shut_down.iter().map(|(n, lasted)| (node_util::name(n).to_string(), *lasted)).collect();
+        let shut_down = shut_down.into_iter().map(|(n, _)| n).collect();
+        let shut_down = self.within_bounds(Act::OutOfService, shut_down, &bounds, &mut pass.out_of_service_refused).await;
+        for node in shut_down {
+            let lasted = lasted.get(node_util::name(&node)).copied().unwrap_or_default();
+            self.take_out_of_service(&node, lasted, &mut pass).await;
+        }
         pass
     }
 
-    /// Deletes the Nodes whose instance is gone, within the bounds: none in a disrupted zone,
-    /// and none at all when more are gone than one pass may delete.
-    async fn delete_gone(
+    /// Of the Nodes the provider's word would have `act` on, those it may: none in a
+    /// disrupted zone; none at all when more than one pass may delete, or when the provider
+    /// says the same of Ready Nodes' instances. Each one held back is a Warning Event and a
+    /// name in `refused`.
+    async fn within_bounds(
         &self,
-        gone: Vec<Arc<Node>>,
-        disrupted: &BTreeMap<String, (usize, usize)>,
-        ready: &[Arc<Node>],
-        not_ready: usize,
-        pass: &mut Pass,
-    ) {
-        let total = ready.len() + not_ready;
-        let (blocked, gone): (Vec<Arc<Node>>, Vec<Arc<Node>>) =
-            gone.into_iter().partition(|n| disrupted.contains_key(zone_of(n)));
+        act: Act,
+        nodes: Vec<Arc<Node>>,
+        bounds: &Bounds<'_>,
+        refused: &mut Vec<String>,
+    ) -> Vec<Arc<Node>> {
+        let (blocked, nodes): (Vec<Arc<Node>>, Vec<Arc<Node>>) =
+            nodes.into_iter().partition(|n| bounds.disrupted.contains_key(zone_of(n)));
         for node in &blocked {
             let zone = zone_of(node);
-            let (not_ready, all) = disrupted.get(zone).copied().unwrap_or_default();
+            let (not_ready, all) = bounds.disrupted.get(zone).copied().unwrap_or_default();
             let why = format!(
-                "zone {zone:?} is disrupted ({not_ready} of its {all} Nodes NotReady): no Node of it is deleted until most are Ready again"
+                "zone {zone:?} is disrupted ({not_ready} of its {all} Nodes NotReady): no Node of it is {} until most are Ready again",
+                act.done()
             );
-            self.refuse(node, &why).await;
-            pass.refused.push(node_util::name(node).to_string());
+            self.refuse(act, node, &why).await;
+            refused.push(node_util::name(node).to_string());
         }
         let options = &self.ctx.options;
-        let share = (options.max_node_deletion_share * total as f64).ceil().max(1.0) as usize;
+        let share = (options.max_node_deletion_share * bounds.total as f64).ceil().max(1.0) as usize;
         let bound = options.max_node_deletions.min(share);
-        if gone.len() > bound {
-            let why = format!(
-                "{} Nodes' instances are reported gone in one pass, more than may be deleted at once ({bound}: --max-node-deletions={}, --max-node-deletion-share={}); none is deleted",
-                gone.len(),
+        let why = if nodes.is_empty() {
+            return nodes;
+        } else if nodes.len() > bound {
+            format!(
+                "{} Nodes' instances are reported {} in one pass, more than may be {} at once ({bound}: --max-node-deletions={}, --max-node-deletion-share={}); none is",
+                nodes.len(),
+                act.reported(),
+                act.done(),
                 options.max_node_deletions,
                 options.max_node_deletion_share
-            );
-            tracing::warn!(gone = gone.len(), bound, "refusing to delete Nodes: {why}");
-            for node in &gone {
-                self.refuse(node, &why).await;
-                pass.refused.push(node_util::name(node).to_string());
-            }
-            return;
+            )
+        } else if let Some(why) = self.doubt(act, bounds.ready).await {
+            why
+        } else {
+            return nodes;
+        };
+        tracing::warn!(nodes = nodes.len(), bound, "refusing to act on Nodes ({}): {why}", act.done());
+        for node in &nodes {
+            self.refuse(act, node, &why).await;
+            refused.push(node_util::name(node).to_string());
         }
-        if gone.is_empty() {
-            return;
-        }
-        if let Some(why) = self.doubt(ready).await {
-            tracing::warn!(gone = gone.len(), "refusing to delete Nodes: {why}");
-            for node in &gone {
-                self.refuse(node, &why).await;
-                pass.refused.push(node_util::name(node).to_string());
-            }
-            return;
-        }
+        Vec::new()
+    }
+
+    /// Deletes the Nodes whose instance is gone (within the bounds already).
+    async fn delete_gone(&self, gone: Vec<Arc<Node>>, pass: &mut Pass) {
         for node in &gone {
             let name = node_util::name(node).to_string();
             match self.delete(node).await {
@@ -328,7 +466,7 @@ impl NodeLifecycleController {
     /// way, about up to [`WITNESSES`] Ready Nodes' instances, which exist; a provider that
     /// calls half of them gone too, or cannot answer, is wrong about the cloud (a lost
     /// account, another region, an empty cache) rather than right about the Nodes.
-    async fn doubt(&self, ready: &[Arc<Node>]) -> Option<String> {
+    async fn doubt(&self, act: Act, ready: &[Arc<Node>]) -> Option<String> {
         let witnesses: Vec<&Arc<Node>> = ready.iter().filter(|n| node_util::provider_id(n).is_some()).take(WITNESSES).collect();
         let lookups: Vec<_> = witnesses.iter().map(|n| convert::lookup(n)).collect();
         let answers = self.ctx.provider.instance_metadata(&lookups).await;
@@ -341,9 +479,7 @@ impl NodeLifecycleController {
                         node_util::name(node)
                     ));
                 }
-                Ok(m) if m.as_ref().is_none_or(|m| m.state() == pb::InstanceState::Terminated) => {
-                    denied.push(node_util::name(node).to_string());
-                }
+                Ok(m) if act.denies(m.as_ref()) => denied.push(node_util::name(node).to_string()),
                 Ok(_) => {}
             }
         }
@@ -351,18 +487,100 @@ impl NodeLifecycleController {
         // scale-down in progress, half of them a provider that is wrong.
         (!denied.is_empty() && denied.len() * 2 >= witnesses.len()).then(|| {
             format!(
-                "the provider also says the instances of {} of {} Ready Nodes ({}) are gone, so its answer is not trusted",
+                "the provider also says the instances of {} of {} Ready Nodes ({}) are {}, so its answer is not trusted",
                 denied.len(),
                 witnesses.len(),
-                denied.join(", ")
+                denied.join(", "),
+                act.reported()
             )
         })
     }
 
-    async fn refuse(&self, node: &Node, why: &str) {
-        tracing::warn!(node = %node_util::name(node), "not deleting the node although its instance is reported gone: {why}");
-        self.ctx.metrics.node_deletions("refused", 1);
-        self.ctx.event(NAME, node, true, "NodeDeletionRefused", format!("Not deleting the node: {why}")).await;
+    async fn refuse(&self, act: Act, node: &Node, why: &str) {
+        match act {
+            Act::Delete => {
+                tracing::warn!(node = %node_util::name(node), "not deleting the node although its instance is reported gone: {why}");
+                self.ctx.metrics.node_deletions("refused", 1);
+                self.ctx.event(NAME, node, true, "NodeDeletionRefused", format!("Not deleting the node: {why}")).await;
+            }
+            Act::OutOfService => {
+                tracing::warn!(node = %node_util::name(node), "not tainting the node out of service although its instance is reported shut down: {why}");
+                self.ctx.metrics.out_of_service_taints("refused", 1);
+                let note = format!("Not adding the {TAINT_OUT_OF_SERVICE} taint: {why}");
+                self.ctx.event(NAME, node, true, REASON_OUT_OF_SERVICE_REFUSED, note).await;
+            }
+        }
+    }
+
+    /// Adds the out-of-service taint and the annotation that says this controller added it.
+    async fn take_out_of_service(&self, node: &Node, lasted: Duration, pass: &mut Pass) {
+        let name = node_util::name(node).to_string();
+        let mut taints = node_util::taints_without(node, TAINT_OUT_OF_SERVICE);
+        taints.push(Taint {
+            key: TAINT_OUT_OF_SERVICE.into(),
+            value: Some(OUT_OF_SERVICE_VALUE.into()),
+            effect: "NoExecute".into(),
+            time_added: None,
+        });
+        let since = k8s_openapi::jiff::Timestamp::now().to_string();
+        match self.patch_taints(node, taints, Some(Some(since))).await {
+            Ok(()) => {
+                let lasted = humantime::format_duration(Duration::from_secs(lasted.as_secs()));
+                tracing::info!(node = %name, %lasted, "node taken out of service: its instance is shut down");
+                self.ctx.metrics.out_of_service_taints("added", 1);
+                let note = format!(
+                    "Added the taint {TAINT_OUT_OF_SERVICE}={OUT_OF_SERVICE_VALUE}:NoExecute: the provider has reported the instance shut down for {lasted} and the Node is NotReady; its pods are force-deleted and their volumes detached"
+                );
+                self.ctx.event(NAME, node, false, REASON_OUT_OF_SERVICE, note).await;
+                pass.out_of_service.push(name);
+            }
+            Err(error) => {
+                tracing::warn!(node = %name, %error, "adding the out-of-service taint failed");
+                pass.errors += 1;
+            }
+        }
+    }
+
+    /// Ready Nodes that carry the out-of-service annotation (this controller's taint) are
+    /// asked about: those whose instance runs lose the taint and the annotation. An error or
+    /// another answer leaves them as they are.
+    async fn return_to_service(&self, ready: &[Arc<Node>], pass: &mut Pass) {
+        let ours: Vec<&Arc<Node>> = ready.iter().filter(|n| has_annotation(n, ANNOTATION_OUT_OF_SERVICE)).collect();
+        if ours.is_empty() {
+            return;
+        }
+        let lookups: Vec<_> = ours.iter().map(|n| convert::lookup(n)).collect();
+        let answers = self.ctx.provider.instance_metadata(&lookups).await;
+        for (node, answer) in ours.into_iter().zip(answers) {
+            let name = node_util::name(node).to_string();
+            let running = match &answer {
+                Ok(Some(m)) => m.state() == pb::InstanceState::Running,
+                Ok(None) => false,
+                Err(error) => {
+                    tracing::warn!(node = %name, %error, "instance check of a node out of service failed; the taint stays");
+                    pass.errors += 1;
+                    false
+                }
+            };
+            if !running {
+                continue;
+            }
+            let had_taint = node_util::has_taint(node, TAINT_OUT_OF_SERVICE);
+            match self.patch_taints(node, node_util::taints_without(node, TAINT_OUT_OF_SERVICE), Some(None)).await {
+                Ok(()) if had_taint => {
+                    tracing::info!(node = %name, "node back in service: its instance runs and it is Ready");
+                    self.ctx.metrics.out_of_service_taints("removed", 1);
+                    let note = format!("Removed the taint {TAINT_OUT_OF_SERVICE}: the instance runs again and the Node is Ready");
+                    self.ctx.event(NAME, node.as_ref(), false, REASON_BACK_IN_SERVICE, note).await;
+                    pass.back_in_service.push(name);
+                }
+                Ok(()) => {}
+                Err(error) => {
+                    tracing::warn!(node = %name, %error, "removing the out-of-service taint failed");
+                    pass.errors += 1;
+                }
+            }
+        }
     }
 
     async fn delete(&self, node: &Node) -> Result<(), kube::Error> {
@@ -396,10 +614,24 @@ impl NodeLifecycleController {
         if on {
             taints.push(Taint { key: TAINT_SHUTDOWN.into(), effect: "NoSchedule".into(), value: None, time_added: None });
         }
-        let patch = serde_json::json!({
+        self.patch_taints(node, taints, None).await
+    }
+
+    /// Replaces the Node's taints (guarded by the resourceVersion read), and sets
+    /// (`Some(Some(since))`) or removes (`Some(None)`) the out-of-service annotation.
+    async fn patch_taints(
+        &self,
+        node: &Node,
+        taints: Vec<Taint>,
+        out_of_service: Option<Option<String>>,
+    ) -> Result<(), kube::Error> {
+        let mut patch = serde_json::json!({
             "metadata": { "resourceVersion": node.metadata.resource_version },
             "spec": { "taints": taints },
         });
+        if let Some(since) = out_of_service {
+            patch["metadata"]["annotations"] = serde_json::json!({ ANNOTATION_OUT_OF_SERVICE: since });
+        }
         self.ctx.kube_write_permit().await;
         let api: Api<Node> = Api::all(self.ctx.client.clone());
         api.patch(node_util::name(node), &PatchParams::default(), &Patch::Merge(&patch)).await.map(|_| ())
@@ -425,7 +657,7 @@ mod tests {
 
     #[test]
     fn an_unchanged_not_ready_node_is_asked_less_and_less_often_and_a_change_starts_it_again() {
-        let mut r = Rechecks { period: Duration::from_secs(5), by_node: HashMap::new() };
+        let mut r = Rechecks { period: Duration::from_secs(5), out_of_service_after: None, by_node: HashMap::new() };
         let node = |ready: &str| {
             let mut n = nodes("a", 1).remove(0);
             let status = k8s_openapi::api::core::v1::NodeStatus {
@@ -466,10 +698,66 @@ mod tests {
             Arc::make_mut(&mut n).metadata.name = Some("b-0".into());
             n
         };
-        let mut r = Rechecks { period: Duration::from_secs(5), by_node: HashMap::new() };
+        let mut r = Rechecks { period: Duration::from_secs(5), out_of_service_after: None, by_node: HashMap::new() };
         r.asked(&node("False"), Some((true, false)), start);
         r.asked(&other, Some((true, false)), start + Duration::from_secs(2));
         assert_eq!(r.due(vec![node("False"), other.clone()], start + Duration::from_secs(5)).len(), 2);
+    }
+
+    #[test]
+    fn out_of_service_needs_every_answer_shut_down_for_the_delay_and_two_answers() {
+        let after = Duration::from_secs(30);
+        let mut r = Rechecks { period: Duration::from_secs(5), out_of_service_after: Some(after), by_node: HashMap::new() };
+        let node = nodes("a", 1).remove(0);
+        let t0 = Instant::now();
+        let at = |s: u64| t0 + Duration::from_secs(s);
+        let stopped = Some((true, true));
+        r.asked(&node, stopped, at(0));
+        assert_eq!(r.out_of_service_for(&node, at(3600)), None, "a single answer is never enough");
+        // The doubling would ask at 5, 15, 35 s: the Node is asked when its delay is up.
+        r.asked(&node, stopped, at(5));
+        r.asked(&node, stopped, at(15));
+        assert_eq!(r.by_node["a-0"].0.due, at(30), "asked again when the delay is up, not at 35 s");
+        assert_eq!(r.out_of_service_for(&node, at(29)), None, "not before the delay");
+        r.asked(&node, stopped, at(30));
+        assert_eq!(r.out_of_service_for(&node, at(30)), Some(after));
+        // An error starts the count again, as does a running instance.
+        r.asked(&node, None, at(35));
+        assert_eq!(r.out_of_service_for(&node, at(36)), None);
+        r.asked(&node, stopped, at(40));
+        r.asked(&node, stopped, at(70));
+        assert_eq!(r.out_of_service_for(&node, at(70)), Some(after));
+        r.asked(&node, Some((true, false)), at(75));
+        r.asked(&node, stopped, at(80));
+        assert_eq!(r.out_of_service_for(&node, at(200)), None, "one answer since it ran");
+        // Another instance under the same Node name (a new UID) starts it again.
+        r.asked(&node, stopped, at(205));
+        assert!(r.out_of_service_for(&node, at(240)).is_some());
+        let mut other = node.clone();
+        Arc::make_mut(&mut other).metadata.uid = Some("another".into());
+        assert_eq!(r.out_of_service_for(&other, at(240)), None);
+        r.asked(&other, stopped, at(240));
+        assert_eq!(r.out_of_service_for(&other, at(400)), None, "one answer about the new instance");
+        // Off without the flag.
+        let mut off = Rechecks { period: Duration::from_secs(5), out_of_service_after: None, by_node: HashMap::new() };
+        for s in [0, 100, 200] {
+            off.asked(&node, stopped, at(s));
+        }
+        assert_eq!(off.out_of_service_for(&node, at(300)), None);
+    }
+
+    #[test]
+    fn a_witness_shut_down_denies_only_the_out_of_service_taint() {
+        let meta = |state: pb::InstanceState| {
+            let mut m = pb::InstanceMetadata::default();
+            m.set_state(state);
+            m
+        };
+        assert!(Act::Delete.denies(None) && Act::OutOfService.denies(None));
+        assert!(Act::Delete.denies(Some(&meta(pb::InstanceState::Terminated))));
+        assert!(!Act::Delete.denies(Some(&meta(pb::InstanceState::Stopped))));
+        assert!(Act::OutOfService.denies(Some(&meta(pb::InstanceState::Stopped))));
+        assert!(!Act::OutOfService.denies(Some(&meta(pb::InstanceState::Running))));
     }
 
     #[test]

@@ -39,8 +39,10 @@ use k8s_openapi::api::core::v1::{Node, Service};
 use kube::Api;
 use kube::api::{Patch, PatchParams};
 use kube::runtime::reflector::ObjectRef;
+use std::sync::atomic::Ordering;
+
 use tokio::sync::Notify;
-use tokio::sync::broadcast::error::RecvError;
+use tokio::sync::broadcast::{self, error::RecvError};
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
@@ -213,14 +215,68 @@ pub fn is_backend(ctx: &Context, node: &Node) -> bool {
         && !ctx.ignores(node)
 }
 
-/// What of a Node a provider may select backends on.
-fn node_fingerprint(node: &Node) -> (String, String, BTreeMap<String, String>, Vec<String>) {
-    (
-        node_util::name(node).to_string(),
-        node_util::provider_id(node).unwrap_or_default().to_string(),
-        node.metadata.labels.clone().unwrap_or_default(),
-        node_util::addresses(node).into_iter().map(|a| format!("{}={}", a.type_, a.address)).collect(),
-    )
+/// What of a Node a provider may select backends on (name, providerID, labels, addresses),
+/// hashed into `h` without copying it.
+fn hash_node(node: &Node, h: &mut impl Hasher) {
+    node_util::name(node).hash(h);
+    node_util::provider_id(node).hash(h);
+    node.metadata.labels.hash(h);
+    for a in node.status.as_ref().and_then(|s| s.addresses.as_ref()).into_iter().flatten() {
+        (&a.type_, &a.address).hash(h);
+    }
+}
+
+/// A fingerprint of what a load balancer sees of a Node.
+fn node_fingerprint(node: &Node) -> u64 {
+    let mut h = std::collections::hash_map::DefaultHasher::new();
+    hash_node(node, &mut h);
+    h.finish()
+}
+
+/// The load balancers' node set as of one state of the Node cache: built once per change of
+/// what a load balancer sees of the Nodes and shared by every Service's reconcile (at 5000
+/// Services, building it per Service was most of the controller's CPU).
+#[derive(Debug, Default)]
+struct HostSet {
+    /// The backends, by name.
+    backends: Vec<Arc<Node>>,
+    /// Their fingerprint.
+    hosts: u64,
+    /// As the protocol sends them.
+    proto: Vec<pb::LoadBalancerNode>,
+}
+
+impl HostSet {
+    fn new(backends: Vec<Arc<Node>>) -> Self {
+        let mut h = std::collections::hash_map::DefaultHasher::new();
+        for n in &backends {
+            hash_node(n, &mut h);
+        }
+        let proto = backends
+            .iter()
+            .map(|n| pb::LoadBalancerNode {
+                name: node_util::name(n).to_string(),
+                provider_id: node_util::provider_id(n).unwrap_or_default().to_string(),
+                addresses: node_util::addresses(n).iter().map(convert::to_proto_address).collect(),
+                labels: n.metadata.labels.clone().unwrap_or_default().into_iter().collect(),
+            })
+            .collect();
+        Self { backends, hosts: h.finish(), proto }
+    }
+
+    fn is_empty(&self) -> bool {
+        self.backends.is_empty()
+    }
+}
+
+/// The [`HostSet`] last built, valid while no Node change a load balancer sees came since.
+#[derive(Debug, Default)]
+struct HostSetCache {
+    /// Bumped by the node feed on every such change.
+    generation: std::sync::atomic::AtomicU64,
+    /// The set, the generation it was built at and the provider identity it was built under
+    /// (which Nodes are ignored depends on it).
+    built: Mutex<Option<(u64, usize, Arc<HostSet>)>>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -247,8 +303,10 @@ pub struct ServiceController {
     /// The load balancer name of each Service, by UID, as last ensured (the cache may not
     /// show the recording annotation yet).
     names: Mutex<HashMap<String, String>>,
-    /// The last non-empty backend set, which a load balancer keeps when the set is emptied.
-    last_backends: Mutex<Vec<Arc<Node>>>,
+    /// The current node set.
+    host_set: HostSetCache,
+    /// The last non-empty node set, which a load balancer keeps when the set is emptied.
+    last_backends: Mutex<Arc<HostSet>>,
     /// Services told that their load balancer keeps its name (once per process).
     kept_names: Mutex<std::collections::HashSet<String>>,
 }
@@ -267,6 +325,7 @@ impl ServiceController {
             orphans: Default::default(),
             cleaned: Default::default(),
             names: Default::default(),
+            host_set: Default::default(),
             last_backends: Default::default(),
             kept_names: Default::default(),
         }
@@ -290,9 +349,11 @@ impl ServiceController {
     /// Runs until `stop`.
     pub async fn run(self, stop: CancellationToken) {
         let this = Arc::new(self);
+        // Subscribed before any worker builds a node set, so no change is missed.
+        let node_changes = this.ctx.nodes.subscribe();
         let mut tasks = vec![
             tokio::spawn(this.clone().feed(stop.clone())),
-            tokio::spawn(this.clone().node_feed(stop.clone())),
+            tokio::spawn(this.clone().node_feed(node_changes, stop.clone())),
             tokio::spawn(this.clone().sweep_loop(stop.clone())),
         ];
         for _ in 0..this.ctx.options.concurrent_service_syncs.max(1) {
@@ -545,8 +606,7 @@ impl ServiceController {
 
     /// Watches the node set; on a change (after 50 ms of quiet coalescing) queues every
     /// load balancer Service. Services in backoff stay there: `add` carries no news.
-    async fn node_feed(self: Arc<Self>, stop: CancellationToken) {
-        let mut changes = self.ctx.nodes.subscribe();
+    async fn node_feed(self: Arc<Self>, mut changes: broadcast::Receiver<Change<Node>>, stop: CancellationToken) {
         let notify = Arc::new(Notify::new());
         let waker = notify.clone();
         let this = self.clone();
@@ -585,24 +645,44 @@ impl ServiceController {
                 Ok(Change::Applied { old, new }) => {
                     let before = old.as_deref().map(|o| (is_backend(&self.ctx, o), node_fingerprint(o)));
                     if before != Some((is_backend(&self.ctx, &new), node_fingerprint(&new))) {
+                        self.host_set.generation.fetch_add(1, Ordering::AcqRel);
                         notify.notify_one();
                     }
                 }
-                Ok(Change::Deleted(_)) | Err(RecvError::Lagged(_)) => notify.notify_one(),
+                Ok(Change::Deleted(_)) | Err(RecvError::Lagged(_)) => {
+                    self.host_set.generation.fetch_add(1, Ordering::AcqRel);
+                    notify.notify_one();
+                }
                 Err(RecvError::Closed) => break,
             }
         }
         syncer.abort();
     }
 
-    fn backends(&self) -> Vec<Arc<Node>> {
+    /// The current node set: the one last built, unless a Node change a load balancer sees
+    /// (or a new provider identity) came since.
+    fn backends(&self) -> Arc<HostSet> {
+        let identity = self.ctx.provider.identity();
+        let identity_key = identity.as_ref().map_or(0, |i| Arc::as_ptr(i) as usize);
+        // Read before the store: a change during the build leaves the set stale, and it is
+        // built again at the next call.
+        let generation = self.host_set.generation.load(Ordering::Acquire);
+        let mut built = self.host_set.built.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some((g, i, set)) = built.as_ref()
+            && *g == generation
+            && *i == identity_key
+        {
+            return set.clone();
+        }
         let mut nodes: Vec<Arc<Node>> = self.ctx.nodes.store().state().into_iter().filter(|n| is_backend(&self.ctx, n)).collect();
         nodes.sort_by(|a, b| node_util::name(a).cmp(node_util::name(b)));
-        nodes
+        let set = Arc::new(HostSet::new(nodes));
+        *built = Some((generation, identity_key, set.clone()));
+        set
     }
 
     fn hosts_fingerprint(&self) -> u64 {
-        Self::hosts_of(&self.backends())
+        self.backends().hosts
     }
 
     async fn worker(self: Arc<Self>) {
@@ -625,7 +705,7 @@ impl ServiceController {
         self.ctx
             .provider
             .identity()
-            .and_then(|i| i.capabilities.load_balancers)
+            .and_then(|i| i.capabilities.load_balancers.clone())
             .map(|c| NameLimits::from_capabilities(&c))
             .unwrap_or_default()
     }
@@ -778,18 +858,6 @@ impl ServiceController {
         }
     }
 
-    fn nodes_proto(nodes: &[Arc<Node>]) -> Vec<pb::LoadBalancerNode> {
-        nodes
-            .iter()
-            .map(|n| pb::LoadBalancerNode {
-                name: node_util::name(n).to_string(),
-                provider_id: node_util::provider_id(n).unwrap_or_default().to_string(),
-                addresses: node_util::addresses(n).iter().map(convert::to_proto_address).collect(),
-                labels: n.metadata.labels.clone().unwrap_or_default().into_iter().collect(),
-            })
-            .collect()
-    }
-
     async fn reconcile(&self, k: &str) -> Outcome {
         if let Some(uid) = k.strip_prefix(ORPHAN_KEY) {
             return self.delete_orphan(uid).await;
@@ -849,14 +917,16 @@ impl ServiceController {
         // A rename waiting is a full Ensure under the new name.
         let last = self.ensured.lock().unwrap_or_else(|p| p.into_inner()).get(&k).copied().filter(|_| old_name.is_none());
         let Some(backends) = self.backends_for(svc, last).await else { return Ok(()) };
-        let hosts = Self::hosts_of(&backends);
-        let ensured = Ensured { spec: provider_fingerprint(svc), hosts, count: backends.len() };
-        let lb = self.lb_service_named(svc, lb_name);
-        let nodes = Self::nodes_proto(&backends);
+        let ensured = Ensured { spec: provider_fingerprint(svc), hosts: backends.hosts, count: backends.backends.len() };
         match last {
             Some(e) if e.spec == ensured.spec && e.hosts == ensured.hosts => Ok(()),
-            Some(e) if e.spec == ensured.spec => self.update_hosts(svc, lb, nodes, ensured).await,
-            _ => self.ensure_load_balancer(svc, lb, nodes, old_name, ensured).await,
+            Some(e) if e.spec == ensured.spec => {
+                self.update_hosts(svc, self.lb_service_named(svc, lb_name), backends.proto.clone(), ensured).await
+            }
+            _ => {
+                let lb = self.lb_service_named(svc, lb_name);
+                self.ensure_load_balancer(svc, lb, backends.proto.clone(), old_name, ensured).await
+            }
         }
     }
 
@@ -887,7 +957,7 @@ impl ServiceController {
     /// The Nodes the load balancer should have; `None` when it is to be left as it is. An
     /// empty set never empties a load balancer that had hosts (`last`, or, unknown since this
     /// process started, its ingress): it keeps the last hosts it was given.
-    async fn backends_for(&self, svc: &Service, last: Option<Ensured>) -> Option<Vec<Arc<Node>>> {
+    async fn backends_for(&self, svc: &Service, last: Option<Ensured>) -> Option<Arc<HostSet>> {
         let backends = self.backends();
         let had_hosts = last.map_or_else(|| has_ingress(svc), |e| e.count > 0);
         if backends.is_empty() && had_hosts {
@@ -913,24 +983,9 @@ impl ServiceController {
         Some(backends)
     }
 
-    /// Keeps `backends` as the last non-empty set. Every Service sees the same set: copied
-    /// only when it changed, not per Service.
-    fn remember_backends(&self, backends: &[Arc<Node>]) {
-        let mut last = self.last_backends.lock().unwrap_or_else(|p| p.into_inner());
-        let same = last.len() == backends.len() && last.iter().zip(backends).all(|(a, b)| Arc::ptr_eq(a, b));
-        if !same {
-            last.clear();
-            last.extend_from_slice(backends);
-        }
-    }
-
-    /// The hosts fingerprint of a node set.
-    fn hosts_of(backends: &[Arc<Node>]) -> u64 {
-        let mut h = std::collections::hash_map::DefaultHasher::new();
-        for n in backends {
-            node_fingerprint(n).hash(&mut h);
-        }
-        h.finish()
+    /// Keeps `backends` as the last non-empty set.
+    fn remember_backends(&self, backends: &Arc<HostSet>) {
+        *self.last_backends.lock().unwrap_or_else(|p| p.into_inner()) = backends.clone();
     }
 
     /// After the node set changed, with a provider that updates hosts in bulk: one
@@ -947,7 +1002,7 @@ impl ServiceController {
             return Outcome::Success;
         }
         let backends = self.backends();
-        let hosts = Self::hosts_of(&backends);
+        let hosts = backends.hosts;
         let mut todo = Vec::new();
         for svc in self.ctx.services.store().state() {
             if !self.wants_lb(&svc) {
@@ -965,7 +1020,7 @@ impl ServiceController {
             match (last, name) {
                 (Some(e), Some(name)) if as_ensured && !backends.is_empty() => {
                     if e.hosts != hosts {
-                        let ensured = Ensured { spec: e.spec, hosts, count: backends.len() };
+                        let ensured = Ensured { spec: e.spec, hosts, count: backends.backends.len() };
                         todo.push((svc.clone(), self.lb_service_named(&svc, name), ensured));
                     }
                 }
@@ -978,8 +1033,7 @@ impl ServiceController {
         self.remember_backends(&backends);
         let services: Vec<pb::LoadBalancerService> = todo.iter().map(|(_, lb, _)| lb.clone()).collect();
         let started = Instant::now();
-        let results =
-            self.ctx.provider.batch_update_load_balancer_hosts(self.ctx.fence(), &services, &Self::nodes_proto(&backends)).await;
+        let results = self.ctx.provider.batch_update_load_balancer_hosts(self.ctx.fence(), &services, &backends.proto).await;
         let mut retry = None;
         for ((svc, _, ensured), result) in todo.into_iter().zip(results) {
             self.ctx.metrics.hosts_update(started.elapsed(), result.is_err());

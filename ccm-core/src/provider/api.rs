@@ -45,7 +45,7 @@ impl Provider {
     /// its lookup (a reordered batch), "exists" without metadata, or metadata that fails
     /// [`answer::instance`] fails its own lookup; none of them ever reads as "gone".
     pub async fn instance_metadata(&self, lookups: &[pb::InstanceLookup]) -> PerLookup<Option<pb::InstanceMetadata>> {
-        let scheme = self.identity().map(|i| i.provider_id_scheme).unwrap_or_default();
+        let scheme = self.identity().map(|i| i.provider_id_scheme.clone()).unwrap_or_default();
         let (method, answers) = if self.identity().is_some_and(|i| i.batch_reads()) {
             const METHOD: &str = "InstancesService/BatchInstanceMetadata";
             let call = |instances: Vec<pb::InstanceLookup>| async move {

@@ -121,7 +121,7 @@ pub struct Changes {
 
 #[derive(Debug, Default)]
 struct State {
-    identity: Option<Identity>,
+    identity: Option<Arc<Identity>>,
     ready: bool,
     reason: String,
 }
@@ -170,8 +170,9 @@ impl Provider {
         &self.endpoint
     }
 
-    /// The identity read at the last (re)connect, if any.
-    pub fn identity(&self) -> Option<Identity> {
+    /// The identity read at the last (re)connect, if any (shared: controllers ask for it per
+    /// Node on hot paths).
+    pub fn identity(&self) -> Option<Arc<Identity>> {
         self.state.read().unwrap_or_else(|p| p.into_inner()).identity.clone()
     }
 
@@ -208,7 +209,7 @@ impl Provider {
         s.ready = ready;
         s.reason = reason;
         if let Some(identity) = identity {
-            s.identity = identity;
+            s.identity = identity.map(Arc::new);
         }
     }
 
@@ -321,7 +322,7 @@ impl Provider {
             epoch: info.epoch,
             capabilities,
         };
-        self.compare(self.identity().as_ref(), &identity);
+        self.compare(self.identity().as_deref(), &identity);
         let probe =
             self.call("IdentityService/Probe", pb::ProbeRequest {}, async |ch, r| identity_client(ch).probe(r).await).await;
         match probe {
@@ -359,7 +360,7 @@ impl Provider {
             };
             if !same {
                 match self.refresh().await {
-                    Ok(identity) if had.as_ref() != Some(&identity) => {
+                    Ok(identity) if had.as_deref() != Some(&identity) => {
                         tracing::info!(plugin = %identity.name, version = %identity.vendor_version, "provider identity read");
                     }
                     Ok(_) => {}
