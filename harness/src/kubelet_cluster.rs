@@ -709,6 +709,20 @@ impl KubeletCluster {
         Ok(())
     }
 
+    /// Stops node `i`'s kubelet (its containers keep running, as on a node whose kubelet
+    /// died): the Node goes NotReady once kube-controller-manager's grace period is over.
+    /// [`KubeletCluster::restart_kubelet`] starts it again.
+    pub fn stop_kubelet(&self, i: usize) -> anyhow::Result<()> {
+        let node = self.nodes.get(i).context("no such node")?;
+        let mut slot = node.kubelet.lock().map_err(|_| anyhow::anyhow!("kubelet lock poisoned"))?;
+        if let Some(mut old) = slot.take() {
+            let _ = Command::new("kill").args(["-TERM", &old.id().to_string()]).status();
+            old.wait().context("waiting for the kubelet to stop")?;
+        }
+        drop(slot);
+        self.record_pids()
+    }
+
     /// Restarts node `i`'s kubelet (as `systemctl restart kubelet` would), so that it reads
     /// its configuration and drop-ins again.
     pub fn restart_kubelet(&self, i: usize) -> anyhow::Result<()> {

@@ -6,6 +6,7 @@ pub mod node_addresses;
 pub mod node_lifecycle;
 pub mod route;
 pub mod service;
+pub mod tag_labels;
 
 use std::collections::BTreeMap;
 use std::sync::Arc;

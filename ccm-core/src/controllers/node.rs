@@ -15,7 +15,7 @@
 //!   same batch read as any other; a claimed zone, region or instance type that differs from
 //!   the cloud's answer is corrected and recorded as a `NodeMetadataCorrected` Event.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::hash::{Hash, Hasher};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -32,14 +32,14 @@ use kube::runtime::reflector::ObjectRef;
 use tokio::sync::broadcast::error::RecvError;
 use tokio_util::sync::CancellationToken;
 
-use super::node_addresses;
 use super::{Context, sleep_or_stop};
+use super::{node_addresses, tag_labels};
 use crate::informer::Change;
 use crate::labels;
 use crate::node_util;
 use crate::provider::convert;
 use crate::queue::{Outcome, QueueConfig, WorkQueue};
-use crate::wellknown::{self, TAINT_UNINITIALIZED};
+use crate::wellknown::{self, ANNOTATION_TAG_LABELS, TAINT_UNINITIALIZED};
 
 /// The controller's name, in Events, metrics and logs.
 pub const NAME: &str = "cloud-node-controller";
@@ -187,16 +187,16 @@ impl NodeController {
         if todo.is_empty() {
             return outcomes;
         }
-        let Some(identity) = self.ctx.provider.identity() else {
+        if self.ctx.provider.identity().is_none() {
             for (i, node) in &todo {
                 outcomes[*i] = Outcome::Retry { fingerprint: Some(fingerprint(node)), retry_after: None };
             }
             tracing::info!(nodes = todo.len(), "provider not ready; node initialisation waits");
             return outcomes;
-        };
+        }
         let lookups: Vec<pb::InstanceLookup> = todo.iter().map(|(_, n)| convert::lookup(n)).collect();
         let metadata = self.ctx.provider.instance_metadata(&lookups).await;
-        let want_tags = identity.serves(ServiceType::Tags) && !self.ctx.options.node_tag_label_prefix.is_empty();
+        let want_tags = self.wants_tags();
         let tags = if want_tags { Some(self.ctx.provider.instance_tags(&lookups).await) } else { None };
         let results = join_all(todo.iter().zip(metadata).enumerate().map(|(j, ((_, node), meta))| {
             let tags = tags.as_ref().map(|t| t[j].clone());
@@ -318,15 +318,10 @@ impl NodeController {
         let mut skipped = Vec::new();
         match tags {
             Some(Ok(tags)) => {
-                let prefix = &self.ctx.options.node_tag_label_prefix;
-                for (k, v) in tags {
-                    let key = format!("{prefix}/{k}");
-                    if valid_label_key(&key) && valid_label_value(&v) {
-                        labels.offered.insert(key, v);
-                    } else {
-                        skipped.push(k);
-                    }
-                }
+                let (from_tags, invalid) = tag_labels::labels_of(&self.ctx.options.node_tag_label_prefix, tags);
+                skipped = invalid;
+                labels.from_tags.extend(from_tags.keys().cloned());
+                labels.offered.extend(from_tags);
             }
             Some(Err(error)) => return Err(InitError::Provider(error)),
             None => {}
@@ -386,7 +381,13 @@ impl NodeController {
         if node_util::provider_id(node).is_none() {
             spec["providerID"] = serde_json::Value::String(provider_id.to_string());
         }
-        let patch = serde_json::json!({ "metadata": { "labels": changes, "resourceVersion": version }, "spec": spec });
+        let mut patch = serde_json::json!({ "metadata": { "labels": changes, "resourceVersion": version }, "spec": spec });
+        // The labels made from tags are recorded as ours: only those follow the tags later.
+        let from_tags: BTreeSet<&String> = changes.keys().filter(|k| labels.from_tags.contains(*k)).collect();
+        if !from_tags.is_empty() {
+            let owned = tag_labels::owned(node).into_iter().chain(from_tags.into_iter().cloned()).collect();
+            patch["metadata"]["annotations"] = serde_json::json!({ ANNOTATION_TAG_LABELS: tag_labels::record(&owned) });
+        }
         self.ctx.kube_write_permit().await;
         Ok((api.patch(name, &PatchParams::default(), &Patch::Merge(&patch)).await?, corrected))
     }
@@ -397,7 +398,67 @@ impl NodeController {
             if let Err(error) = self.refresh_addresses().await {
                 tracing::warn!(%error, "address refresh failed");
             }
+            match self.sync_tag_labels().await {
+                Ok(0) => {}
+                Ok(n) => tracing::info!(nodes = n, "tag labels brought to the instances' tags"),
+                Err(error) => tracing::warn!(%error, "tag label sync failed"),
+            }
         }
+    }
+
+    /// Whether instance tags become labels: the provider serves Tags and a prefix is set.
+    fn wants_tags(&self) -> bool {
+        let serves = self.ctx.provider.identity().is_some_and(|i| i.serves(ServiceType::Tags));
+        serves && !self.ctx.options.node_tag_label_prefix.is_empty()
+    }
+
+    /// Brings every initialised Node's tag labels to its instance's tags (one
+    /// BatchGetInstanceTags per 500 Nodes): the labels this controller owns follow their tags,
+    /// a new tag's label is added where the Node has none of that key; a user's label is never
+    /// touched. A Node whose tags could not be read is left as it is. Returns the Nodes written.
+    pub async fn sync_tag_labels(&self) -> Result<usize, kube::Error> {
+        if !self.wants_tags() {
+            return Ok(0);
+        }
+        let nodes: Vec<Arc<Node>> = self
+            .ctx
+            .managed_nodes()
+            .filter(|n| node_util::provider_id(n).is_some() && !node_util::has_taint(n, TAINT_UNINITIALIZED))
+            .collect();
+        let lookups: Vec<_> = nodes.iter().map(|n| convert::lookup(n)).collect();
+        let answers = self.ctx.provider.instance_tags(&lookups).await;
+        let api: Api<Node> = Api::all(self.ctx.client.clone());
+        let mut written = 0;
+        for (node, answer) in nodes.iter().zip(answers) {
+            let name = node_util::name(node);
+            let tags = match answer {
+                Ok(tags) => tags,
+                Err(error) => {
+                    tracing::debug!(node = %name, %error, "reading the instance's tags failed; its labels stay");
+                    self.ctx.report_invalid(NAME, node.as_ref(), &error).await;
+                    continue;
+                }
+            };
+            let (desired, _) = tag_labels::labels_of(&self.ctx.options.node_tag_label_prefix, tags);
+            let Some(change) = tag_labels::sync(node, &desired) else { continue };
+            // Guarded by the version read: a label a user set meanwhile is never overwritten.
+            let patch = serde_json::json!({ "metadata": {
+                "resourceVersion": node.metadata.resource_version,
+                "labels": change.labels,
+                "annotations": { ANNOTATION_TAG_LABELS: (!change.owned.is_empty()).then(|| tag_labels::record(&change.owned)) },
+            }});
+            self.ctx.kube_write_permit().await;
+            match api.patch(name, &PatchParams::default(), &Patch::Merge(&patch)).await {
+                Ok(_) => {
+                    tracing::info!(node = %name, labels = ?change.labels, "tag labels follow the instance's tags");
+                    written += 1;
+                }
+                // Changed meanwhile: the next period looks again.
+                Err(kube::Error::Api(s)) if s.code == 409 => {}
+                Err(error) => return Err(error),
+            }
+        }
+        Ok(written)
     }
 
     /// Refreshes every initialised Node's addresses: one batch call per 500 Nodes when the
@@ -446,6 +507,8 @@ pub const REASON_CORRECTED: &str = "NodeMetadataCorrected";
 struct Labels {
     owned: BTreeMap<String, String>,
     offered: BTreeMap<String, String>,
+    /// Which offered labels are made from instance tags.
+    from_tags: BTreeSet<String>,
 }
 
 impl Labels {

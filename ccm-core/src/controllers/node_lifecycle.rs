@@ -351,10 +351,11 @@ impl NodeLifecycleController {
                     let exists = meta.as_ref().is_some_and(|m| m.state() != pb::InstanceState::Terminated);
                     let shutdown = meta.as_ref().is_some_and(|m| m.state() == pb::InstanceState::Stopped);
                     self.rechecks().asked(node, Some((exists, shutdown)), now);
-                    if shutdown && !node_util::has_taint(node, TAINT_OUT_OF_SERVICE) {
-                        if let Some(lasted) = self.rechecks().out_of_service_for(node, now) {
-                            shut_down.push((node.clone(), lasted));
-                        }
+                    if shutdown
+                        && !node_util::has_taint(node, TAINT_OUT_OF_SERVICE)
+                        && let Some(lasted) = self.rechecks().out_of_service_for(node, now)
+                    {
+                        shut_down.push((node.clone(), lasted));
                     }
                     if !exists {
                         gone.push(node.clone());

@@ -242,8 +242,9 @@ struct HostSet {
     backends: Vec<Arc<Node>>,
     /// Their fingerprint.
     hosts: u64,
-    /// As the protocol sends them.
-    proto: Vec<pb::LoadBalancerNode>,
+    /// As the protocol sends them, made when first needed (the node feed only compares
+    /// fingerprints).
+    proto: std::sync::OnceLock<Vec<pb::LoadBalancerNode>>,
 }
 
 impl HostSet {
@@ -252,16 +253,22 @@ impl HostSet {
         for n in &backends {
             hash_node(n, &mut h);
         }
-        let proto = backends
-            .iter()
-            .map(|n| pb::LoadBalancerNode {
-                name: node_util::name(n).to_string(),
-                provider_id: node_util::provider_id(n).unwrap_or_default().to_string(),
-                addresses: node_util::addresses(n).iter().map(convert::to_proto_address).collect(),
-                labels: n.metadata.labels.clone().unwrap_or_default().into_iter().collect(),
-            })
-            .collect();
-        Self { backends, hosts: h.finish(), proto }
+        Self { backends, hosts: h.finish(), proto: Default::default() }
+    }
+
+    /// The backends as the protocol sends them.
+    fn proto(&self) -> &[pb::LoadBalancerNode] {
+        self.proto.get_or_init(|| {
+            self.backends
+                .iter()
+                .map(|n| pb::LoadBalancerNode {
+                    name: node_util::name(n).to_string(),
+                    provider_id: node_util::provider_id(n).unwrap_or_default().to_string(),
+                    addresses: node_util::addresses(n).iter().map(convert::to_proto_address).collect(),
+                    labels: n.metadata.labels.clone().unwrap_or_default().into_iter().collect(),
+                })
+                .collect()
+        })
     }
 
     fn is_empty(&self) -> bool {
@@ -619,6 +626,11 @@ impl ServiceController {
                     _ = stop2.cancelled() => return,
                 }
                 tokio::time::sleep(NODE_COALESCE).await;
+                // No load balancer, nothing to update (a cluster's join before its Services).
+                let services = this.ctx.services.store().state();
+                if !services.iter().any(|s| this.wants_lb(s)) {
+                    continue;
+                }
                 let now = this.hosts_fingerprint();
                 if now == last {
                     continue;
@@ -629,7 +641,7 @@ impl ServiceController {
                     this.queue.add(HOSTS_KEY.to_string());
                     continue;
                 }
-                for svc in this.ctx.services.store().state() {
+                for svc in services {
                     if this.wants_lb(&svc) {
                         this.queue.add(key(&svc));
                     }
@@ -921,11 +933,11 @@ impl ServiceController {
         match last {
             Some(e) if e.spec == ensured.spec && e.hosts == ensured.hosts => Ok(()),
             Some(e) if e.spec == ensured.spec => {
-                self.update_hosts(svc, self.lb_service_named(svc, lb_name), backends.proto.clone(), ensured).await
+                self.update_hosts(svc, self.lb_service_named(svc, lb_name), backends.proto().to_vec(), ensured).await
             }
             _ => {
                 let lb = self.lb_service_named(svc, lb_name);
-                self.ensure_load_balancer(svc, lb, backends.proto.clone(), old_name, ensured).await
+                self.ensure_load_balancer(svc, lb, backends.proto().to_vec(), old_name, ensured).await
             }
         }
     }
@@ -1033,7 +1045,7 @@ impl ServiceController {
         self.remember_backends(&backends);
         let services: Vec<pb::LoadBalancerService> = todo.iter().map(|(_, lb, _)| lb.clone()).collect();
         let started = Instant::now();
-        let results = self.ctx.provider.batch_update_load_balancer_hosts(self.ctx.fence(), &services, &backends.proto).await;
+        let results = self.ctx.provider.batch_update_load_balancer_hosts(self.ctx.fence(), &services, backends.proto()).await;
         let mut retry = None;
         for ((svc, _, ensured), result) in todo.into_iter().zip(results) {
             self.ctx.metrics.hosts_update(started.elapsed(), result.is_err());

@@ -12,6 +12,7 @@
 //! | POST | `/instances/{id}/{stop,start,terminate}` | | changes its state |
 //! | DELETE | `/instances/{id}` | | removes it from the account |
 //! | PUT | `/instances/{id}/addresses` | a list of `{"type":..,"address":..}` | replaces its addresses |
+//! | PUT | `/instances/{id}/tags` | `{"key":"value",..}` | replaces its tags |
 //! | POST | `/routes` | `{"cluster":..,"table_id":..,"name":..,"destination_cidr":..,"node_name":..}` | adds a route out of band |
 //! | PUT | `/faults` | a list of faults | replaces the faults |
 //! | DELETE | `/faults` | | clears them |
@@ -98,6 +99,7 @@ pub fn router(admin: Arc<Admin>) -> axum::Router {
         .route("/instances", post(add_instance))
         .route("/instances/{id}", axum::routing::delete(remove_instance))
         .route("/instances/{id}/addresses", put(set_addresses))
+        .route("/instances/{id}/tags", put(set_tags))
         .route("/instances/{id}/{action}", post(instance_action))
         .route("/routes", post(add_route))
         .route("/faults", put(set_faults).delete(clear_faults))
@@ -179,6 +181,15 @@ async fn set_addresses(
     Json(addresses): Json<Vec<Address>>,
 ) -> Result<StatusCode, AdminError> {
     a.cloud.set_addresses(&id, addresses).map_err(AdminError)?;
+    Ok(StatusCode::NO_CONTENT)
+}
+
+async fn set_tags(
+    State(a): Shared,
+    Path(id): Path<String>,
+    Json(tags): Json<std::collections::BTreeMap<String, String>>,
+) -> Result<StatusCode, AdminError> {
+    a.cloud.set_tags(&id, tags).map_err(AdminError)?;
     Ok(StatusCode::NO_CONTENT)
 }
 

@@ -72,6 +72,11 @@ impl AdminClient {
         self.request("PUT", &format!("/instances/{id}/addresses"), Some(serde_json::to_value(addresses)?)).await.map(|_| ())
     }
 
+    /// Replaces an instance's tags.
+    pub async fn set_tags(&self, id: &str, tags: &std::collections::BTreeMap<String, String>) -> anyhow::Result<()> {
+        self.request("PUT", &format!("/instances/{id}/tags"), Some(serde_json::to_value(tags)?)).await.map(|_| ())
+    }
+
     /// Removes an instance from the account.
     pub async fn remove_instance(&self, id: &str) -> anyhow::Result<()> {
         self.request("DELETE", &format!("/instances/{id}"), None).await.map(|_| ())

@@ -453,6 +453,14 @@ impl Cloud {
         })
     }
 
+    /// Replaces an instance's tags.
+    pub fn set_tags(&self, id: &str, tags: std::collections::BTreeMap<String, String>) -> Result<()> {
+        self.change_instance(id, |instance| {
+            instance.spec.tags = tags;
+            Ok(())
+        })
+    }
+
     /// Replaces an instance's addresses (as when an interface is added or an IP re-assigned).
     pub fn set_addresses(&self, id: &str, addresses: Vec<Address>) -> Result<()> {
         self.change_instance(id, |instance| {

@@ -467,11 +467,12 @@ async fn every_rendered_command_line_is_accepted_by_the_real_binaries() {
     let helm = tokio::task::spawn_blocking(|| ccm_harness::Assets::tool("helm")).await.expect("join").expect("helm");
     let assets = tokio::task::spawn_blocking(ccm_harness::Assets::find).await.expect("join").expect("assets");
     let chart = deploy_dir().join("helm/ccm-rs");
-    let variants: [(&str, &[&str]); 5] = [
+    let variants: [(&str, &[&str]); 6] = [
         ("the sim", &["--set", "sim.enabled=true"]),
         ("lease per controller", &["--set", "sim.enabled=true,leaderElection.perController=true"]),
         ("without service account credentials", &["--set", "sim.enabled=true,useServiceAccountCredentials=false"]),
         ("a given serving certificate", &["--set", "sim.enabled=true,tls.secretName=ccm-tls"]),
+        ("non-graceful node shutdown", &["--set", "sim.enabled=true,outOfServiceAfter=2m30s"]),
         (
             "routes and migration",
             &["--set", "sim.enabled=true,configureCloudRoutes=true,clusterCIDR=10.244.0.0/16,leaderMigration.enabled=true"],

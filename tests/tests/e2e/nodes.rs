@@ -14,6 +14,16 @@ use kube::api::{ListParams, Patch, PatchParams};
 use crate::support::{Core, Sim, TEST_LABEL, eventually, free_port, http_get, instance};
 
 const SHUTDOWN_TAINT: &str = "node.cloudprovider.kubernetes.io/shutdown";
+const OUT_OF_SERVICE_TAINT: &str = "node.kubernetes.io/out-of-service";
+const OUT_OF_SERVICE_ANNOTATION: &str = "ccm-rs.dev/out-of-service-since";
+
+fn out_of_service(node: &Node) -> Option<k8s_openapi::api::core::v1::Taint> {
+    node.spec.as_ref()?.taints.as_ref()?.iter().find(|t| t.key == OUT_OF_SERVICE_TAINT).cloned()
+}
+
+fn annotated_out_of_service(node: &Node) -> bool {
+    node.metadata.annotations.as_ref().is_some_and(|a| a.contains_key(OUT_OF_SERVICE_ANNOTATION))
+}
 
 fn taints(node: &Node) -> Vec<String> {
     node.spec.as_ref().and_then(|s| s.taints.clone()).unwrap_or_default().into_iter().map(|t| t.key).collect()
@@ -277,6 +287,10 @@ async fn gone_instances_delete_nodes_stopped_ones_taint_them_and_errors_change_n
         taints(&n).iter().any(|t| t == SHUTDOWN_TAINT).then_some(())
     })
     .await;
+    // Without --out-of-service-after, a shut-down instance never takes its Node out of service.
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let n = env.nodes().get(&stopped).await.expect("node");
+    assert!(!taints(&n).iter().any(|t| t == OUT_OF_SERVICE_TAINT), "no out-of-service taint with the flag off");
     sim.admin.instance_action("i-stopped", "start").await.expect("start");
     eventually("shutdown taint removed", Duration::from_secs(20), async || {
         let n = env.nodes().get(&stopped).await.ok()?;
@@ -781,6 +795,167 @@ async fn readiness_fails_while_the_watches_fail() {
         tokio::time::sleep(Duration::from_millis(500)).await;
     }
     assert_eq!(http_get(&base, "/readyz").await.map(|r| r.0), Some(200), "ready once the watches work again: {last}");
+    core.stop().await.expect("stop");
+    env.cleanup().await.expect("cleanup");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_shut_down_instance_takes_its_node_out_of_service_after_the_delay_never_on_errors() {
+    let cp = ccm_harness::shared().expect("control plane");
+    let env = TestEnv::new(cp.client().await.expect("client"), "oos").await.expect("env");
+    let (off, other) = (env.node_name("off"), env.node_name("other"));
+    let mut config = Config::default();
+    config.instances.push(instance("i-off", &off, "sim-region-1a"));
+    config.instances.push(instance("i-other", &other, "sim-region-1a"));
+    // Ready Nodes besides (witnesses; every Node NotReady would be an outage).
+    for k in 0..3 {
+        let name = env.node_name(&format!("fine-{k}"));
+        config.instances.push(instance(&format!("i-fine-{k}"), &name, "sim-region-1a"));
+        NodeBuilder::new(&name)
+            .label(TEST_LABEL, &env.prefix)
+            .provider_id(&format!("sim://sim-region-1a/i-fine-{k}"))
+            .create(&env.client)
+            .await
+            .expect("node");
+        set_ready(&env.client, &name, "True").await.expect("ready");
+    }
+    let sim = Sim::start(config).await;
+    for (id, n) in [("i-off", &off), ("i-other", &other)] {
+        NodeBuilder::new(n)
+            .label(TEST_LABEL, &env.prefix)
+            .provider_id(&format!("sim://sim-region-1a/{id}"))
+            .create(&env.client)
+            .await
+            .expect("node");
+    }
+    set_ready(&env.client, &off, "False").await.expect("not ready");
+    set_ready(&env.client, &other, "True").await.expect("ready");
+    // An operator's own out-of-service taint on a Ready Node: never removed by the core.
+    let user_taint = serde_json::json!({ "spec": { "taints": [
+        { "key": OUT_OF_SERVICE_TAINT, "value": "maintenance", "effect": "NoExecute" }
+    ] } });
+    env.nodes().patch(&other, &PatchParams::default(), &Patch::Merge(&user_taint)).await.expect("user taint");
+    let delay = Duration::from_secs(3);
+    let core = Core::start(
+        cp,
+        &env,
+        &sim,
+        &["--leader-elect=false", "--node-monitor-period=300ms", "--out-of-service-after=3s", "--provider-call-timeout=1s"],
+    );
+
+    // The instance stops while the provider fails (unavailable, then hanging past the call's
+    // deadline): errors are no evidence, however long they last.
+    let failing = |down: bool| Fault {
+        method: "*".into(),
+        down,
+        error_rate: 0.0,
+        code: FaultCode::Unavailable,
+        delay_ms: (!down).then_some(5_000),
+        ..Default::default()
+    };
+    sim.admin.set_faults(&[failing(true)]).await.expect("faults");
+    sim.admin.instance_action("i-off", "stop").await.expect("stop");
+    tokio::time::sleep(delay + Duration::from_secs(1)).await;
+    sim.admin.set_faults(&[failing(false)]).await.expect("hang");
+    tokio::time::sleep(delay + Duration::from_secs(1)).await;
+    let n = env.nodes().get(&off).await.expect("node");
+    assert!(out_of_service(&n).is_none(), "errors and timeouts never take a Node out of service: {:?}", taints(&n));
+
+    // The provider answers: shut down, and after the delay (not before) out of service.
+    sim.admin.set_faults(&[]).await.expect("clear");
+    let answering = std::time::Instant::now();
+    let n = eventually("the out-of-service taint", Duration::from_secs(30), async || {
+        let n = env.nodes().get(&off).await.ok()?;
+        out_of_service(&n).is_some().then_some(n)
+    })
+    .await;
+    let waited = answering.elapsed();
+    assert!(waited >= delay, "tainted {waited:?} after the provider answered, before --out-of-service-after");
+    let taint = out_of_service(&n).expect("taint");
+    assert_eq!((taint.value.as_deref(), taint.effect.as_str()), (Some("nodeshutdown"), "NoExecute"));
+    assert!(annotated_out_of_service(&n), "the core records the taint as its own");
+    assert!(taints(&n).iter().any(|t| t == SHUTDOWN_TAINT), "the shutdown taint as well");
+    eventually("a NodeOutOfService event", Duration::from_secs(10), async || {
+        event_reasons(&env, &off).await.contains(&"NodeOutOfService".to_string()).then_some(())
+    })
+    .await;
+
+    // Running again but still NotReady: the taint stays; Ready as well: it goes.
+    sim.admin.instance_action("i-off", "start").await.expect("start");
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let n = env.nodes().get(&off).await.expect("node");
+    assert!(out_of_service(&n).is_some(), "kept while the Node is NotReady");
+    set_ready(&env.client, &off, "True").await.expect("ready");
+    eventually("the out-of-service taint removed", Duration::from_secs(20), async || {
+        let n = env.nodes().get(&off).await.ok()?;
+        (out_of_service(&n).is_none() && !annotated_out_of_service(&n)).then_some(())
+    })
+    .await;
+    eventually("a NodeBackInService event", Duration::from_secs(10), async || {
+        event_reasons(&env, &off).await.contains(&"NodeBackInService".to_string()).then_some(())
+    })
+    .await;
+    let n = env.nodes().get(&other).await.expect("node");
+    assert_eq!(out_of_service(&n).and_then(|t| t.value).as_deref(), Some("maintenance"), "an operator's taint stays");
+    core.stop().await.expect("stop");
+    env.cleanup().await.expect("cleanup");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tag_labels_follow_the_instances_tags_and_a_users_label_is_left_alone() {
+    let cp = ccm_harness::shared().expect("control plane");
+    let env = TestEnv::new(cp.client().await.expect("client"), "tags").await.expect("env");
+    let name = env.node_name("t");
+    let mut config = Config::default();
+    let mut spec = instance("i-t", &name, "sim-region-1a");
+    let tags = |pairs: &[(&str, &str)]| pairs.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect::<BTreeMap<_, _>>();
+    spec.tags = tags(&[("team", "payments"), ("env", "prod"), ("owner", "cloud")]);
+    config.instances.push(spec);
+    let sim = Sim::start(config).await;
+    NodeBuilder::new(&name)
+        .uninitialized()
+        .label(TEST_LABEL, &env.prefix)
+        .label("tags.cloudprovider.dev/owner", "me")
+        .create(&env.client)
+        .await
+        .expect("node");
+    let core =
+        Core::start(cp, &env, &sim, &["--leader-elect=false", "--controllers=cloud-node", "--node-status-update-frequency=1s"]);
+    let node = eventually("initialisation", Duration::from_secs(30), async || initialised(&env, &name).await).await;
+    let l = labels(&node);
+    assert_eq!(l.get("tags.cloudprovider.dev/team").map(String::as_str), Some("payments"));
+    assert_eq!(l.get("tags.cloudprovider.dev/env").map(String::as_str), Some("prod"));
+    assert_eq!(l.get("tags.cloudprovider.dev/owner").map(String::as_str), Some("me"), "the user's label wins");
+
+    // A tag changed, one added, one removed, and the user's label's tag changed too.
+    sim.admin.set_tags("i-t", &tags(&[("team", "search"), ("cost-center", "42"), ("owner", "cloud-2")])).await.expect("tags");
+    let changed = std::time::Instant::now();
+    let l = eventually("the labels follow the tags", Duration::from_secs(15), async || {
+        let l = labels(&env.nodes().get(&name).await.ok()?);
+        (l.get("tags.cloudprovider.dev/team").map(String::as_str) == Some("search")
+            && l.get("tags.cloudprovider.dev/cost-center").map(String::as_str) == Some("42")
+            && !l.contains_key("tags.cloudprovider.dev/env"))
+        .then_some(l)
+    })
+    .await;
+    assert!(changed.elapsed() < Duration::from_secs(5), "within a refresh period or two: {:?}", changed.elapsed());
+    assert_eq!(l.get("tags.cloudprovider.dev/owner").map(String::as_str), Some("me"), "a user's label is never touched");
+
+    // The provider failing to read tags changes nothing.
+    let down = Fault { method: "BatchGetInstanceTags".into(), down: true, code: FaultCode::Unavailable, ..Default::default() };
+    sim.admin.set_faults(&[down]).await.expect("faults");
+    sim.admin.set_tags("i-t", &tags(&[])).await.expect("tags");
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let l = labels(&env.nodes().get(&name).await.expect("node"));
+    assert_eq!(l.get("tags.cloudprovider.dev/team").map(String::as_str), Some("search"), "kept while tags cannot be read");
+    sim.admin.set_faults(&[]).await.expect("clear");
+    eventually("every tag gone, every label ours gone", Duration::from_secs(15), async || {
+        let l = labels(&env.nodes().get(&name).await.ok()?);
+        (!l.contains_key("tags.cloudprovider.dev/team") && !l.contains_key("tags.cloudprovider.dev/cost-center")).then_some(())
+    })
+    .await;
+    let l = labels(&env.nodes().get(&name).await.expect("node"));
+    assert_eq!(l.get("tags.cloudprovider.dev/owner").map(String::as_str), Some("me"));
     core.stop().await.expect("stop");
     env.cleanup().await.expect("cleanup");
 }

@@ -445,6 +445,8 @@ async fn the_chart_and_the_kustomize_bases_run_on_real_kubelets() {
     run(cluster.kubectl(&["uncordon", &drained]), "uncordon");
     run(cluster.kubectl(&["label", "node", &other, "node-role.kubernetes.io/control-plane="]), "label");
 
+    out_of_service_on_real_kubelets(cluster, &helm_bin, &chart, &values).await;
+
     // Uninstall with the Service still there: its finalizer is released by the chart's hook,
     // so deleting it afterwards does not hang.
     run(
@@ -493,6 +495,128 @@ async fn the_chart_and_the_kustomize_bases_run_on_real_kubelets() {
     run(cluster.kubectl(&["delete", "-k", &kustomize_dir.display().to_string(), "--wait=true"]), "kubectl delete -k");
 
     aws_on_real_kubelets(cluster, &helm_bin, &chart, work.path()).await;
+}
+
+/// Non-graceful node shutdown on real kubelets, with the chart's `outOfServiceAfter`: a
+/// Deployment's pod runs on a node whose instance is stopped (in the leader's sim) and whose
+/// kubelet dies with it. kube-controller-manager marks the Node NotReady, the core adds the
+/// out-of-service taint, kube-controller-manager force-deletes the pod and the Deployment's
+/// replacement runs on the other node; the instance started and the kubelet back, the taint
+/// goes. Prints how long each step took.
+async fn out_of_service_on_real_kubelets(cluster: &KubeletCluster, helm_bin: &Path, chart: &str, values: &str) {
+    const AFTER: Duration = Duration::from_secs(10);
+    let client = cluster.client().await.expect("client");
+    run(
+        helm(
+            cluster,
+            helm_bin,
+            &[
+                "upgrade",
+                "ccm-rs",
+                chart,
+                "-n",
+                "kube-system",
+                "--values",
+                values,
+                "--set",
+                "image.tag=0.1.1,replicas=1,outOfServiceAfter=10s",
+                "--wait",
+            ],
+        ),
+        "helm upgrade (outOfServiceAfter)",
+    );
+    eventually("the core with --out-of-service-after", Duration::from_secs(120), async || {
+        let pods = ready_pods(&client, CORE_PODS).await;
+        let args = pods.first()?.spec.as_ref()?.containers.first()?.args.clone()?;
+        (pods.len() == 1 && args.iter().any(|a| a == "--out-of-service-after=10s")).then_some(())
+    })
+    .await;
+    let leader_ip = leader_ip(cluster, &client, "out of service").await;
+    // The node to stop: not the leader's (its core keeps acting without a kubelet, but a
+    // replacement elsewhere would start with a sim of its own).
+    let (x, victim_node) = cluster.nodes.iter().enumerate().find(|(_, n)| n.ip.to_string() != leader_ip).expect("another node");
+    let victim_node = victim_node.name.clone();
+    let deployments: Api<k8s_openapi::api::apps::v1::Deployment> = Api::namespaced(client.clone(), "default");
+    let deployment = serde_json::from_value(serde_json::json!({
+        "apiVersion": "apps/v1", "kind": "Deployment", "metadata": {"name": "stateful-ish"},
+        "spec": {"replicas": 1, "selector": {"matchLabels": {"app": "stateful-ish"}},
+          "template": {"metadata": {"labels": {"app": "stateful-ish"}}, "spec": {
+            "terminationGracePeriodSeconds": 30,
+            "tolerations": [{"key": "node-role.kubernetes.io/control-plane", "effect": "NoSchedule"}],
+            "affinity": {"nodeAffinity": {"preferredDuringSchedulingIgnoredDuringExecution": [{"weight": 100,
+              "preference": {"matchExpressions": [{"key": "kubernetes.io/hostname", "operator": "In", "values": [victim_node]}]}}]}},
+            "containers": [{"name": "pause", "image": kubelet_cluster::PAUSE_IMAGE, "imagePullPolicy": "Never"}]}}}
+    }))
+    .expect("deployment");
+    deployments.create(&Default::default(), &deployment).await.expect("create deployment");
+    let pods: Api<Pod> = Api::namespaced(client.clone(), "default");
+    let on = |node: &str, pod: &Pod| pod.spec.as_ref().and_then(|s| s.node_name.as_deref()) == Some(node);
+    let running = async |node: Option<&str>| -> Option<Pod> {
+        let list = pods.list(&ListParams::default().labels("app=stateful-ish")).await.ok()?.items;
+        list.into_iter().find(|p| pod_ready(p) && p.metadata.deletion_timestamp.is_none() && node.is_none_or(|n| on(n, p)))
+    };
+    let first = eventually("the workload running on the node to stop", Duration::from_secs(60), async || {
+        running(Some(&victim_node)).await
+    })
+    .await;
+    let first_name = first.metadata.name.clone().unwrap_or_default();
+
+    // The instance is shut down: the cloud says so, and its kubelet is gone with it.
+    let sim = ccm_provider_sim::client::AdminClient::new(format!("http://{leader_ip}:{ADMIN_PORT}"));
+    let instance = format!("i-real-{x}");
+    let t0 = Instant::now();
+    sim.instance_action(&instance, "stop").await.expect("stop the instance");
+    tokio::task::block_in_place(|| cluster.stop_kubelet(x)).expect("stop kubelet");
+    let nodes: Api<Node> = Api::all(client.clone());
+    let has_taint =
+        |n: &Node, key: &str| n.spec.as_ref().and_then(|s| s.taints.as_ref()).is_some_and(|t| t.iter().any(|t| t.key == key));
+    eventually("the Node NotReady", Duration::from_secs(120), async || {
+        let n = nodes.get(&victim_node).await.ok()?;
+        let ready = n.status?.conditions?.into_iter().find(|c| c.type_ == "Ready")?;
+        (ready.status != "True").then_some(())
+    })
+    .await;
+    let not_ready = t0.elapsed();
+    eventually("the out-of-service taint", Duration::from_secs(90), async || {
+        nodes.get(&victim_node).await.ok().filter(|n| has_taint(n, "node.kubernetes.io/out-of-service")).map(|_| ())
+    })
+    .await;
+    let tainted = t0.elapsed();
+    assert!(
+        tainted >= not_ready + AFTER,
+        "tainted {tainted:?} after the stop, the Node NotReady after {not_ready:?}: before the delay"
+    );
+    eventually("the pod force-deleted by kube-controller-manager", Duration::from_secs(120), async || {
+        pods.get_opt(&first_name).await.ok()?.is_none().then_some(())
+    })
+    .await;
+    let deleted = t0.elapsed();
+    let other = cluster.nodes[1 - x].name.clone();
+    eventually("the workload running on the other node", Duration::from_secs(120), async || running(Some(&other)).await).await;
+    let rescheduled = t0.elapsed();
+    eprintln!(
+        "non-graceful shutdown on real kubelets (outOfServiceAfter=10s): instance stopped -> Node NotReady {:.1} s, \
+         out-of-service taint {:.1} s, pod force-deleted {:.1} s, pod running on the other node {:.1} s",
+        not_ready.as_secs_f64(),
+        tainted.as_secs_f64(),
+        deleted.as_secs_f64(),
+        rescheduled.as_secs_f64()
+    );
+
+    // The instance runs again and its kubelet is back: Ready, and the taint removed.
+    sim.instance_action(&instance, "start").await.expect("start the instance");
+    tokio::task::block_in_place(|| cluster.restart_kubelet(x)).expect("restart kubelet");
+    eventually("the out-of-service taint removed once Ready", Duration::from_secs(120), async || {
+        let n = nodes.get(&victim_node).await.ok()?;
+        let ready = n.status.as_ref()?.conditions.as_ref()?.iter().any(|c| c.type_ == "Ready" && c.status == "True");
+        (ready && !has_taint(&n, "node.kubernetes.io/out-of-service")).then_some(())
+    })
+    .await;
+    deployments.delete("stateful-ish", &DeleteParams::default()).await.expect("delete deployment");
+    eventually("the node plugin on every node again", Duration::from_secs(90), async || {
+        (ready_pods(&client, "app.kubernetes.io/name=ccm-node-metadata").await.len() == cluster.nodes.len()).then_some(())
+    })
+    .await;
 }
 
 /// The AWS provider's image with the chart and `deploy/examples/aws-values.yaml`, as an
