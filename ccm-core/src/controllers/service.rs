@@ -51,6 +51,7 @@ use crate::informer::Change;
 use crate::node_util;
 use crate::options::LoadBalancerNaming;
 use crate::provider::convert;
+use crate::provider::encoded::EncodedNodes;
 use crate::queue::{Outcome, QueueConfig, WorkQueue};
 use crate::wellknown::{ANNOTATION_LOAD_BALANCER_NAME, ANNOTATION_SOURCE_RANGES, FINALIZER, LABEL_EXCLUDE, TAINT_TO_BE_DELETED};
 
@@ -245,6 +246,8 @@ struct HostSet {
     /// As the protocol sends them, made when first needed (the node feed only compares
     /// fingerprints).
     proto: std::sync::OnceLock<Vec<pb::LoadBalancerNode>>,
+    /// Encoded once for every EnsureLoadBalancer and UpdateLoadBalancerHosts of this set.
+    encoded: std::sync::OnceLock<EncodedNodes>,
 }
 
 impl HostSet {
@@ -253,7 +256,12 @@ impl HostSet {
         for n in &backends {
             hash_node(n, &mut h);
         }
-        Self { backends, hosts: h.finish(), proto: Default::default() }
+        Self { backends, hosts: h.finish(), proto: Default::default(), encoded: Default::default() }
+    }
+
+    /// The backends encoded as a request's `nodes`.
+    fn encoded(&self) -> &EncodedNodes {
+        self.encoded.get_or_init(|| EncodedNodes::new(self.proto()))
     }
 
     /// The backends as the protocol sends them.
@@ -933,11 +941,11 @@ impl ServiceController {
         match last {
             Some(e) if e.spec == ensured.spec && e.hosts == ensured.hosts => Ok(()),
             Some(e) if e.spec == ensured.spec => {
-                self.update_hosts(svc, self.lb_service_named(svc, lb_name), backends.proto().to_vec(), ensured).await
+                self.update_hosts(svc, self.lb_service_named(svc, lb_name), backends.encoded(), ensured).await
             }
             _ => {
                 let lb = self.lb_service_named(svc, lb_name);
-                self.ensure_load_balancer(svc, lb, backends.proto().to_vec(), old_name, ensured).await
+                self.ensure_load_balancer(svc, lb, backends.encoded(), old_name, ensured).await
             }
         }
     }
@@ -1082,7 +1090,7 @@ impl ServiceController {
         &self,
         svc: &Service,
         lb: pb::LoadBalancerService,
-        nodes: Vec<pb::LoadBalancerNode>,
+        nodes: &EncodedNodes,
         ensured: Ensured,
     ) -> Result<(), SyncError> {
         let k = key(svc);
@@ -1113,7 +1121,7 @@ impl ServiceController {
         &self,
         svc: &Service,
         lb: pb::LoadBalancerService,
-        nodes: Vec<pb::LoadBalancerNode>,
+        nodes: &EncodedNodes,
         old_name: Option<String>,
         ensured: Ensured,
     ) -> Result<(), SyncError> {

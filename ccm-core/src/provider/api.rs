@@ -19,6 +19,7 @@ use tonic::transport::Channel;
 
 use super::Provider;
 use super::check::{self, Pages, invalid};
+use super::encoded::{self, EncodedNodes, WithNodes};
 use crate::leader::Fence;
 
 /// The generated clients, with cloudprovider.v1's message limits (64 MiB each way: a
@@ -285,11 +286,13 @@ impl Provider {
         &self,
         fence: Option<&Fence>,
         service: pb::LoadBalancerService,
-        nodes: Vec<pb::LoadBalancerNode>,
+        nodes: &EncodedNodes,
     ) -> Result<pb::LoadBalancerStatus, Error> {
         const METHOD: &str = "LoadBalancersService/EnsureLoadBalancer";
-        let request = pb::EnsureLoadBalancerRequest { service: Some(service), nodes };
-        let rpc = async |ch, r| load_balancers_client(ch).ensure_load_balancer(r).await;
+        let request = WithNodes::new(pb::EnsureLoadBalancerRequest { service: Some(service), nodes: Vec::new() }, nodes);
+        let rpc = async |ch, r| -> Result<tonic::Response<pb::EnsureLoadBalancerResponse>, tonic::Status> {
+            encoded::unary(ch, r, "/cloudprovider.v1.LoadBalancersService/EnsureLoadBalancer").await
+        };
         let status = self.call_fenced(fence, METHOD, request, rpc).await?.status.unwrap_or_default();
         answer::status(&status).map_err(|why| self.invalid(METHOD, why))?;
         Ok(status)
@@ -300,10 +303,12 @@ impl Provider {
         &self,
         fence: Option<&Fence>,
         service: pb::LoadBalancerService,
-        nodes: Vec<pb::LoadBalancerNode>,
+        nodes: &EncodedNodes,
     ) -> Result<(), Error> {
-        let request = pb::UpdateLoadBalancerHostsRequest { service: Some(service), nodes };
-        let rpc = async |ch, r| load_balancers_client(ch).update_load_balancer_hosts(r).await;
+        let request = WithNodes::new(pb::UpdateLoadBalancerHostsRequest { service: Some(service), nodes: Vec::new() }, nodes);
+        let rpc = async |ch, r| -> Result<tonic::Response<pb::UpdateLoadBalancerHostsResponse>, tonic::Status> {
+            encoded::unary(ch, r, "/cloudprovider.v1.LoadBalancersService/UpdateLoadBalancerHosts").await
+        };
         self.call_fenced(fence, "LoadBalancersService/UpdateLoadBalancerHosts", request, rpc).await.map(|_| ())
     }
 

@@ -7,6 +7,7 @@
 mod api;
 pub mod check;
 pub mod convert;
+pub mod encoded;
 
 pub use api::PerLookup;
 
