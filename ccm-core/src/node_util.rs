@@ -29,6 +29,29 @@ pub fn provider_id(node: &Node) -> Option<&str> {
     node.spec.as_ref()?.provider_id.as_deref().filter(|p| !p.is_empty())
 }
 
+/// A merge patch of Node `name` (of its `status` with `status`), reading back only the
+/// resourceVersion written: the Node in the API server's answer is not deserialised (on the
+/// hot path of a join, most of a write's CPU).
+pub async fn patch(client: &kube::Client, name: &str, status: bool, patch: &serde_json::Value) -> Result<String, kube::Error> {
+    #[derive(serde::Deserialize)]
+    struct Written {
+        metadata: WrittenMeta,
+    }
+    #[derive(serde::Deserialize)]
+    struct WrittenMeta {
+        #[serde(rename = "resourceVersion", default)]
+        resource_version: String,
+    }
+    let nodes = kube::core::Request::new("/api/v1/nodes");
+    let params = kube::api::PatchParams::default();
+    let patch = kube::api::Patch::Merge(patch);
+    let request =
+        if status { nodes.patch_subresource("status", name, &params, &patch) } else { nodes.patch(name, &params, &patch) };
+    let request = request.map_err(kube::Error::BuildRequest)?;
+    let written: Written = client.request(request).await?;
+    Ok(written.metadata.resource_version)
+}
+
 /// The Node's name.
 pub fn name(node: &Node) -> &str {
     node.metadata.name.as_deref().unwrap_or_default()

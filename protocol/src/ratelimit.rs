@@ -17,13 +17,25 @@ pub struct TokenBucket {
     rate: f64,
     burst: f64,
     state: Mutex<(f64, Instant)>,
+    /// The callers of [`TokenBucket::acquire`] in line (tokio's mutex is fair): only the first
+    /// sleeps on the clock.
+    line: tokio::sync::Mutex<()>,
 }
 
 impl TokenBucket {
     /// A full bucket. A `rate` of zero or less never refills (only `burst` calls succeed).
     pub fn new(rate: f64, burst: u32) -> Self {
         let burst = f64::from(burst.max(1));
-        Self { rate: rate.max(0.0), burst, state: Mutex::new((burst, Instant::now())) }
+        Self { rate: rate.max(0.0), burst, state: Mutex::new((burst, Instant::now())), line: tokio::sync::Mutex::new(()) }
+    }
+
+    /// Waits for a token, callers served in the order they came. Hundreds of callers waiting
+    /// at once cost one timer, not one wake-up each per token (each finding it taken).
+    pub async fn acquire(&self) {
+        let _turn = self.line.lock().await;
+        while let Err(wait) = self.try_acquire() {
+            tokio::time::sleep(wait).await;
+        }
     }
 
     /// Takes one token, or says how long until one is there.
@@ -67,6 +79,28 @@ mod tests {
         tokio::time::advance(wait).await;
         assert!(bucket.try_acquire().is_ok());
         assert!(bucket.try_acquire().is_err());
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn waiters_are_served_in_order_at_the_rate() {
+        let bucket = std::sync::Arc::new(TokenBucket::new(10.0, 1));
+        let start = Instant::now();
+        let order = std::sync::Arc::new(Mutex::new(Vec::new()));
+        let mut tasks = Vec::new();
+        for i in 0..5 {
+            let (bucket, order) = (bucket.clone(), order.clone());
+            tasks.push(tokio::spawn(async move {
+                bucket.acquire().await;
+                order.lock().expect("lock").push((i, start.elapsed()));
+            }));
+            tokio::task::yield_now().await;
+        }
+        for t in tasks {
+            t.await.expect("join");
+        }
+        let order = order.lock().expect("lock").clone();
+        assert_eq!(order.iter().map(|(i, _)| *i).collect::<Vec<_>>(), vec![0, 1, 2, 3, 4], "first come, first served");
+        assert_eq!(order[4].1, Duration::from_millis(400), "one token per 100 ms after the burst");
     }
 
     #[tokio::test(start_paused = true)]

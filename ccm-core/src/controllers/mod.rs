@@ -136,9 +136,7 @@ impl Context {
     /// never returns once the lead it writes under is lost.
     pub async fn kube_write_permit(&self) {
         let started = tokio::time::Instant::now();
-        while let Err(wait) = self.kube_writes.try_acquire() {
-            tokio::time::sleep(wait).await;
-        }
+        self.kube_writes.acquire().await;
         self.metrics.rate_limited(started.elapsed());
         self.lead_permit().await;
     }
@@ -210,9 +208,7 @@ impl Context {
         let this = self.clone();
         let reason = reason.to_string();
         tokio::spawn(async move {
-            while let Err(wait) = this.event_writes.try_acquire() {
-                tokio::time::sleep(wait).await;
-            }
+            this.event_writes.acquire().await;
             if let Err(error) = recorder.publish(&event, &reference).await {
                 tracing::warn!(object = %name, %error, %reason, "recording an event failed");
             }

@@ -334,7 +334,7 @@ impl NodeController {
         let mut attempt = 0;
         let (written, corrected) = loop {
             attempt += 1;
-            match self.write(&api, &node, &addresses, &labels, &meta.provider_id).await {
+            match self.write(&node, &addresses, &labels, &meta.provider_id).await {
                 Ok(written) => break written,
                 Err(kube::Error::Api(s)) if s.code == 409 && attempt < 5 => {
                     node = api.get(name).await.map_err(InitError::Kube)?;
@@ -348,33 +348,31 @@ impl NodeController {
         if !corrected.is_empty() {
             let note = format!("the Node's claims differ from the cloud's; corrected: {}", corrected.join("; "));
             tracing::warn!(node = %name, corrections = %corrected.join("; "), "node metadata corrected from the cloud");
-            self.ctx.event(NAME, &written, true, REASON_CORRECTED, note).await;
+            self.ctx.event(NAME, &node, true, REASON_CORRECTED, note).await;
         }
         if !skipped.is_empty() {
             let note = format!("instance tags that are not valid label keys or values were not copied: {}", skipped.join(", "));
             self.ctx.event(NAME, &node, true, "InvalidInstanceTags", note).await;
         }
-        Ok(resource_version(&written))
+        Ok(written.parse().unwrap_or(0))
     }
 
     /// The status write (only when addresses change), then labels, providerID and taints.
-    /// Returns the Node written and the corrections made to what it claimed.
+    /// Returns the resourceVersion written and the corrections made to what it claimed.
     async fn write(
         &self,
-        api: &Api<Node>,
         node: &Node,
         addresses: &[k8s_openapi::api::core::v1::NodeAddress],
         labels: &Labels,
         provider_id: &str,
-    ) -> Result<(Node, Vec<String>), kube::Error> {
+    ) -> Result<(String, Vec<String>), kube::Error> {
         let name = node_util::name(node);
         let mut version = node.metadata.resource_version.clone();
         // An instance without addresses (yet) keeps what its kubelet reported, as upstream.
         if !addresses.is_empty() && !node_addresses::same_addresses(&node_util::addresses(node), addresses) {
             self.ctx.kube_write_permit().await;
             let patch = serde_json::json!({ "metadata": { "resourceVersion": version }, "status": { "addresses": addresses } });
-            let after = api.patch_status(name, &PatchParams::default(), &Patch::Merge(&patch)).await?;
-            version = after.metadata.resource_version;
+            version = Some(node_util::patch(&self.ctx.client, name, true, &patch).await?);
         }
         let (changes, corrected) = labels.patch(node);
         let mut spec = serde_json::json!({ "taints": node_util::taints_without(node, TAINT_UNINITIALIZED) });
@@ -389,7 +387,7 @@ impl NodeController {
             patch["metadata"]["annotations"] = serde_json::json!({ ANNOTATION_TAG_LABELS: tag_labels::record(&owned) });
         }
         self.ctx.kube_write_permit().await;
-        Ok((api.patch(name, &PatchParams::default(), &Patch::Merge(&patch)).await?, corrected))
+        Ok((node_util::patch(&self.ctx.client, name, false, &patch).await?, corrected))
     }
 
     async fn refresh_loop(self: Arc<Self>, stop: CancellationToken) {

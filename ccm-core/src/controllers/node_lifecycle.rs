@@ -114,7 +114,8 @@ impl Rechecks {
     /// due or half-way to due (so that Nodes that went NotReady apart share batches).
     fn due(&mut self, candidates: Vec<Arc<Node>>, now: Instant) -> Vec<Arc<Node>> {
         let rechecks = &mut self.by_node;
-        rechecks.retain(|name, _| candidates.iter().any(|n| node_util::name(n) == name));
+        let names: std::collections::HashSet<&str> = candidates.iter().map(|n| node_util::name(n)).collect();
+        rechecks.retain(|name, _| names.contains(name.as_str()));
         // Within `slack` of being due (a new or changed Node always is).
         let within = |n: &Arc<Node>, slack: fn(Duration) -> Duration| match rechecks.get(node_util::name(n)) {
             Some((r, _)) if r.state == state_of(n) => r.due.saturating_duration_since(now) <= slack(r.interval),
