@@ -37,7 +37,7 @@ use super::{node_addresses, tag_labels};
 use crate::informer::Change;
 use crate::labels;
 use crate::node_util;
-use crate::provider::convert;
+use crate::provider::{PerLookup, convert};
 use crate::queue::{Outcome, QueueConfig, WorkQueue};
 use crate::wellknown::{self, ANNOTATION_TAG_LABELS, TAINT_UNINITIALIZED};
 
@@ -196,8 +196,10 @@ impl NodeController {
         }
         let lookups: Vec<pb::InstanceLookup> = todo.iter().map(|(_, n)| convert::lookup(n)).collect();
         let metadata = self.ctx.provider.instance_metadata(&lookups).await;
-        let want_tags = self.wants_tags();
-        let tags = if want_tags { Some(self.ctx.provider.instance_tags(&lookups).await) } else { None };
+        let tags = match self.tag_source() {
+            Some(source) => Some(self.tags_of(source, &lookups, &metadata).await),
+            None => None,
+        };
         let results = join_all(todo.iter().zip(metadata).enumerate().map(|(j, ((_, node), meta))| {
             let tags = tags.as_ref().map(|t| t[j].clone());
             self.initialise_one(node.clone(), meta, tags)
@@ -393,41 +395,86 @@ impl NodeController {
     async fn refresh_loop(self: Arc<Self>, stop: CancellationToken) {
         self.ctx.nodes.wait_synced().await;
         while sleep_or_stop(self.ctx.options.node_status_update_frequency, &stop).await {
-            if let Err(error) = self.refresh_addresses().await {
-                tracing::warn!(%error, "address refresh failed");
-            }
-            match self.sync_tag_labels().await {
-                Ok(0) => {}
-                Ok(n) => tracing::info!(nodes = n, "tag labels brought to the instances' tags"),
-                Err(error) => tracing::warn!(%error, "tag label sync failed"),
+            match self.refresh().await {
+                Ok((0, 0)) => {}
+                Ok((addresses, labels)) => tracing::info!(addresses, labels, "nodes refreshed from the cloud"),
+                Err(error) => tracing::warn!(%error, "node refresh failed"),
             }
         }
     }
 
-    /// Whether instance tags become labels: the provider serves Tags and a prefix is set.
-    fn wants_tags(&self) -> bool {
-        let serves = self.ctx.provider.identity().is_some_and(|i| i.serves(ServiceType::Tags));
-        serves && !self.ctx.options.node_tag_label_prefix.is_empty()
+    /// Where instance tags come from, when they become labels (the provider serves Tags and
+    /// a prefix is set): the metadata answers, when the provider puts them there
+    /// (`metadata_tags`), or TagsService.
+    fn tag_source(&self) -> Option<TagSource> {
+        let identity = self.ctx.provider.identity()?;
+        if !identity.serves(ServiceType::Tags) || self.ctx.options.node_tag_label_prefix.is_empty() {
+            return None;
+        }
+        Some(if identity.metadata_tags() { TagSource::Metadata } else { TagSource::Tags })
     }
 
-    /// Brings every initialised Node's tag labels to its instance's tags (one
-    /// BatchGetInstanceTags per 500 Nodes): the labels this controller owns follow their tags,
-    /// a new tag's label is added where the Node has none of that key; a user's label is never
-    /// touched. A Node whose tags could not be read is left as it is. Returns the Nodes written.
-    pub async fn sync_tag_labels(&self) -> Result<usize, kube::Error> {
-        if !self.wants_tags() {
-            return Ok(0);
+    /// Each lookup's tags: from `metadata` (its answers to the same lookups) or read.
+    async fn tags_of(
+        &self,
+        source: TagSource,
+        lookups: &[pb::InstanceLookup],
+        metadata: &PerLookup<Option<pb::InstanceMetadata>>,
+    ) -> PerLookup<BTreeMap<String, String>> {
+        match source {
+            TagSource::Tags => self.ctx.provider.instance_tags(lookups).await,
+            TagSource::Metadata => metadata
+                .iter()
+                .map(|m| match m {
+                    Ok(Some(m)) => Ok(m.tags.iter().map(|(k, v)| (k.clone(), v.clone())).collect()),
+                    Ok(None) => Err(Error::not_found("the instance does not exist")),
+                    Err(e) => Err(e.clone()),
+                })
+                .collect(),
         }
+    }
+
+    /// The initialised Nodes the periodic refresh looks at, and their lookups.
+    fn initialised_nodes(&self) -> (Vec<Arc<Node>>, Vec<pb::InstanceLookup>) {
         let nodes: Vec<Arc<Node>> = self
             .ctx
             .managed_nodes()
             .filter(|n| node_util::provider_id(n).is_some() && !node_util::has_taint(n, TAINT_UNINITIALIZED))
             .collect();
-        let lookups: Vec<_> = nodes.iter().map(|n| convert::lookup(n)).collect();
-        let answers = self.ctx.provider.instance_tags(&lookups).await;
+        let lookups = nodes.iter().map(|n| convert::lookup(n)).collect();
+        (nodes, lookups)
+    }
+
+    /// Refreshes every initialised Node from the cloud, one batch read per 500 Nodes (and one
+    /// BatchGetInstanceTags per 500 unless the metadata carries the tags): its addresses, and
+    /// its tag labels (see [`NodeController::sync_tag_labels`]). Returns how many Nodes' addresses and labels were
+    /// written.
+    pub async fn refresh(&self) -> Result<(usize, usize), kube::Error> {
+        if self.ctx.provider.identity().is_none() {
+            return Ok((0, 0));
+        }
+        let (nodes, lookups) = self.initialised_nodes();
+        let metadata = self.ctx.provider.instance_metadata(&lookups).await;
+        let addresses = self.refresh_addresses(&nodes, &metadata).await?;
+        let labels = match self.tag_source() {
+            Some(source) => self.sync_tag_labels(&nodes, self.tags_of(source, &lookups, &metadata).await).await?,
+            None => 0,
+        };
+        Ok((addresses, labels))
+    }
+
+    /// Brings the Nodes' tag labels to their instances' tags (`tags`, one answer per Node):
+    /// the labels this controller owns follow their tags, a new tag's label is added where
+    /// the Node has none of that key; a user's label is never touched. A Node whose tags could
+    /// not be read is left as it is. Returns the Nodes written.
+    async fn sync_tag_labels(
+        &self,
+        nodes: &[Arc<Node>],
+        tags: PerLookup<BTreeMap<String, String>>,
+    ) -> Result<usize, kube::Error> {
         let api: Api<Node> = Api::all(self.ctx.client.clone());
         let mut written = 0;
-        for (node, answer) in nodes.iter().zip(answers) {
+        for (node, answer) in nodes.iter().zip(tags) {
             let name = node_util::name(node);
             let tags = match answer {
                 Ok(tags) => tags,
@@ -459,27 +506,21 @@ impl NodeController {
         Ok(written)
     }
 
-    /// Refreshes every initialised Node's addresses: one batch call per 500 Nodes when the
-    /// provider batches; a status patch only where something changed.
-    pub async fn refresh_addresses(&self) -> Result<usize, kube::Error> {
-        if self.ctx.provider.identity().is_none() {
-            return Ok(0);
-        }
-        let nodes: Vec<Arc<Node>> = self
-            .ctx
-            .managed_nodes()
-            .filter(|n| node_util::provider_id(n).is_some() && !node_util::has_taint(n, TAINT_UNINITIALIZED))
-            .collect();
-        let lookups: Vec<_> = nodes.iter().map(|n| convert::lookup(n)).collect();
-        let results = self.ctx.provider.instance_metadata(&lookups).await;
+    /// Writes the Nodes' addresses from `metadata` (one answer per Node), a status patch only
+    /// where something changed. Returns the Nodes written.
+    async fn refresh_addresses(
+        &self,
+        nodes: &[Arc<Node>],
+        metadata: &PerLookup<Option<pb::InstanceMetadata>>,
+    ) -> Result<usize, kube::Error> {
         let api: Api<Node> = Api::all(self.ctx.client.clone());
         let mut patched = 0;
-        for (node, result) in nodes.iter().zip(results) {
+        for (node, result) in nodes.iter().zip(metadata) {
             let meta = match result {
                 Ok(Some(meta)) => meta,
                 Ok(None) => continue,
                 Err(error) => {
-                    self.ctx.report_invalid(NAME, node.as_ref(), &error).await;
+                    self.ctx.report_invalid(NAME, node.as_ref(), error).await;
                     continue;
                 }
             };
@@ -494,6 +535,15 @@ impl NodeController {
         }
         Ok(patched)
     }
+}
+
+/// Where instance tags are read from.
+#[derive(Debug, Clone, Copy)]
+enum TagSource {
+    /// The instance metadata answers (`InstancesCapabilities.metadata_tags`).
+    Metadata,
+    /// TagsService.
+    Tags,
 }
 
 /// The Event reason of a Node whose claimed zone, region or instance type was corrected.

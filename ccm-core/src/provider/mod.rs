@@ -78,6 +78,11 @@ impl Identity {
         self.capabilities.instances.as_ref().is_some_and(|c| c.batch_reads)
     }
 
+    /// Whether instance metadata answers carry the tags (no TagsService call needed).
+    pub fn metadata_tags(&self) -> bool {
+        self.capabilities.instances.as_ref().is_some_and(|c| c.metadata_tags)
+    }
+
     /// Whether ApplyRoutes is advertised.
     pub fn bulk_routes(&self) -> bool {
         self.capabilities.routes.as_ref().is_some_and(|c| c.bulk_apply)

@@ -226,6 +226,7 @@ impl<F: FnMut(&CheckResult)> Suite<F> {
         gated!(tags, why, "tags.unknown", self.tags_unknown());
         gated!(tags, why, "tags.empty-lookup", self.tags_empty_lookup());
         gated!(tags, why, "tags.batch-matches-single", self.tags_batch());
+        gated!(tags, why, "tags.in-metadata", self.tags_in_metadata());
 
         let routes = self.advertises(ServiceType::Routes);
         let why = "RoutesService is not advertised";

@@ -63,7 +63,7 @@ impl Instance {
         format!("{PROVIDER_ID_SCHEME}{}/{}", self.spec.zone, self.spec.id)
     }
 
-    fn metadata(&self, region: &str, state: State) -> pb::InstanceMetadata {
+    fn metadata(&self, region: &str, state: State, with_tags: bool) -> pb::InstanceMetadata {
         let addresses = self
             .spec
             .addresses
@@ -81,6 +81,11 @@ impl Instance {
             additional_labels: self.spec.labels.clone().into_iter().collect(),
             state: instance_state(state) as i32,
             node_name: self.spec.name.clone(),
+            tags: if with_tags {
+                self.spec.tags.iter().map(|(k, v)| (k.clone(), v.clone())).collect()
+            } else {
+                Default::default()
+            },
         }
     }
 }
@@ -171,6 +176,7 @@ pub struct Cloud {
     bulk_routes: bool,
     bulk_hosts: bool,
     batch_reads: bool,
+    metadata_tags: bool,
     cache_ttl: Option<Duration>,
     max_name_length: u32,
     allowed_name_characters: String,
@@ -286,6 +292,7 @@ impl Cloud {
             bulk_routes: config.bulk_routes,
             bulk_hosts: config.load_balancers.bulk_hosts,
             batch_reads: config.batch_reads,
+            metadata_tags: config.metadata_tags,
             cache_ttl: (config.cache_ttl_seconds > 0).then(|| Duration::from_secs(config.cache_ttl_seconds)),
             max_name_length: config.load_balancers.max_name_length,
             allowed_name_characters: config.load_balancers.allowed_name_characters.clone(),
@@ -424,7 +431,7 @@ impl Cloud {
         }
         let state = spec.state;
         let instance = Instance { spec, state: Lagged::new(Some(state), None, delay) };
-        let metadata = instance.metadata(&self.region, state);
+        let metadata = instance.metadata(&self.region, state, self.metadata_tags);
         world.instances.insert(instance.spec.id.clone(), instance);
         Ok(metadata)
     }
@@ -494,7 +501,7 @@ impl Cloud {
     /// What reads say of one instance, terminated ones included.
     pub fn instance(&self, lookup: &pb::InstanceLookup) -> Result<Option<pb::InstanceMetadata>> {
         let world = self.world();
-        Ok(self.find(&world, lookup)?.map(|(i, s)| i.metadata(&self.region, s)))
+        Ok(self.find(&world, lookup)?.map(|(i, s)| i.metadata(&self.region, s, self.metadata_tags)))
     }
 
     /// What a metadata read answers about one instance: [`Cloud::instance`], shaped by the
@@ -502,7 +509,7 @@ impl Cloud {
     pub fn instance_answer(&self, lookup: &pb::InstanceLookup) -> Result<Option<pb::InstanceMetadata>> {
         let world = self.world();
         let Some((instance, state)) = self.find(&world, lookup)? else { return Ok(None) };
-        let mut metadata = instance.metadata(&self.region, state);
+        let mut metadata = instance.metadata(&self.region, state, self.metadata_tags);
         match instance.spec.answer {
             Answer::Normal => {}
             Answer::EmptyProviderId => metadata.provider_id.clear(),
@@ -526,7 +533,9 @@ impl Cloud {
         world
             .instances
             .values()
-            .filter_map(|i| i.state.seen().filter(|s| *s != State::Terminated).map(|s| i.metadata(&self.region, s)))
+            .filter_map(|i| {
+                i.state.seen().filter(|s| *s != State::Terminated).map(|s| i.metadata(&self.region, s, self.metadata_tags))
+            })
             .collect()
     }
 
@@ -543,7 +552,7 @@ impl Cloud {
         let world = self.world();
         let instance = world.instances.get(id).filter(|i| i.state.current.is_some_and(|s| s != State::Terminated));
         let instance = instance.ok_or_else(|| Error::unavailable(format!("instance {id} is not there to answer")))?;
-        Ok(instance.metadata(&self.region, instance.spec.state))
+        Ok(instance.metadata(&self.region, instance.spec.state, self.metadata_tags))
     }
 
     /// The id of the instance named `name` (its host name), as the metadata service on it
@@ -577,6 +586,11 @@ impl Cloud {
     /// Whether BatchInstanceMetadata is advertised.
     pub fn batch_reads(&self) -> bool {
         self.batch_reads
+    }
+
+    /// Whether instance metadata carries the tags (advertised as `metadata_tags`).
+    pub fn metadata_tags(&self) -> bool {
+        self.metadata_tags
     }
 
     /// The cache hint of read answers.

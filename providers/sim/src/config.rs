@@ -37,6 +37,9 @@ pub struct Config {
     pub node_metadata_instance: Option<String>,
     /// Whether BatchInstanceMetadata is advertised as one cloud call.
     pub batch_reads: bool,
+    /// Whether instance metadata carries the instance's tags (`InstancesCapabilities.metadata_tags`),
+    /// as a cloud whose instance read returns the tags does: the core then makes no Tags call.
+    pub metadata_tags: bool,
     /// The cache hint on instance, tag and route answers, in seconds; 0 sends none.
     pub cache_ttl_seconds: u64,
     /// Registry credentials the metadata service hands to running instances (as a cloud
@@ -59,6 +62,7 @@ impl Default for Config {
             load_balancers: LoadBalancerConfig::default(),
             node_metadata_instance: None,
             batch_reads: true,
+            metadata_tags: true,
             cache_ttl_seconds: 0,
             registry_credentials: Vec::new(),
         }

@@ -75,6 +75,7 @@ impl From<MetadataDocument> for pb::InstanceMetadata {
             hostname: d.hostname,
             additional_labels: Default::default(),
             state: pb::InstanceState::Running as i32,
+            tags: Default::default(),
         }
     }
 }

@@ -41,7 +41,7 @@ impl ccm_provider_sdk::Instances for SimProvider {
     }
 
     fn capabilities(&self) -> pb::InstancesCapabilities {
-        pb::InstancesCapabilities { batch_reads: self.cloud.batch_reads() }
+        pb::InstancesCapabilities { batch_reads: self.cloud.batch_reads(), metadata_tags: self.cloud.metadata_tags() }
     }
 
     async fn instance_metadata(&self, lookup: &pb::InstanceLookup) -> Result<Option<pb::InstanceMetadata>> {

@@ -904,58 +904,70 @@ async fn a_shut_down_instance_takes_its_node_out_of_service_after_the_delay_neve
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn tag_labels_follow_the_instances_tags_and_a_users_label_is_left_alone() {
     let cp = ccm_harness::shared().expect("control plane");
-    let env = TestEnv::new(cp.client().await.expect("client"), "tags").await.expect("env");
-    let name = env.node_name("t");
-    let mut config = Config::default();
-    let mut spec = instance("i-t", &name, "sim-region-1a");
-    let tags = |pairs: &[(&str, &str)]| pairs.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect::<BTreeMap<_, _>>();
-    spec.tags = tags(&[("team", "payments"), ("env", "prod"), ("owner", "cloud")]);
-    config.instances.push(spec);
-    let sim = Sim::start(config).await;
-    NodeBuilder::new(&name)
-        .uninitialized()
-        .label(TEST_LABEL, &env.prefix)
-        .label("tags.cloudprovider.dev/owner", "me")
-        .create(&env.client)
-        .await
-        .expect("node");
-    let core =
-        Core::start(cp, &env, &sim, &["--leader-elect=false", "--controllers=cloud-node", "--node-status-update-frequency=1s"]);
-    let node = eventually("initialisation", Duration::from_secs(30), async || initialised(&env, &name).await).await;
-    let l = labels(&node);
-    assert_eq!(l.get("tags.cloudprovider.dev/team").map(String::as_str), Some("payments"));
-    assert_eq!(l.get("tags.cloudprovider.dev/env").map(String::as_str), Some("prod"));
-    assert_eq!(l.get("tags.cloudprovider.dev/owner").map(String::as_str), Some("me"), "the user's label wins");
+    // Tags read with the metadata (the sim's default, advertised as metadata_tags), and with
+    // TagsService from a provider whose metadata carries none.
+    for (metadata_tags, read) in [(true, "BatchInstanceMetadata"), (false, "BatchGetInstanceTags")] {
+        let env =
+            TestEnv::new(cp.client().await.expect("client"), if metadata_tags { "tagm" } else { "tags" }).await.expect("env");
+        let name = env.node_name("t");
+        let mut config = Config { metadata_tags, ..Config::default() };
+        let mut spec = instance("i-t", &name, "sim-region-1a");
+        let tags = |pairs: &[(&str, &str)]| pairs.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect::<BTreeMap<_, _>>();
+        spec.tags = tags(&[("team", "payments"), ("env", "prod"), ("owner", "cloud")]);
+        config.instances.push(spec);
+        let sim = Sim::start(config).await;
+        NodeBuilder::new(&name)
+            .uninitialized()
+            .label(TEST_LABEL, &env.prefix)
+            .label("tags.cloudprovider.dev/owner", "me")
+            .create(&env.client)
+            .await
+            .expect("node");
+        let core = Core::start(
+            cp,
+            &env,
+            &sim,
+            &["--leader-elect=false", "--controllers=cloud-node", "--node-status-update-frequency=1s"],
+        );
+        let node = eventually("initialisation", Duration::from_secs(30), async || initialised(&env, &name).await).await;
+        let l = labels(&node);
+        assert_eq!(l.get("tags.cloudprovider.dev/team").map(String::as_str), Some("payments"));
+        assert_eq!(l.get("tags.cloudprovider.dev/env").map(String::as_str), Some("prod"));
+        assert_eq!(l.get("tags.cloudprovider.dev/owner").map(String::as_str), Some("me"), "the user's label wins");
 
-    // A tag changed, one added, one removed, and the user's label's tag changed too.
-    sim.admin.set_tags("i-t", &tags(&[("team", "search"), ("cost-center", "42"), ("owner", "cloud-2")])).await.expect("tags");
-    let changed = std::time::Instant::now();
-    let l = eventually("the labels follow the tags", Duration::from_secs(15), async || {
-        let l = labels(&env.nodes().get(&name).await.ok()?);
-        (l.get("tags.cloudprovider.dev/team").map(String::as_str) == Some("search")
-            && l.get("tags.cloudprovider.dev/cost-center").map(String::as_str) == Some("42")
-            && !l.contains_key("tags.cloudprovider.dev/env"))
-        .then_some(l)
-    })
-    .await;
-    assert!(changed.elapsed() < Duration::from_secs(5), "within a refresh period or two: {:?}", changed.elapsed());
-    assert_eq!(l.get("tags.cloudprovider.dev/owner").map(String::as_str), Some("me"), "a user's label is never touched");
+        // A tag changed, one added, one removed, and the user's label's tag changed too.
+        sim.admin.set_tags("i-t", &tags(&[("team", "search"), ("cost-center", "42"), ("owner", "cloud-2")])).await.expect("tags");
+        let changed = std::time::Instant::now();
+        let l = eventually("the labels follow the tags", Duration::from_secs(15), async || {
+            let l = labels(&env.nodes().get(&name).await.ok()?);
+            (l.get("tags.cloudprovider.dev/team").map(String::as_str) == Some("search")
+                && l.get("tags.cloudprovider.dev/cost-center").map(String::as_str) == Some("42")
+                && !l.contains_key("tags.cloudprovider.dev/env"))
+            .then_some(l)
+        })
+        .await;
+        assert!(changed.elapsed() < Duration::from_secs(5), "within a refresh period or two: {:?}", changed.elapsed());
+        assert_eq!(l.get("tags.cloudprovider.dev/owner").map(String::as_str), Some("me"), "a user's label is never touched");
+        let tag_calls = calls(&sim, &["TagsService/BatchGetInstanceTags", "TagsService/GetInstanceTags"]).await;
+        assert_eq!(tag_calls == 0, metadata_tags, "no Tags call when the metadata carries the tags ({tag_calls})");
 
-    // The provider failing to read tags changes nothing.
-    let down = Fault { method: "BatchGetInstanceTags".into(), down: true, code: FaultCode::Unavailable, ..Default::default() };
-    sim.admin.set_faults(&[down]).await.expect("faults");
-    sim.admin.set_tags("i-t", &tags(&[])).await.expect("tags");
-    tokio::time::sleep(Duration::from_secs(3)).await;
-    let l = labels(&env.nodes().get(&name).await.expect("node"));
-    assert_eq!(l.get("tags.cloudprovider.dev/team").map(String::as_str), Some("search"), "kept while tags cannot be read");
-    sim.admin.set_faults(&[]).await.expect("clear");
-    eventually("every tag gone, every label ours gone", Duration::from_secs(15), async || {
-        let l = labels(&env.nodes().get(&name).await.ok()?);
-        (!l.contains_key("tags.cloudprovider.dev/team") && !l.contains_key("tags.cloudprovider.dev/cost-center")).then_some(())
-    })
-    .await;
-    let l = labels(&env.nodes().get(&name).await.expect("node"));
-    assert_eq!(l.get("tags.cloudprovider.dev/owner").map(String::as_str), Some("me"));
-    core.stop().await.expect("stop");
-    env.cleanup().await.expect("cleanup");
+        // The provider failing to read tags changes nothing.
+        let down = Fault { method: read.into(), down: true, code: FaultCode::Unavailable, ..Default::default() };
+        sim.admin.set_faults(&[down]).await.expect("faults");
+        sim.admin.set_tags("i-t", &tags(&[])).await.expect("tags");
+        tokio::time::sleep(Duration::from_secs(3)).await;
+        let l = labels(&env.nodes().get(&name).await.expect("node"));
+        assert_eq!(l.get("tags.cloudprovider.dev/team").map(String::as_str), Some("search"), "kept while tags cannot be read");
+        sim.admin.set_faults(&[]).await.expect("clear");
+        eventually("every tag gone, every label ours gone", Duration::from_secs(15), async || {
+            let l = labels(&env.nodes().get(&name).await.ok()?);
+            (!l.contains_key("tags.cloudprovider.dev/team") && !l.contains_key("tags.cloudprovider.dev/cost-center"))
+                .then_some(())
+        })
+        .await;
+        let l = labels(&env.nodes().get(&name).await.expect("node"));
+        assert_eq!(l.get("tags.cloudprovider.dev/owner").map(String::as_str), Some("me"));
+        core.stop().await.expect("stop");
+        env.cleanup().await.expect("cleanup");
+    }
 }

@@ -30,6 +30,38 @@ impl<F: FnMut(&CheckResult)> Suite<F> {
         expect_code(r, Code::InvalidArgument, "GetInstanceTags without a lookup")
     }
 
+    /// With `metadata_tags` advertised, the metadata of an instance carries the tags
+    /// TagsService answers for it (the core then reads no tags of its own).
+    pub(super) async fn tags_in_metadata(&mut self) -> Check {
+        let advertised = self.caps.instances.as_ref().is_some_and(|i| i.metadata_tags);
+        if !advertised || !self.advertises(ServiceType::Instances) {
+            return Err(skip("InstancesCapabilities.metadata_tags is not advertised"));
+        }
+        if self.known.is_empty() {
+            return Err(skip("no instance is listed"));
+        }
+        let lookups: Vec<pb::InstanceLookup> = self.known.iter().take(10).map(by_provider_id).collect();
+        let metadata = self
+            .instances
+            .clone()
+            .batch_instance_metadata(self.req(pb::BatchInstanceMetadataRequest { instances: lookups.clone() }))
+            .await
+            .ctx("BatchInstanceMetadata")?;
+        for (lookup, answer) in lookups.into_iter().zip(metadata.results) {
+            let tags = self
+                .tags
+                .clone()
+                .get_instance_tags(self.req(pb::GetInstanceTagsRequest { instance: Some(lookup.clone()) }))
+                .await
+                .ctx("GetInstanceTags")?;
+            let in_metadata = answer.metadata.map(|m| m.tags).unwrap_or_default();
+            ensure(in_metadata == tags.tags, || {
+                format!("{}: the metadata's tags {in_metadata:?} are not TagsService's {:?}", lookup.provider_id, tags.tags)
+            })?;
+        }
+        Ok(())
+    }
+
     pub(super) async fn tags_batch(&mut self) -> Check {
         if self.known.is_empty() {
             return Err(skip("no instance is listed"));

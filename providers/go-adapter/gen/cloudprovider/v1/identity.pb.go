@@ -260,7 +260,12 @@ type InstancesCapabilities struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// BatchInstanceMetadata reads many instances with one cloud call (or a few). When false
 	// the RPC still works but costs one cloud call per item, so the core prefers single reads.
-	BatchReads    bool `protobuf:"varint,1,opt,name=batch_reads,json=batchReads,proto3" json:"batch_reads,omitempty"`
+	BatchReads bool `protobuf:"varint,1,opt,name=batch_reads,json=batchReads,proto3" json:"batch_reads,omitempty"`
+	// Every InstanceMetadata answer carries the instance's tags in `tags`, as TagsService would
+	// answer them (clouds whose instance read returns its tags anyway: EC2's DescribeInstances,
+	// a GCE instance's labels, an Azure VM's tags). The core then reads tags with the metadata
+	// and makes no TagsService call of its own: one call per 500 Nodes for both.
+	MetadataTags  bool `protobuf:"varint,2,opt,name=metadata_tags,json=metadataTags,proto3" json:"metadata_tags,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -298,6 +303,13 @@ func (*InstancesCapabilities) Descriptor() ([]byte, []int) {
 func (x *InstancesCapabilities) GetBatchReads() bool {
 	if x != nil {
 		return x.BatchReads
+	}
+	return false
+}
+
+func (x *InstancesCapabilities) GetMetadataTags() bool {
+	if x != nil {
+		return x.MetadataTags
 	}
 	return false
 }
@@ -669,10 +681,11 @@ const file_cloudprovider_v1_identity_proto_rawDesc = "" +
 	"\rManifestEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\x1e\n" +
-	"\x1cGetPluginCapabilitiesRequest\"8\n" +
+	"\x1cGetPluginCapabilitiesRequest\"]\n" +
 	"\x15InstancesCapabilities\x12\x1f\n" +
 	"\vbatch_reads\x18\x01 \x01(\bR\n" +
-	"batchReads\"\xf3\x01\n" +
+	"batchReads\x12#\n" +
+	"\rmetadata_tags\x18\x02 \x01(\bR\fmetadataTags\"\xf3\x01\n" +
 	"\x12RoutesCapabilities\x12'\n" +
 	"\x0fmultiple_tables\x18\x01 \x01(\bR\x0emultipleTables\x12/\n" +
 	"\x14max_routes_per_table\x18\x02 \x01(\rR\x11maxRoutesPerTable\x12\x12\n" +

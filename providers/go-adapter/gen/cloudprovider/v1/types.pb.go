@@ -312,7 +312,10 @@ type InstanceMetadata struct {
 	State InstanceState `protobuf:"varint,9,opt,name=state,proto3,enum=cloudprovider.v1.InstanceState" json:"state,omitempty"`
 	// The name the instance is known by in the cluster (usually its host name), when the
 	// cloud keeps one; lets a caller match instances to Nodes.
-	NodeName      string `protobuf:"bytes,10,opt,name=node_name,json=nodeName,proto3" json:"node_name,omitempty"`
+	NodeName string `protobuf:"bytes,10,opt,name=node_name,json=nodeName,proto3" json:"node_name,omitempty"`
+	// The instance's tags, when InstancesCapabilities.metadata_tags is advertised (empty
+	// otherwise, which then says nothing about the tags).
+	Tags          map[string]string `protobuf:"bytes,11,rep,name=tags,proto3" json:"tags,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -417,6 +420,13 @@ func (x *InstanceMetadata) GetNodeName() string {
 	return ""
 }
 
+func (x *InstanceMetadata) GetTags() map[string]string {
+	if x != nil {
+		return x.Tags
+	}
+	return nil
+}
+
 // The error of one item inside an OK batch response.
 type ItemError struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -507,7 +517,7 @@ const file_cloudprovider_v1_types_proto_rawDesc = "" +
 	"\x06labels\x18\x05 \x03(\v2,.cloudprovider.v1.InstanceLookup.LabelsEntryR\x06labels\x1a9\n" +
 	"\vLabelsEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
-	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\xfe\x03\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\xf9\x04\n" +
 	"\x10InstanceMetadata\x12\x1f\n" +
 	"\vprovider_id\x18\x01 \x01(\tR\n" +
 	"providerId\x12\x1f\n" +
@@ -521,8 +531,12 @@ const file_cloudprovider_v1_types_proto_rawDesc = "" +
 	"\x11additional_labels\x18\b \x03(\v28.cloudprovider.v1.InstanceMetadata.AdditionalLabelsEntryR\x10additionalLabels\x125\n" +
 	"\x05state\x18\t \x01(\x0e2\x1f.cloudprovider.v1.InstanceStateR\x05state\x12\x1b\n" +
 	"\tnode_name\x18\n" +
-	" \x01(\tR\bnodeName\x1aC\n" +
+	" \x01(\tR\bnodeName\x12@\n" +
+	"\x04tags\x18\v \x03(\v2,.cloudprovider.v1.InstanceMetadata.TagsEntryR\x04tags\x1aC\n" +
 	"\x15AdditionalLabelsEntry\x12\x10\n" +
+	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\x1a7\n" +
+	"\tTagsEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"w\n" +
 	"\tItemError\x12\x12\n" +
@@ -559,7 +573,7 @@ func file_cloudprovider_v1_types_proto_rawDescGZIP() []byte {
 }
 
 var file_cloudprovider_v1_types_proto_enumTypes = make([]protoimpl.EnumInfo, 2)
-var file_cloudprovider_v1_types_proto_msgTypes = make([]protoimpl.MessageInfo, 6)
+var file_cloudprovider_v1_types_proto_msgTypes = make([]protoimpl.MessageInfo, 7)
 var file_cloudprovider_v1_types_proto_goTypes = []any{
 	(NodeAddressType)(0),     // 0: cloudprovider.v1.NodeAddressType
 	(InstanceState)(0),       // 1: cloudprovider.v1.InstanceState
@@ -569,6 +583,7 @@ var file_cloudprovider_v1_types_proto_goTypes = []any{
 	(*ItemError)(nil),        // 5: cloudprovider.v1.ItemError
 	nil,                      // 6: cloudprovider.v1.InstanceLookup.LabelsEntry
 	nil,                      // 7: cloudprovider.v1.InstanceMetadata.AdditionalLabelsEntry
+	nil,                      // 8: cloudprovider.v1.InstanceMetadata.TagsEntry
 }
 var file_cloudprovider_v1_types_proto_depIdxs = []int32{
 	0, // 0: cloudprovider.v1.NodeAddress.type:type_name -> cloudprovider.v1.NodeAddressType
@@ -577,11 +592,12 @@ var file_cloudprovider_v1_types_proto_depIdxs = []int32{
 	2, // 3: cloudprovider.v1.InstanceMetadata.addresses:type_name -> cloudprovider.v1.NodeAddress
 	7, // 4: cloudprovider.v1.InstanceMetadata.additional_labels:type_name -> cloudprovider.v1.InstanceMetadata.AdditionalLabelsEntry
 	1, // 5: cloudprovider.v1.InstanceMetadata.state:type_name -> cloudprovider.v1.InstanceState
-	6, // [6:6] is the sub-list for method output_type
-	6, // [6:6] is the sub-list for method input_type
-	6, // [6:6] is the sub-list for extension type_name
-	6, // [6:6] is the sub-list for extension extendee
-	0, // [0:6] is the sub-list for field type_name
+	8, // 6: cloudprovider.v1.InstanceMetadata.tags:type_name -> cloudprovider.v1.InstanceMetadata.TagsEntry
+	7, // [7:7] is the sub-list for method output_type
+	7, // [7:7] is the sub-list for method input_type
+	7, // [7:7] is the sub-list for extension type_name
+	7, // [7:7] is the sub-list for extension extendee
+	0, // [0:7] is the sub-list for field type_name
 }
 
 func init() { file_cloudprovider_v1_types_proto_init() }
@@ -595,7 +611,7 @@ func file_cloudprovider_v1_types_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_cloudprovider_v1_types_proto_rawDesc), len(file_cloudprovider_v1_types_proto_rawDesc)),
 			NumEnums:      2,
-			NumMessages:   6,
+			NumMessages:   7,
 			NumExtensions: 0,
 			NumServices:   0,
 		},
