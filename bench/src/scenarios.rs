@@ -758,14 +758,18 @@ impl Bench<'_> {
         let Self { args, services, ns, admin, .. } = self;
         admin.reset_calls().await?;
         let started = Instant::now();
+        // The default NodePort range holds 2768 ports: beyond 2000 Services, none allocates one
+        // (`allocateLoadBalancerNodePorts: false`, as load balancers that reach pods directly).
+        let node_ports = args.services <= 2000;
         create_all(args.services, |i| {
             let services = services.clone();
             let ns = ns.clone();
             async move {
-                services
-                    .create(&PostParams::default(), &load_balancer_service(&ns, &format!("lb-{i}"), &[80]))
-                    .await
-                    .with_context(|| format!("service lb-{i}"))?;
+                let mut svc = load_balancer_service(&ns, &format!("lb-{i}"), &[80]);
+                if let Some(spec) = svc.spec.as_mut().filter(|_| !node_ports) {
+                    spec.allocate_load_balancer_node_ports = Some(false);
+                }
+                services.create(&PostParams::default(), &svc).await.with_context(|| format!("service lb-{i}"))?;
                 Ok(())
             }
         })

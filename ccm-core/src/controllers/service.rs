@@ -29,6 +29,7 @@
 
 use std::collections::{BTreeMap, HashMap};
 use std::hash::{Hash, Hasher};
+use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -39,8 +40,6 @@ use k8s_openapi::api::core::v1::{Node, Service};
 use kube::Api;
 use kube::api::{Patch, PatchParams};
 use kube::runtime::reflector::ObjectRef;
-use std::sync::atomic::Ordering;
-
 use tokio::sync::Notify;
 use tokio::sync::broadcast::{self, error::RecvError};
 use tokio::time::Instant;
