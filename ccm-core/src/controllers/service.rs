@@ -238,10 +238,13 @@ fn node_fingerprint(node: &Node) -> u64 {
 /// Services, building it per Service was most of the controller's CPU).
 #[derive(Debug, Default)]
 struct HostSet {
-    /// The backends, by name.
-    backends: Vec<Arc<Node>>,
+    /// How many backends.
+    count: usize,
     /// Their fingerprint.
     hosts: u64,
+    /// The backends, by name, until `proto` is made from them; then released, so that the set
+    /// keeps no old version of a Node alive (heartbeats replace every Node every 10 s).
+    nodes: Mutex<Vec<Arc<Node>>>,
     /// As the protocol sends them, made when first needed (the node feed only compares
     /// fingerprints).
     proto: std::sync::OnceLock<Vec<pb::LoadBalancerNode>>,
@@ -251,22 +254,15 @@ struct HostSet {
 
 impl HostSet {
     fn new(backends: Vec<Arc<Node>>) -> Self {
-        let mut h = std::collections::hash_map::DefaultHasher::new();
-        for n in &backends {
-            hash_node(n, &mut h);
-        }
-        Self { backends, hosts: h.finish(), proto: Default::default(), encoded: Default::default() }
-    }
-
-    /// The backends encoded as a request's `nodes`.
-    fn encoded(&self) -> &EncodedNodes {
-        self.encoded.get_or_init(|| EncodedNodes::new(self.proto()))
+        let hosts = hosts_of(&backends);
+        Self { count: backends.len(), hosts, nodes: Mutex::new(backends), proto: Default::default(), encoded: Default::default() }
     }
 
     /// The backends as the protocol sends them.
     fn proto(&self) -> &[pb::LoadBalancerNode] {
         self.proto.get_or_init(|| {
-            self.backends
+            let nodes = std::mem::take(&mut *self.nodes.lock().unwrap_or_else(|p| p.into_inner()));
+            nodes
                 .iter()
                 .map(|n| pb::LoadBalancerNode {
                     name: node_util::name(n).to_string(),
@@ -278,9 +274,23 @@ impl HostSet {
         })
     }
 
-    fn is_empty(&self) -> bool {
-        self.backends.is_empty()
+    /// The backends encoded as a request's `nodes`.
+    fn encoded(&self) -> &EncodedNodes {
+        self.encoded.get_or_init(|| EncodedNodes::new(self.proto()))
     }
+
+    fn is_empty(&self) -> bool {
+        self.count == 0
+    }
+}
+
+/// The fingerprint of a node set.
+fn hosts_of(backends: &[Arc<Node>]) -> u64 {
+    let mut h = std::collections::hash_map::DefaultHasher::new();
+    for n in backends {
+        hash_node(n, &mut h);
+    }
+    h.finish()
 }
 
 /// The [`HostSet`] last built, valid while no Node change a load balancer sees came since.
@@ -693,13 +703,20 @@ impl ServiceController {
         {
             return set.clone();
         }
-        let mut nodes: Vec<Arc<Node>> = self.ctx.nodes.store().state().into_iter().filter(|n| is_backend(&self.ctx, n)).collect();
-        nodes.sort_by(|a, b| node_util::name(a).cmp(node_util::name(b)));
-        let set = Arc::new(HostSet::new(nodes));
+        let set = Arc::new(HostSet::new(self.backend_nodes()));
         *built = Some((generation, identity_key, set.clone()));
         set
     }
 
+    /// The backends in the cache, by name.
+    fn backend_nodes(&self) -> Vec<Arc<Node>> {
+        let mut nodes: Vec<Arc<Node>> = self.ctx.nodes.store().state().into_iter().filter(|n| is_backend(&self.ctx, n)).collect();
+        nodes.sort_by(|a, b| node_util::name(a).cmp(node_util::name(b)));
+        nodes
+    }
+
+    /// The node set's fingerprint, as [`ServiceController::backends`] has it (the same set the
+    /// workers will use: a fingerprint read from a cache ahead of the set would be lost).
     fn hosts_fingerprint(&self) -> u64 {
         self.backends().hosts
     }
@@ -936,7 +953,7 @@ impl ServiceController {
         // A rename waiting is a full Ensure under the new name.
         let last = self.ensured.lock().unwrap_or_else(|p| p.into_inner()).get(&k).copied().filter(|_| old_name.is_none());
         let Some(backends) = self.backends_for(svc, last).await else { return Ok(()) };
-        let ensured = Ensured { spec: provider_fingerprint(svc), hosts: backends.hosts, count: backends.backends.len() };
+        let ensured = Ensured { spec: provider_fingerprint(svc), hosts: backends.hosts, count: backends.count };
         match last {
             Some(e) if e.spec == ensured.spec && e.hosts == ensured.hosts => Ok(()),
             Some(e) if e.spec == ensured.spec => {
@@ -1039,7 +1056,7 @@ impl ServiceController {
             match (last, name) {
                 (Some(e), Some(name)) if as_ensured && !backends.is_empty() => {
                     if e.hosts != hosts {
-                        let ensured = Ensured { spec: e.spec, hosts, count: backends.backends.len() };
+                        let ensured = Ensured { spec: e.spec, hosts, count: backends.count };
                         todo.push((svc.clone(), self.lb_service_named(&svc, name), ensured));
                     }
                 }
