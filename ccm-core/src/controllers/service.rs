@@ -1120,6 +1120,7 @@ impl ServiceController {
                 self.ctx.event(NAME, svc, false, "UpdatedLoadBalancer", note).await;
                 Ok(())
             }
+            Err(error @ Error::RateLimited { .. }) => Err(SyncError::Provider(error)),
             Err(error) => {
                 let note = format!("Error updating load balancer with new hosts: {error}");
                 self.ctx.event(NAME, svc, true, "UpdateLoadBalancerFailed", note).await;
@@ -1148,6 +1149,12 @@ impl ServiceController {
             Ok(status) => {
                 self.ctx.metrics.load_balancer_sync();
                 status
+            }
+            // The cloud pacing the controller is no failure to report (at 5000 Services, two
+            // refused attempts for each made would be 10,000 Warnings and log lines).
+            Err(error @ Error::RateLimited { .. }) => {
+                tracing::debug!(service = %k, %error, "ensuring the load balancer waits for the cloud's rate limit");
+                return Err(SyncError::Provider(error));
             }
             Err(error) => {
                 tracing::warn!(service = %k, %error, "ensuring the load balancer failed");
