@@ -7,6 +7,7 @@ pub mod compat;
 pub mod controllers;
 pub mod credentials;
 pub mod delegation;
+pub mod events;
 pub mod http;
 pub mod informer;
 pub mod labels;

@@ -65,6 +65,7 @@ pub struct Metrics {
     orphans: Family<OutcomeLabels, Counter>,
     node_deletions: Family<OutcomeLabels, Counter>,
     out_of_service: Family<OutcomeLabels, Counter>,
+    events_dropped: Counter,
     /// Why the process is failing (a controller ended), for /readyz.
     failure: Arc<std::sync::Mutex<Option<String>>>,
     /// Upstream's names for the same figures, and its others.
@@ -110,6 +111,12 @@ impl Metrics {
         let orphans = Family::<OutcomeLabels, Counter>::default();
         let node_deletions = Family::<OutcomeLabels, Counter>::default();
         let out_of_service = Family::<OutcomeLabels, Counter>::default();
+        let events_dropped = Counter::default();
+        registry.register(
+            "ccm_events_dropped",
+            "Events not recorded because 1000 already waited for the Event write budget (--kube-api-qps)",
+            events_dropped.clone(),
+        );
         registry.register(
             "ccm_node_out_of_service_taints",
             "The out-of-service taint on Nodes whose instance is shut down (--out-of-service-after): added, removed, or refused (over the deletion bounds, a disrupted zone, a provider not believed)",
@@ -181,6 +188,7 @@ impl Metrics {
             service_node_sync,
             orphans,
             out_of_service,
+            events_dropped,
             node_deletions,
             failure: Default::default(),
         }
@@ -194,6 +202,11 @@ impl Metrics {
     /// Why the process is failing, if it is.
     pub fn failure(&self) -> Option<String> {
         self.failure.lock().unwrap_or_else(|p| p.into_inner()).clone()
+    }
+
+    /// An Event dropped because too many waited for the write budget.
+    pub fn event_dropped(&self) {
+        self.events_dropped.inc();
     }
 
     /// Nodes deleted by the lifecycle controller, or refused by its bounds.

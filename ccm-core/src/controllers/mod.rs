@@ -12,11 +12,11 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 
+use crate::events::{Note, Recorder};
 use ccm_protocol::Error;
 use ccm_protocol::ratelimit::TokenBucket;
 use k8s_openapi::api::core::v1::{Node, Service};
 use kube::Resource;
-use kube::runtime::events::{Event, EventType, Recorder, Reporter};
 use tokio_util::sync::CancellationToken;
 
 use crate::informer::Informer;
@@ -66,9 +66,9 @@ pub struct Context {
     event_writes: Arc<TokenBucket>,
     /// The lead this context writes under, if any (none without leader election).
     fence: Option<crate::leader::Fence>,
-    /// One Event recorder per controller, kept, so that repeated Events are aggregated into a
-    /// series (a count and the last time) as client-go's recorder does.
-    recorders: Arc<std::sync::Mutex<std::collections::HashMap<String, Recorder>>>,
+    /// The Event recorder, kept, so that repeated Events are aggregated into a series (a count
+    /// and the last time) as client-go's recorder does.
+    recorder: Arc<Recorder>,
 }
 
 impl Context {
@@ -95,6 +95,7 @@ impl Context {
         let exclude = Arc::new(exclude);
         let kube_writes = Arc::new(TokenBucket::new(f64::from(options.kube_api_qps), options.kube_api_burst));
         let event_writes = Arc::new(TokenBucket::new(f64::from(options.kube_api_qps), options.kube_api_burst));
+        let recorder = Arc::new(Recorder::new(client.clone()));
         Ok(Self {
             client,
             provider,
@@ -106,13 +107,13 @@ impl Context {
             kube_writes,
             event_writes,
             fence: None,
-            recorders: Default::default(),
+            recorder,
         })
     }
 
     /// The same context, writing through another client (a controller's own credentials).
     pub fn with_client(&self, client: kube::Client) -> Self {
-        Self { client, recorders: Default::default(), ..self.clone() }
+        Self { recorder: Arc::new(Recorder::new(client.clone())), client, ..self.clone() }
     }
 
     /// The same context with write budgets of its own: each controller gets
@@ -189,29 +190,26 @@ impl Context {
         if self.fence.as_ref().is_some_and(|f| !f.holds()) {
             return; // no writes once the lead is lost, Events included
         }
-        let event = Event {
-            type_: if warning { EventType::Warning } else { EventType::Normal },
-            reason: reason.into(),
-            note: Some(bounded_note(note)),
-            action: reason.into(),
-            secondary: None,
+        let Some(place) = self.recorder.enqueue() else {
+            tracing::debug!(reason, "too many Events wait for the write budget; this one is dropped");
+            self.metrics.event_dropped();
+            return;
         };
-        let reference = object.object_ref(&());
-        let name = object.meta().name.clone().unwrap_or_default();
-        let recorder = self
-            .recorders
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .entry(controller.to_string())
-            .or_insert_with(|| Recorder::new(self.client.clone(), Reporter { controller: controller.into(), instance: None }))
-            .clone();
+        let note = Note {
+            controller: controller.to_string(),
+            regarding: object.object_ref(&()),
+            warning,
+            reason: reason.to_string(),
+            note: bounded_note(note),
+        };
         let this = self.clone();
-        let reason = reason.to_string();
         tokio::spawn(async move {
             this.event_writes.acquire().await;
-            if let Err(error) = recorder.publish(&event, &reference).await {
-                tracing::warn!(object = %name, %error, %reason, "recording an event failed");
+            if let Err(error) = this.recorder.publish(&note).await {
+                let object = note.regarding.name.as_deref().unwrap_or_default();
+                tracing::warn!(%object, %error, reason = %note.reason, "recording an event failed");
             }
+            drop(place);
         });
     }
 }

@@ -304,6 +304,17 @@ async fn a_failing_service_backs_off_alone_and_its_retry_reads_the_newest_spec()
     })
     .await;
     reasons(&env, "bad", &["SyncLoadBalancerFailed"]).await;
+    // Its repeated failures are counted on one Event, not one Event each.
+    let events: Api<Event> = Api::namespaced(env.client.clone(), &env.namespace);
+    let list = events.list(&ListParams::default().fields("involvedObject.name=bad")).await.expect("events");
+    let failed: Vec<i32> = list
+        .items
+        .iter()
+        .filter(|e| e.reason.as_deref() == Some("SyncLoadBalancerFailed"))
+        .map(|e| e.series.as_ref().map_or(1, |s| s.count.unwrap_or(1)))
+        .collect();
+    assert!(failed.len() < gaps.len() + 1, "{} attempts failed, {} Events: {failed:?}", gaps.len() + 1, failed.len());
+    assert!(failed.iter().any(|c| *c >= 2), "a repeated failure is counted: {failed:?}");
     core.stop().await.expect("stop");
     env.cleanup().await.expect("cleanup");
 }
