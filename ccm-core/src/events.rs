@@ -196,8 +196,8 @@ mod tests {
 
     fn recorder() -> Recorder {
         // Never used to write: `occur` only decides.
-        let config = kube::Config::new("http://127.0.0.1:9".parse().unwrap());
-        Recorder::new(kube::Client::try_from(config).unwrap())
+        let config = kube::Config::new("http://127.0.0.1:9".parse().expect("url"));
+        Recorder::new(kube::Client::try_from(config).expect("client"))
     }
 
     fn note(name: &str, reason: &str, text: &str) -> Note {
@@ -246,7 +246,7 @@ mod tests {
         for i in 0..(MAX_SERIES + 100) {
             r.occur(&note(&format!("svc-{i}"), "R", "x"), t0);
         }
-        assert_eq!(r.series.lock().unwrap().len(), MAX_SERIES);
+        assert_eq!(r.series.lock().expect("lock").len(), MAX_SERIES);
         // The oldest were forgotten (a new Event), the newest are counted up.
         assert!(matches!(r.occur(&note("svc-0", "R", "x"), t0), Write::Create { .. }));
         assert!(matches!(r.occur(&note(&format!("svc-{}", MAX_SERIES + 99), "R", "x"), t0), Write::Count { .. }));
