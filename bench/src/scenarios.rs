@@ -438,7 +438,15 @@ async fn start_core(
     let log = PathBuf::from(format!("{}.{core}.log", args.json.display()));
     let mut cmd = match core {
         "rust" => {
-            let mut c = tokio::process::Command::new(std::env::current_exe()?);
+            // CCM_BENCH_CORE_WRAPPER=heaptrack (or another profiler) runs the core under it.
+            let mut c = match std::env::var_os("CCM_BENCH_CORE_WRAPPER") {
+                Some(wrapper) => {
+                    let mut c = tokio::process::Command::new(wrapper);
+                    c.arg(std::env::current_exe()?);
+                    c
+                }
+                None => tokio::process::Command::new(std::env::current_exe()?),
+            };
             c.arg("__core").args([
                 format!("--kubeconfig={kubeconfig}"),
                 format!("--provider-endpoint={endpoint}"),
@@ -811,9 +819,8 @@ impl Bench<'_> {
         let deadline = Instant::now() + Duration::from_secs(120);
         let mut done_at = None;
         let routes = loop {
-            let state = admin.state().await?;
-            let routes: Vec<(String, u64)> = state
-                .route_tables
+            let tables = admin.route_tables().await?;
+            let routes: Vec<(String, u64)> = tables
                 .iter()
                 .flat_map(|t| t.routes.iter())
                 .filter(|r| r.cluster == "bench")
@@ -875,7 +882,7 @@ impl Bench<'_> {
             let deadline = Instant::now() + Duration::from_secs(120);
             let mut seen: HashMap<String, u64> = HashMap::new();
             while Instant::now() < deadline && seen.len() < args.services {
-                for lb in admin.state().await?.load_balancers {
+                for lb in admin.hosts_summary().await? {
                     if lb.hosts_changed_at_unix_ms >= at {
                         seen.entry(lb.name).or_insert(lb.hosts_changed_at_unix_ms - at);
                     }

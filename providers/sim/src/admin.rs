@@ -5,6 +5,8 @@
 //! | method | path | body | does |
 //! |---|---|---|---|
 //! | GET | `/state` | | the true state of instances, routes and load balancers |
+//! | GET | `/route-tables` | | the route tables with their routes (the state's, alone) |
+//! | GET | `/load-balancers/hosts` | | each load balancer's backend count and when they last changed (the state without backend lists, for polling thousands) |
 //! | GET | `/calls` | | counters by method and code |
 //! | GET | `/calls/log` | | every call with its timestamp |
 //! | DELETE | `/calls` | | resets counters and log |
@@ -32,7 +34,7 @@ use prometheus_client::registry::Registry;
 use serde::{Deserialize, Serialize};
 
 use crate::calls::{CallCount, CallRecord, Calls};
-use crate::cloud::{Cloud, Snapshot};
+use crate::cloud::{Cloud, HostsView, Snapshot, TableView};
 use crate::config::{Address, ApiConfig, Fault, InstanceSpec, RateLimit, State as InstanceState};
 
 /// What the admin handlers share.
@@ -94,6 +96,8 @@ pub fn router(admin: Arc<Admin>) -> axum::Router {
     axum::Router::new()
         .route("/healthz", get(|| async { "ok" }))
         .route("/state", get(state))
+        .route("/load-balancers/hosts", get(hosts_summary))
+        .route("/route-tables", get(route_tables))
         .route("/calls", get(calls).delete(reset_calls))
         .route("/calls/log", get(call_log))
         .route("/instances", post(add_instance))
@@ -111,6 +115,14 @@ pub fn router(admin: Arc<Admin>) -> axum::Router {
 
 async fn state(State(a): Shared) -> Json<Snapshot> {
     Json(a.cloud.snapshot())
+}
+
+async fn route_tables(State(a): Shared) -> Json<Vec<TableView>> {
+    Json(a.cloud.route_table_views())
+}
+
+async fn hosts_summary(State(a): Shared) -> Json<Vec<HostsView>> {
+    Json(a.cloud.hosts_summary())
 }
 
 async fn calls(State(a): Shared) -> Json<CallsView> {

@@ -8,7 +8,7 @@ use serde::de::DeserializeOwned;
 
 use crate::admin::CallsView;
 use crate::calls::CallRecord;
-use crate::cloud::Snapshot;
+use crate::cloud::{HostsView, Snapshot, TableView};
 use crate::config::{ApiConfig, Fault, InstanceSpec, RateLimit};
 
 /// Talks to a sim's admin API at `unix:///path.sock` or `http://host:port`.
@@ -39,6 +39,17 @@ impl AdminClient {
     /// The true state of the cloud.
     pub async fn state(&self) -> anyhow::Result<Snapshot> {
         self.json("GET", "/state", None).await
+    }
+
+    /// Every route table with its routes (the state without the load balancers).
+    pub async fn route_tables(&self) -> anyhow::Result<Vec<TableView>> {
+        self.json("GET", "/route-tables", None).await
+    }
+
+    /// Every load balancer's backend count and when its backends last changed (the state
+    /// without the backend lists).
+    pub async fn hosts_summary(&self) -> anyhow::Result<Vec<HostsView>> {
+        self.json("GET", "/load-balancers/hosts", None).await
     }
 
     /// The call counters.

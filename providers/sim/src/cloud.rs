@@ -4,7 +4,7 @@
 
 use std::collections::{BTreeMap, HashMap};
 use std::net::{IpAddr, Ipv4Addr};
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use ccm_provider_sdk::error::reason;
@@ -144,7 +144,9 @@ struct Table {
 #[derive(Debug, Clone)]
 struct LoadBalancer {
     service: pb::LoadBalancerService,
-    nodes: Vec<String>,
+    /// Shared with every load balancer of the same backends (at 5000 load balancers of 5000
+    /// Nodes, a list each would be 25 million names).
+    nodes: Arc<Vec<String>>,
     ip: IpAddr,
     exists: Lagged<bool>,
     /// When its backends last changed (Ensure or UpdateLoadBalancerHosts), ms since the epoch.
@@ -156,8 +158,22 @@ struct World {
     instances: BTreeMap<String, Instance>,
     tables: Vec<Table>,
     load_balancers: BTreeMap<String, LoadBalancer>,
+    /// The backend list last set, shared by the load balancers given the same.
+    last_hosts: Arc<Vec<String>>,
     pool: Vec<IpNet>,
     next_internal: u32,
+}
+
+impl World {
+    /// The sorted backend names of `nodes`, the list last set when it is the same.
+    fn hosts(&mut self, nodes: &[pb::LoadBalancerNode]) -> Arc<Vec<String>> {
+        let mut names: Vec<String> = nodes.iter().map(|n| n.name.clone()).collect();
+        names.sort();
+        if *self.last_hosts != names {
+            self.last_hosts = Arc::new(names);
+        }
+        self.last_hosts.clone()
+    }
 }
 
 #[derive(Debug)]
@@ -243,8 +259,19 @@ pub struct RouteView {
     pub target_addresses: Vec<String>,
 }
 
-/// A load balancer in a snapshot.
+/// A load balancer's backends in brief (`GET /load-balancers/hosts`).
 #[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct HostsView {
+    /// Name.
+    pub name: String,
+    /// How many backends.
+    pub hosts: usize,
+    /// When its backends last changed, ms since the epoch.
+    pub hosts_changed_at_unix_ms: u64,
+}
+
+/// A load balancer, as the admin API shows it.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
 pub struct LoadBalancerView {
     /// Name.
     pub name: String,
@@ -304,6 +331,7 @@ impl Cloud {
                 load_balancers: BTreeMap::new(),
                 pool,
                 next_internal: 1,
+                last_hosts: Default::default(),
             }),
             gate: Mutex::new(Gate { api: config.api.clone(), limiter, faults: config.faults.clone() }),
         };
@@ -838,8 +866,7 @@ impl Cloud {
     ) -> Result<pb::LoadBalancerStatus> {
         let delay = self.delay();
         let mut world = self.world();
-        let mut node_names: Vec<String> = nodes.iter().map(|n| n.name.clone()).collect();
-        node_names.sort();
+        let node_names = world.hosts(nodes);
         let name = &service.load_balancer_name;
         let current_ip = world.load_balancers.get(name).filter(|lb| lb.exists.current).map(|lb| lb.ip);
         let ip = match current_ip {
@@ -848,7 +875,7 @@ impl Cloud {
         };
         let lb = world.load_balancers.entry(name.clone()).or_insert_with(|| LoadBalancer {
             service: service.clone(),
-            nodes: Vec::new(),
+            nodes: Default::default(),
             ip,
             exists: Lagged::new(false, false, Duration::ZERO),
             hosts_changed_at_unix_ms: 0,
@@ -867,19 +894,45 @@ impl Cloud {
 
     /// Replaces a load balancer's backends; NOT_FOUND when it does not exist.
     pub fn update_load_balancer_hosts(&self, name: &str, nodes: &[pb::LoadBalancerNode]) -> Result<()> {
+        let hosts = self.world().hosts(nodes);
+        self.set_load_balancer_hosts(name, hosts)
+    }
+
+    /// The backend list of `nodes`, to give many load balancers with
+    /// [`Cloud::set_load_balancer_hosts`] (a bulk update's).
+    pub fn hosts_list(&self, nodes: &[pb::LoadBalancerNode]) -> Arc<Vec<String>> {
+        self.world().hosts(nodes)
+    }
+
+    /// Replaces a load balancer's backends with `hosts`; NOT_FOUND when it does not exist.
+    pub fn set_load_balancer_hosts(&self, name: &str, hosts: Arc<Vec<String>>) -> Result<()> {
         let mut world = self.world();
         let lb = world
             .load_balancers
             .get_mut(name)
             .filter(|lb| lb.exists.current)
             .ok_or_else(|| Error::not_found(format!("load balancer {name} does not exist")))?;
-        let mut node_names: Vec<String> = nodes.iter().map(|n| n.name.clone()).collect();
-        node_names.sort();
-        if lb.nodes != node_names {
+        if lb.nodes != hosts {
             lb.hosts_changed_at_unix_ms = unix_ms();
         }
-        lb.nodes = node_names;
+        lb.nodes = hosts;
         Ok(())
+    }
+
+    /// Every load balancer's name, how many backends it has and when they last changed:
+    /// the snapshot without the backend lists, for polling at thousands of load balancers.
+    pub fn hosts_summary(&self) -> Vec<HostsView> {
+        let world = self.world();
+        world
+            .load_balancers
+            .values()
+            .filter(|lb| lb.exists.current)
+            .map(|lb| HostsView {
+                name: lb.service.load_balancer_name.clone(),
+                hosts: lb.nodes.len(),
+                hosts_changed_at_unix_ms: lb.hosts_changed_at_unix_ms,
+            })
+            .collect()
     }
 
     /// Deletes a load balancer and frees its address; absent is fine.
@@ -895,6 +948,45 @@ impl Cloud {
     }
 
     // === admin ===
+
+    /// Every route table with its routes (`GET /route-tables`: the state without the load
+    /// balancers' backend lists).
+    pub fn route_table_views(&self) -> Vec<TableView> {
+        Self::tables_of(&self.world())
+    }
+
+    fn tables_of(world: &World) -> Vec<TableView> {
+        world
+            .tables
+            .iter()
+            .map(|t| TableView {
+                id: t.spec.id.clone(),
+                max_routes: t.spec.max_routes,
+                routes: t
+                    .routes
+                    .iter()
+                    .filter(|(_, r)| r.exists.current)
+                    .map(|((cluster, name), r)| {
+                        let target = r.route.target.clone().unwrap_or_default();
+                        RouteView {
+                            cluster: cluster.clone(),
+                            name: name.clone(),
+                            destination_cidr: r.route.destination_cidr.clone(),
+                            node_name: target.node_name,
+                            provider_id: target.provider_id,
+                            created_at_unix_ms: r.created_at_unix_ms,
+                            target_addresses: r
+                                .route
+                                .target_addresses
+                                .iter()
+                                .map(|a| format!("{}={}", address_type_name(a.r#type()), a.address))
+                                .collect(),
+                        }
+                    })
+                    .collect(),
+            })
+            .collect()
+    }
 
     /// The true state of everything.
     pub fn snapshot(&self) -> Snapshot {
@@ -913,36 +1005,7 @@ impl Cloud {
                     })
                 })
                 .collect(),
-            route_tables: world
-                .tables
-                .iter()
-                .map(|t| TableView {
-                    id: t.spec.id.clone(),
-                    max_routes: t.spec.max_routes,
-                    routes: t
-                        .routes
-                        .iter()
-                        .filter(|(_, r)| r.exists.current)
-                        .map(|((cluster, name), r)| {
-                            let target = r.route.target.clone().unwrap_or_default();
-                            RouteView {
-                                cluster: cluster.clone(),
-                                name: name.clone(),
-                                destination_cidr: r.route.destination_cidr.clone(),
-                                node_name: target.node_name,
-                                provider_id: target.provider_id,
-                                created_at_unix_ms: r.created_at_unix_ms,
-                                target_addresses: r
-                                    .route
-                                    .target_addresses
-                                    .iter()
-                                    .map(|a| format!("{}={}", address_type_name(a.r#type()), a.address))
-                                    .collect(),
-                            }
-                        })
-                        .collect(),
-                })
-                .collect(),
+            route_tables: Self::tables_of(&world),
             load_balancers: world
                 .load_balancers
                 .values()
@@ -951,7 +1014,7 @@ impl Cloud {
                     name: lb.service.load_balancer_name.clone(),
                     service: format!("{}/{}", lb.service.namespace, lb.service.name),
                     ip: lb.ip.to_string(),
-                    nodes: lb.nodes.clone(),
+                    nodes: lb.nodes.to_vec(),
                     ports: lb.service.ports.iter().map(|p| p.port).collect(),
                     hosts_changed_at_unix_ms: lb.hosts_changed_at_unix_ms,
                     source_ranges: lb.service.source_ranges.clone(),
@@ -1073,5 +1136,41 @@ mod tests {
         assert_eq!(c.ensure_load_balancer(&service("c", ""), &[]).expect("c").ingress[0].ip, "203.0.113.1");
         let err = c.update_load_balancer_hosts("lb-a", &[]).expect_err("gone");
         assert_eq!(err.code(), tonic::Code::NotFound);
+    }
+
+    fn lb_node(name: &str) -> pb::LoadBalancerNode {
+        pb::LoadBalancerNode { name: name.into(), ..Default::default() }
+    }
+
+    #[test]
+    fn load_balancers_of_the_same_backends_share_one_list_and_the_summary_shows_changes() {
+        let c = cloud(0, "203.0.113.0/29");
+        let nodes = [lb_node("node-2"), lb_node("node-1")];
+        c.ensure_load_balancer(&service("a", ""), &nodes).expect("a");
+        c.ensure_load_balancer(&service("b", ""), &nodes).expect("b");
+        {
+            let world = c.world();
+            let (a, b) = (&world.load_balancers["lb-a"], &world.load_balancers["lb-b"]);
+            assert!(Arc::ptr_eq(&a.nodes, &b.nodes), "one list for both");
+            assert_eq!(*a.nodes, vec!["node-1".to_string(), "node-2".to_string()]);
+        }
+        let before: BTreeMap<String, (usize, u64)> =
+            c.hosts_summary().into_iter().map(|h| (h.name, (h.hosts, h.hosts_changed_at_unix_ms))).collect();
+        assert_eq!(before.len(), 2);
+        assert!(before.values().all(|(n, at)| *n == 2 && *at > 0), "{before:?}");
+        std::thread::sleep(Duration::from_millis(5));
+        // A bulk update gives one list to both; the same backends again change nothing.
+        let hosts = c.hosts_list(&[lb_node("node-3")]);
+        c.set_load_balancer_hosts("lb-a", hosts.clone()).expect("a");
+        c.set_load_balancer_hosts("lb-b", c.hosts_list(&[lb_node("node-1"), lb_node("node-2")])).expect("b");
+        let after: BTreeMap<String, (usize, u64)> =
+            c.hosts_summary().into_iter().map(|h| (h.name, (h.hosts, h.hosts_changed_at_unix_ms))).collect();
+        assert_eq!(after["lb-a"].0, 1);
+        assert!(after["lb-a"].1 > before["lb-a"].1, "a's hosts changed");
+        assert_eq!(after["lb-b"], before["lb-b"], "b's did not");
+        // The state shows the same lists.
+        let views = c.snapshot().load_balancers;
+        assert_eq!(views.iter().find(|l| l.name == "lb-a").map(|l| l.nodes.clone()), Some(vec!["node-3".to_string()]));
+        assert_eq!(c.route_table_views().len(), c.snapshot().route_tables.len());
     }
 }

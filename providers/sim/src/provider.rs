@@ -213,11 +213,12 @@ impl ccm_provider_sdk::LoadBalancers for SimProvider {
     ) -> Result<Vec<Result<()>>> {
         const METHOD: &str = "BatchUpdateLoadBalancerHosts";
         self.cloud.api_call(METHOD).await?;
+        let hosts = self.cloud.hosts_list(nodes);
         Ok(services
             .iter()
             .map(|s| match self.cloud.item_fault(METHOD, &s.load_balancer_name) {
                 Some(e) => Err(e),
-                None => self.cloud.update_load_balancer_hosts(&s.load_balancer_name, nodes),
+                None => self.cloud.set_load_balancer_hosts(&s.load_balancer_name, hosts.clone()),
             })
             .collect())
     }
