@@ -28,10 +28,16 @@ pub struct EncodedNodes {
 impl EncodedNodes {
     /// Encodes `nodes` once.
     pub fn new(nodes: &[pb::LoadBalancerNode]) -> Self {
-        let len: usize = nodes.iter().map(|n| prost::encoding::message::encoded_len(NODES_FIELD, n)).sum();
+        Self::in_field(NODES_FIELD, nodes)
+    }
+
+    /// Encodes `nodes` once as field `field` of a request (BatchUpdateLoadBalancerHosts has
+    /// them in field 1).
+    pub fn in_field(field: u32, nodes: &[pb::LoadBalancerNode]) -> Self {
+        let len: usize = nodes.iter().map(|n| prost::encoding::message::encoded_len(field, n)).sum();
         let mut buf = Vec::with_capacity(len);
         for node in nodes {
-            prost::encoding::message::encode(NODES_FIELD, node, &mut buf);
+            prost::encoding::message::encode(field, node, &mut buf);
         }
         Self { bytes: buf.into() }
     }
@@ -118,6 +124,12 @@ mod tests {
         assert_eq!(ensure.encoded_len(), ensure.encode_to_vec().len());
         let decoded = pb::EnsureLoadBalancerRequest::decode(ensure.encode_to_vec().as_slice()).expect("decodes");
         assert_eq!(decoded.nodes, nodes, "the same nodes, in order");
+        let batch = WithNodes::new(
+            pb::BatchUpdateLoadBalancerHostsRequest { nodes: vec![], services: vec![service.clone(), service.clone()] },
+            &EncodedNodes::in_field(1, &nodes),
+        );
+        let decoded = pb::BatchUpdateLoadBalancerHostsRequest::decode(batch.encode_to_vec().as_slice()).expect("decodes");
+        assert_eq!(decoded, pb::BatchUpdateLoadBalancerHostsRequest { nodes: nodes.clone(), services: vec![service.clone(); 2] });
         let empty = WithNodes::new(pb::EnsureLoadBalancerRequest::default(), &EncodedNodes::new(&[]));
         assert!(pb::EnsureLoadBalancerRequest::decode(empty.encode_to_vec().as_slice()).expect("decodes").nodes.is_empty());
     }
