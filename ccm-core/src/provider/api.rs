@@ -335,7 +335,7 @@ impl Provider {
             async move { (chunk.len(), self.call_fenced(fence, METHOD, request, rpc).await) }
         });
         let mut out = Vec::with_capacity(services.len());
-        for (len, answer) in futures::future::join_all(calls).await {
+        for (len, answer) in join_all(calls).await {
             match answer {
                 Ok(a) if a.results.len() == len => {
                     out.extend(a.results.into_iter().map(|r| r.error.map_or(Ok(()), |e| Err(Error::from_item_error(&e)))));

@@ -270,8 +270,8 @@ pub struct HostsView {
     pub hosts_changed_at_unix_ms: u64,
 }
 
-/// A load balancer, as the admin API shows it.
-#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+/// A load balancer in a snapshot.
+#[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct LoadBalancerView {
     /// Name.
     pub name: String,
