@@ -260,8 +260,22 @@ def write_archive(out, tag, files, config):
     for digest, data in blobs.items():
         members["blobs/sha256/" + digest.split(":", 1)[1]] = data
     os.makedirs(os.path.dirname(os.path.abspath(out)), exist_ok=True)
-    partial = out + ".partial"
-    with tarfile.open(partial, mode="w", format=tarfile.PAX_FORMAT) as tar:
+    # A partial file of this process's own, renamed into place when whole: two builds of the
+    # same image at once (a test beside the quick start) each write their own, and a reader
+    # never sees half an archive.
+    partial = f"{out}.{os.getpid()}.partial"
+    try:
+        write_tar(partial, members)
+        os.replace(partial, out)
+    finally:
+        if os.path.exists(partial):
+            os.remove(partial)
+    print(f"build.py: {tag} ({arch}, {len(blob) / 1048576:.1f} MiB compressed) -> {out}", file=sys.stderr)
+
+
+def write_tar(path, members):
+    """The OCI layout's files, in order, with fixed timestamps."""
+    with tarfile.open(path, mode="w", format=tarfile.PAX_FORMAT) as tar:
         for dirname in ("blobs", "blobs/sha256"):
             info = tarfile.TarInfo(dirname)
             info.type, info.mode, info.mtime = tarfile.DIRTYPE, 0o755, EPOCH
@@ -270,8 +284,6 @@ def write_archive(out, tag, files, config):
             info = tarfile.TarInfo(member)
             info.size, info.mode, info.mtime = len(members[member]), 0o644, EPOCH
             tar.addfile(info, io.BytesIO(members[member]))
-    os.replace(partial, out)
-    print(f"build.py: {tag} ({arch}, {len(blob) / 1048576:.1f} MiB compressed) -> {out}", file=sys.stderr)
 
 
 def main():

@@ -9,7 +9,8 @@
 # grpc-cloud-controller-manager (../peer: upstream's cloud-controller-manager forwarding to a
 # cloudprovider.v1 endpoint), built into .../peer-<hash of its sources>/. `setup.sh cluster`
 # builds what the real kubelet cluster adds (kubelet, kube-scheduler, kube-controller-manager,
-# kube-proxy and the static pause program) into the control plane's directory and prints it.
+# kube-proxy and the static pause program) into the control plane's directory and prints it;
+# `setup.sh pause` builds only the pause program and prints its path.
 # `setup.sh aws` prints the path of ccm-provider-aws (../../providers/aws: the AWS provider of
 # k8s.io/cloud-provider-aws behind the go-adapter), built into .../aws-<hash of its sources>/;
 # `setup.sh aws-upstream` prints the path of upstream's aws-cloud-controller-manager of the same
@@ -25,43 +26,92 @@
 #   them, and a new pinned version builds into a new directory.
 #
 # Progress goes to stderr; stdout is only the directory.
+#
+# Safe to run concurrently (two tests reaching for helm at once, or a test beside .ci/run): each
+# cache directory is built under an exclusive lock (`flock` on DIR.lock beside it), the builder
+# writes a partial file of its own and moves it into place with one rename (the virtualenv is
+# made in place and marked complete last), and a second caller waits for the lock, then finds
+# the tool built and reuses it. A build that dies leaves no finished-looking tool behind.
 set -euo pipefail
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 
 mode=${1:-control-plane}
-case "$mode" in control-plane|kubelet-check|cluster|helm|peer|aws|aws-upstream|fake-provider|moto) ;; *) echo "usage: setup.sh [kubelet-check|cluster|helm|peer|aws|aws-upstream|fake-provider|moto]" >&2; exit 2 ;; esac
+case "$mode" in control-plane|kubelet-check|cluster|pause|helm|peer|aws|aws-upstream|fake-provider|moto) ;; *) echo "usage: setup.sh [kubelet-check|cluster|pause|helm|peer|aws|aws-upstream|fake-provider|moto]" >&2; exit 2 ;; esac
 cache="${CCM_ENVTEST_CACHE:-$HOME/.cache/ccm-rs}"
+
+# Partial files of this process, removed however it exits.
+partials=()
+cleanup() { [ ${#partials[@]} -eq 0 ] || rm -rf "${partials[@]}"; }
+trap cleanup EXIT
+
+# lock DIR: holds an exclusive lock on DIR.lock until this script exits (file descriptor 9),
+# waiting (and saying so) while another setup.sh holds it. Callers check again for what they
+# build once they hold it: the other run may have built it meanwhile.
+lock() {
+  local dir=$1
+  command -v flock >/dev/null || { echo "setup.sh: flock (util-linux) is required to build into $dir" >&2; exit 1; }
+  mkdir -p "$(dirname "$dir")"
+  exec 9>"$dir.lock"
+  if ! flock -n 9; then
+    echo "setup.sh: waiting for another setup.sh building into $dir" >&2
+    flock 9
+  fi
+}
 
 if [ "$mode" = moto ]; then
   moto_version=5.2.5 boto3_version=1.44.5
   venv="$cache/moto-$moto_version"
   if [ ! -f "$venv/.complete" ]; then
     command -v python3 >/dev/null || { echo "setup.sh: python3 is required for moto" >&2; exit 1; }
-    echo "setup.sh: installing moto[server]==$moto_version and boto3==$boto3_version into $venv" >&2
-    rm -rf "$venv"
-    python3 -m venv "$venv"
-    "$venv/bin/pip" install -q "moto[server]==$moto_version" "boto3==$boto3_version" >&2
-    touch "$venv/.complete"
+    python3 -c 'import venv, ensurepip' 2>/dev/null ||
+      { echo "setup.sh: python3's venv and ensurepip modules are required for moto (Debian: python3-venv)" >&2; exit 1; }
+    lock "$venv"
+    if [ ! -f "$venv/.complete" ]; then
+      # A virtualenv is not relocatable (its scripts name their own path): it is made in place,
+      # under the lock, and `.complete`, written last, is what makes it usable.
+      echo "setup.sh: installing moto[server]==$moto_version and boto3==$boto3_version into $venv" >&2
+      rm -rf "$venv"
+      python3 -m venv "$venv"
+      "$venv/bin/pip" install -q "moto[server]==$moto_version" "boto3==$boto3_version" >&2
+      touch "$venv/.complete"
+    fi
   fi
   echo "$venv/bin/python"
   exit 0
 fi
 
-# go_build OUT_DIR BINARY MODULE_DIR PACKAGE: builds PACKAGE of the Go module in MODULE_DIR
-# into OUT_DIR/BINARY unless it is there, and prints its path.
+# go_build OUT_DIR BINARY MODULE_DIR PACKAGE [LDFLAGS]: builds PACKAGE of the Go module in
+# MODULE_DIR into OUT_DIR/BINARY unless it is there, and prints its path.
 go_build() {
-  local out=$1 binary=$2 module=$3 package=$4 start
+  local out=$1 binary=$2 module=$3 package=$4 ldflags=${5:--s -w} start tmp
   if [ ! -x "$out/$binary" ]; then
     command -v go >/dev/null || { echo "setup.sh: Go is required to build $binary" >&2; exit 1; }
-    mkdir -p "$out"
-    echo "setup.sh: building $binary into $out" >&2
-    start=$(date +%s)
-    (cd "$module" && GOTOOLCHAIN=local CGO_ENABLED=0 GOFLAGS=-mod=mod go build -trimpath -ldflags="-s -w" \
-      -o "$out/.partial" "$package")
-    mv "$out/.partial" "$out/$binary"
-    echo "setup.sh: built $binary in $(( $(date +%s) - start ))s" >&2
+    lock "$out"
+    if [ ! -x "$out/$binary" ]; then
+      mkdir -p "$out"
+      # A name no other process uses, removed on exit unless it was moved into place.
+      tmp="$out/.$binary.partial.$$"
+      partials+=("$tmp")
+      echo "setup.sh: building $binary into $out (minutes on a cold Go cache)" >&2
+      start=$(date +%s)
+      (cd "$module" && GOTOOLCHAIN=local CGO_ENABLED=0 GOFLAGS=-mod=mod go build -trimpath -ldflags="$ldflags" \
+        -o "$tmp" "$package")
+      mv -f "$tmp" "$out/$binary"
+      echo "setup.sh: built $binary in $(( $(date +%s) - start ))s" >&2
+    fi
   fi
   echo "$out/$binary"
+}
+
+# version_ldflags VERSION: the linker flags that stamp a Kubernetes release into a binary, as
+# the release build does (otherwise it reports v0.0.0-master to clients).
+version_ldflags() {
+  local version=$1 minor pkg ldflags="-s -w"
+  minor=$(echo "$version" | cut -d. -f2)
+  for pkg in k8s.io/component-base/version k8s.io/client-go/pkg/version; do
+    ldflags="$ldflags -X $pkg.gitVersion=$version -X $pkg.gitMajor=1 -X $pkg.gitMinor=$minor -X $pkg.gitTreeState=clean"
+  done
+  echo "$ldflags"
 }
 
 # go_sources DIR [SUBDIR...]: the Go sources (tests left out), go.mod and go.sum under DIR's
@@ -85,87 +135,39 @@ case "$mode" in
   fake-provider)  # ccm-provider-fake: upstream's fake cloud behind the adapter.
     sum=$(go_sources "$adapter_dir" | sha256sum | cut -c1-16)
     go_build "$cache/fake-provider-$sum" ccm-provider-fake "$adapter_dir" ./cmd/ccm-provider-fake; exit 0 ;;
-esac
-
-if [ "$mode" = peer ]; then
-  peer_dir=$(cd "$here/../peer" && pwd)
-  # The peer's sources and the generated protocol package it takes from the go-adapter module.
-  sum=$( (cd "$peer_dir" && find . -name '*.go' -o -name go.mod -o -name go.sum | LC_ALL=C sort | xargs cat;
-          cd "$here/../../providers/go-adapter" && find gen -name '*.go' | LC_ALL=C sort | xargs cat) | sha256sum | cut -c1-16)
-  peer_out="${CCM_ENVTEST_CACHE:-$HOME/.cache/ccm-rs}/peer-$sum"
-  if [ ! -x "$peer_out/grpc-cloud-controller-manager" ]; then
-    command -v go >/dev/null || { echo "setup.sh: Go is required to build the upstream peer" >&2; exit 1; }
+  peer)  # grpc-cloud-controller-manager: upstream's cloud-controller-manager on cloudprovider.v1.
+    peer_dir=$(cd "$here/../peer" && pwd)
+    # The peer's sources and the generated protocol package it takes from the go-adapter module.
+    sum=$( (cd "$peer_dir" && find . -name '*.go' -o -name go.mod -o -name go.sum | LC_ALL=C sort | xargs cat;
+            cd "$adapter_dir" && find gen -name '*.go' | LC_ALL=C sort | xargs cat) | sha256sum | cut -c1-16)
     k8s=$(awk '$1 == "k8s.io/cloud-provider" { print $2 }' "$peer_dir/go.mod" | head -n 1)
-    mkdir -p "$peer_out"
-    echo "setup.sh: building grpc-cloud-controller-manager (k8s.io/cloud-provider $k8s) into $peer_out" >&2
-    start=$(date +%s)
-    minor=$(echo "$k8s" | cut -d. -f2)
-    ldflags="-s -w"
-    for pkg in k8s.io/component-base/version k8s.io/client-go/pkg/version; do
-      ldflags="$ldflags -X $pkg.gitVersion=v1${k8s#v0} -X $pkg.gitMajor=1 -X $pkg.gitMinor=$minor -X $pkg.gitTreeState=clean"
-    done
-    (cd "$peer_dir" && GOTOOLCHAIN=local CGO_ENABLED=0 GOFLAGS=-mod=mod go build -trimpath -ldflags="$ldflags" \
-      -o "$peer_out/.partial" ./cmd/grpc-cloud-controller-manager)
-    mv "$peer_out/.partial" "$peer_out/grpc-cloud-controller-manager"
-    echo "setup.sh: built grpc-cloud-controller-manager in $(( $(date +%s) - start ))s" >&2
-  fi
-  echo "$peer_out/grpc-cloud-controller-manager"
-  exit 0
-fi
-
-if [ "$mode" = helm ]; then
-  helm_dir="$here/../helm"
-  helm_version=$(awk '$1 == "helm.sh/helm/v3" { print $2 } $1 == "require" && $2 == "helm.sh/helm/v3" { print $3 }' "$helm_dir/go.mod" | head -n 1)
-  [ -n "$helm_version" ] || { echo "setup.sh: no helm.sh/helm/v3 version in $helm_dir/go.mod" >&2; exit 1; }
-  helm_out="${CCM_ENVTEST_CACHE:-$HOME/.cache/ccm-rs}/helm-$helm_version"
-  if [ ! -x "$helm_out/helm" ]; then
-    command -v go >/dev/null || { echo "setup.sh: Go is required to build helm" >&2; exit 1; }
-    mkdir -p "$helm_out"
-    echo "setup.sh: building helm $helm_version into $helm_out (a few minutes on a cold cache)" >&2
-    start=$(date +%s)
-    (cd "$helm_dir" && GOTOOLCHAIN=local CGO_ENABLED=0 GOFLAGS=-mod=mod go build -trimpath \
-      -ldflags="-s -w -X helm.sh/helm/v3/internal/version.version=$helm_version" -o "$helm_out/.helm.partial" helm.sh/helm/v3/cmd/helm)
-    mv "$helm_out/.helm.partial" "$helm_out/helm"
-    echo "setup.sh: built helm in $(( $(date +%s) - start ))s" >&2
-  fi
-  echo "$helm_out/helm"
-  exit 0
-fi
+    go_build "$cache/peer-$sum" grpc-cloud-controller-manager "$peer_dir" ./cmd/grpc-cloud-controller-manager \
+      "$(version_ldflags "v1${k8s#v0}")"; exit 0 ;;
+  helm)  # helm, pinned in ../helm/go.mod (the deploy tests render the chart with it).
+    helm_dir="$here/../helm"
+    helm_version=$(awk '$1 == "helm.sh/helm/v3" { print $2 } $1 == "require" && $2 == "helm.sh/helm/v3" { print $3 }' "$helm_dir/go.mod" | head -n 1)
+    [ -n "$helm_version" ] || { echo "setup.sh: no helm.sh/helm/v3 version in $helm_dir/go.mod" >&2; exit 1; }
+    go_build "$cache/helm-$helm_version" helm "$helm_dir" helm.sh/helm/v3/cmd/helm \
+      "-s -w -X helm.sh/helm/v3/internal/version.version=$helm_version"; exit 0 ;;
+esac
 
 version=$(awk '$1 == "k8s.io/kubernetes" && $2 ~ /^v/ { print $2 } $1 == "require" && $2 == "k8s.io/kubernetes" { print $3 }' "$here/go.mod" | head -n 1)
 [ -n "$version" ] || { echo "setup.sh: no k8s.io/kubernetes version in $here/go.mod" >&2; exit 1; }
-out="${CCM_ENVTEST_CACHE:-$HOME/.cache/ccm-rs}/k8s-$version"
+out="$cache/k8s-$version"
 
-# Builds each named binary that $out lacks, each into a temporary name first.
+# Builds each named binary of the release that $out lacks (./cmd/<name> of this module).
 build() {
-  local missing=()
-  for b in "$@"; do [ -x "$out/$b" ] || missing+=("$b"); done
-  [ ${#missing[@]} -gt 0 ] || return 0
-  command -v go >/dev/null || { echo "setup.sh: Go is required to build ${missing[*]}" >&2; exit 1; }
-  mkdir -p "$out"
-  echo "setup.sh: building ${missing[*]} $version into $out (several minutes on a cold cache)" >&2
-  (
-    cd "$here"
-    export GOTOOLCHAIN=local CGO_ENABLED=0 GOFLAGS=-mod=mod
-    # Stamp the release into the binaries, as the release build does (otherwise they report
-    # v0.0.0-master to clients).
-    minor=$(echo "$version" | cut -d. -f2)
-    ldflags="-s -w"
-    for pkg in k8s.io/component-base/version k8s.io/client-go/pkg/version; do
-      ldflags="$ldflags -X $pkg.gitVersion=$version -X $pkg.gitMajor=1 -X $pkg.gitMinor=$minor -X $pkg.gitTreeState=clean"
-    done
-    for b in "${missing[@]}"; do
-      start=$(date +%s)
-      go build -trimpath -ldflags="$ldflags" -o "$out/.$b.partial" "./cmd/$b"
-      mv "$out/.$b.partial" "$out/$b"
-      echo "setup.sh: built $b in $(( $(date +%s) - start ))s" >&2
-    done
-  )
+  local b
+  for b in "$@"; do go_build "$out" "$b" "$here" "./cmd/$b" "$(version_ldflags "$version")" >/dev/null; done
 }
-
 if [ "$mode" = kubelet-check ]; then
   build kubelet-check
   echo "$out/kubelet-check"
+  exit 0
+fi
+if [ "$mode" = pause ]; then  # the static pause program alone (seconds to build: the concurrency test uses it)
+  build pause
+  echo "$out/pause"
   exit 0
 fi
 if [ "$mode" = cluster ]; then

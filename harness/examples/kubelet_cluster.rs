@@ -6,6 +6,7 @@ use std::io::Read;
 
 fn main() -> anyhow::Result<()> {
     let nodes: usize = std::env::args().nth(1).map(|n| n.parse()).transpose()?.unwrap_or(2);
+    ccm_harness::kubelet_cluster::check_machine().and_then(|()| ccm_harness::images::check_machine())?;
     let images = ccm_harness::images::project()?;
     let cluster = ccm_harness::kubelet_cluster::KubeletCluster::start(nodes, "kc", &images.archives())?;
     let cp = cluster.control_plane();

@@ -8,6 +8,28 @@ use std::sync::OnceLock;
 
 use anyhow::{Context, bail};
 
+use crate::machine::{self, Unavailable};
+
+/// Checks what building the images needs from the machine (`build.py`, and
+/// `build-binaries.sh`'s static musl build), before any build starts.
+pub fn check_machine() -> Result<(), Unavailable> {
+    machine::require(
+        "building the images",
+        &[
+            ("python3", "Debian: python3"),
+            ("cargo", "rustup"),
+            ("rustup", "it adds the Rust target x86_64-unknown-linux-musl"),
+            ("musl-gcc", "Debian: musl-tools; .ci/run installs it"),
+        ],
+    )
+}
+
+/// Checks, beside [`check_machine`], what the AWS provider's image needs (Go).
+pub fn check_machine_aws() -> Result<(), Unavailable> {
+    check_machine()?;
+    machine::require("building the AWS provider's image", &[("go", "go.dev/dl")])
+}
+
 /// The tag the chart and the kustomize bases name (the chart's appVersion).
 pub const TAG: &str = "0.1.0";
 /// The core image.

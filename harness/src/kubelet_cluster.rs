@@ -37,6 +37,11 @@ use anyhow::{Context, bail};
 
 use crate::assets::Assets;
 use crate::control_plane::{ControlPlane, Settings, free_port, tail};
+use crate::{images, machine};
+
+/// Set in CI: a machine that cannot run the kubelet cluster (or build the images) fails the
+/// tests that need it instead of skipping them.
+pub const REQUIRE: &str = "CCM_E2E_REQUIRE_KUBELET_CLUSTER";
 
 /// The pod network of the cluster; kube-controller-manager gives each Node a /24 of it.
 pub const CLUSTER_CIDR: &str = "10.244.0.0/16";
@@ -58,17 +63,7 @@ const NODE_PATHS: &[(&str, &str)] = &[
     ("/run/netns", "netns"),
 ];
 
-/// The machine cannot run a kubelet cluster (not root, a tool missing): the sentence says why.
-#[derive(Debug)]
-pub struct Unavailable(pub String);
-
-impl std::fmt::Display for Unavailable {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(&self.0)
-    }
-}
-
-impl std::error::Error for Unavailable {}
+pub use crate::machine::Unavailable;
 
 /// One node: its name, address and processes.
 pub struct KubeletNode {
@@ -158,22 +153,12 @@ fn cgroup_hierarchies() -> anyhow::Result<Vec<PathBuf>> {
 
 /// Checks what the cluster needs from the machine.
 pub fn check_machine() -> Result<(), Unavailable> {
-    let uid = std::fs::read_to_string("/proc/self/status")
-        .ok()
-        .and_then(|s| s.lines().find(|l| l.starts_with("Uid:")).map(|l| l.split_whitespace().nth(1).unwrap_or("").to_string()));
-    if uid.as_deref() != Some("0") {
+    if !machine::is_root() {
         return Err(Unavailable("the kubelet cluster needs root (network and mount namespaces, cgroups)".into()));
     }
-    for tool in ["unshare", "nsenter", "ip", "iptables", "containerd", "containerd-shim-runc-v2", "runc", "ctr", "python3"] {
-        if !Command::new("sh")
-            .args(["-c", &format!("command -v {tool}")])
-            .stdout(Stdio::null())
-            .status()
-            .is_ok_and(|s| s.success())
-        {
-            return Err(Unavailable(format!("the kubelet cluster needs {tool} on PATH (.ci/run installs it)")));
-        }
-    }
+    let hint = ".ci/run installs it";
+    let tools = ["unshare", "nsenter", "ip", "iptables", "containerd", "containerd-shim-runc-v2", "runc", "ctr", "python3"];
+    machine::require("the kubelet cluster", &tools.map(|t| (t, hint)))?;
     for plugin in ["bridge", "host-local", "portmap", "loopback"] {
         if !Path::new(CNI_BIN).join(plugin).is_file() {
             return Err(Unavailable(format!(
@@ -803,27 +788,30 @@ impl Drop for KubeletCluster {
 static SHARED: OnceLock<Result<KubeletCluster, String>> = OnceLock::new();
 
 /// The kubelet cluster shared by the tests of this process (two nodes, `kc-0` and `kc-1`),
-/// started on first use with `images` imported; later callers' images are imported into it.
-/// `Ok(None)` when the machine cannot run one (the reason is printed), unless
+/// started on first use with the image archives `images` builds imported; later callers'
+/// images are imported into it. The machine is checked first, for the cluster and for the
+/// image build ([`images::check_machine`]), before anything is built: `Ok(None)` when it
+/// cannot (the reason printed in one `skipped:` line), unless
 /// `CCM_E2E_REQUIRE_KUBELET_CLUSTER` is set (CI), where that is an error.
-pub fn shared(images: &[PathBuf]) -> anyhow::Result<Option<&'static KubeletCluster>> {
-    if let Err(why) = check_machine() {
-        if std::env::var_os("CCM_E2E_REQUIRE_KUBELET_CLUSTER").is_some() {
-            bail!("{why}");
+pub fn shared(images: impl FnOnce() -> anyhow::Result<Vec<PathBuf>>) -> anyhow::Result<Option<&'static KubeletCluster>> {
+    if let Err(why) = check_machine().and_then(|()| images::check_machine()) {
+        if std::env::var_os(REQUIRE).is_some() {
+            bail!("{REQUIRE} is set: {why}");
         }
         eprintln!("skipped: {why}");
         return Ok(None);
     }
+    let images = images()?;
     let mut first = false;
     let cluster = SHARED
         .get_or_init(|| {
             first = true;
-            KubeletCluster::start(2, "kc", images).map_err(|e| format!("{e:#}"))
+            KubeletCluster::start(2, "kc", &images).map_err(|e| format!("{e:#}"))
         })
         .as_ref()
         .map_err(|e| anyhow::anyhow!("{e}"))?;
     if !first {
-        for image in images {
+        for image in &images {
             cluster.import_image(image)?;
         }
     }

@@ -14,6 +14,7 @@ pub mod cluster;
 pub mod control_plane;
 pub mod images;
 pub mod kubelet_cluster;
+pub mod machine;
 pub mod pki;
 
 use std::sync::OnceLock;

@@ -258,7 +258,9 @@ const ADMIN_PORT: u16 = 8170;
 async fn real_nodes(args: &Args) -> anyhow::Result<()> {
     use ccm_harness::kubelet_cluster::{self, KubeletCluster};
     let nodes = usize::from(args.nodes.min(4));
-    kubelet_cluster::check_machine().map_err(|e| anyhow::anyhow!("--real-nodes: {e}"))?;
+    kubelet_cluster::check_machine()
+        .and_then(|()| ccm_harness::images::check_machine())
+        .map_err(|e| anyhow::anyhow!("--real-nodes: {e}"))?;
     step(
         1,
         "images: deploy/images/*.Containerfile as OCI archives, static musl binaries (the first build takes about 10 minutes)",

@@ -9,6 +9,7 @@ use std::time::Duration;
 use ccm_harness::assets::Assets;
 use ccm_harness::aws::{Moto, Sidecar};
 use ccm_harness::cluster::{NodeBuilder, TestEnv, set_ready};
+use ccm_harness::machine;
 use k8s_openapi::api::core::v1::Node;
 use kube::api::{DeleteParams, Patch, PatchParams, PostParams};
 use serde_json::Value;
@@ -24,7 +25,12 @@ fn instances(moto: &Moto) -> Vec<(String, String, String)> {
 }
 
 fn tools() -> Option<(PathBuf, PathBuf)> {
-    let found = Assets::tool("moto").and_then(|python| Ok((python, Assets::tool("aws")?)));
+    // What the machine lacks is found before anything is installed or built for it.
+    let machine = machine::python_venv().and_then(|()| machine::require("ccm-provider-aws", &[("go", "go.dev/dl")]));
+    let found = machine
+        .map_err(anyhow::Error::from)
+        .and_then(|()| Assets::tool("moto"))
+        .and_then(|python| Ok((python, Assets::tool("aws")?)));
     match found {
         Ok(t) => Some(t),
         Err(e) if std::env::var_os(REQUIRE).is_some() => panic!("{REQUIRE} is set and the AWS tools are missing: {e:#}"),

@@ -118,7 +118,7 @@ fn host_footprint(id: &str, subnet: &str) -> (Vec<String>, usize, String) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_kubelet_cluster_registers_tainted_nodes_and_leaves_nothing_behind() {
     if let Err(why) = ccm_harness::kubelet_cluster::check_machine() {
-        assert!(std::env::var_os("CCM_E2E_REQUIRE_KUBELET_CLUSTER").is_none(), "{why}");
+        assert!(std::env::var_os(ccm_harness::kubelet_cluster::REQUIRE).is_none(), "{why}");
         eprintln!("skipped: {why}");
         return;
     }
