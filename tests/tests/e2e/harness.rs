@@ -151,3 +151,108 @@ async fn a_kubelet_cluster_registers_tainted_nodes_and_leaves_nothing_behind() {
     assert_eq!(mounts_after, mounts_before, "no mount is left on the host");
     assert_eq!(iptables_after, iptables_before, "the host's iptables rules are untouched");
 }
+
+/// Runs `cmd` to its end, killed after `limit`; its exit status and its stderr.
+fn run_within(mut cmd: std::process::Command, limit: std::time::Duration) -> (std::process::ExitStatus, String) {
+    use std::io::Read;
+    let mut child = cmd
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("spawn");
+    let mut stderr = child.stderr.take().expect("stderr");
+    let reader = std::thread::spawn(move || {
+        let mut text = String::new();
+        let _ = stderr.read_to_string(&mut text);
+        text
+    });
+    let begin = std::time::Instant::now();
+    let status = loop {
+        if let Some(status) = child.try_wait().expect("wait") {
+            break status;
+        }
+        if begin.elapsed() > limit {
+            let _ = child.kill();
+            panic!("{cmd:?} still ran after {limit:?}");
+        }
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    };
+    (status, reader.join().expect("stderr reader"))
+}
+
+/// Two tests (or a test and `.ci/run`) reaching for the same tool on a fresh machine once built
+/// it into the same partial file, and the second's `mv` failed. Four runs at once into an empty
+/// cache: all succeed, all print the same path, exactly one builds, nothing partial is left.
+#[test]
+fn concurrent_setup_runs_build_a_tool_once_and_all_reuse_it() {
+    if let Err(why) = ccm_harness::machine::require("setup.sh", &[("go", "go.dev/dl"), ("flock", "util-linux")]) {
+        return eprintln!("skipped: {why}");
+    }
+    let cache = tempfile::tempdir().expect("tempdir");
+    let script = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../harness/envtest/setup.sh");
+    let runs: Vec<_> = (0..4)
+        .map(|_| {
+            let mut cmd = std::process::Command::new("bash");
+            cmd.arg(&script).arg("pause").env("CCM_ENVTEST_CACHE", cache.path()).stdin(std::process::Stdio::null());
+            std::thread::spawn(move || cmd.output().expect("running setup.sh"))
+        })
+        .collect();
+    let outputs: Vec<std::process::Output> = runs.into_iter().map(|r| r.join().expect("join")).collect();
+    for out in &outputs {
+        assert!(out.status.success(), "setup.sh pause failed: {}", String::from_utf8_lossy(&out.stderr));
+    }
+    let paths: std::collections::BTreeSet<String> =
+        outputs.iter().map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string()).collect();
+    assert_eq!(paths.len(), 1, "every run prints the same tool: {paths:?}");
+    let path = std::path::PathBuf::from(paths.first().expect("one path"));
+    assert!(path.starts_with(cache.path()) && path.is_file(), "{path:?}");
+    let builds = outputs.iter().filter(|o| String::from_utf8_lossy(&o.stderr).contains("setup.sh: building pause")).count();
+    assert_eq!(builds, 1, "one build for four runs");
+    let dir = path.parent().expect("its directory");
+    let left: Vec<_> = std::fs::read_dir(dir)
+        .expect("read_dir")
+        .filter_map(Result::ok)
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .filter(|n| n.contains("partial"))
+        .collect();
+    assert!(left.is_empty(), "partial files left behind: {left:?}");
+    // The tool is whole: the pause program starts and exits on SIGTERM.
+    let mut pause = std::process::Command::new(&path).spawn().expect("the built pause program starts");
+    std::thread::sleep(std::time::Duration::from_millis(200));
+    let _ = std::process::Command::new("kill").arg("-TERM").arg(pause.id().to_string()).status();
+    assert!(pause.wait().expect("wait").success(), "pause exits 0 on SIGTERM");
+}
+
+/// A fresh machine without musl-tools once ran 16 minutes of tests, then failed in the image
+/// build instead of skipping the real-kubelet test. Here that test runs as a process of its own
+/// on a `PATH` without `musl-gcc` (links to every other program on this one): it skips in one
+/// line, quickly, and builds no image.
+#[test]
+fn the_real_kubelet_test_checks_the_machine_before_it_builds_images() {
+    let farm = tempfile::tempdir().expect("tempdir");
+    let path = std::env::var_os("PATH").unwrap_or_default();
+    for dir in std::env::split_paths(&path) {
+        for entry in std::fs::read_dir(&dir).into_iter().flatten().filter_map(Result::ok) {
+            let name = entry.file_name();
+            let link = farm.path().join(&name);
+            if name != "musl-gcc" && !link.exists() {
+                let _ = std::os::unix::fs::symlink(entry.path(), link);
+            }
+        }
+    }
+    let mut cmd = std::process::Command::new(std::env::current_exe().expect("this test binary"));
+    cmd.args(["real_cluster::the_chart_and_the_kustomize_bases_run_on_real_kubelets", "--exact", "--nocapture"])
+        .env("PATH", farm.path())
+        .env_remove(ccm_harness::kubelet_cluster::REQUIRE);
+    let begin = std::time::Instant::now();
+    let (status, stderr) = run_within(cmd, std::time::Duration::from_secs(300));
+    assert!(status.success(), "the real-kubelet test failed instead of skipping:\n{stderr}");
+    let skipped: Vec<&str> = stderr.lines().filter(|l| l.starts_with("skipped: ")).collect();
+    assert_eq!(skipped.len(), 1, "one skipped line:\n{stderr}");
+    assert!(!stderr.contains("build.py") && !stderr.contains("build-binaries"), "no image build was started:\n{stderr}");
+    if ccm_harness::kubelet_cluster::check_machine().is_ok() {
+        assert!(skipped[0].contains("musl-gcc"), "the reason names what is missing: {}", skipped[0]);
+    }
+    eprintln!("the real-kubelet test skipped in {:.1} s: {}", begin.elapsed().as_secs_f64(), skipped[0]);
+}
