@@ -479,10 +479,12 @@ async fn upstreams_route_reconciliation_period_lists_routes_every_period() {
     let core = start(cp, &env, &sim, &route_flags(&env, &["--route-reconciliation-period=1s"]));
     eventually("the route", Duration::from_secs(20), async || (!routes(&sim, &env.prefix).await.is_empty()).then_some(())).await;
     // No Node changes from here: every listing is the period's.
+    // Over 8 s: a fresh machine runs these tests beside Go builds that take both cores, and a
+    // 4 s window once saw 2 listings. Fewer than 4 is no period; more than 10 a hot loop.
     let before = sim.admin.call_count("RoutesService/ListRoutes").await.expect("calls");
-    tokio::time::sleep(Duration::from_secs(4)).await;
+    tokio::time::sleep(Duration::from_secs(8)).await;
     let listed = sim.admin.call_count("RoutesService/ListRoutes").await.expect("calls") - before;
-    assert!((3..=6).contains(&listed), "one listing a second as upstream's period asks: {listed} in 4 s");
+    assert!((4..=10).contains(&listed), "one listing a second as upstream's period asks: {listed} in 8 s");
     core.stop().await.expect("stop");
     env.cleanup().await.expect("cleanup");
 }
