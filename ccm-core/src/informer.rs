@@ -5,7 +5,7 @@
 //! Objects are slimmed before they are stored: managed fields and other bulk no controller
 //! reads are dropped, so memory grows with what the controllers use, not with object size.
 
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 use std::fmt::Debug;
 use std::hash::Hash;
 use std::sync::Arc;
@@ -65,28 +65,29 @@ where
     /// Starts watching `api`; `slim` removes what controllers do not need before storing.
     /// The watch runs on `tasks` until `stop`.
     pub fn start(api: Api<K>, config: watcher::Config, slim: fn(&mut K), tasks: &TaskTracker, stop: CancellationToken) -> Self {
-        let (store, mut writer) = reflector::store::<K>();
+        let (store, writer) = reflector::store::<K>();
         let (changes, _) = broadcast::channel(16_384);
         let (synced_tx, synced) = watch::channel(false);
         let failures: Arc<std::sync::Mutex<Failures>> = Default::default();
         let failing = failures.clone();
         let sender = changes.clone();
-        let reader = store.clone();
         tasks.spawn(async move {
             let mut stream = watcher::watcher(api, config).default_backoff().boxed();
-            // Keys present before a re-list, to notice objects deleted while disconnected.
-            let mut before: Option<HashSet<ObjectRef<K>>> = None;
-            let mut seen: HashSet<ObjectRef<K>> = HashSet::new();
+            let mut relay = Relay::new(writer, sender, synced_tx);
             loop {
                 let event = tokio::select! {
                     e = stream.next() => e,
                     _ = stop.cancelled() => return,
                 };
                 let Some(event) = event else { return };
-                let mut event = match event {
-                    Ok(event) => {
+                match event {
+                    Ok(mut event) => {
                         *failing.lock().unwrap_or_else(|p| p.into_inner()) = Failures::default();
-                        event
+                        match &mut event {
+                            Event::Apply(obj) | Event::InitApply(obj) | Event::Delete(obj) => slim(obj),
+                            Event::Init | Event::InitDone => {}
+                        }
+                        relay.handle(event);
                     }
                     Err(error) => {
                         tracing::warn!(%error, kind = %K::kind(&Default::default()), "watch failed; retrying with backoff");
@@ -97,51 +98,8 @@ where
                             f.since = Some(now);
                         }
                         f.last = Some((now, error.to_string()));
-                        continue;
-                    }
-                };
-                match &mut event {
-                    Event::Apply(obj) | Event::InitApply(obj) => slim(obj),
-                    Event::Delete(obj) => slim(obj),
-                    _ => {}
-                }
-                match &event {
-                    Event::Init => {
-                        before = Some(reader.state().iter().map(|o| ObjectRef::from_obj(o.as_ref())).collect());
-                        seen.clear();
-                    }
-                    Event::Apply(obj) | Event::InitApply(obj) => {
-                        let key = ObjectRef::from_obj(obj);
-                        let old = reader.get(&key);
-                        writer.apply_watcher_event(&event);
-                        // The store's own copy: no second deep copy per event.
-                        let new = reader.get(&key).unwrap_or_else(|| Arc::new(obj.clone()));
-                        seen.insert(key);
-                        let _ = sender.send(Change::Applied { old, new });
-                        continue;
-                    }
-                    Event::Delete(obj) => {
-                        writer.apply_watcher_event(&event);
-                        let _ = sender.send(Change::Deleted(Arc::new(obj.clone())));
-                        continue;
-                    }
-                    Event::InitDone => {
-                        let gone: Vec<Arc<K>> = before
-                            .take()
-                            .unwrap_or_default()
-                            .into_iter()
-                            .filter(|k| !seen.contains(k))
-                            .filter_map(|k| reader.get(&k))
-                            .collect();
-                        writer.apply_watcher_event(&event);
-                        for obj in gone {
-                            let _ = sender.send(Change::Deleted(obj));
-                        }
-                        let _ = synced_tx.send(true);
-                        continue;
                     }
                 }
-                writer.apply_watcher_event(&event);
             }
         });
         Self { store, changes, synced, failures }
@@ -181,6 +139,96 @@ where
     }
 }
 
+/// Turns watch events into the store's contents and the controllers' changes.
+///
+/// ## Warning: a re-list
+///
+/// On a (re-)list (`Init`, `InitApply`…, `InitDone`: after a `410 Expired`, an API server
+/// restart, etcd compaction or a long disconnect) kube-runtime's `Writer` buffers the listed
+/// objects and swaps them into the store only at `InitDone`: right after an `InitApply` the
+/// store still holds the old copy. A change announced then would carry `new == old`, and a
+/// controller reading the store would act on the old object, so an edit made while the watch
+/// was away would wait for the 12–24 h resync. The relay therefore holds the listed keys and
+/// announces them after the swap: every listed object whose resourceVersion differs from the
+/// stored one (or that is new) as `Applied` with the store's new copy, every stored object the
+/// listing lacks as `Deleted`. Unchanged objects are not announced (a re-list of 20,000 Nodes
+/// is not 20,000 changes).
+struct Relay<K: Resource + Clone + 'static>
+where
+    K::DynamicType: Eq + Hash + Clone,
+{
+    writer: reflector::store::Writer<K>,
+    reader: Store<K>,
+    changes: broadcast::Sender<Change<K>>,
+    synced: watch::Sender<bool>,
+    /// During a listing: the keys stored before it began.
+    before: Option<HashSet<ObjectRef<K>>>,
+    /// During a listing: each listed key with the copy stored before it began.
+    listed: HashMap<ObjectRef<K>, Option<Arc<K>>>,
+}
+
+impl<K> Relay<K>
+where
+    K: Resource + Clone + Debug + Send + Sync + 'static,
+    K::DynamicType: Eq + Hash + Clone + Default,
+{
+    fn new(writer: reflector::store::Writer<K>, changes: broadcast::Sender<Change<K>>, synced: watch::Sender<bool>) -> Self {
+        let reader = writer.as_reader();
+        Self { writer, reader, changes, synced, before: None, listed: HashMap::new() }
+    }
+
+    fn handle(&mut self, event: Event<K>) {
+        match &event {
+            Event::Init => {
+                self.before = Some(self.reader.state().iter().map(|o| ObjectRef::from_obj(o.as_ref())).collect());
+                self.listed.clear();
+                self.writer.apply_watcher_event(&event);
+            }
+            Event::InitApply(obj) => {
+                let key = ObjectRef::from_obj(obj);
+                let old = self.reader.get(&key);
+                self.writer.apply_watcher_event(&event);
+                self.listed.insert(key, old);
+            }
+            Event::Apply(obj) => {
+                let key = ObjectRef::from_obj(obj);
+                let old = self.reader.get(&key);
+                self.writer.apply_watcher_event(&event);
+                // The store's own copy: no second deep copy per event.
+                let new = self.reader.get(&key).unwrap_or_else(|| Arc::new(obj.clone()));
+                let _ = self.changes.send(Change::Applied { old, new });
+            }
+            Event::Delete(obj) => {
+                self.writer.apply_watcher_event(&event);
+                let _ = self.changes.send(Change::Deleted(Arc::new(obj.clone())));
+            }
+            Event::InitDone => {
+                let gone: Vec<Arc<K>> = self
+                    .before
+                    .take()
+                    .unwrap_or_default()
+                    .into_iter()
+                    .filter(|k| !self.listed.contains_key(k))
+                    .filter_map(|k| self.reader.get(&k))
+                    .collect();
+                self.writer.apply_watcher_event(&event);
+                for (key, old) in std::mem::take(&mut self.listed) {
+                    let Some(new) = self.reader.get(&key) else { continue };
+                    let version = |o: &K| o.meta().resource_version.clone();
+                    if old.as_deref().is_some_and(|old| version(old).is_some() && version(old) == version(&new)) {
+                        continue;
+                    }
+                    let _ = self.changes.send(Change::Applied { old, new });
+                }
+                for obj in gone {
+                    let _ = self.changes.send(Change::Deleted(obj));
+                }
+                let _ = self.synced.send(true);
+            }
+        }
+    }
+}
+
 /// Drops from a Node what no controller reads: managed fields, images, volumes, the
 /// last-applied annotation, daemon endpoints and node info.
 pub fn slim_node(node: &mut k8s_openapi::api::core::v1::Node) {
@@ -208,5 +256,111 @@ pub fn slim_service(service: &mut k8s_openapi::api::core::v1::Service) {
     service.metadata.managed_fields = None;
     if let Some(a) = service.metadata.annotations.as_mut() {
         a.remove("kubectl.kubernetes.io/last-applied-configuration");
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use k8s_openapi::api::core::v1::ConfigMap;
+
+    fn object(name: &str, version: &str, value: &str) -> ConfigMap {
+        let mut o = ConfigMap::default();
+        o.metadata.name = Some(name.into());
+        o.metadata.namespace = Some("ns".into());
+        o.metadata.resource_version = Some(version.into());
+        o.data = Some([("value".to_string(), value.to_string())].into());
+        o
+    }
+
+    fn value(o: &ConfigMap) -> String {
+        o.data.as_ref().and_then(|d| d.get("value")).cloned().unwrap_or_default()
+    }
+
+    struct Fixture {
+        relay: Relay<ConfigMap>,
+        changes: broadcast::Receiver<Change<ConfigMap>>,
+        store: Store<ConfigMap>,
+        synced: watch::Receiver<bool>,
+    }
+
+    impl Fixture {
+        fn new() -> Self {
+            let (store, writer) = reflector::store::<ConfigMap>();
+            let (tx, changes) = broadcast::channel(64);
+            let (synced_tx, synced) = watch::channel(false);
+            Self { relay: Relay::new(writer, tx, synced_tx), changes, store, synced }
+        }
+
+        fn list(&mut self, objects: &[ConfigMap]) {
+            self.relay.handle(Event::Init);
+            for o in objects {
+                self.relay.handle(Event::InitApply(o.clone()));
+            }
+            self.relay.handle(Event::InitDone);
+        }
+
+        /// The changes announced so far, as (name, old value, new value, value in the store
+        /// when the change is read) or (name, "deleted").
+        fn changes(&mut self) -> Vec<(String, Option<String>, String, String)> {
+            let mut out = Vec::new();
+            while let Ok(change) = self.changes.try_recv() {
+                match change {
+                    Change::Applied { old, new } => {
+                        let name = new.metadata.name.clone().unwrap_or_default();
+                        let stored = self.store.get(&ObjectRef::from_obj(new.as_ref())).map(|o| value(&o)).unwrap_or_default();
+                        out.push((name, old.map(|o| value(&o)), value(&new), stored));
+                    }
+                    Change::Deleted(o) => {
+                        out.push((o.metadata.name.clone().unwrap_or_default(), None, "deleted".into(), String::new()))
+                    }
+                }
+            }
+            out.sort();
+            out
+        }
+    }
+
+    #[test]
+    fn a_relist_announces_every_object_changed_while_away_with_its_new_copy_stored() {
+        let mut f = Fixture::new();
+        f.list(&[object("a", "1", "a1"), object("b", "2", "b1"), object("d", "3", "d1")]);
+        assert!(*f.synced.borrow());
+        assert_eq!(f.changes().len(), 3, "the first listing announces every object");
+
+        // The watch was away (410 Expired, an API server restart): a changed, b unchanged,
+        // c new, d deleted. Nothing is announced before the listing is complete, because
+        // the store swaps the listing in only at its end.
+        f.relay.handle(Event::Init);
+        for o in [object("a", "7", "a2"), object("b", "2", "b1"), object("c", "8", "c1")] {
+            f.relay.handle(Event::InitApply(o));
+        }
+        assert!(f.changes().is_empty(), "announced before the store holds the listing");
+        f.relay.handle(Event::InitDone);
+        assert_eq!(
+            f.changes(),
+            vec![
+                ("a".into(), Some("a1".into()), "a2".into(), "a2".into()),
+                ("c".into(), None, "c1".into(), "c1".into()),
+                ("d".into(), None, "deleted".into(), String::new()),
+            ],
+            "the changed object with its old and new copy (and the store already new), the new one, the deleted one; not the unchanged one"
+        );
+    }
+
+    #[test]
+    fn watch_events_carry_the_previous_and_the_stored_copy() {
+        let mut f = Fixture::new();
+        f.list(&[object("a", "1", "a1")]);
+        f.changes();
+        f.relay.handle(Event::Apply(object("a", "2", "a2")));
+        f.relay.handle(Event::Delete(object("a", "3", "a2")));
+        assert_eq!(
+            f.changes(),
+            vec![
+                ("a".into(), None, "deleted".into(), String::new()),
+                ("a".into(), Some("a1".into()), "a2".into(), String::new()),
+            ]
+        );
     }
 }

@@ -55,7 +55,7 @@ impl Provider {
                 self.call(METHOD, request, rpc).await.map(|a| a.results)
             };
             let answers = in_batches(METHOD, lookups, call, |r: pb::InstanceMetadataResult| match r.error {
-                Some(e) => Err(Error::from_item_error(&e)),
+                Some(e) => Err(self.item_error(&e)),
                 None => Ok((r.exists, r.metadata)),
             })
             .await;
@@ -88,7 +88,7 @@ impl Provider {
             self.call(METHOD, request, rpc).await.map(|a| a.results)
         };
         let answers = in_batches(METHOD, lookups, call, |r: pb::InstanceTagsResult| match r.error {
-            Some(e) => Err(Error::from_item_error(&e)),
+            Some(e) => Err(self.item_error(&e)),
             None => Ok(r.tags.into_iter().collect()),
         })
         .await;
@@ -157,7 +157,7 @@ impl Provider {
                 return Err(self.invalid(METHOD, why));
             }
             out.extend(answer.assignments.into_iter().map(|a| match a.error {
-                Some(e) => Err(Error::from_item_error(&e)),
+                Some(e) => Err(self.item_error(&e)),
                 None => Ok(a.table_ids),
             }));
         }
@@ -221,9 +221,9 @@ impl Provider {
             });
             match answer {
                 Ok(a) => {
-                    deleted.extend(a.deletes.into_iter().map(|d| d.error.map_or(Ok(()), |e| Err(Error::from_item_error(&e)))));
+                    deleted.extend(a.deletes.into_iter().map(|d| d.error.map_or(Ok(()), |e| Err(self.item_error(&e)))));
                     created.extend(a.creates.into_iter().zip(creates).map(|(r, wanted)| match (r.error, r.route) {
-                        (Some(e), _) => Err(Error::from_item_error(&e)),
+                        (Some(e), _) => Err(self.item_error(&e)),
                         (None, made) => self.made_route(METHOD, &wanted, made),
                     }));
                 }
@@ -338,7 +338,7 @@ impl Provider {
         for (len, answer) in join_all(calls).await {
             match answer {
                 Ok(a) if a.results.len() == len => {
-                    out.extend(a.results.into_iter().map(|r| r.error.map_or(Ok(()), |e| Err(Error::from_item_error(&e)))));
+                    out.extend(a.results.into_iter().map(|r| r.error.map_or(Ok(()), |e| Err(self.item_error(&e)))));
                 }
                 Ok(a) => {
                     let e = self.invalid(METHOD, format!("{} results for {} load balancers", a.results.len(), len));
@@ -359,6 +359,14 @@ impl Provider {
         let request = pb::EnsureLoadBalancerDeletedRequest { service: Some(service) };
         let rpc = async |ch, r| load_balancers_client(ch).ensure_load_balancer_deleted(r).await;
         self.call_fenced(fence, "LoadBalancersService/EnsureLoadBalancerDeleted", request, rpc).await.map(|_| ())
+    }
+
+    /// The error one item of a batch answer carries, its RetryInfo delay cut to the longest
+    /// honoured (`--provider-max-retry-after`), as a whole call's is: a delay of hours on one
+    /// item would otherwise park its key (a Node, the route table, the bulk hosts pass) for
+    /// that long.
+    fn item_error(&self, e: &pb::ItemError) -> Error {
+        Error::from_item_error(e).with_retry_after_at_most(self.max_retry_after)
     }
 
     /// The error of an invalid answer to `method`, counted and logged.
@@ -469,5 +477,63 @@ mod tests {
         let whole = |l: Vec<pb::InstanceLookup>| async move { Ok::<_, Error>(l) };
         let answers = in_batches("M", &lookups, whole, Ok).await;
         assert!(answers.iter().all(Result::is_ok));
+    }
+
+    #[tokio::test]
+    async fn an_items_retry_info_of_hours_is_cut_to_the_longest_honoured() {
+        use ccm_provider_sim::config::{Fault, FaultCode};
+        let dir = tempfile::tempdir().expect("tempdir");
+        let socket = dir.path().join("provider.sock");
+        let mut config = ccm_provider_sim::Config::default();
+        config.load_balancers.bulk_hosts = true;
+        config.faults.push(Fault {
+            method: "BatchUpdateLoadBalancerHosts".into(),
+            down: true,
+            code: FaultCode::RateLimited,
+            subject: Some("lb-b".into()),
+            retry_after_ms: Some(36_000_000),
+            ..Default::default()
+        });
+        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+        let endpoints = ccm_provider_sim::Endpoints::provider(ccm_provider_sdk::Listen::Unix(socket.clone()));
+        let sim = tokio::spawn(ccm_provider_sim::run(config, endpoints, async move {
+            let _ = stopped.await;
+        }));
+        let endpoint = format!("unix://{}", socket.display());
+        let provider = Provider::new(&endpoint, std::time::Duration::from_secs(5), 4, crate::metrics::Metrics::new())
+            .expect("client")
+            .with_max_retry_after(std::time::Duration::from_secs(20));
+        for _ in 0..100 {
+            if provider.refresh().await.is_ok() {
+                break;
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+        }
+        let services: Vec<pb::LoadBalancerService> = ["lb-a", "lb-b"]
+            .iter()
+            .map(|name| pb::LoadBalancerService {
+                cluster_name: "c".into(),
+                namespace: "default".into(),
+                name: name.to_string(),
+                uid: format!("uid-{name}"),
+                load_balancer_name: name.to_string(),
+                ports: vec![pb::ServicePort {
+                    port: 80,
+                    node_port: 30080,
+                    protocol: pb::Protocol::Tcp as i32,
+                    ..Default::default()
+                }],
+                ..Default::default()
+            })
+            .collect();
+        for service in &services {
+            provider.ensure_load_balancer(None, service.clone(), &EncodedNodes::new(&[])).await.expect("ensure");
+        }
+        let answers = provider.batch_update_load_balancer_hosts(None, &services, &[]).await;
+        assert!(answers[0].is_ok(), "{:?}", answers[0]);
+        let throttled = answers[1].as_ref().expect_err("lb-b is throttled");
+        assert_eq!(throttled.retry_after(), Some(std::time::Duration::from_secs(20)), "{throttled}");
+        let _ = stop.send(());
+        let _ = sim.await;
     }
 }
