@@ -26,7 +26,9 @@ pub use ccm_protocol::{Error, Result, reason};
 /// code has always used.
 pub use ccm_protocol::{client, error, names, ratelimit, registry, tls};
 pub use page::{Page, PageRequest, paginate, token_for};
-pub use provider::{AppliedRoutes, ImageCredentials, Instances, LoadBalancers, NodeMetadata, Probe, Readiness, Routes, Tags};
+pub use provider::{
+    Answered, AppliedRoutes, ImageCredentials, Instances, LoadBalancers, NodeMetadata, Probe, Readiness, Routes, Tags,
+};
 pub use server::{CallObserver, Listen, ProviderServer};
 /// The attribute for implementing the provider traits: `#[ccm_provider_sdk::async_trait]`.
 pub use tonic::async_trait;

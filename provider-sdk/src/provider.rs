@@ -6,12 +6,47 @@
 use ccm_proto::v1::{
     GetImageCredentialsRequest, GetImageCredentialsResponse, InstanceLookup, InstanceMetadata, InstanceState,
     InstancesCapabilities, LoadBalancerNode, LoadBalancerService, LoadBalancerStatus, LoadBalancerSummary,
-    LoadBalancersCapabilities, Route, RouteTable, RouteTarget, RoutesCapabilities,
+    LoadBalancersCapabilities, LookupKey, Route, RouteTable, RouteTarget, RoutesCapabilities,
 };
 use std::collections::HashMap;
 
 use crate::error::Result;
 use crate::page::{Page, PageRequest};
+
+/// One answer of a batch read, naming the lookup it answers. The SDK sends the name with the
+/// answer (`lookup` of each result), and the core matches answers to lookups by it: make each
+/// [`Answered`] from the lookup it is about ([`Answered::to`]), never by position in a list
+/// that may have been sorted, grouped by zone or filled from a map. Answers may come in any
+/// order; each lookup given must be answered exactly once.
+#[derive(Debug)]
+pub struct Answered<T> {
+    /// The lookup answered: its provider ID and node name as asked.
+    pub lookup: LookupKey,
+    /// The answer.
+    pub result: Result<T>,
+}
+
+impl<T> Answered<T> {
+    /// The answer `result` to `lookup`.
+    pub fn to(lookup: &InstanceLookup, result: Result<T>) -> Self {
+        Self { lookup: Self::key(lookup), result }
+    }
+
+    /// The answer `result` for route target `target` (ResolveRouteTables).
+    pub fn for_target(target: &RouteTarget, result: Result<T>) -> Self {
+        Self { lookup: Self::target_key(target), result }
+    }
+
+    /// The name of `lookup`.
+    pub fn key(lookup: &InstanceLookup) -> LookupKey {
+        LookupKey { provider_id: lookup.provider_id.clone(), node_name: lookup.node_name.clone() }
+    }
+
+    /// The name of route target `target`.
+    pub fn target_key(target: &RouteTarget) -> LookupKey {
+        LookupKey { provider_id: target.provider_id.clone(), node_name: target.node_name.clone() }
+    }
+}
 
 /// Whether the plugin can serve now (the answer of `Probe`).
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -66,11 +101,12 @@ pub trait Instances: Send + Sync + 'static {
             .map(|m| m.state() == InstanceState::Stopped))
     }
 
-    /// Many lookups at once, one result per lookup in order. The default reads one by one.
-    async fn batch_instance_metadata(&self, lookups: &[InstanceLookup]) -> Result<Vec<Result<Option<InstanceMetadata>>>> {
+    /// Many lookups at once, one answer per lookup, each naming its lookup (any order). The
+    /// default reads one by one.
+    async fn batch_instance_metadata(&self, lookups: &[InstanceLookup]) -> Result<Vec<Answered<Option<InstanceMetadata>>>> {
         let mut out = Vec::with_capacity(lookups.len());
         for lookup in lookups {
-            out.push(self.instance_metadata(lookup).await);
+            out.push(Answered::to(lookup, self.instance_metadata(lookup).await));
         }
         Ok(out)
     }
@@ -87,11 +123,12 @@ pub trait Tags: Send + Sync + 'static {
     /// The instance's tags, or `Ok(None)` when it does not exist.
     async fn instance_tags(&self, lookup: &InstanceLookup) -> Result<Option<HashMap<String, String>>>;
 
-    /// Many lookups at once. The default reads one by one.
-    async fn batch_instance_tags(&self, lookups: &[InstanceLookup]) -> Result<Vec<Result<Option<HashMap<String, String>>>>> {
+    /// Many lookups at once, one answer per lookup, each naming its lookup (any order). The
+    /// default reads one by one.
+    async fn batch_instance_tags(&self, lookups: &[InstanceLookup]) -> Result<Vec<Answered<Option<HashMap<String, String>>>>> {
         let mut out = Vec::with_capacity(lookups.len());
         for lookup in lookups {
-            out.push(self.instance_tags(lookup).await);
+            out.push(Answered::to(lookup, self.instance_tags(lookup).await));
         }
         Ok(out)
     }
@@ -126,10 +163,10 @@ pub trait Routes: Send + Sync + 'static {
 
     /// The tables each target's routes go to. The default puts everything in the default
     /// table; override it when advertising `multiple_tables`.
-    async fn resolve_route_tables(&self, targets: &[RouteTarget]) -> Result<Vec<Result<Vec<String>>>> {
+    async fn resolve_route_tables(&self, targets: &[RouteTarget]) -> Result<Vec<Answered<Vec<String>>>> {
         let first = self.list_route_tables(&PageRequest::new(1, "")).await?;
         let table = first.items.first().map(|t| t.id.clone()).unwrap_or_default();
-        Ok(targets.iter().map(|_| Ok(vec![table.clone()])).collect())
+        Ok(targets.iter().map(|t| Answered::for_target(t, Ok(vec![table.clone()]))).collect())
     }
 
     /// ApplyRoutes: deletes, then creates, many routes of one table (`""` is the default

@@ -23,7 +23,7 @@ use tonic::{Code, Request, Response, Status};
 use crate::error::{Error, Result};
 use crate::names::NameLimits;
 use crate::page::PageRequest;
-use crate::provider::{ImageCredentials, Instances, LoadBalancers, NodeMetadata, Probe, Readiness, Routes, Tags};
+use crate::provider::{Answered, ImageCredentials, Instances, LoadBalancers, NodeMetadata, Probe, Readiness, Routes, Tags};
 use crate::validate;
 
 /// A generated service server with cloudprovider.v1's message limits
@@ -497,14 +497,44 @@ impl IdentityService for IdentityAdapter {
 }
 
 /// A batch of lookups: checks its size, gives each invalid lookup its own item error, passes
-/// the valid ones to the provider in one call, and returns one answer per lookup, in order.
+/// the valid ones to the provider in one call, and returns one answer per lookup, in request
+/// order, each naming its lookup. The provider's answers are put in order by the lookups they
+/// name ([`in_order`]), so a provider that sorts or groups its reads cannot hand one lookup's
+/// answer to another.
 async fn batch<T>(
     lookups: &[pb::InstanceLookup],
-    call: impl AsyncFnOnce(Vec<pb::InstanceLookup>) -> Result<Vec<Result<T>>>,
-) -> Result<Vec<Result<T>>> {
+    call: impl AsyncFnOnce(Vec<pb::InstanceLookup>) -> Result<Vec<Answered<T>>>,
+) -> Result<Vec<Answered<T>>> {
     validate::batch_size(lookups.len())?;
     let (checked, valid) = checked(lookups, |l| validate::lookup(Some(l)).cloned());
-    merge("lookups", checked, call(valid).await?)
+    let keys: Vec<pb::LookupKey> = valid.iter().map(Answered::<()>::key).collect();
+    let answers = in_order(&keys, call(valid).await?)?;
+    let answers = merge("lookups", checked, answers.into_iter().map(|a| a.result).collect())?;
+    Ok(lookups.iter().zip(answers).map(|(l, result)| Answered::to(l, result)).collect())
+}
+
+/// `answers` in the order of `asked`, by the lookup each names: they must name exactly the
+/// lookups asked, each once; anything else is the provider's bug, refused as INTERNAL rather
+/// than sent for the caller to sort out.
+fn in_order<T>(asked: &[pb::LookupKey], answers: Vec<Answered<T>>) -> Result<Vec<Answered<T>>> {
+    if answers.len() != asked.len() {
+        return Err(Error::internal(format!("provider answered {} of {} lookups", answers.len(), asked.len())));
+    }
+    let mut named: std::collections::HashMap<(String, String), Vec<Answered<T>>> = std::collections::HashMap::new();
+    for a in answers.into_iter().rev() {
+        named.entry((a.lookup.provider_id.clone(), a.lookup.node_name.clone())).or_default().push(a);
+    }
+    asked
+        .iter()
+        .map(|k| {
+            named.get_mut(&(k.provider_id.clone(), k.node_name.clone())).and_then(Vec::pop).ok_or_else(|| {
+                Error::internal(format!(
+                    "provider gave no answer for node {:?} (providerID {:?}): it answered a lookup it was not given, or one twice",
+                    k.node_name, k.provider_id
+                ))
+            })
+        })
+        .collect()
 }
 
 /// Each item's check, and the items that passed it (as `check` returns them), in order.
@@ -605,12 +635,20 @@ impl InstancesService for InstancesAdapter {
                 let answers = batch(&req.instances, async |valid| self.inner.batch_instance_metadata(&valid).await).await?;
                 let results = answers
                     .into_iter()
-                    .map(|answer| match answer {
-                        Ok(m) => {
-                            let metadata = existing(m);
-                            pb::InstanceMetadataResult { exists: metadata.is_some(), metadata, error: None }
+                    .map(|answer| {
+                        let lookup = Some(answer.lookup);
+                        match answer.result {
+                            Ok(m) => {
+                                let metadata = existing(m);
+                                pb::InstanceMetadataResult { exists: metadata.is_some(), metadata, error: None, lookup }
+                            }
+                            Err(e) => pb::InstanceMetadataResult {
+                                exists: false,
+                                metadata: None,
+                                error: Some(e.to_item_error()),
+                                lookup,
+                            },
                         }
-                        Err(e) => pb::InstanceMetadataResult { exists: false, metadata: None, error: Some(e.to_item_error()) },
                     })
                     .collect();
                 Ok(pb::BatchInstanceMetadataResponse { results, cache_ttl: self.ttl })
@@ -672,12 +710,21 @@ impl TagsService for TagsAdapter {
                 let answers = batch(&req.instances, async |valid| self.inner.batch_instance_tags(&valid).await).await?;
                 let results = answers
                     .into_iter()
-                    .map(|answer| match answer {
-                        Ok(tags) => {
-                            pb::InstanceTagsResult { exists: tags.is_some(), tags: tags.unwrap_or_default(), error: None }
-                        }
-                        Err(e) => {
-                            pb::InstanceTagsResult { exists: false, tags: Default::default(), error: Some(e.to_item_error()) }
+                    .map(|answer| {
+                        let lookup = Some(answer.lookup);
+                        match answer.result {
+                            Ok(tags) => pb::InstanceTagsResult {
+                                exists: tags.is_some(),
+                                tags: tags.unwrap_or_default(),
+                                error: None,
+                                lookup,
+                            },
+                            Err(e) => pb::InstanceTagsResult {
+                                exists: false,
+                                tags: Default::default(),
+                                error: Some(e.to_item_error()),
+                                lookup,
+                            },
                         }
                     })
                     .collect();
@@ -764,14 +811,15 @@ impl RoutesService for RoutesAdapter {
             .call("RoutesService/ResolveRouteTables", async {
                 validate::batch_size(req.targets.len())?;
                 let answers = self.inner.resolve_route_tables(&req.targets).await?;
-                if answers.len() != req.targets.len() {
-                    return Err(Error::internal(format!("provider answered {} of {} targets", answers.len(), req.targets.len())));
-                }
-                let assignments = answers
+                let keys: Vec<pb::LookupKey> = req.targets.iter().map(Answered::<()>::target_key).collect();
+                let assignments = in_order(&keys, answers)?
                     .into_iter()
-                    .map(|a| match a {
-                        Ok(table_ids) => pb::RouteTableAssignment { table_ids, error: None },
-                        Err(e) => pb::RouteTableAssignment { table_ids: Vec::new(), error: Some(e.to_item_error()) },
+                    .map(|a| {
+                        let target = Some(pb::RouteTarget { node_name: a.lookup.node_name, provider_id: a.lookup.provider_id });
+                        match a.result {
+                            Ok(table_ids) => pb::RouteTableAssignment { table_ids, error: None, target },
+                            Err(e) => pb::RouteTableAssignment { table_ids: Vec::new(), error: Some(e.to_item_error()), target },
+                        }
                     })
                     .collect();
                 Ok(pb::ResolveRouteTablesResponse { assignments })

@@ -54,10 +54,16 @@ impl Provider {
                 let rpc = async |ch, r| instances_client(ch).batch_instance_metadata(r).await;
                 self.call(METHOD, request, rpc).await.map(|a| a.results)
             };
-            let answers = in_batches(METHOD, lookups, call, |r: pb::InstanceMetadataResult| match r.error {
-                Some(e) => Err(self.item_error(&e)),
-                None => Ok((r.exists, r.metadata)),
-            })
+            let answers = in_batches(
+                METHOD,
+                lookups,
+                call,
+                |r: &pb::InstanceMetadataResult| r.lookup.as_ref(),
+                |r: pb::InstanceMetadataResult| match r.error {
+                    Some(e) => Err(self.item_error(&e)),
+                    None => Ok((r.exists, r.metadata)),
+                },
+            )
             .await;
             (METHOD, answers)
         } else {
@@ -87,10 +93,16 @@ impl Provider {
             let rpc = async |ch, r| tags_client(ch).batch_get_instance_tags(r).await;
             self.call(METHOD, request, rpc).await.map(|a| a.results)
         };
-        let answers = in_batches(METHOD, lookups, call, |r: pb::InstanceTagsResult| match r.error {
-            Some(e) => Err(self.item_error(&e)),
-            None => Ok(r.tags.into_iter().collect()),
-        })
+        let answers = in_batches(
+            METHOD,
+            lookups,
+            call,
+            |r: &pb::InstanceTagsResult| r.lookup.as_ref(),
+            |r: pb::InstanceTagsResult| match r.error {
+                Some(e) => Err(self.item_error(&e)),
+                None => Ok(r.tags.into_iter().collect()),
+            },
+        )
         .await;
         self.count_invalid(METHOD, &answers);
         answers
@@ -144,7 +156,8 @@ impl Provider {
     }
 
     /// The tables each target's routes belong in, 500 targets a call: one answer per target,
-    /// in order. An answer of the wrong length is an error for the whole call.
+    /// in order, matched by the target each assignment names. An answer of the wrong length is
+    /// an error for the whole call; a target no assignment names fails alone.
     pub async fn resolve_route_tables(&self, targets: &[pb::RouteTarget]) -> Result<PerLookup<Vec<String>>, Error> {
         const METHOD: &str = "RoutesService/ResolveRouteTables";
         let mut out = Vec::with_capacity(targets.len());
@@ -156,10 +169,14 @@ impl Provider {
                 let why = format!("{} assignments for {} targets", answer.assignments.len(), chunk.len());
                 return Err(self.invalid(METHOD, why));
             }
-            out.extend(answer.assignments.into_iter().map(|a| match a.error {
-                Some(e) => Err(self.item_error(&e)),
-                None => Ok(a.table_ids),
-            }));
+            let keys = chunk.iter().map(|t| (t.provider_id.as_str(), t.node_name.as_str()));
+            let named = |a: &pb::RouteTableAssignment| a.target.as_ref().map(|t| (t.provider_id.clone(), t.node_name.clone()));
+            for matched in matched(METHOD, keys, answer.assignments, named) {
+                out.push(matched.and_then(|a| match a.error {
+                    Some(e) => Err(self.item_error(&e)),
+                    None => Ok(a.table_ids),
+                }));
+            }
         }
         Ok(out)
     }
@@ -389,8 +406,11 @@ impl Provider {
     }
 }
 
-/// One lookup's instance answer: metadata when it exists, checked; about the lookup's own
-/// instance (the same providerID when both have one).
+/// One lookup's instance answer: metadata when it exists, checked. Which lookup it answers is
+/// settled before (the batch answer names it, or the call was about this lookup alone), so the
+/// metadata may name the instance in the provider's canonical form (`sim://sim-region-1a/i-10`
+/// for a kubelet's `sim://zone-it-said/i-10`, `aws:///us-east-1a/i-…` for `aws:///i-…`): the
+/// Node keeps its own providerID, as upstream's does.
 fn instance(
     method: &str,
     lookup: &pb::InstanceLookup,
@@ -405,20 +425,18 @@ fn instance(
         return Err(invalid(method, format!("instance of node {:?} exists but came without metadata", lookup.node_name)));
     };
     answer::instance(&m, scheme).map_err(|why| invalid(method, format!("node {:?}: {why}", lookup.node_name)))?;
-    if !lookup.provider_id.is_empty() && !m.provider_id.is_empty() && m.provider_id != lookup.provider_id {
-        let why =
-            format!("asked about {:?} (node {:?}), it answered about {:?}", lookup.provider_id, lookup.node_name, m.provider_id);
-        return Err(invalid(method, why));
-    }
     Ok(Some(m))
 }
 
-/// Runs a batch RPC over `lookups` in chunks of [`MAX_BATCH`]: one result per lookup, in
-/// order; a failed call, or an answer of the wrong length, fails each lookup of its chunk.
+/// Runs a batch RPC over `lookups` in chunks of [`MAX_BATCH`]: one result per lookup, in the
+/// lookups' order, each answer matched to its lookup by the lookup it names (`named`), never
+/// by position; a failed call, or an answer of the wrong length, fails each lookup of its
+/// chunk; a lookup that no answer names fails alone ([`matched`]).
 async fn in_batches<R, T, Fut>(
     method: &str,
     lookups: &[pb::InstanceLookup],
     call: impl Fn(Vec<pb::InstanceLookup>) -> Fut,
+    named: impl Fn(&R) -> Option<&pb::LookupKey>,
     item: impl Fn(R) -> Result<T, Error>,
 ) -> PerLookup<T>
 where
@@ -427,7 +445,11 @@ where
     let mut out = Vec::with_capacity(lookups.len());
     for chunk in lookups.chunks(MAX_BATCH) {
         match call(chunk.to_vec()).await {
-            Ok(results) if results.len() == chunk.len() => out.extend(results.into_iter().map(&item)),
+            Ok(results) if results.len() == chunk.len() => {
+                let keys = chunk.iter().map(|l| (l.provider_id.as_str(), l.node_name.as_str()));
+                let named = |r: &R| named(r).map(|k| (k.provider_id.clone(), k.node_name.clone()));
+                out.extend(matched(method, keys, results, named).into_iter().map(|r| r.and_then(&item)));
+            }
             Ok(results) => {
                 let e = invalid(method, format!("{} answers for {} lookups", results.len(), chunk.len()));
                 out.extend(chunk.iter().map(|_| Err(e.clone())));
@@ -436,6 +458,46 @@ where
         }
     }
     out
+}
+
+/// The answers of one batch call put in the order of the lookups they name (`keys`: each
+/// lookup's providerID and node name as sent; `named`: the same of an answer). A lookup that
+/// no answer names, or whose answer is taken by an earlier lookup of the same name, gets an
+/// invalid-answer error of its own; answers naming no lookup, or one not asked, are dropped
+/// and counted in those errors. Nothing is matched by position: a "does not exist" answer
+/// carries nothing else that says whose it is.
+fn matched<'k, R>(
+    method: &str,
+    keys: impl Iterator<Item = (&'k str, &'k str)>,
+    answers: Vec<R>,
+    named: impl Fn(&R) -> Option<(String, String)>,
+) -> Vec<Result<R, Error>> {
+    let keys: Vec<(&str, &str)> = keys.collect();
+    let mut slots: Vec<Option<R>> = keys.iter().map(|_| None).collect();
+    let mut index: std::collections::HashMap<(String, String), Vec<usize>> = std::collections::HashMap::new();
+    for (i, (id, node)) in keys.iter().enumerate().rev() {
+        index.entry((id.to_string(), node.to_string())).or_default().push(i);
+    }
+    let mut stray = 0;
+    for answer in answers {
+        let slot = named(&answer).and_then(|key| index.get_mut(&key)?.pop());
+        match slot {
+            Some(i) => slots[i] = Some(answer),
+            None => stray += 1,
+        }
+    }
+    slots
+        .into_iter()
+        .zip(keys)
+        .map(|(slot, (provider_id, node))| {
+            slot.ok_or_else(|| {
+                let why = format!(
+                    "no answer names the lookup of node {node:?} (providerID {provider_id:?}); {stray} answer(s) named no lookup asked"
+                );
+                invalid(method, why)
+            })
+        })
+        .collect()
 }
 
 #[cfg(test)]
@@ -451,7 +513,7 @@ mod tests {
     }
 
     #[test]
-    fn an_instance_answer_is_about_its_lookup_or_an_error() {
+    fn an_instance_answer_is_checked_and_may_name_the_instance_in_the_providers_form() {
         let m = "M";
         assert_eq!(instance(m, &lookup("a", "sim://z/a"), false, None, "sim").expect("ok"), None);
         let stray = instance(m, &lookup("a", "sim://z/a"), false, Some(meta("sim://z/a")), "sim").expect("ok");
@@ -459,24 +521,72 @@ mod tests {
         assert!(instance(m, &lookup("a", "sim://z/a"), true, Some(meta("sim://z/a")), "sim").expect("ok").is_some());
         // A lookup by name takes the instance the provider found.
         assert!(instance(m, &lookup("a", ""), true, Some(meta("sim://z/a")), "sim").expect("ok").is_some());
-        let swapped = instance(m, &lookup("a", "sim://z/a"), true, Some(meta("sim://z/b")), "sim").expect_err("an error");
-        assert!(check::is_invalid(&swapped) && swapped.to_string().contains("sim://z/b"), "{swapped}");
+        // The kubelet said another zone; the cloud answers in its canonical form.
+        let canonical = instance(m, &lookup("a", "sim://kubelet-zone/a"), true, Some(meta("sim://z/a")), "sim").expect("ok");
+        assert_eq!(canonical.map(|c| c.provider_id), Some("sim://z/a".to_string()));
         let bare = instance(m, &lookup("a", "sim://z/a"), true, None, "sim").expect_err("an error");
         assert!(bare.to_string().contains("without metadata"), "{bare}");
         let other = instance(m, &lookup("a", ""), true, Some(meta("other://z/a")), "sim").expect_err("an error");
         assert!(other.to_string().contains("scheme"), "{other}");
     }
 
+    fn result(name: &str, id: &str, exists: bool) -> pb::InstanceMetadataResult {
+        pb::InstanceMetadataResult {
+            exists,
+            metadata: exists.then(|| meta(&format!("sim://z/{name}"))),
+            lookup: Some(pb::LookupKey { node_name: name.into(), provider_id: id.into() }),
+            error: None,
+        }
+    }
+
+    fn named(r: &pb::InstanceMetadataResult) -> Option<&pb::LookupKey> {
+        r.lookup.as_ref()
+    }
+
+    /// (exists) per lookup, or the error's text.
+    async fn answers(lookups: &[pb::InstanceLookup], results: Vec<pb::InstanceMetadataResult>) -> Vec<Result<bool, String>> {
+        let call = |_: Vec<pb::InstanceLookup>| {
+            let results = results.clone();
+            async move { Ok::<_, Error>(results) }
+        };
+        let out = in_batches("M", lookups, call, named, |r| Ok(r.exists)).await;
+        out.into_iter().map(|r| r.map_err(|e| e.to_string())).collect()
+    }
+
+    #[tokio::test]
+    async fn batch_answers_are_matched_by_the_lookup_they_name_not_by_position() {
+        let lookups = vec![lookup("a", "sim://z/a"), lookup("b", ""), lookup("c", "sim://z/c")];
+        // Reversed: "b does not exist" sits where a's answer would be.
+        let reversed = vec![result("c", "sim://z/c", true), result("b", "", false), result("a", "sim://z/a", true)];
+        assert_eq!(answers(&lookups, reversed).await, vec![Ok(true), Ok(false), Ok(true)]);
+
+        // An answer that names no lookup, or one not asked, is nobody's answer: its lookup fails
+        // alone as an invalid answer (never "gone"), the others stand.
+        let mut unnamed = result("a", "sim://z/a", false);
+        unnamed.lookup = None;
+        let stray = result("x", "sim://z/x", false);
+        let got = answers(&lookups, vec![unnamed, result("b", "", false), result("c", "sim://z/c", true)]).await;
+        assert!(got[0].as_ref().is_err_and(|e| e.contains("no answer names the lookup of node \"a\"")), "{got:?}");
+        assert_eq!(got[1..], [Ok(false), Ok(true)]);
+        let got = answers(&lookups, vec![result("b", "", false), stray, result("c", "sim://z/c", true)]).await;
+        assert!(got[0].is_err() && got[1] == Ok(false) && got[2] == Ok(true), "{got:?}");
+        // The same lookup answered twice: one answer taken, the other lookup left without one.
+        let got = answers(
+            &lookups,
+            vec![result("a", "sim://z/a", true), result("a", "sim://z/a", false), result("c", "sim://z/c", true)],
+        )
+        .await;
+        assert!(got[0] == Ok(true) && got[1].is_err() && got[2] == Ok(true), "{got:?}");
+    }
+
     #[tokio::test]
     async fn a_short_batch_fails_every_lookup_of_its_chunk() {
         let lookups: Vec<_> = (0..3).map(|i| lookup(&format!("n{i}"), "")).collect();
-        let short = |l: Vec<pb::InstanceLookup>| async move { Ok::<_, Error>(l.into_iter().skip(1).collect::<Vec<_>>()) };
-        let answers = in_batches("M", &lookups, short, Ok).await;
-        assert_eq!(answers.len(), 3);
-        assert!(answers.iter().all(|a| a.as_ref().is_err_and(check::is_invalid)));
-        let whole = |l: Vec<pb::InstanceLookup>| async move { Ok::<_, Error>(l) };
-        let answers = in_batches("M", &lookups, whole, Ok).await;
-        assert!(answers.iter().all(Result::is_ok));
+        let short = vec![result("n1", "", true), result("n2", "", true)];
+        let got = answers(&lookups, short).await;
+        assert!(got.iter().all(|a| a.as_ref().is_err_and(|e| e.contains("2 answers for 3 lookups"))), "{got:?}");
+        let whole = vec![result("n0", "", true), result("n1", "", true), result("n2", "", true)];
+        assert!(answers(&lookups, whole).await.iter().all(Result::is_ok));
     }
 
     #[tokio::test]

@@ -80,6 +80,35 @@ fn by_provider_id(lookup: &pb::InstanceMetadata) -> pb::InstanceLookup {
     pb::InstanceLookup { provider_id: lookup.provider_id.clone(), ..Default::default() }
 }
 
+/// Batch results in the order of `lookups`, by the lookup each names (`lookup` of each
+/// result): the core matches answers by name, never by position, so a result that names no
+/// lookup, or leaves one unanswered, fails the check.
+fn by_lookup<'r, R: Debug>(
+    what: &str,
+    lookups: &[pb::InstanceLookup],
+    results: &'r [R],
+    named: impl Fn(&R) -> Option<&pb::LookupKey>,
+) -> Result<Vec<&'r R>, Not> {
+    ensure(results.len() == lookups.len(), || format!("{what}: {} results for {} lookups", results.len(), lookups.len()))?;
+    let mut taken = vec![false; results.len()];
+    let mut out = Vec::with_capacity(lookups.len());
+    for l in lookups {
+        let found = results
+            .iter()
+            .enumerate()
+            .find(|(i, r)| !taken[*i] && named(r).is_some_and(|k| k.provider_id == l.provider_id && k.node_name == l.node_name));
+        let Some((i, r)) = found else {
+            return Err(fail(format!(
+                "{what}: no result names the lookup (node {:?}, providerID {:?}); results must echo their lookup in `lookup`: {results:?}",
+                l.node_name, l.provider_id
+            )));
+        };
+        taken[i] = true;
+        out.push(r);
+    }
+    Ok(out)
+}
+
 /// Follows page tokens to the end, checking each page's size against `page_size`.
 async fn all_pages<T>(
     what: &str,

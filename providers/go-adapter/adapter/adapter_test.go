@@ -184,6 +184,11 @@ func TestBatchReadsAnswerPerItemInOrder(t *testing.T) {
 		if got := r.GetResults()[i].GetMetadata().GetProviderId(); got != want {
 			t.Errorf("result %d: %q, want %q", i, got, want)
 		}
+		// Every result, errors included, names the lookup it answers.
+		key, asked := r.GetResults()[i].GetLookup(), lookups[i]
+		if key.GetNodeName() != asked.GetNodeName() || key.GetProviderId() != asked.GetProviderId() {
+			t.Errorf("result %d names %v, asked %v", i, key, asked)
+		}
 	}
 	throttled := r.GetResults()[1].GetError()
 	if codes.Code(throttled.GetCode()) != codes.ResourceExhausted || throttled.GetRetryAfterMs() != 3000 || throttled.GetReason() != "RATE_LIMITED" {

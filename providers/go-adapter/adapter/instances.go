@@ -235,16 +235,18 @@ func (s *instances) BatchInstanceMetadata(ctx context.Context, req *pb.BatchInst
 		results := make([]*pb.InstanceMetadataResult, len(req.GetInstances()))
 		each(len(req.GetInstances()), s.batchSize, func(i int) {
 			l := req.GetInstances()[i]
+			// Each result names its lookup: the core matches answers by it, not by position.
+			key := &pb.LookupKey{ProviderId: l.GetProviderId(), NodeName: l.GetNodeName()}
 			if err := checkLookup(l); err != nil {
-				results[i] = &pb.InstanceMetadataResult{Error: &pb.ItemError{Code: int32(codes.InvalidArgument), Message: err.Error(), Reason: "INVALID_ARGUMENT"}}
+				results[i] = &pb.InstanceMetadataResult{Lookup: key, Error: &pb.ItemError{Code: int32(codes.InvalidArgument), Message: err.Error(), Reason: "INVALID_ARGUMENT"}}
 				return
 			}
 			meta, exists, err := s.read(ctx, l)
 			if err != nil {
-				results[i] = &pb.InstanceMetadataResult{Error: itemError(err)}
+				results[i] = &pb.InstanceMetadataResult{Lookup: key, Error: itemError(err)}
 				return
 			}
-			results[i] = &pb.InstanceMetadataResult{Exists: exists, Metadata: meta}
+			results[i] = &pb.InstanceMetadataResult{Lookup: key, Exists: exists, Metadata: meta}
 		})
 		return &pb.BatchInstanceMetadataResponse{Results: results}, nil
 	})

@@ -203,11 +203,13 @@ func (s *routes) DeleteRoute(ctx context.Context, req *pb.DeleteRouteRequest) (*
 	})
 }
 
-// ResolveRouteTables: every target's routes go to the one table.
+// ResolveRouteTables: every target's routes go to the one table; each assignment names its
+// target.
 func (s *routes) ResolveRouteTables(_ context.Context, req *pb.ResolveRouteTablesRequest) (*pb.ResolveRouteTablesResponse, error) {
 	out := &pb.ResolveRouteTablesResponse{}
-	for range req.GetTargets() {
-		out.Assignments = append(out.Assignments, &pb.RouteTableAssignment{TableIds: []string{defaultTable}})
+	for _, t := range req.GetTargets() {
+		target := &pb.RouteTarget{NodeName: t.GetNodeName(), ProviderId: t.GetProviderId()}
+		out.Assignments = append(out.Assignments, &pb.RouteTableAssignment{TableIds: []string{defaultTable}, Target: target})
 	}
 	return out, nil
 }

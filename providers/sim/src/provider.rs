@@ -5,7 +5,7 @@ use std::collections::HashMap;
 use std::sync::Arc;
 
 use ccm_provider_sdk::proto as pb;
-use ccm_provider_sdk::{AppliedRoutes, Page, PageRequest, Readiness, Result, paginate};
+use ccm_provider_sdk::{Answered, AppliedRoutes, Page, PageRequest, Readiness, Result, paginate};
 
 use crate::cloud::Cloud;
 use crate::config::Lie;
@@ -70,10 +70,13 @@ impl ccm_provider_sdk::Instances for SimProvider {
             .map(|m| m.state() == pb::InstanceState::Stopped))
     }
 
-    async fn batch_instance_metadata(&self, lookups: &[pb::InstanceLookup]) -> Result<Vec<Result<Option<pb::InstanceMetadata>>>> {
+    async fn batch_instance_metadata(
+        &self,
+        lookups: &[pb::InstanceLookup],
+    ) -> Result<Vec<Answered<Option<pb::InstanceMetadata>>>> {
         self.cloud.api_call("BatchInstanceMetadata").await?;
         let lie = self.cloud.lie("BatchInstanceMetadata");
-        let answers = lookups.iter().map(|l| self.cloud.instance_answer(l).map(|m| lie_about(lie, m))).collect();
+        let answers = lookups.iter().map(|l| Answered::to(l, self.cloud.instance_answer(l).map(|m| lie_about(lie, m)))).collect();
         Ok(shuffled(lie, answers))
     }
 }
@@ -89,10 +92,13 @@ impl ccm_provider_sdk::Tags for SimProvider {
         self.cloud.instance_tags(lookup)
     }
 
-    async fn batch_instance_tags(&self, lookups: &[pb::InstanceLookup]) -> Result<Vec<Result<Option<HashMap<String, String>>>>> {
+    async fn batch_instance_tags(
+        &self,
+        lookups: &[pb::InstanceLookup],
+    ) -> Result<Vec<Answered<Option<HashMap<String, String>>>>> {
         self.cloud.api_call("BatchGetInstanceTags").await?;
         let lie = self.cloud.lie("BatchGetInstanceTags");
-        Ok(shuffled(lie, lookups.iter().map(|l| self.cloud.instance_tags(l)).collect()))
+        Ok(shuffled(lie, lookups.iter().map(|l| Answered::to(l, self.cloud.instance_tags(l))).collect()))
     }
 }
 
@@ -128,10 +134,10 @@ impl ccm_provider_sdk::Routes for SimProvider {
         self.cloud.delete_route(cluster_name, table_id, name)
     }
 
-    async fn resolve_route_tables(&self, targets: &[pb::RouteTarget]) -> Result<Vec<Result<Vec<String>>>> {
+    async fn resolve_route_tables(&self, targets: &[pb::RouteTarget]) -> Result<Vec<Answered<Vec<String>>>> {
         self.cloud.api_call("ResolveRouteTables").await?;
         let lie = self.cloud.lie("ResolveRouteTables");
-        Ok(shuffled(lie, targets.iter().map(|t| self.cloud.tables_for(t)).collect()))
+        Ok(shuffled(lie, targets.iter().map(|t| Answered::for_target(t, self.cloud.tables_for(t))).collect()))
     }
 
     /// One cloud call for the whole list, as a route table written as one document.

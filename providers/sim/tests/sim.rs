@@ -160,7 +160,7 @@ impl ccm_provider_sdk::Routes for Broken {
         self.inner.delete_route(cluster, table, name).await
     }
 
-    async fn resolve_route_tables(&self, targets: &[pb::RouteTarget]) -> Result<Vec<Result<Vec<String>>>> {
+    async fn resolve_route_tables(&self, targets: &[pb::RouteTarget]) -> Result<Vec<ccm_provider_sdk::Answered<Vec<String>>>> {
         self.inner.resolve_route_tables(targets).await
     }
 }

@@ -213,7 +213,10 @@ async fn wrong_answers_hangs_and_hours_of_throttling_delete_nothing_and_heal() {
     };
     let cases = vec![
         Case { name: "every instance gone", faults: vec![lie("*", Lie::AllGone)], event: Some("NodeDeletionRefused") },
-        Case { name: "batch answers reordered", faults: vec![lie("*", Lie::Reorder)], event: Some("InvalidProviderAnswer") },
+        // Each answer names its lookup: a provider that reorders its answers is matched by
+        // name (the SDK sends them in request order, the core matches on the name), so the
+        // Nodes keep their own instances and there is nothing to warn about.
+        Case { name: "batch answers reordered", faults: vec![lie("*", Lie::Reorder)], event: None },
         Case { name: "a short batch", faults: vec![lie("*", Lie::ShortBatch)], event: None },
         Case {
             name: "providerIDs of another scheme",

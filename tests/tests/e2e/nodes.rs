@@ -147,6 +147,49 @@ async fn a_node_is_initialised_from_the_cloud() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_providerid_the_kubelet_wrote_in_another_form_is_kept_and_the_node_initialised() {
+    // The kubelet set a valid providerID with the zone it believed (`sim://<its zone>/i-k`);
+    // the cloud names the instance `sim://sim-region-1b/i-k`. As upstream does, the Node keeps
+    // its providerID (immutable anyway) and is initialised from the cloud's answer; and two
+    // uninitialised Nodes read in one reordered batch each get their own instance.
+    let cp = ccm_harness::shared().expect("control plane");
+    let env = TestEnv::new(cp.client().await.expect("client"), "idform").await.expect("env");
+    let (k, x, y) = (env.node_name("k"), env.node_name("x"), env.node_name("y"));
+    let mut config = Config::default();
+    config.instances.push(instance("i-k", &k, "sim-region-1b"));
+    config.instances.push(instance("i-x", &x, "sim-region-1a"));
+    config.instances.push(instance("i-y", &y, "sim-region-1b"));
+    config.faults.push(Fault {
+        method: "BatchInstanceMetadata".into(),
+        lie: Some(ccm_provider_sim::config::Lie::Reorder),
+        ..Default::default()
+    });
+    let sim = Sim::start(config).await;
+    NodeBuilder::new(&k)
+        .uninitialized()
+        .label(TEST_LABEL, &env.prefix)
+        .provider_id("sim://zone-the-kubelet-said/i-k")
+        .create(&env.client)
+        .await
+        .expect("node");
+    for n in [&x, &y] {
+        NodeBuilder::new(n).uninitialized().label(TEST_LABEL, &env.prefix).create(&env.client).await.expect("node");
+    }
+    let core = Core::start(cp, &env, &sim, &["--leader-elect=false"]);
+    let node = eventually("initialisation", Duration::from_secs(30), async || initialised(&env, &k).await).await;
+    assert_eq!(node.spec.as_ref().and_then(|s| s.provider_id.as_deref()), Some("sim://zone-the-kubelet-said/i-k"));
+    assert_eq!(labels(&node).get("topology.kubernetes.io/zone").map(String::as_str), Some("sim-region-1b"), "from the cloud");
+    for (n, id, zone) in [(&x, "sim://sim-region-1a/i-x", "sim-region-1a"), (&y, "sim://sim-region-1b/i-y", "sim-region-1b")] {
+        let node = eventually("initialisation", Duration::from_secs(30), async || initialised(&env, n).await).await;
+        assert_eq!(node.spec.as_ref().and_then(|s| s.provider_id.as_deref()), Some(id), "{n} got its own instance");
+        assert_eq!(labels(&node).get("topology.kubernetes.io/zone").map(String::as_str), Some(zone));
+    }
+    assert!(!event_reasons(&env, &k).await.iter().any(|r| r == "InvalidProviderAnswer"));
+    core.stop().await.expect("stop");
+    env.cleanup().await.expect("cleanup");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn updates_during_an_initialisation_do_not_cause_a_second_lookup() {
     let cp = ccm_harness::shared().expect("control plane");
     let env = TestEnv::new(cp.client().await.expect("client"), "once").await.expect("env");

@@ -287,11 +287,11 @@ impl<F: FnMut(&CheckResult)> Suite<F> {
         let r = self
             .instances
             .clone()
-            .batch_instance_metadata(self.req(pb::BatchInstanceMetadataRequest { instances: lookups }))
+            .batch_instance_metadata(self.req(pb::BatchInstanceMetadataRequest { instances: lookups.clone() }))
             .await
             .ctx("BatchInstanceMetadata")?;
-        ensure(r.results.len() == 3, || format!("{} results for 3 lookups", r.results.len()))?;
-        let (a, b, c) = (&r.results[0], &r.results[1], &r.results[2]);
+        let results = by_lookup("BatchInstanceMetadata", &lookups, &r.results, |r| r.lookup.as_ref())?;
+        let (a, b, c) = (results[0], results[1], results[2]);
         ensure(a.exists && a.error.is_none() && a.metadata.as_ref().is_some_and(|m| m.provider_id == known.provider_id), || {
             format!("known instance answered {a:?}")
         })?;
@@ -313,8 +313,8 @@ impl<F: FnMut(&CheckResult)> Suite<F> {
             .batch_instance_metadata(self.req(pb::BatchInstanceMetadataRequest { instances: lookups.clone() }))
             .await
             .ctx("BatchInstanceMetadata")?;
-        ensure(r.results.len() == lookups.len(), || format!("{} results for {} lookups", r.results.len(), lookups.len()))?;
-        for (lookup, batch) in lookups.into_iter().zip(r.results) {
+        let results = by_lookup("BatchInstanceMetadata", &lookups, &r.results, |r| r.lookup.as_ref())?;
+        for (lookup, batch) in lookups.iter().zip(results) {
             let single = self
                 .instances
                 .clone()

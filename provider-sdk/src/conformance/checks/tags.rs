@@ -47,14 +47,15 @@ impl<F: FnMut(&CheckResult)> Suite<F> {
             .batch_instance_metadata(self.req(pb::BatchInstanceMetadataRequest { instances: lookups.clone() }))
             .await
             .ctx("BatchInstanceMetadata")?;
-        for (lookup, answer) in lookups.into_iter().zip(metadata.results) {
+        let results = by_lookup("BatchInstanceMetadata", &lookups, &metadata.results, |r| r.lookup.as_ref())?;
+        for (lookup, answer) in lookups.iter().zip(results) {
             let tags = self
                 .tags
                 .clone()
                 .get_instance_tags(self.req(pb::GetInstanceTagsRequest { instance: Some(lookup.clone()) }))
                 .await
                 .ctx("GetInstanceTags")?;
-            let in_metadata = answer.metadata.map(|m| m.tags).unwrap_or_default();
+            let in_metadata = answer.metadata.as_ref().map(|m| m.tags.clone()).unwrap_or_default();
             ensure(in_metadata == tags.tags, || {
                 format!("{}: the metadata's tags {in_metadata:?} are not TagsService's {:?}", lookup.provider_id, tags.tags)
             })?;
@@ -73,8 +74,8 @@ impl<F: FnMut(&CheckResult)> Suite<F> {
             .batch_get_instance_tags(self.req(pb::BatchGetInstanceTagsRequest { instances: lookups.clone() }))
             .await
             .ctx("BatchGetInstanceTags")?;
-        ensure(r.results.len() == lookups.len(), || format!("{} results for {} lookups", r.results.len(), lookups.len()))?;
-        for (lookup, batch) in lookups.into_iter().zip(r.results) {
+        let results = by_lookup("BatchGetInstanceTags", &lookups, &r.results, |r| r.lookup.as_ref())?;
+        for (lookup, batch) in lookups.iter().zip(results) {
             let single = self
                 .tags
                 .clone()

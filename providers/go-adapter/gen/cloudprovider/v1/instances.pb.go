@@ -380,7 +380,10 @@ type InstanceMetadataResult struct {
 	Metadata *InstanceMetadata `protobuf:"bytes,2,opt,name=metadata,proto3" json:"metadata,omitempty"`
 	// Set when this item failed; the other fields are then unset. An item error never means
 	// the instance is gone.
-	Error         *ItemError `protobuf:"bytes,3,opt,name=error,proto3" json:"error,omitempty"`
+	Error *ItemError `protobuf:"bytes,3,opt,name=error,proto3" json:"error,omitempty"`
+	// The lookup this result answers (required: a result without it, or naming a lookup the
+	// request did not make, is an invalid answer). Results may come in any order.
+	Lookup        *LookupKey `protobuf:"bytes,4,opt,name=lookup,proto3" json:"lookup,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -436,10 +439,18 @@ func (x *InstanceMetadataResult) GetError() *ItemError {
 	return nil
 }
 
+func (x *InstanceMetadataResult) GetLookup() *LookupKey {
+	if x != nil {
+		return x.Lookup
+	}
+	return nil
+}
+
 // Response of BatchInstanceMetadata.
 type BatchInstanceMetadataResponse struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
-	// One result per requested lookup, in request order.
+	// One result per requested lookup, each naming its lookup (`lookup`); in request order by
+	// convention, but callers match on `lookup`.
 	Results []*InstanceMetadataResult `protobuf:"bytes,1,rep,name=results,proto3" json:"results,omitempty"`
 	// How long the answers hold; unset means no hint.
 	CacheTtl      *durationpb.Duration `protobuf:"bytes,2,opt,name=cache_ttl,json=cacheTtl,proto3" json:"cache_ttl,omitempty"`
@@ -632,11 +643,12 @@ const file_cloudprovider_v1_instances_proto_rawDesc = "" +
 	"\bmetadata\x18\x02 \x01(\v2\".cloudprovider.v1.InstanceMetadataR\bmetadata\x126\n" +
 	"\tcache_ttl\x18\x03 \x01(\v2\x19.google.protobuf.DurationR\bcacheTtl\"^\n" +
 	"\x1cBatchInstanceMetadataRequest\x12>\n" +
-	"\tinstances\x18\x01 \x03(\v2 .cloudprovider.v1.InstanceLookupR\tinstances\"\xa3\x01\n" +
+	"\tinstances\x18\x01 \x03(\v2 .cloudprovider.v1.InstanceLookupR\tinstances\"\xd8\x01\n" +
 	"\x16InstanceMetadataResult\x12\x16\n" +
 	"\x06exists\x18\x01 \x01(\bR\x06exists\x12>\n" +
 	"\bmetadata\x18\x02 \x01(\v2\".cloudprovider.v1.InstanceMetadataR\bmetadata\x121\n" +
-	"\x05error\x18\x03 \x01(\v2\x1b.cloudprovider.v1.ItemErrorR\x05error\"\x9b\x01\n" +
+	"\x05error\x18\x03 \x01(\v2\x1b.cloudprovider.v1.ItemErrorR\x05error\x123\n" +
+	"\x06lookup\x18\x04 \x01(\v2\x1b.cloudprovider.v1.LookupKeyR\x06lookup\"\x9b\x01\n" +
 	"\x1dBatchInstanceMetadataResponse\x12B\n" +
 	"\aresults\x18\x01 \x03(\v2(.cloudprovider.v1.InstanceMetadataResultR\aresults\x126\n" +
 	"\tcache_ttl\x18\x02 \x01(\v2\x19.google.protobuf.DurationR\bcacheTtl\"R\n" +
@@ -685,6 +697,7 @@ var file_cloudprovider_v1_instances_proto_goTypes = []any{
 	(*InstanceMetadata)(nil),              // 12: cloudprovider.v1.InstanceMetadata
 	(*durationpb.Duration)(nil),           // 13: google.protobuf.Duration
 	(*ItemError)(nil),                     // 14: cloudprovider.v1.ItemError
+	(*LookupKey)(nil),                     // 15: cloudprovider.v1.LookupKey
 }
 var file_cloudprovider_v1_instances_proto_depIdxs = []int32{
 	11, // 0: cloudprovider.v1.InstanceExistsRequest.instance:type_name -> cloudprovider.v1.InstanceLookup
@@ -695,25 +708,26 @@ var file_cloudprovider_v1_instances_proto_depIdxs = []int32{
 	11, // 5: cloudprovider.v1.BatchInstanceMetadataRequest.instances:type_name -> cloudprovider.v1.InstanceLookup
 	12, // 6: cloudprovider.v1.InstanceMetadataResult.metadata:type_name -> cloudprovider.v1.InstanceMetadata
 	14, // 7: cloudprovider.v1.InstanceMetadataResult.error:type_name -> cloudprovider.v1.ItemError
-	7,  // 8: cloudprovider.v1.BatchInstanceMetadataResponse.results:type_name -> cloudprovider.v1.InstanceMetadataResult
-	13, // 9: cloudprovider.v1.BatchInstanceMetadataResponse.cache_ttl:type_name -> google.protobuf.Duration
-	12, // 10: cloudprovider.v1.ListInstancesResponse.instances:type_name -> cloudprovider.v1.InstanceMetadata
-	13, // 11: cloudprovider.v1.ListInstancesResponse.cache_ttl:type_name -> google.protobuf.Duration
-	0,  // 12: cloudprovider.v1.InstancesService.InstanceExists:input_type -> cloudprovider.v1.InstanceExistsRequest
-	2,  // 13: cloudprovider.v1.InstancesService.InstanceShutdown:input_type -> cloudprovider.v1.InstanceShutdownRequest
-	4,  // 14: cloudprovider.v1.InstancesService.InstanceMetadata:input_type -> cloudprovider.v1.InstanceMetadataRequest
-	6,  // 15: cloudprovider.v1.InstancesService.BatchInstanceMetadata:input_type -> cloudprovider.v1.BatchInstanceMetadataRequest
-	9,  // 16: cloudprovider.v1.InstancesService.ListInstances:input_type -> cloudprovider.v1.ListInstancesRequest
-	1,  // 17: cloudprovider.v1.InstancesService.InstanceExists:output_type -> cloudprovider.v1.InstanceExistsResponse
-	3,  // 18: cloudprovider.v1.InstancesService.InstanceShutdown:output_type -> cloudprovider.v1.InstanceShutdownResponse
-	5,  // 19: cloudprovider.v1.InstancesService.InstanceMetadata:output_type -> cloudprovider.v1.InstanceMetadataResponse
-	8,  // 20: cloudprovider.v1.InstancesService.BatchInstanceMetadata:output_type -> cloudprovider.v1.BatchInstanceMetadataResponse
-	10, // 21: cloudprovider.v1.InstancesService.ListInstances:output_type -> cloudprovider.v1.ListInstancesResponse
-	17, // [17:22] is the sub-list for method output_type
-	12, // [12:17] is the sub-list for method input_type
-	12, // [12:12] is the sub-list for extension type_name
-	12, // [12:12] is the sub-list for extension extendee
-	0,  // [0:12] is the sub-list for field type_name
+	15, // 8: cloudprovider.v1.InstanceMetadataResult.lookup:type_name -> cloudprovider.v1.LookupKey
+	7,  // 9: cloudprovider.v1.BatchInstanceMetadataResponse.results:type_name -> cloudprovider.v1.InstanceMetadataResult
+	13, // 10: cloudprovider.v1.BatchInstanceMetadataResponse.cache_ttl:type_name -> google.protobuf.Duration
+	12, // 11: cloudprovider.v1.ListInstancesResponse.instances:type_name -> cloudprovider.v1.InstanceMetadata
+	13, // 12: cloudprovider.v1.ListInstancesResponse.cache_ttl:type_name -> google.protobuf.Duration
+	0,  // 13: cloudprovider.v1.InstancesService.InstanceExists:input_type -> cloudprovider.v1.InstanceExistsRequest
+	2,  // 14: cloudprovider.v1.InstancesService.InstanceShutdown:input_type -> cloudprovider.v1.InstanceShutdownRequest
+	4,  // 15: cloudprovider.v1.InstancesService.InstanceMetadata:input_type -> cloudprovider.v1.InstanceMetadataRequest
+	6,  // 16: cloudprovider.v1.InstancesService.BatchInstanceMetadata:input_type -> cloudprovider.v1.BatchInstanceMetadataRequest
+	9,  // 17: cloudprovider.v1.InstancesService.ListInstances:input_type -> cloudprovider.v1.ListInstancesRequest
+	1,  // 18: cloudprovider.v1.InstancesService.InstanceExists:output_type -> cloudprovider.v1.InstanceExistsResponse
+	3,  // 19: cloudprovider.v1.InstancesService.InstanceShutdown:output_type -> cloudprovider.v1.InstanceShutdownResponse
+	5,  // 20: cloudprovider.v1.InstancesService.InstanceMetadata:output_type -> cloudprovider.v1.InstanceMetadataResponse
+	8,  // 21: cloudprovider.v1.InstancesService.BatchInstanceMetadata:output_type -> cloudprovider.v1.BatchInstanceMetadataResponse
+	10, // 22: cloudprovider.v1.InstancesService.ListInstances:output_type -> cloudprovider.v1.ListInstancesResponse
+	18, // [18:23] is the sub-list for method output_type
+	13, // [13:18] is the sub-list for method input_type
+	13, // [13:13] is the sub-list for extension type_name
+	13, // [13:13] is the sub-list for extension extendee
+	0,  // [0:13] is the sub-list for field type_name
 }
 
 func init() { file_cloudprovider_v1_instances_proto_init() }

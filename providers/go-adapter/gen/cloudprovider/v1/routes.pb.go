@@ -738,7 +738,10 @@ type RouteTableAssignment struct {
 	// The tables the target's routes go to; every one of them is listed by ListRouteTables.
 	TableIds []string `protobuf:"bytes,1,rep,name=table_ids,json=tableIds,proto3" json:"table_ids,omitempty"`
 	// Set when this item failed.
-	Error         *ItemError `protobuf:"bytes,2,opt,name=error,proto3" json:"error,omitempty"`
+	Error *ItemError `protobuf:"bytes,2,opt,name=error,proto3" json:"error,omitempty"`
+	// The target this assignment is for, as the request gave it (required: callers match
+	// assignments to targets by it, as InstanceMetadataResult.lookup).
+	Target        *RouteTarget `protobuf:"bytes,3,opt,name=target,proto3" json:"target,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -787,10 +790,17 @@ func (x *RouteTableAssignment) GetError() *ItemError {
 	return nil
 }
 
+func (x *RouteTableAssignment) GetTarget() *RouteTarget {
+	if x != nil {
+		return x.Target
+	}
+	return nil
+}
+
 // Response of ResolveRouteTables.
 type ResolveRouteTablesResponse struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
-	// One assignment per requested target, in request order.
+	// One assignment per requested target, each naming its target.
 	Assignments   []*RouteTableAssignment `protobuf:"bytes,1,rep,name=assignments,proto3" json:"assignments,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
@@ -1113,10 +1123,11 @@ const file_cloudprovider_v1_routes_proto_rawDesc = "" +
 	"\x04name\x18\x03 \x01(\tR\x04name\"\x15\n" +
 	"\x13DeleteRouteResponse\"T\n" +
 	"\x19ResolveRouteTablesRequest\x127\n" +
-	"\atargets\x18\x01 \x03(\v2\x1d.cloudprovider.v1.RouteTargetR\atargets\"f\n" +
+	"\atargets\x18\x01 \x03(\v2\x1d.cloudprovider.v1.RouteTargetR\atargets\"\x9d\x01\n" +
 	"\x14RouteTableAssignment\x12\x1b\n" +
 	"\ttable_ids\x18\x01 \x03(\tR\btableIds\x121\n" +
-	"\x05error\x18\x02 \x01(\v2\x1b.cloudprovider.v1.ItemErrorR\x05error\"f\n" +
+	"\x05error\x18\x02 \x01(\v2\x1b.cloudprovider.v1.ItemErrorR\x05error\x125\n" +
+	"\x06target\x18\x03 \x01(\v2\x1d.cloudprovider.v1.RouteTargetR\x06target\"f\n" +
 	"\x1aResolveRouteTablesResponse\x12H\n" +
 	"\vassignments\x18\x01 \x03(\v2&.cloudprovider.v1.RouteTableAssignmentR\vassignments\"\x9f\x01\n" +
 	"\x12ApplyRoutesRequest\x12!\n" +
@@ -1188,30 +1199,31 @@ var file_cloudprovider_v1_routes_proto_depIdxs = []int32{
 	2,  // 6: cloudprovider.v1.CreateRouteResponse.route:type_name -> cloudprovider.v1.Route
 	1,  // 7: cloudprovider.v1.ResolveRouteTablesRequest.targets:type_name -> cloudprovider.v1.RouteTarget
 	20, // 8: cloudprovider.v1.RouteTableAssignment.error:type_name -> cloudprovider.v1.ItemError
-	12, // 9: cloudprovider.v1.ResolveRouteTablesResponse.assignments:type_name -> cloudprovider.v1.RouteTableAssignment
-	2,  // 10: cloudprovider.v1.ApplyRoutesRequest.creates:type_name -> cloudprovider.v1.Route
-	2,  // 11: cloudprovider.v1.RouteResult.route:type_name -> cloudprovider.v1.Route
-	20, // 12: cloudprovider.v1.RouteResult.error:type_name -> cloudprovider.v1.ItemError
-	20, // 13: cloudprovider.v1.RouteDeleteResult.error:type_name -> cloudprovider.v1.ItemError
-	16, // 14: cloudprovider.v1.ApplyRoutesResponse.deletes:type_name -> cloudprovider.v1.RouteDeleteResult
-	15, // 15: cloudprovider.v1.ApplyRoutesResponse.creates:type_name -> cloudprovider.v1.RouteResult
-	3,  // 16: cloudprovider.v1.RoutesService.ListRouteTables:input_type -> cloudprovider.v1.ListRouteTablesRequest
-	5,  // 17: cloudprovider.v1.RoutesService.ListRoutes:input_type -> cloudprovider.v1.ListRoutesRequest
-	7,  // 18: cloudprovider.v1.RoutesService.CreateRoute:input_type -> cloudprovider.v1.CreateRouteRequest
-	9,  // 19: cloudprovider.v1.RoutesService.DeleteRoute:input_type -> cloudprovider.v1.DeleteRouteRequest
-	11, // 20: cloudprovider.v1.RoutesService.ResolveRouteTables:input_type -> cloudprovider.v1.ResolveRouteTablesRequest
-	14, // 21: cloudprovider.v1.RoutesService.ApplyRoutes:input_type -> cloudprovider.v1.ApplyRoutesRequest
-	4,  // 22: cloudprovider.v1.RoutesService.ListRouteTables:output_type -> cloudprovider.v1.ListRouteTablesResponse
-	6,  // 23: cloudprovider.v1.RoutesService.ListRoutes:output_type -> cloudprovider.v1.ListRoutesResponse
-	8,  // 24: cloudprovider.v1.RoutesService.CreateRoute:output_type -> cloudprovider.v1.CreateRouteResponse
-	10, // 25: cloudprovider.v1.RoutesService.DeleteRoute:output_type -> cloudprovider.v1.DeleteRouteResponse
-	13, // 26: cloudprovider.v1.RoutesService.ResolveRouteTables:output_type -> cloudprovider.v1.ResolveRouteTablesResponse
-	17, // 27: cloudprovider.v1.RoutesService.ApplyRoutes:output_type -> cloudprovider.v1.ApplyRoutesResponse
-	22, // [22:28] is the sub-list for method output_type
-	16, // [16:22] is the sub-list for method input_type
-	16, // [16:16] is the sub-list for extension type_name
-	16, // [16:16] is the sub-list for extension extendee
-	0,  // [0:16] is the sub-list for field type_name
+	1,  // 9: cloudprovider.v1.RouteTableAssignment.target:type_name -> cloudprovider.v1.RouteTarget
+	12, // 10: cloudprovider.v1.ResolveRouteTablesResponse.assignments:type_name -> cloudprovider.v1.RouteTableAssignment
+	2,  // 11: cloudprovider.v1.ApplyRoutesRequest.creates:type_name -> cloudprovider.v1.Route
+	2,  // 12: cloudprovider.v1.RouteResult.route:type_name -> cloudprovider.v1.Route
+	20, // 13: cloudprovider.v1.RouteResult.error:type_name -> cloudprovider.v1.ItemError
+	20, // 14: cloudprovider.v1.RouteDeleteResult.error:type_name -> cloudprovider.v1.ItemError
+	16, // 15: cloudprovider.v1.ApplyRoutesResponse.deletes:type_name -> cloudprovider.v1.RouteDeleteResult
+	15, // 16: cloudprovider.v1.ApplyRoutesResponse.creates:type_name -> cloudprovider.v1.RouteResult
+	3,  // 17: cloudprovider.v1.RoutesService.ListRouteTables:input_type -> cloudprovider.v1.ListRouteTablesRequest
+	5,  // 18: cloudprovider.v1.RoutesService.ListRoutes:input_type -> cloudprovider.v1.ListRoutesRequest
+	7,  // 19: cloudprovider.v1.RoutesService.CreateRoute:input_type -> cloudprovider.v1.CreateRouteRequest
+	9,  // 20: cloudprovider.v1.RoutesService.DeleteRoute:input_type -> cloudprovider.v1.DeleteRouteRequest
+	11, // 21: cloudprovider.v1.RoutesService.ResolveRouteTables:input_type -> cloudprovider.v1.ResolveRouteTablesRequest
+	14, // 22: cloudprovider.v1.RoutesService.ApplyRoutes:input_type -> cloudprovider.v1.ApplyRoutesRequest
+	4,  // 23: cloudprovider.v1.RoutesService.ListRouteTables:output_type -> cloudprovider.v1.ListRouteTablesResponse
+	6,  // 24: cloudprovider.v1.RoutesService.ListRoutes:output_type -> cloudprovider.v1.ListRoutesResponse
+	8,  // 25: cloudprovider.v1.RoutesService.CreateRoute:output_type -> cloudprovider.v1.CreateRouteResponse
+	10, // 26: cloudprovider.v1.RoutesService.DeleteRoute:output_type -> cloudprovider.v1.DeleteRouteResponse
+	13, // 27: cloudprovider.v1.RoutesService.ResolveRouteTables:output_type -> cloudprovider.v1.ResolveRouteTablesResponse
+	17, // 28: cloudprovider.v1.RoutesService.ApplyRoutes:output_type -> cloudprovider.v1.ApplyRoutesResponse
+	23, // [23:29] is the sub-list for method output_type
+	17, // [17:23] is the sub-list for method input_type
+	17, // [17:17] is the sub-list for extension type_name
+	17, // [17:17] is the sub-list for extension extendee
+	0,  // [0:17] is the sub-list for field type_name
 }
 
 func init() { file_cloudprovider_v1_routes_proto_init() }

@@ -186,7 +186,9 @@ type InstanceTagsResult struct {
 	// The instance's tags.
 	Tags map[string]string `protobuf:"bytes,2,rep,name=tags,proto3" json:"tags,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
 	// Set when this item failed.
-	Error         *ItemError `protobuf:"bytes,3,opt,name=error,proto3" json:"error,omitempty"`
+	Error *ItemError `protobuf:"bytes,3,opt,name=error,proto3" json:"error,omitempty"`
+	// The lookup this result answers (required, as InstanceMetadataResult.lookup).
+	Lookup        *LookupKey `protobuf:"bytes,4,opt,name=lookup,proto3" json:"lookup,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -242,10 +244,17 @@ func (x *InstanceTagsResult) GetError() *ItemError {
 	return nil
 }
 
+func (x *InstanceTagsResult) GetLookup() *LookupKey {
+	if x != nil {
+		return x.Lookup
+	}
+	return nil
+}
+
 // Response of BatchGetInstanceTags.
 type BatchGetInstanceTagsResponse struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
-	// One result per requested lookup, in request order.
+	// One result per requested lookup, each naming its lookup (`lookup`).
 	Results []*InstanceTagsResult `protobuf:"bytes,1,rep,name=results,proto3" json:"results,omitempty"`
 	// How long the answers hold; unset means no hint.
 	CacheTtl      *durationpb.Duration `protobuf:"bytes,2,opt,name=cache_ttl,json=cacheTtl,proto3" json:"cache_ttl,omitempty"`
@@ -312,11 +321,12 @@ const file_cloudprovider_v1_tags_proto_rawDesc = "" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"]\n" +
 	"\x1bBatchGetInstanceTagsRequest\x12>\n" +
-	"\tinstances\x18\x01 \x03(\v2 .cloudprovider.v1.InstanceLookupR\tinstances\"\xdc\x01\n" +
+	"\tinstances\x18\x01 \x03(\v2 .cloudprovider.v1.InstanceLookupR\tinstances\"\x91\x02\n" +
 	"\x12InstanceTagsResult\x12\x16\n" +
 	"\x06exists\x18\x01 \x01(\bR\x06exists\x12B\n" +
 	"\x04tags\x18\x02 \x03(\v2..cloudprovider.v1.InstanceTagsResult.TagsEntryR\x04tags\x121\n" +
-	"\x05error\x18\x03 \x01(\v2\x1b.cloudprovider.v1.ItemErrorR\x05error\x1a7\n" +
+	"\x05error\x18\x03 \x01(\v2\x1b.cloudprovider.v1.ItemErrorR\x05error\x123\n" +
+	"\x06lookup\x18\x04 \x01(\v2\x1b.cloudprovider.v1.LookupKeyR\x06lookup\x1a7\n" +
 	"\tTagsEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\x96\x01\n" +
@@ -352,6 +362,7 @@ var file_cloudprovider_v1_tags_proto_goTypes = []any{
 	(*InstanceLookup)(nil),               // 7: cloudprovider.v1.InstanceLookup
 	(*durationpb.Duration)(nil),          // 8: google.protobuf.Duration
 	(*ItemError)(nil),                    // 9: cloudprovider.v1.ItemError
+	(*LookupKey)(nil),                    // 10: cloudprovider.v1.LookupKey
 }
 var file_cloudprovider_v1_tags_proto_depIdxs = []int32{
 	7,  // 0: cloudprovider.v1.GetInstanceTagsRequest.instance:type_name -> cloudprovider.v1.InstanceLookup
@@ -360,17 +371,18 @@ var file_cloudprovider_v1_tags_proto_depIdxs = []int32{
 	7,  // 3: cloudprovider.v1.BatchGetInstanceTagsRequest.instances:type_name -> cloudprovider.v1.InstanceLookup
 	6,  // 4: cloudprovider.v1.InstanceTagsResult.tags:type_name -> cloudprovider.v1.InstanceTagsResult.TagsEntry
 	9,  // 5: cloudprovider.v1.InstanceTagsResult.error:type_name -> cloudprovider.v1.ItemError
-	3,  // 6: cloudprovider.v1.BatchGetInstanceTagsResponse.results:type_name -> cloudprovider.v1.InstanceTagsResult
-	8,  // 7: cloudprovider.v1.BatchGetInstanceTagsResponse.cache_ttl:type_name -> google.protobuf.Duration
-	0,  // 8: cloudprovider.v1.TagsService.GetInstanceTags:input_type -> cloudprovider.v1.GetInstanceTagsRequest
-	2,  // 9: cloudprovider.v1.TagsService.BatchGetInstanceTags:input_type -> cloudprovider.v1.BatchGetInstanceTagsRequest
-	1,  // 10: cloudprovider.v1.TagsService.GetInstanceTags:output_type -> cloudprovider.v1.GetInstanceTagsResponse
-	4,  // 11: cloudprovider.v1.TagsService.BatchGetInstanceTags:output_type -> cloudprovider.v1.BatchGetInstanceTagsResponse
-	10, // [10:12] is the sub-list for method output_type
-	8,  // [8:10] is the sub-list for method input_type
-	8,  // [8:8] is the sub-list for extension type_name
-	8,  // [8:8] is the sub-list for extension extendee
-	0,  // [0:8] is the sub-list for field type_name
+	10, // 6: cloudprovider.v1.InstanceTagsResult.lookup:type_name -> cloudprovider.v1.LookupKey
+	3,  // 7: cloudprovider.v1.BatchGetInstanceTagsResponse.results:type_name -> cloudprovider.v1.InstanceTagsResult
+	8,  // 8: cloudprovider.v1.BatchGetInstanceTagsResponse.cache_ttl:type_name -> google.protobuf.Duration
+	0,  // 9: cloudprovider.v1.TagsService.GetInstanceTags:input_type -> cloudprovider.v1.GetInstanceTagsRequest
+	2,  // 10: cloudprovider.v1.TagsService.BatchGetInstanceTags:input_type -> cloudprovider.v1.BatchGetInstanceTagsRequest
+	1,  // 11: cloudprovider.v1.TagsService.GetInstanceTags:output_type -> cloudprovider.v1.GetInstanceTagsResponse
+	4,  // 12: cloudprovider.v1.TagsService.BatchGetInstanceTags:output_type -> cloudprovider.v1.BatchGetInstanceTagsResponse
+	11, // [11:13] is the sub-list for method output_type
+	9,  // [9:11] is the sub-list for method input_type
+	9,  // [9:9] is the sub-list for extension type_name
+	9,  // [9:9] is the sub-list for extension extendee
+	0,  // [0:9] is the sub-list for field type_name
 }
 
 func init() { file_cloudprovider_v1_tags_proto_init() }

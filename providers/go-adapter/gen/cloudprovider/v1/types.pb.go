@@ -287,6 +287,67 @@ func (x *InstanceLookup) GetLabels() map[string]string {
 	return nil
 }
 
+// Which lookup of a batch an answer is about: the lookup's `provider_id` and `node_name`
+// exactly as the request gave them. Every item of a batch answer names its lookup this way, so
+// that the caller matches answers to lookups by name, never by position alone: a "does not
+// exist" answer carries no instance to compare, and one answer taken for another's lookup
+// deletes the wrong Node. The answer's own metadata may name the instance in the provider's
+// canonical form (`aws:///us-east-1a/i-…` for a lookup of `aws:///i-…`): the echo, not the
+// metadata, says which lookup it answers.
+type LookupKey struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The lookup's provider_id, as sent.
+	ProviderId string `protobuf:"bytes,1,opt,name=provider_id,json=providerId,proto3" json:"provider_id,omitempty"`
+	// The lookup's node_name, as sent.
+	NodeName      string `protobuf:"bytes,2,opt,name=node_name,json=nodeName,proto3" json:"node_name,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *LookupKey) Reset() {
+	*x = LookupKey{}
+	mi := &file_cloudprovider_v1_types_proto_msgTypes[2]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *LookupKey) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*LookupKey) ProtoMessage() {}
+
+func (x *LookupKey) ProtoReflect() protoreflect.Message {
+	mi := &file_cloudprovider_v1_types_proto_msgTypes[2]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use LookupKey.ProtoReflect.Descriptor instead.
+func (*LookupKey) Descriptor() ([]byte, []int) {
+	return file_cloudprovider_v1_types_proto_rawDescGZIP(), []int{2}
+}
+
+func (x *LookupKey) GetProviderId() string {
+	if x != nil {
+		return x.ProviderId
+	}
+	return ""
+}
+
+func (x *LookupKey) GetNodeName() string {
+	if x != nil {
+		return x.NodeName
+	}
+	return ""
+}
+
 // What the cloud knows of one instance: what the node controller copies onto a Node.
 type InstanceMetadata struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -322,7 +383,7 @@ type InstanceMetadata struct {
 
 func (x *InstanceMetadata) Reset() {
 	*x = InstanceMetadata{}
-	mi := &file_cloudprovider_v1_types_proto_msgTypes[2]
+	mi := &file_cloudprovider_v1_types_proto_msgTypes[3]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -334,7 +395,7 @@ func (x *InstanceMetadata) String() string {
 func (*InstanceMetadata) ProtoMessage() {}
 
 func (x *InstanceMetadata) ProtoReflect() protoreflect.Message {
-	mi := &file_cloudprovider_v1_types_proto_msgTypes[2]
+	mi := &file_cloudprovider_v1_types_proto_msgTypes[3]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -347,7 +408,7 @@ func (x *InstanceMetadata) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use InstanceMetadata.ProtoReflect.Descriptor instead.
 func (*InstanceMetadata) Descriptor() ([]byte, []int) {
-	return file_cloudprovider_v1_types_proto_rawDescGZIP(), []int{2}
+	return file_cloudprovider_v1_types_proto_rawDescGZIP(), []int{3}
 }
 
 func (x *InstanceMetadata) GetProviderId() string {
@@ -444,7 +505,7 @@ type ItemError struct {
 
 func (x *ItemError) Reset() {
 	*x = ItemError{}
-	mi := &file_cloudprovider_v1_types_proto_msgTypes[3]
+	mi := &file_cloudprovider_v1_types_proto_msgTypes[4]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -456,7 +517,7 @@ func (x *ItemError) String() string {
 func (*ItemError) ProtoMessage() {}
 
 func (x *ItemError) ProtoReflect() protoreflect.Message {
-	mi := &file_cloudprovider_v1_types_proto_msgTypes[3]
+	mi := &file_cloudprovider_v1_types_proto_msgTypes[4]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -469,7 +530,7 @@ func (x *ItemError) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ItemError.ProtoReflect.Descriptor instead.
 func (*ItemError) Descriptor() ([]byte, []int) {
-	return file_cloudprovider_v1_types_proto_rawDescGZIP(), []int{3}
+	return file_cloudprovider_v1_types_proto_rawDescGZIP(), []int{4}
 }
 
 func (x *ItemError) GetCode() int32 {
@@ -517,7 +578,11 @@ const file_cloudprovider_v1_types_proto_rawDesc = "" +
 	"\x06labels\x18\x05 \x03(\v2,.cloudprovider.v1.InstanceLookup.LabelsEntryR\x06labels\x1a9\n" +
 	"\vLabelsEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
-	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\xf9\x04\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"I\n" +
+	"\tLookupKey\x12\x1f\n" +
+	"\vprovider_id\x18\x01 \x01(\tR\n" +
+	"providerId\x12\x1b\n" +
+	"\tnode_name\x18\x02 \x01(\tR\bnodeName\"\xf9\x04\n" +
 	"\x10InstanceMetadata\x12\x1f\n" +
 	"\vprovider_id\x18\x01 \x01(\tR\n" +
 	"providerId\x12\x1f\n" +
@@ -573,26 +638,27 @@ func file_cloudprovider_v1_types_proto_rawDescGZIP() []byte {
 }
 
 var file_cloudprovider_v1_types_proto_enumTypes = make([]protoimpl.EnumInfo, 2)
-var file_cloudprovider_v1_types_proto_msgTypes = make([]protoimpl.MessageInfo, 7)
+var file_cloudprovider_v1_types_proto_msgTypes = make([]protoimpl.MessageInfo, 8)
 var file_cloudprovider_v1_types_proto_goTypes = []any{
 	(NodeAddressType)(0),     // 0: cloudprovider.v1.NodeAddressType
 	(InstanceState)(0),       // 1: cloudprovider.v1.InstanceState
 	(*NodeAddress)(nil),      // 2: cloudprovider.v1.NodeAddress
 	(*InstanceLookup)(nil),   // 3: cloudprovider.v1.InstanceLookup
-	(*InstanceMetadata)(nil), // 4: cloudprovider.v1.InstanceMetadata
-	(*ItemError)(nil),        // 5: cloudprovider.v1.ItemError
-	nil,                      // 6: cloudprovider.v1.InstanceLookup.LabelsEntry
-	nil,                      // 7: cloudprovider.v1.InstanceMetadata.AdditionalLabelsEntry
-	nil,                      // 8: cloudprovider.v1.InstanceMetadata.TagsEntry
+	(*LookupKey)(nil),        // 4: cloudprovider.v1.LookupKey
+	(*InstanceMetadata)(nil), // 5: cloudprovider.v1.InstanceMetadata
+	(*ItemError)(nil),        // 6: cloudprovider.v1.ItemError
+	nil,                      // 7: cloudprovider.v1.InstanceLookup.LabelsEntry
+	nil,                      // 8: cloudprovider.v1.InstanceMetadata.AdditionalLabelsEntry
+	nil,                      // 9: cloudprovider.v1.InstanceMetadata.TagsEntry
 }
 var file_cloudprovider_v1_types_proto_depIdxs = []int32{
 	0, // 0: cloudprovider.v1.NodeAddress.type:type_name -> cloudprovider.v1.NodeAddressType
 	2, // 1: cloudprovider.v1.InstanceLookup.addresses:type_name -> cloudprovider.v1.NodeAddress
-	6, // 2: cloudprovider.v1.InstanceLookup.labels:type_name -> cloudprovider.v1.InstanceLookup.LabelsEntry
+	7, // 2: cloudprovider.v1.InstanceLookup.labels:type_name -> cloudprovider.v1.InstanceLookup.LabelsEntry
 	2, // 3: cloudprovider.v1.InstanceMetadata.addresses:type_name -> cloudprovider.v1.NodeAddress
-	7, // 4: cloudprovider.v1.InstanceMetadata.additional_labels:type_name -> cloudprovider.v1.InstanceMetadata.AdditionalLabelsEntry
+	8, // 4: cloudprovider.v1.InstanceMetadata.additional_labels:type_name -> cloudprovider.v1.InstanceMetadata.AdditionalLabelsEntry
 	1, // 5: cloudprovider.v1.InstanceMetadata.state:type_name -> cloudprovider.v1.InstanceState
-	8, // 6: cloudprovider.v1.InstanceMetadata.tags:type_name -> cloudprovider.v1.InstanceMetadata.TagsEntry
+	9, // 6: cloudprovider.v1.InstanceMetadata.tags:type_name -> cloudprovider.v1.InstanceMetadata.TagsEntry
 	7, // [7:7] is the sub-list for method output_type
 	7, // [7:7] is the sub-list for method input_type
 	7, // [7:7] is the sub-list for extension type_name
@@ -611,7 +677,7 @@ func file_cloudprovider_v1_types_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_cloudprovider_v1_types_proto_rawDesc), len(file_cloudprovider_v1_types_proto_rawDesc)),
 			NumEnums:      2,
-			NumMessages:   7,
+			NumMessages:   8,
 			NumExtensions: 0,
 			NumServices:   0,
 		},
