@@ -29,6 +29,24 @@ pub fn provider_id(node: &Node) -> Option<&str> {
     node.spec.as_ref()?.provider_id.as_deref().filter(|p| !p.is_empty())
 }
 
+/// Whether two providerIDs name the same instance: equal, or of the same scheme with the same
+/// last path segment (the instance id: `aws:///i-0a1` and `aws:///us-east-1a/i-0a1`, a
+/// kubelet's `sim://its-zone/i-1` and the cloud's `sim://sim-region-1a/i-1`). A provider may
+/// answer in its canonical form while the Node keeps the form its kubelet wrote; taking them
+/// for different instances would delete and remake the Node's routes for ever.
+pub fn same_instance(a: &str, b: &str) -> bool {
+    if a == b {
+        return true;
+    }
+    let split = |p: &str| {
+        p.split_once("://").map(|(scheme, rest)| (scheme.to_string(), rest.rsplit('/').next().unwrap_or("").to_string()))
+    };
+    match (split(a), split(b)) {
+        (Some((sa, ia)), Some((sb, ib))) => sa == sb && !ia.is_empty() && ia == ib,
+        _ => false,
+    }
+}
+
 /// A merge patch of Node `name` (of its `status` with `status`), reading back only the
 /// resourceVersion written: the Node in the API server's answer is not deserialised (on the
 /// hot path of a join, most of a write's CPU).
@@ -68,5 +86,21 @@ pub fn pod_cidrs(node: &Node) -> Vec<String> {
     match spec.and_then(|s| s.pod_cidrs.clone()).filter(|c| !c.is_empty()) {
         Some(cidrs) => cidrs,
         None => spec.and_then(|s| s.pod_cidr.clone()).into_iter().collect(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn providerids_of_one_instance_in_two_forms_are_the_same_instance() {
+        assert!(same_instance("aws:///us-east-1a/i-0a1", "aws:///i-0a1"));
+        assert!(same_instance("sim://its-zone/i-1", "sim://sim-region-1a/i-1"));
+        assert!(same_instance("sim://z/i-1", "sim://z/i-1"));
+        assert!(!same_instance("sim://z/i-1", "sim://z/i-2"));
+        assert!(!same_instance("sim://z/i-1", "other://z/i-1"));
+        assert!(!same_instance("sim://z/", "sim://y/"));
+        assert!(!same_instance("i-1", "sim://z/i-1"));
     }
 }

@@ -152,7 +152,7 @@ fn serves(have: &pb::Route, want: &pb::Route, addresses: bool) -> bool {
     !have.blackhole
         && have.destination_cidr == want.destination_cidr
         && h.node_name == w.node_name
-        && (w.provider_id.is_empty() || h.provider_id.is_empty() || h.provider_id == w.provider_id)
+        && (w.provider_id.is_empty() || h.provider_id.is_empty() || node_util::same_instance(&h.provider_id, &w.provider_id))
         && (!addresses || same_address_set(&have.target_addresses, &want.target_addresses))
 }
 
@@ -414,7 +414,7 @@ impl RouteController {
             return None; // its podCIDR changed
         }
         let instance = node_util::provider_id(&node).unwrap_or_default();
-        if !target.provider_id.is_empty() && !instance.is_empty() && target.provider_id != instance {
+        if !target.provider_id.is_empty() && !instance.is_empty() && !node_util::same_instance(&target.provider_id, instance) {
             return None; // the Node is another instance now
         }
         let key = (target.node_name.clone(), node_util::provider_id(&node).unwrap_or_default().to_string());

@@ -695,8 +695,10 @@ impl Cloud {
         let instance = if target.provider_id.is_empty() {
             world.instances.values().find(|i| i.spec.name == target.node_name)
         } else {
-            let id = target.provider_id.rsplit('/').next().unwrap_or_default();
-            world.instances.get(id).filter(|i| i.provider_id() == target.provider_id)
+            // By instance id, as reads resolve it: a kubelet may have written the providerID
+            // with another zone (`sim://its-zone/i-1`); the route records the canonical one.
+            let id = target.provider_id.strip_prefix(PROVIDER_ID_SCHEME).and_then(|r| r.rsplit('/').next()).unwrap_or_default();
+            world.instances.get(id)
         };
         let Some(instance) = instance.filter(|i| matches!(i.state.current, Some(s) if s != State::Terminated)) else {
             return Err(Error::failed_precondition(

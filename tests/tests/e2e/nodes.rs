@@ -52,6 +52,8 @@ async fn calls(sim: &Sim, methods: &[&str]) -> u64 {
     n
 }
 
+const ROUTE_WRITES: &[&str] = &["RoutesService/CreateRoute", "RoutesService/DeleteRoute", "RoutesService/ApplyRoutes"];
+
 const METADATA_CALLS: &[&str] = &["InstancesService/BatchInstanceMetadata", "InstancesService/InstanceMetadata"];
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -169,15 +171,30 @@ async fn a_providerid_the_kubelet_wrote_in_another_form_is_kept_and_the_node_ini
         .uninitialized()
         .label(TEST_LABEL, &env.prefix)
         .provider_id("sim://zone-the-kubelet-said/i-k")
+        .pod_cidr("10.244.77.0/24")
         .create(&env.client)
         .await
         .expect("node");
     for n in [&x, &y] {
         NodeBuilder::new(n).uninitialized().label(TEST_LABEL, &env.prefix).create(&env.client).await.expect("node");
     }
-    let core = Core::start(cp, &env, &sim, &["--leader-elect=false"]);
+    let cluster = format!("--cluster-name={}", env.prefix);
+    let flags = ["--leader-elect=false", "--cluster-cidr=10.244.0.0/16", &cluster, "--route-resync-period=1s"];
+    let core = Core::start(cp, &env, &sim, &flags);
     let node = eventually("initialisation", Duration::from_secs(30), async || initialised(&env, &k).await).await;
     assert_eq!(node.spec.as_ref().and_then(|s| s.provider_id.as_deref()), Some("sim://zone-the-kubelet-said/i-k"));
+    // Its route: the cloud records the instance in its own form, and the route is kept, not
+    // taken for another instance's and remade at every resync.
+    eventually("the route", Duration::from_secs(30), async || {
+        let state = sim.admin.state().await.ok()?;
+        let mut routes = state.route_tables.into_iter().flat_map(|t| t.routes);
+        routes.any(|r| r.node_name == k && r.destination_cidr == "10.244.77.0/24").then_some(())
+    })
+    .await;
+    let made = calls(&sim, ROUTE_WRITES).await;
+    assert!(made >= 1, "the route was made with a call counted here");
+    tokio::time::sleep(Duration::from_secs(4)).await;
+    assert_eq!(calls(&sim, ROUTE_WRITES).await, made, "four resyncs later, no route remade");
     assert_eq!(labels(&node).get("topology.kubernetes.io/zone").map(String::as_str), Some("sim-region-1b"), "from the cloud");
     for (n, id, zone) in [(&x, "sim://sim-region-1a/i-x", "sim-region-1a"), (&y, "sim://sim-region-1b/i-y", "sim-region-1b")] {
         let node = eventually("initialisation", Duration::from_secs(30), async || initialised(&env, n).await).await;
