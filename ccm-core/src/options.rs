@@ -158,17 +158,22 @@ pub struct Options {
     #[arg(long, value_name = "DURATION", default_value = "5s", value_parser = parse_duration)]
     pub node_monitor_period: Duration,
 
-    /// Most Nodes the lifecycle controller deletes in one pass. A pass that finds more Nodes
-    /// whose instance is gone deletes none of them (a Warning Event on each, a log line and
-    /// `ccm_node_deletions{outcome="refused"}`): that many at once is more likely a wrong
-    /// answer than a fact. 0 never deletes a Node.
+    /// Most Nodes the lifecycle controller deletes (or takes out of service) in any
+    /// `--node-deletion-window`. More Nodes whose instance is gone wait, oldest first, for
+    /// room in the window (a Normal Event `NodeDeletionDeferred` each and
+    /// `ccm_node_deletions{outcome="deferred"}`), so a mass termination is cleaned up at this
+    /// pace. 0 never deletes a Node.
     #[arg(long, value_name = "N", default_value_t = 10)]
     pub max_node_deletions: usize,
 
-    /// The same bound as a share of the Nodes (rounded up, at least one Node): 0.1 lets one
-    /// pass delete at most a tenth of the cluster.
+    /// The same bound as a share of the Nodes (rounded up, at least one Node): 0.1 lets at
+    /// most a tenth of the cluster be deleted in one window.
     #[arg(long, value_name = "SHARE", default_value_t = 0.1)]
     pub max_node_deletion_share: f64,
+
+    /// The window over which `--max-node-deletions` is counted: a rate, not a bound per pass.
+    #[arg(long, value_name = "DURATION", default_value = "1m", value_parser = parse_duration)]
+    pub node_deletion_window: Duration,
 
     /// A zone (`topology.kubernetes.io/zone`) whose NotReady Nodes are at least this share of
     /// its Nodes (and more than two) is partially disrupted: the lifecycle controller deletes

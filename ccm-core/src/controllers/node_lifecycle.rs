@@ -3,11 +3,15 @@
 //! explicit "does not exist" deletes the Node, a shut-down instance gets the shutdown taint, a
 //! running one loses it. An error, a timeout or a rate limit changes nothing. Deletions are
 //! bounded: none in a zone whose Nodes are mostly NotReady, or at all when every Node is (an
-//! outage, not gone instances), and
-//! none in a pass that finds more gone than `--max-node-deletions` (or
-//! `--max-node-deletion-share` of the Nodes), or when the provider calls Ready Nodes'
-//! instances gone too (up to eight are asked alongside: a provider that calls half of them
-//! gone is not believed about the rest); each refusal is a Warning Event. A Ready Node is
+//! outage, not gone instances), and none when the provider calls Ready Nodes' instances gone
+//! too (up to eight are asked alongside: a provider that calls half of them gone is not
+//! believed about the rest); each refusal is a Warning Event. Deletions the provider's word
+//! and these checks allow are paced, not refused: at most `--max-node-deletions` (or
+//! `--max-node-deletion-share` of the Nodes) in any `--node-deletion-window`, oldest Node
+//! first, the rest asked about again when the window frees room (a Normal Event each). So a
+//! genuine mass termination is cleaned up in `ceil(gone / bound)` windows, while a lying
+//! provider or an outage deletes nothing; and the bound holds across passes, whatever the
+//! Nodes' recheck schedules. A Ready Node is
 //! never deleted and loses the shutdown taint without the provider being asked (as upstream:
 //! a recovered Node must not stay unschedulable through a cloud outage); with every Node Ready
 //! this controller makes no provider call at all.
@@ -71,6 +75,29 @@ struct Recheck {
     /// Since when every answer has said the instance is shut down (the first of them), and
     /// how many answers said so; reset by any other answer or an error.
     shut_down: Option<(Instant, u32)>,
+}
+
+/// What was done (deletions, or out-of-service taints) in the last window: at most `bound` in
+/// any window, however the passes fall.
+#[derive(Debug, Default)]
+struct Budget {
+    /// When each action of the current window was taken, oldest first.
+    done: std::collections::VecDeque<Instant>,
+}
+
+impl Budget {
+    /// How many more may be done at `now` under `bound` per `window`, and when the next one
+    /// frees (`None` when nothing was done in the window).
+    fn left(&mut self, bound: usize, window: Duration, now: Instant) -> (usize, Option<Instant>) {
+        while self.done.front().is_some_and(|t| now.saturating_duration_since(*t) >= window) {
+            self.done.pop_front();
+        }
+        (bound.saturating_sub(self.done.len()), self.done.front().map(|t| *t + window))
+    }
+
+    fn spend(&mut self, now: Instant) {
+        self.done.push_back(now);
+    }
 }
 
 /// Which instance a Node stands for: a shutdown count is about one instance only.
@@ -153,6 +180,14 @@ impl Rechecks {
         rechecks.insert(node_util::name(node).to_string(), (Recheck { state, answer, interval, due, shut_down }, instance));
     }
 
+    /// Asks about `node` again by `at` at the latest (a Node whose action waits for room in
+    /// the window).
+    fn ask_by(&mut self, node: &Node, at: Instant) {
+        if let Some((r, _)) = self.by_node.get_mut(node_util::name(node)) {
+            r.due = r.due.min(at);
+        }
+    }
+
     /// How long the instance of `node` has been shut down by every answer since, when that
     /// is `--out-of-service-after` or more and at least two answers said so.
     fn out_of_service_for(&self, node: &Node, now: Instant) -> Option<Duration> {
@@ -177,8 +212,11 @@ pub struct Pass {
     pub untainted: Vec<String>,
     /// Nodes whose lookup failed (left alone).
     pub errors: usize,
-    /// Nodes reported gone but not deleted: over the pass's bound, or in a disrupted zone.
+    /// Nodes reported gone but not deleted: in a disrupted zone, or the provider not believed.
     pub refused: Vec<String>,
+    /// Nodes reported gone (or shut down long enough), whose deletion (or out-of-service
+    /// taint) waits for room in the window.
+    pub deferred: Vec<String>,
     /// Nodes given the out-of-service taint.
     pub out_of_service: Vec<String>,
     /// Nodes whose out-of-service taint (ours) was removed.
@@ -204,6 +242,14 @@ impl Act {
         match self {
             Act::Delete => "deleted",
             Act::OutOfService => "taken out of service",
+        }
+    }
+
+    /// The Event reason of an action waiting for room in the window.
+    fn deferred_reason(self) -> &'static str {
+        match self {
+            Act::Delete => "NodeDeletionDeferred",
+            Act::OutOfService => "NodeOutOfServiceDeferred",
         }
     }
 
@@ -278,6 +324,10 @@ pub struct NodeLifecycleController {
     ctx: Context,
     /// When each NotReady Node is asked about next.
     rechecks: Mutex<Rechecks>,
+    /// Deletions in the current window.
+    deletions: Mutex<Budget>,
+    /// Out-of-service taints in the current window.
+    outs_of_service: Mutex<Budget>,
 }
 
 impl NodeLifecycleController {
@@ -285,7 +335,20 @@ impl NodeLifecycleController {
     pub fn new(ctx: Context) -> Self {
         let period = ctx.options.node_monitor_period.max(Duration::from_millis(100));
         let out_of_service_after = ctx.options.out_of_service_after;
-        Self { ctx, rechecks: Mutex::new(Rechecks { period, out_of_service_after, by_node: HashMap::new() }) }
+        Self {
+            ctx,
+            rechecks: Mutex::new(Rechecks { period, out_of_service_after, by_node: HashMap::new() }),
+            deletions: Mutex::default(),
+            outs_of_service: Mutex::default(),
+        }
+    }
+
+    fn budget(&self, act: Act) -> std::sync::MutexGuard<'_, Budget> {
+        let budget = match act {
+            Act::Delete => &self.deletions,
+            Act::OutOfService => &self.outs_of_service,
+        };
+        budget.lock().unwrap_or_else(|p| p.into_inner())
     }
 
     fn rechecks(&self) -> std::sync::MutexGuard<'_, Rechecks> {
@@ -381,12 +444,12 @@ impl NodeLifecycleController {
             }
         }
         let bounds = Bounds { disrupted: &disrupted, ready: &ready, total: ready.len() + not_ready };
-        let gone = self.within_bounds(Act::Delete, gone, &bounds, &mut pass.refused).await;
+        let gone = self.within_bounds(Act::Delete, gone, &bounds, &mut pass).await;
         self.delete_gone(gone, &mut pass).await;
         let lasted: HashMap<String, Duration> =
             shut_down.iter().map(|(n, lasted)| (node_util::name(n).to_string(), *lasted)).collect();
         let shut_down = shut_down.into_iter().map(|(n, _)| n).collect();
-        let shut_down = self.within_bounds(Act::OutOfService, shut_down, &bounds, &mut pass.out_of_service_refused).await;
+        let shut_down = self.within_bounds(Act::OutOfService, shut_down, &bounds, &mut pass).await;
         for node in shut_down {
             let lasted = lasted.get(node_util::name(&node)).copied().unwrap_or_default();
             self.take_out_of_service(&node, lasted, &mut pass).await;
@@ -394,18 +457,17 @@ impl NodeLifecycleController {
         pass
     }
 
-    /// Of the Nodes the provider's word would have `act` on, those it may: none in a
-    /// disrupted zone; none at all when more than one pass may delete, or when the provider
-    /// says the same of Ready Nodes' instances. Each one held back is a Warning Event and a
-    /// name in `refused`.
-    async fn within_bounds(
-        &self,
-        act: Act,
-        nodes: Vec<Arc<Node>>,
-        bounds: &Bounds<'_>,
-        refused: &mut Vec<String>,
-    ) -> Vec<Arc<Node>> {
-        let (blocked, nodes): (Vec<Arc<Node>>, Vec<Arc<Node>>) =
+    /// Of the Nodes the provider's word would have `act` on, those it may now: none in a
+    /// disrupted zone, none at all when the provider says the same of Ready Nodes' instances
+    /// (each a Warning Event, in the pass's refusals); of the rest, oldest first, as many as
+    /// the window has room for, the others asked about again when it frees (each a Normal
+    /// Event, in the pass's deferrals). Those returned are counted against the window.
+    async fn within_bounds(&self, act: Act, nodes: Vec<Arc<Node>>, bounds: &Bounds<'_>, pass: &mut Pass) -> Vec<Arc<Node>> {
+        let refused = match act {
+            Act::Delete => &mut pass.refused,
+            Act::OutOfService => &mut pass.out_of_service_refused,
+        };
+        let (blocked, mut nodes): (Vec<Arc<Node>>, Vec<Arc<Node>>) =
             nodes.into_iter().partition(|n| bounds.disrupted.contains_key(zone_of(n)));
         for node in &blocked {
             let zone = zone_of(node);
@@ -417,31 +479,57 @@ impl NodeLifecycleController {
             self.refuse(act, node, &why).await;
             refused.push(node_util::name(node).to_string());
         }
+        if nodes.is_empty() {
+            return nodes;
+        }
+        if let Some(why) = self.doubt(act, bounds.ready).await {
+            tracing::warn!(nodes = nodes.len(), "refusing to act on Nodes ({}): {why}", act.done());
+            for node in &nodes {
+                self.refuse(act, node, &why).await;
+                refused.push(node_util::name(node).to_string());
+            }
+            return Vec::new();
+        }
         let options = &self.ctx.options;
         let share = (options.max_node_deletion_share * bounds.total as f64).ceil().max(1.0) as usize;
         let bound = options.max_node_deletions.min(share);
-        let why = if nodes.is_empty() {
-            return nodes;
-        } else if nodes.len() > bound {
-            format!(
-                "{} Nodes' instances are reported {} in one pass, more than may be {} at once ({bound}: --max-node-deletions={}, --max-node-deletion-share={}); none is",
-                nodes.len(),
+        let window = options.node_deletion_window;
+        let now = Instant::now();
+        let (left, frees) = self.budget(act).left(bound, window, now);
+        nodes.sort_by(|a, b| {
+            let created = |n: &Node| n.metadata.creation_timestamp.as_ref().map(|t| t.0);
+            (created(a), node_util::name(a)).cmp(&(created(b), node_util::name(b)))
+        });
+        let held = nodes.split_off(left.min(nodes.len()));
+        if !held.is_empty() {
+            let next = frees.unwrap_or(now + window);
+            let why = format!(
+                "{} more Nodes' instances are reported {}; at most {bound} are {} in any {} (--max-node-deletions={}, \
+                 --max-node-deletion-share={}, --node-deletion-window): asked about again in {:.0} s",
+                held.len(),
                 act.reported(),
                 act.done(),
+                humantime::format_duration(window),
                 options.max_node_deletions,
-                options.max_node_deletion_share
-            )
-        } else if let Some(why) = self.doubt(act, bounds.ready).await {
-            why
-        } else {
-            return nodes;
-        };
-        tracing::warn!(nodes = nodes.len(), bound, "refusing to act on Nodes ({}): {why}", act.done());
-        for node in &nodes {
-            self.refuse(act, node, &why).await;
-            refused.push(node_util::name(node).to_string());
+                options.max_node_deletion_share,
+                next.saturating_duration_since(now).as_secs_f64().ceil()
+            );
+            tracing::info!(nodes = held.len(), bound, "pacing ({}): {why}", act.done());
+            for node in &held {
+                self.rechecks().ask_by(node, next);
+                match act {
+                    Act::Delete => self.ctx.metrics.node_deletions("deferred", 1),
+                    Act::OutOfService => self.ctx.metrics.out_of_service_taints("deferred", 1),
+                }
+                self.ctx.event(NAME, node.as_ref(), false, act.deferred_reason(), format!("Not yet {}: {why}", act.done())).await;
+                pass.deferred.push(node_util::name(node).to_string());
+            }
         }
-        Vec::new()
+        let mut budget = self.budget(act);
+        for _ in &nodes {
+            budget.spend(now);
+        }
+        nodes
     }
 
     /// Deletes the Nodes whose instance is gone (within the bounds already).
@@ -746,6 +834,35 @@ mod tests {
             off.asked(&node, stopped, at(s));
         }
         assert_eq!(off.out_of_service_for(&node, at(300)), None);
+    }
+
+    #[test]
+    fn the_bound_holds_over_any_window_and_frees_as_it_slides() {
+        let (bound, window) = (2, Duration::from_secs(60));
+        let mut b = Budget::default();
+        let t0 = Instant::now();
+        let at = |s: u64| t0 + Duration::from_secs(s);
+        assert_eq!(b.left(bound, window, at(0)), (2, None));
+        b.spend(at(0));
+        // A pass 36 s later (another Node's recheck) finds room for one only.
+        assert_eq!(b.left(bound, window, at(36)), (1, Some(at(60))));
+        b.spend(at(36));
+        assert_eq!(b.left(bound, window, at(50)), (0, Some(at(60))), "two in the window: none more");
+        assert_eq!(b.left(bound, window, at(60)), (1, Some(at(96))), "the first slid out");
+        assert_eq!(b.left(bound, window, at(96)), (2, None));
+        // Four gone at once with a bound of two: two now, two a window later, never more.
+        let mut b = Budget::default();
+        let mut done = Vec::new();
+        let mut waiting = 4;
+        for s in (0..300).step_by(5) {
+            let (left, _) = b.left(bound, window, at(s));
+            for _ in 0..left.min(waiting) {
+                b.spend(at(s));
+                done.push(s);
+                waiting -= 1;
+            }
+        }
+        assert_eq!(done, vec![0, 0, 60, 60], "the whole termination in two windows");
     }
 
     #[test]

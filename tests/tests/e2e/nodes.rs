@@ -311,7 +311,8 @@ async fn gone_instances_delete_nodes_stopped_ones_taint_them_and_errors_change_n
             .expect("node");
         set_ready(&env.client, n, "False").await.expect("not ready");
     }
-    let core = Core::start(cp, &env, &sim, &["--leader-elect=false", "--node-monitor-period=300ms"]);
+    // One deletion may come every 2 s (with 6 Nodes the bound is 1).
+    let core = Core::start(cp, &env, &sim, &["--leader-elect=false", "--node-monitor-period=300ms", "--node-deletion-window=2s"]);
 
     // An unavailable provider: the Node of a terminated instance stays.
     let down = Fault {
@@ -680,16 +681,16 @@ async fn losing_the_lease_stops_the_process() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn more_gone_instances_than_a_pass_may_delete_or_an_outage_delete_no_node() {
+async fn more_gone_instances_than_the_bound_are_deleted_at_its_pace_and_an_outage_deletes_none() {
     let cp = ccm_harness::shared().expect("control plane");
     let env = TestEnv::new(cp.client().await.expect("client"), "bound").await.expect("env");
     let mut config = Config::default();
     // Three Ready Nodes in zone a; three NotReady ones, one in each of zones b, c and d,
-    // whose instances are gone.
+    // whose instances are gone; a fourth in zone e, Ready for now.
     let ready: Vec<String> = (0..3).map(|k| env.node_name(&format!("ok-{k}"))).collect();
-    let gone: Vec<String> = (0..3).map(|k| env.node_name(&format!("gone-{k}"))).collect();
+    let gone: Vec<String> = (0..4).map(|k| env.node_name(&format!("gone-{k}"))).collect();
     for (k, name) in ready.iter().chain(&gone).enumerate() {
-        let zone = if k < 3 { "zone-a".to_string() } else { format!("zone-{}", ["b", "c", "d"][k - 3]) };
+        let zone = if k < 3 { "zone-a".to_string() } else { format!("zone-{}", ["b", "c", "d", "e"][k - 3]) };
         config.instances.push(instance(&format!("i-{k}"), name, &zone));
         NodeBuilder::new(name)
             .label(TEST_LABEL, &env.prefix)
@@ -698,49 +699,61 @@ async fn more_gone_instances_than_a_pass_may_delete_or_an_outage_delete_no_node(
             .create(&env.client)
             .await
             .expect("node");
-        set_ready(&env.client, name, if k < 3 { "True" } else { "False" }).await.expect("condition");
+        set_ready(&env.client, name, if k < 3 || k == 6 { "True" } else { "False" }).await.expect("condition");
     }
     let sim = Sim::start(config).await;
     for k in 3..6 {
         sim.admin.instance_action(&format!("i-{k}"), "terminate").await.expect("terminate");
     }
+    let window = Duration::from_secs(6);
     let core = Core::start(
         cp,
         &env,
         &sim,
-        &["--leader-elect=false", "--node-monitor-period=300ms", "--max-node-deletions=2", "--max-node-deletion-share=1"],
+        &[
+            "--leader-elect=false",
+            "--node-monitor-period=300ms",
+            "--max-node-deletions=2",
+            "--max-node-deletion-share=1",
+            "--node-deletion-window=6s",
+        ],
     );
 
-    // Three gone, two may go in one pass: none is deleted, each gets a Warning Event.
-    for name in &gone {
-        eventually("a NodeDeletionRefused event", Duration::from_secs(20), async || {
-            event_reasons(&env, name).await.contains(&"NodeDeletionRefused".to_string()).then_some(())
-        })
-        .await;
-    }
-    tokio::time::sleep(Duration::from_secs(2)).await;
-    for name in &gone {
-        assert!(env.nodes().get_opt(name).await.expect("get").is_some(), "{name} kept: more gone than the bound");
-    }
-    // One of them Ready again: two gone, within the bound, are deleted.
-    set_ready(&env.client, &gone[2], "True").await.expect("ready");
+    // Three gone, two may go in a window: the two oldest now, the third once the window has
+    // room (a Normal Event says it waits), not before.
+    let started = std::time::Instant::now();
     for name in &gone[..2] {
         eventually("deleted within the bound", Duration::from_secs(20), async || {
             env.nodes().get_opt(name).await.ok()?.is_none().then_some(())
         })
         .await;
     }
+    let first = started.elapsed();
+    assert!(env.nodes().get_opt(&gone[2]).await.expect("get").is_some(), "the third waits for room in the window");
+    eventually("a NodeDeletionDeferred event", Duration::from_secs(10), async || {
+        event_reasons(&env, &gone[2]).await.contains(&"NodeDeletionDeferred".to_string()).then_some(())
+    })
+    .await;
+    eventually("the third deleted a window later", Duration::from_secs(30), async || {
+        env.nodes().get_opt(&gone[2]).await.ok()?.is_none().then_some(())
+    })
+    .await;
+    let third = started.elapsed();
+    assert!(third >= window.saturating_sub(first).max(Duration::from_secs(4)), "not within the first window: {third:?}");
+    assert!(!event_reasons(&env, &gone[0]).await.contains(&"NodeDeletionRefused".to_string()), "paced, not refused");
 
     // Every Node NotReady (more than two): an outage, not gone instances. The last gone
     // instance's Node stays, until some Nodes are Ready again.
-    for name in ready.iter().chain([&gone[2]]) {
+    sim.admin.instance_action("i-6", "terminate").await.expect("terminate");
+    for name in ready.iter().chain([&gone[3]]) {
         set_ready(&env.client, name, "False").await.expect("not ready");
     }
     tokio::time::sleep(Duration::from_secs(3)).await;
-    assert!(env.nodes().get_opt(&gone[2]).await.expect("get").is_some(), "nothing is deleted while every Node is NotReady");
+    assert!(env.nodes().get_opt(&gone[3]).await.expect("get").is_some(), "nothing is deleted while every Node is NotReady");
+    assert!(event_reasons(&env, &gone[3]).await.contains(&"NodeDeletionRefused".to_string()), "refused, with a Warning");
     set_ready(&env.client, &ready[0], "True").await.expect("ready");
     eventually("deleted once the outage is over", Duration::from_secs(20), async || {
-        env.nodes().get_opt(&gone[2]).await.ok()?.is_none().then_some(())
+        env.nodes().get_opt(&gone[3]).await.ok()?.is_none().then_some(())
     })
     .await;
     for name in &ready {
