@@ -117,9 +117,17 @@ pub struct Options {
     #[arg(long, value_name = "NAME", requires = "provider_tls_cert_file")]
     pub provider_tls_server_name: Option<String>,
 
-    /// Deadline of each provider call.
+    /// Deadline of each provider call that reads.
     #[arg(long, value_name = "DURATION", default_value = "10s", value_parser = parse_duration)]
     pub provider_call_timeout: Duration,
+
+    /// Deadline of each provider call that changes the cloud (load balancers ensured, updated
+    /// or deleted, routes created or deleted): longer than a slow cloud's create, because a
+    /// mutation whose caller gave up may still be running in the provider. A mutation that
+    /// times out is never retried inside the call; its work queue retries it after a backoff,
+    /// and the provider (the SDK, the Go adapter) runs one mutation per object at a time.
+    #[arg(long, value_name = "DURATION", default_value = "5m", value_parser = parse_duration)]
+    pub provider_mutation_timeout: Duration,
 
     /// Most provider calls in flight at once.
     #[arg(long, value_name = "N", default_value_t = 16)]

@@ -226,7 +226,8 @@ pub async fn run_until(options: Options, shutdown: impl Future<Output = ()> + Se
         metrics.clone(),
     )
     .with_context(|| format!("--provider-endpoint {}", options.provider_endpoint))?
-    .with_max_retry_after(options.provider_max_retry_after);
+    .with_max_retry_after(options.provider_max_retry_after)
+    .with_mutation_timeout(options.provider_mutation_timeout);
 
     // One cancellation tree: `root` ends the process's background work (watches, the health
     // server, the provider's probe); `shutdown`, its child, is cancelled by the signal and

@@ -13,6 +13,7 @@
 
 pub mod cache;
 pub mod conformance;
+mod locks;
 pub mod metrics;
 pub mod node_plugin;
 pub mod page;

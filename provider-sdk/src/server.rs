@@ -21,6 +21,7 @@ use tokio::time::Instant;
 use tonic::{Code, Request, Response, Status};
 
 use crate::error::{Error, Result};
+use crate::locks::ObjectLocks;
 use crate::names::NameLimits;
 use crate::page::PageRequest;
 use crate::provider::{Answered, ImageCredentials, Instances, LoadBalancers, NodeMetadata, Probe, Readiness, Routes, Tags};
@@ -431,13 +432,20 @@ impl ProviderServer {
             health.set_serving::<RoutesServiceServer<RoutesAdapter>>().await;
             let ipv6 = inner.capabilities().ipv6;
             let ttl = cache_hint(inner.cache_ttl());
-            router = router.add_service(limited!(RoutesServiceServer::new(RoutesAdapter { inner, ipv6, ttl, obs: obs.clone() })));
+            router = router.add_service(limited!(RoutesServiceServer::new(RoutesAdapter {
+                inner,
+                locks: ObjectLocks::default(),
+                ipv6,
+                ttl,
+                obs: obs.clone()
+            })));
         }
         if let Some(inner) = self.load_balancers {
             health.set_serving::<LoadBalancersServiceServer<LoadBalancersAdapter>>().await;
             let limits = NameLimits::from_capabilities(&inner.capabilities());
             router = router.add_service(limited!(LoadBalancersServiceServer::new(LoadBalancersAdapter {
                 inner,
+                locks: ObjectLocks::default(),
                 limits,
                 obs: obs.clone()
             })));
@@ -535,6 +543,11 @@ fn in_order<T>(asked: &[pb::LookupKey], answers: Vec<Answered<T>>) -> Result<Vec
             })
         })
         .collect()
+}
+
+/// The object key of route `name` in table `table` ("" is the default table).
+fn route_key(table: &str, name: &str) -> String {
+    format!("route {table}/{name}")
 }
 
 /// Each item's check, and the items that passed it (as `check` returns them), in order.
@@ -738,6 +751,8 @@ impl TagsService for TagsAdapter {
 
 struct RoutesAdapter {
     inner: Arc<dyn Routes>,
+    /// One mutation per route at a time.
+    locks: ObjectLocks,
     ipv6: bool,
     ttl: Option<prost_types::Duration>,
     obs: Observers,
@@ -783,6 +798,7 @@ impl RoutesService for RoutesAdapter {
         self.obs
             .call("RoutesService/CreateRoute", async {
                 let route = validate::route(req.route.as_ref(), self.ipv6)?.clone();
+                let _held = self.locks.lock([route_key(&route.table_id, &route.name)]).await;
                 Ok(pb::CreateRouteResponse { route: Some(self.inner.create_route(&req.cluster_name, route).await?) })
             })
             .await
@@ -796,6 +812,7 @@ impl RoutesService for RoutesAdapter {
         self.obs
             .call("RoutesService/DeleteRoute", async {
                 validate::route_name(&req.name)?;
+                let _held = self.locks.lock([route_key(&req.table_id, &req.name)]).await;
                 self.inner.delete_route(&req.cluster_name, &req.table_id, &req.name).await?;
                 Ok(pb::DeleteRouteResponse {})
             })
@@ -847,6 +864,8 @@ impl RoutesService for RoutesAdapter {
                     route.table_id.clone_from(&req.table_id);
                     Ok(route)
                 });
+                let names = deletes.iter().chain(creates.iter().map(|r| &r.name));
+                let _held = self.locks.lock(names.map(|n| route_key(&req.table_id, n)).collect::<Vec<_>>()).await;
                 let applied = self.inner.apply_routes(&req.cluster_name, &req.table_id, &deletes, creates).await?;
                 let deletes = merge("deletes", delete_checks, applied.deletes)?;
                 let creates = merge("creates", create_checks, applied.creates)?;
@@ -872,6 +891,8 @@ impl RoutesService for RoutesAdapter {
 
 struct LoadBalancersAdapter {
     inner: Arc<dyn LoadBalancers>,
+    /// One mutation per load balancer at a time.
+    locks: ObjectLocks,
     limits: NameLimits,
     obs: Observers,
 }
@@ -900,6 +921,7 @@ impl LoadBalancersService for LoadBalancersAdapter {
         self.obs
             .call("LoadBalancersService/EnsureLoadBalancer", async {
                 let service = validate::load_balancer_spec(req.service.as_ref(), &self.limits)?;
+                let _held = self.locks.lock([service.load_balancer_name.clone()]).await;
                 let status = self.inner.ensure_load_balancer(service, &req.nodes).await?;
                 Ok(pb::EnsureLoadBalancerResponse { status: Some(status) })
             })
@@ -914,6 +936,7 @@ impl LoadBalancersService for LoadBalancersAdapter {
         self.obs
             .call("LoadBalancersService/UpdateLoadBalancerHosts", async {
                 let service = validate::load_balancer_ref(req.service.as_ref(), &self.limits)?;
+                let _held = self.locks.lock([service.load_balancer_name.clone()]).await;
                 self.inner.update_load_balancer_hosts(service, &req.nodes).await?;
                 Ok(pb::UpdateLoadBalancerHostsResponse {})
             })
@@ -928,6 +951,7 @@ impl LoadBalancersService for LoadBalancersAdapter {
         self.obs
             .call("LoadBalancersService/EnsureLoadBalancerDeleted", async {
                 let service = validate::load_balancer_ref(req.service.as_ref(), &self.limits)?;
+                let _held = self.locks.lock([service.load_balancer_name.clone()]).await;
                 self.inner.ensure_load_balancer_deleted(service).await?;
                 Ok(pb::EnsureLoadBalancerDeletedResponse {})
             })
@@ -959,6 +983,7 @@ impl LoadBalancersService for LoadBalancersAdapter {
                 validate::batch_size(req.services.len())?;
                 distinct("load balancer", req.services.iter().map(|s| s.load_balancer_name.as_str()))?;
                 let (checks, valid) = checked(&req.services, |s| validate::load_balancer_ref(Some(s), &self.limits).cloned());
+                let _held = self.locks.lock(valid.iter().map(|s| s.load_balancer_name.clone()).collect::<Vec<_>>()).await;
                 let answers = self.inner.batch_update_load_balancer_hosts(&valid, &req.nodes).await?;
                 let results = merge("load balancers", checks, answers)?
                     .into_iter()

@@ -35,6 +35,9 @@ const MAX_INLINE_WAIT: Duration = Duration::from_secs(2);
 const RECONNECT_PERIOD: Duration = Duration::from_secs(1);
 /// The longest RetryInfo delay honoured unless `--provider-max-retry-after` says otherwise.
 const DEFAULT_MAX_RETRY_AFTER: Duration = Duration::from_secs(300);
+/// The deadline of a call that changes the cloud unless `--provider-mutation-timeout` says
+/// otherwise.
+const DEFAULT_MUTATION_TIMEOUT: Duration = Duration::from_secs(300);
 
 fn identity_client(channel: Channel) -> IdentityServiceClient<Channel> {
     IdentityServiceClient::new(channel).max_decoding_message_size(ccm_protocol::client::MAX_MESSAGE_SIZE)
@@ -106,6 +109,8 @@ pub struct Provider {
     throttled_until: Arc<std::sync::Mutex<Option<Instant>>>,
     /// The longest RetryInfo delay honoured.
     max_retry_after: Duration,
+    /// The deadline of a call that changes the cloud.
+    mutation_timeout: Duration,
     metrics: Metrics,
     state: Arc<RwLock<State>>,
     changes: Arc<tokio::sync::watch::Sender<Changes>>,
@@ -158,6 +163,7 @@ impl Provider {
             limit: Arc::new(Semaphore::new(concurrency.max(1))),
             throttled_until: Default::default(),
             max_retry_after: DEFAULT_MAX_RETRY_AFTER,
+            mutation_timeout: DEFAULT_MUTATION_TIMEOUT,
             metrics,
             state: Arc::new(RwLock::new(State { reason: "provider not contacted yet".into(), ..Default::default() })),
             changes: Arc::new(tokio::sync::watch::channel(Changes::default()).0),
@@ -168,6 +174,13 @@ impl Provider {
     /// The same client honouring RetryInfo delays of at most `max` (default 5 minutes).
     pub fn with_max_retry_after(mut self, max: Duration) -> Self {
         self.max_retry_after = max;
+        self
+    }
+
+    /// The same client giving calls that change the cloud a deadline of `timeout` (default 5
+    /// minutes) instead of the call timeout.
+    pub fn with_mutation_timeout(mut self, timeout: Duration) -> Self {
+        self.mutation_timeout = timeout;
         self
     }
 
@@ -242,11 +255,16 @@ impl Provider {
         message: M,
         rpc: impl AsyncFn(Channel, Request<M>) -> Result<Response<T>, Status>,
     ) -> Result<T, Error> {
-        self.call_fenced(None, method, message, rpc).await
+        self.invoke(None, false, method, message, rpc).await
     }
 
-    /// [`Provider::call`] for calls that change the cloud: every attempt, retries included,
-    /// waits for `fence` first, so that none is sent once the lead it is made under is lost.
+    /// [`Provider::call`] for calls that change the cloud (mutations): every attempt, retries
+    /// included, waits for `fence` first, so that none is sent once the lead it is made under
+    /// is lost; the deadline is `--provider-mutation-timeout`; and a mutation that timed out
+    /// is not retried here: it may still be running in the provider, and a second attempt
+    /// would make two mutations of one object at once. Its work queue retries it after a
+    /// backoff (by when the provider has finished it or, as the SDK and the Go adapter do,
+    /// holds the retry until it has).
     async fn call_fenced<M: Clone, T>(
         &self,
         fence: Option<&crate::leader::Fence>,
@@ -254,6 +272,19 @@ impl Provider {
         message: M,
         rpc: impl AsyncFn(Channel, Request<M>) -> Result<Response<T>, Status>,
     ) -> Result<T, Error> {
+        self.invoke(fence, true, method, message, rpc).await
+    }
+
+    /// One call, as [`Provider::call`] (`mutation` false) or [`Provider::call_fenced`].
+    async fn invoke<M: Clone, T>(
+        &self,
+        fence: Option<&crate::leader::Fence>,
+        mutation: bool,
+        method: &'static str,
+        message: M,
+        rpc: impl AsyncFn(Channel, Request<M>) -> Result<Response<T>, Status>,
+    ) -> Result<T, Error> {
+        let timeout = if mutation { self.mutation_timeout } else { self.timeout };
         let mut attempt = 0;
         loop {
             attempt += 1;
@@ -261,7 +292,7 @@ impl Provider {
                 fence.check().await;
             }
             let mut request = Request::new(message.clone());
-            request.set_timeout(self.timeout);
+            request.set_timeout(timeout);
             let started = Instant::now();
             // Identity calls (Probe above all) are not held back: readiness must not wait for
             // the end of a RetryInfo.
@@ -270,7 +301,7 @@ impl Provider {
             }
             let result = {
                 let _permit = self.limit.acquire().await.map_err(|_| Error::unavailable("provider client closed"))?;
-                tokio::time::timeout(self.timeout + Duration::from_secs(1), rpc(self.channel.clone(), request)).await
+                tokio::time::timeout(timeout + Duration::from_secs(1), rpc(self.channel.clone(), request)).await
             };
             let result =
                 result.unwrap_or_else(|_| Err(Status::deadline_exceeded(format!("{method}: no answer within the deadline"))));
@@ -294,7 +325,8 @@ impl Provider {
                     *gate = Some(until);
                 }
             }
-            if !error.is_transient() || attempt >= ATTEMPTS || wait > MAX_INLINE_WAIT {
+            let timed_out = matches!(status.code(), tonic::Code::DeadlineExceeded | tonic::Code::Cancelled);
+            if !error.is_transient() || attempt >= ATTEMPTS || wait > MAX_INLINE_WAIT || (mutation && timed_out) {
                 tracing::debug!(method, %error, attempt, "provider call failed");
                 return Err(error);
             }

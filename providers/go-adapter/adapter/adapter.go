@@ -125,11 +125,11 @@ func NewServer(cloud cloudprovider.Interface, opts Options, extra ...grpc.Server
 		id.services = append(id.services, pb.ServiceType_SERVICE_TYPE_INSTANCES)
 	}
 	if r, ok := cloud.Routes(); ok && r != nil {
-		pb.RegisterRoutesServiceServer(server, &routes{routes: r, name: cloud.ProviderName(), ipv6: opts.RoutesIPv6, concurrency: opts.BatchConcurrency})
+		pb.RegisterRoutesServiceServer(server, &routes{routes: r, name: cloud.ProviderName(), ipv6: opts.RoutesIPv6, concurrency: opts.BatchConcurrency, locks: newObjectLocks()})
 		id.services = append(id.services, pb.ServiceType_SERVICE_TYPE_ROUTES)
 	}
 	if lb, ok := cloud.LoadBalancer(); ok && lb != nil {
-		pb.RegisterLoadBalancersServiceServer(server, &loadBalancers{lb: lb, concurrency: opts.BatchConcurrency})
+		pb.RegisterLoadBalancersServiceServer(server, &loadBalancers{lb: lb, concurrency: opts.BatchConcurrency, locks: newObjectLocks()})
 		id.services = append(id.services, pb.ServiceType_SERVICE_TYPE_LOAD_BALANCERS)
 	}
 	if !cloud.HasClusterID() {

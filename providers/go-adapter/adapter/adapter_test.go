@@ -7,6 +7,7 @@ import (
 	"net"
 	"os"
 	"path/filepath"
+	"sync"
 	"testing"
 	"time"
 
@@ -501,5 +502,68 @@ func TestBulkCallsAnswerPerItemInOrder(t *testing.T) {
 	}
 	if len(cloud.UpdateCalls) != 2 {
 		t.Errorf("%d UpdateLoadBalancer calls, want 2", len(cloud.UpdateCalls))
+	}
+}
+
+// slowBalancers is upstream's fake load balancer taking `delay` per EnsureLoadBalancer and
+// counting how many run at once.
+type slowBalancers struct {
+	cloudprovider.LoadBalancer
+	delay   time.Duration
+	mu      sync.Mutex
+	running int
+	most    int
+	calls   int
+}
+
+func (s *slowBalancers) EnsureLoadBalancer(ctx context.Context, cluster string, svc *v1.Service, nodes []*v1.Node) (*v1.LoadBalancerStatus, error) {
+	s.mu.Lock()
+	s.running++
+	s.calls++
+	if s.running > s.most {
+		s.most = s.running
+	}
+	s.mu.Unlock()
+	defer func() { s.mu.Lock(); s.running--; s.mu.Unlock() }()
+	time.Sleep(s.delay)
+	return s.LoadBalancer.EnsureLoadBalancer(ctx, cluster, svc, nodes)
+}
+
+type slowCloud struct {
+	*fake.Cloud
+	lb *slowBalancers
+}
+
+func (c slowCloud) LoadBalancer() (cloudprovider.LoadBalancer, bool) { return c.lb, true }
+
+func TestAMutationStillRunningAfterItsCallerTimedOutIsNotRunTwice(t *testing.T) {
+	cloud := fakeCloud()
+	slow := &slowBalancers{LoadBalancer: cloud, delay: 1500 * time.Millisecond}
+	lbs := pb.NewLoadBalancersServiceClient(serve(t, slowCloud{cloud, slow}, Options{}))
+	svc := &pb.LoadBalancerService{ClusterName: "c", Namespace: "default", Name: "web", Uid: "u-1", LoadBalancerName: "aweb",
+		Ports: []*pb.ServicePort{{Port: 80, NodePort: 30080, Protocol: pb.Protocol_PROTOCOL_TCP}}}
+	req := &pb.EnsureLoadBalancerRequest{Service: svc}
+	short := func() context.Context {
+		c, cancel := context.WithTimeout(context.Background(), 200*time.Millisecond)
+		t.Cleanup(cancel)
+		return c
+	}
+	// The caller gives up; the cloud call goes on.
+	if _, err := lbs.EnsureLoadBalancer(short(), req); status.Code(err) != codes.DeadlineExceeded {
+		t.Fatalf("first call: %v, want DEADLINE_EXCEEDED", err)
+	}
+	// A retry with a short deadline is refused while the first still runs, as retryable.
+	_, err := lbs.EnsureLoadBalancer(short(), req)
+	if status.Code(err) != codes.Unavailable {
+		t.Fatalf("retry during the first: %v, want UNAVAILABLE", err)
+	}
+	// One with time enough waits for the first, then runs.
+	if _, err := lbs.EnsureLoadBalancer(ctx(t), req); err != nil {
+		t.Fatalf("a retry with time enough: %v", err)
+	}
+	slow.mu.Lock()
+	defer slow.mu.Unlock()
+	if slow.most != 1 || slow.calls != 2 {
+		t.Errorf("%d EnsureLoadBalancer ran at once (want 1), %d in all (want 2)", slow.most, slow.calls)
 	}
 }

@@ -24,14 +24,22 @@ func bounded[T any](ctx context.Context, call func(context.Context) (T, error)) 
 		timeout = time.Until(deadline)
 	}
 	callCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), timeout)
+	return running(ctx, func() (T, error) {
+		defer cancel()
+		return call(callCtx)
+	})
+}
+
+// running starts call and answers when it ends or ctx does, whichever is first (the call goes
+// on to its end either way).
+func running[T any](ctx context.Context, call func() (T, error)) (T, error) {
 	type result struct {
 		value T
 		err   error
 	}
 	done := make(chan result, 1)
 	go func() {
-		defer cancel()
-		v, err := call(callCtx)
+		v, err := call()
 		done <- result{v, err}
 	}()
 	select {
@@ -65,4 +73,72 @@ func each(n, limit int, do func(i int)) {
 		}(i)
 	}
 	wg.Wait()
+}
+
+// objectLocks serialises the mutations of one cloud object (a load balancer, a route). A
+// mutation outlives its request (bounded gives the provider at least minProviderDeadline, and
+// cloud calls cannot be taken back), so a caller that timed out and retried would otherwise
+// have two mutations of the same object running at once: the second waits for the first to
+// end, or answers UNAVAILABLE (MUTATION_IN_PROGRESS) when its own deadline comes first.
+type objectLocks struct {
+	mu   sync.Mutex
+	held map[string]chan struct{}
+}
+
+func newObjectLocks() *objectLocks {
+	return &objectLocks{held: map[string]chan struct{}{}}
+}
+
+// acquire waits until no mutation of key runs and takes it; release gives it back.
+func (l *objectLocks) acquire(ctx context.Context, key string) (release func(), err error) {
+	// Give up a little before the request's deadline, so that the caller hears why.
+	giveUp := ctx.Done()
+	if deadline, ok := ctx.Deadline(); ok {
+		wait := time.Until(deadline)
+		wait -= min(wait/10, time.Second)
+		waiting, cancel := context.WithTimeout(ctx, wait)
+		defer cancel()
+		giveUp = waiting.Done()
+	}
+	for {
+		l.mu.Lock()
+		busy, taken := l.held[key]
+		if !taken {
+			mine := make(chan struct{})
+			l.held[key] = mine
+			l.mu.Unlock()
+			return func() {
+				l.mu.Lock()
+				delete(l.held, key)
+				l.mu.Unlock()
+				close(mine)
+			}, nil
+		}
+		l.mu.Unlock()
+		select {
+		case <-busy:
+		case <-giveUp:
+			return nil, newStatus(codes.Unavailable, "MUTATION_IN_PROGRESS",
+				"an earlier mutation of "+key+" is still running in the provider (its caller timed out); retry later", time.Second)
+		}
+	}
+}
+
+// mutation runs a call that changes the cloud object key: at most one runs per object, from
+// its start until the provider call returns (not until its caller gave up), and on the
+// request's own context, unlike bounded's reads: when the caller gives up (its deadline, a
+// leader that lost its lease and exited) the provider's cloud calls are cancelled rather than
+// left running beside the next leader's. The core gives mutations a long deadline
+// (--provider-mutation-timeout) for slow creates, and never retries one that timed out
+// inside the call.
+func mutation[T any](ctx context.Context, locks *objectLocks, key string, call func(context.Context) (T, error)) (T, error) {
+	release, err := locks.acquire(ctx, key)
+	if err != nil {
+		var zero T
+		return zero, err
+	}
+	return running(ctx, func() (T, error) {
+		defer release()
+		return call(ctx)
+	})
 }

@@ -18,6 +18,8 @@ import (
 type loadBalancers struct {
 	pb.UnimplementedLoadBalancersServiceServer
 	lb cloudprovider.LoadBalancer
+	// locks serialise the mutations of each load balancer.
+	locks *objectLocks
 	// concurrency bounds the UpdateLoadBalancer calls one BatchUpdateLoadBalancerHosts makes.
 	concurrency int
 }
@@ -40,6 +42,11 @@ func (s *loadBalancers) service(in *pb.LoadBalancerService) (*pb.LoadBalancerSer
 	return in, nil
 }
 
+// lbKey names a Service's load balancer for objectLocks.
+func lbKey(in *pb.LoadBalancerService) string {
+	return "load balancer " + in.GetNamespace() + "/" + in.GetName() + " (" + in.GetUid() + ")"
+}
+
 func (s *loadBalancers) GetLoadBalancer(ctx context.Context, req *pb.GetLoadBalancerRequest) (*pb.GetLoadBalancerResponse, error) {
 	return bounded(ctx, func(ctx context.Context) (*pb.GetLoadBalancerResponse, error) {
 		in, err := s.service(req.GetService())
@@ -58,7 +65,7 @@ func (s *loadBalancers) GetLoadBalancer(ctx context.Context, req *pb.GetLoadBala
 }
 
 func (s *loadBalancers) EnsureLoadBalancer(ctx context.Context, req *pb.EnsureLoadBalancerRequest) (*pb.EnsureLoadBalancerResponse, error) {
-	return bounded(ctx, func(ctx context.Context) (*pb.EnsureLoadBalancerResponse, error) {
+	return mutation(ctx, s.locks, lbKey(req.GetService()), func(ctx context.Context) (*pb.EnsureLoadBalancerResponse, error) {
 		in, err := s.service(req.GetService())
 		if err != nil {
 			return nil, err
@@ -79,7 +86,7 @@ func (s *loadBalancers) EnsureLoadBalancer(ctx context.Context, req *pb.EnsureLo
 }
 
 func (s *loadBalancers) UpdateLoadBalancerHosts(ctx context.Context, req *pb.UpdateLoadBalancerHostsRequest) (*pb.UpdateLoadBalancerHostsResponse, error) {
-	return bounded(ctx, func(ctx context.Context) (*pb.UpdateLoadBalancerHostsResponse, error) {
+	return mutation(ctx, s.locks, lbKey(req.GetService()), func(ctx context.Context) (*pb.UpdateLoadBalancerHostsResponse, error) {
 		in, err := s.service(req.GetService())
 		if err != nil {
 			return nil, err
@@ -98,7 +105,7 @@ func (s *loadBalancers) UpdateLoadBalancerHosts(ctx context.Context, req *pb.Upd
 }
 
 func (s *loadBalancers) EnsureLoadBalancerDeleted(ctx context.Context, req *pb.EnsureLoadBalancerDeletedRequest) (*pb.EnsureLoadBalancerDeletedResponse, error) {
-	return bounded(ctx, func(ctx context.Context) (*pb.EnsureLoadBalancerDeletedResponse, error) {
+	return mutation(ctx, s.locks, lbKey(req.GetService()), func(ctx context.Context) (*pb.EnsureLoadBalancerDeletedResponse, error) {
 		in, err := s.service(req.GetService())
 		if err != nil {
 			return nil, err

@@ -31,6 +31,8 @@ type routes struct {
 	ipv6   bool
 	// concurrency bounds the single-route calls one ApplyRoutes makes.
 	concurrency int
+	// locks serialise the mutations of each route.
+	locks *objectLocks
 }
 
 func (s *routes) ListRouteTables(_ context.Context, req *pb.ListRouteTablesRequest) (*pb.ListRouteTablesResponse, error) {
@@ -124,7 +126,7 @@ func (s *routes) ListRoutes(ctx context.Context, req *pb.ListRoutesRequest) (*pb
 // CreateRoute is idempotent: a route to the same destination and target is returned as it
 // is; one to the same destination and another target is ALREADY_EXISTS.
 func (s *routes) CreateRoute(ctx context.Context, req *pb.CreateRouteRequest) (*pb.CreateRouteResponse, error) {
-	return bounded(ctx, func(ctx context.Context) (*pb.CreateRouteResponse, error) {
+	return mutation(ctx, s.locks, "route "+req.GetRoute().GetName(), func(ctx context.Context) (*pb.CreateRouteResponse, error) {
 		want := req.GetRoute()
 		if want == nil || want.GetName() == "" || want.GetDestinationCidr() == "" || want.GetTarget().GetNodeName() == "" {
 			return nil, invalidArgument("INVALID_ARGUMENT", "a route needs a name, a destination and a target node")
@@ -181,7 +183,7 @@ func (s *routes) CreateRoute(ctx context.Context, req *pb.CreateRouteRequest) (*
 
 // DeleteRoute deletes the route of that name in the provider's listing; absent is OK.
 func (s *routes) DeleteRoute(ctx context.Context, req *pb.DeleteRouteRequest) (*pb.DeleteRouteResponse, error) {
-	return bounded(ctx, func(ctx context.Context) (*pb.DeleteRouteResponse, error) {
+	return mutation(ctx, s.locks, "route "+req.GetName(), func(ctx context.Context) (*pb.DeleteRouteResponse, error) {
 		if req.GetName() == "" {
 			return nil, invalidArgument("INVALID_ARGUMENT", "a route name is required")
 		}

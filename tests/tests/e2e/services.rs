@@ -516,3 +516,30 @@ async fn a_bulk_provider_gets_one_call_for_every_load_balancer_and_a_failed_item
     core.stop().await.expect("stop");
     env.cleanup().await.expect("cleanup");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_load_balancer_slower_to_make_than_the_call_timeout_is_made_by_one_call() {
+    // The cloud takes 3 s to make a load balancer; reads time out after 1 s. The Ensure has
+    // the mutation deadline (--provider-mutation-timeout), so it is made by one call, not
+    // abandoned and tried again while the first may still run.
+    let cp = ccm_harness::shared().expect("control plane");
+    let env = TestEnv::new(cp.client().await.expect("client"), "slowlb").await.expect("env");
+    let node = env.node_name("n1");
+    let mut config = Config::default();
+    config.instances.push(instance("i-1", &node, "sim-region-1a"));
+    config.faults.push(Fault { method: "EnsureLoadBalancer".into(), delay_ms: Some(3000), ..Default::default() });
+    let sim = Sim::start(config).await;
+    backend_node(&env, &node, "i-1").await;
+    let mut flags = service_flags(&env);
+    flags.push("--provider-call-timeout=1s".into());
+    let core = start(cp, &env, &sim, &flags);
+    create_load_balancer_service(&env, "web", &[80]).await.expect("service");
+    eventually("an ingress IP", Duration::from_secs(30), async || ingress_ip(&env, "web").await).await;
+    let ensures = sim.admin.calls().await.expect("calls").counts;
+    let ensures: Vec<_> = ensures.iter().filter(|c| c.method == "LoadBalancersService/EnsureLoadBalancer").collect();
+    assert_eq!(ensures.len(), 1, "only OK answers: {ensures:?}");
+    assert_eq!((ensures[0].code.as_str(), ensures[0].count), ("OK", 1), "one Ensure: {ensures:?}");
+    assert_eq!(lbs(&sim).await.len(), 1);
+    core.stop().await.expect("stop");
+    env.cleanup().await.expect("cleanup");
+}
