@@ -1028,8 +1028,11 @@ impl ServiceController {
     /// BatchUpdateLoadBalancerHosts per 500 load balancers whose Service is as it was last
     /// ensured under its recorded name. Every other Service (not ensured yet, changed, being
     /// renamed, or with no backend left, which keeps its hosts) takes its own reconcile, and
-    /// so does each load balancer whose item failed for good; a throttled or transient
-    /// failure retries the whole pass.
+    /// so does each load balancer whose item failed: at once when it failed for good, after
+    /// the item's RetryInfo (or the first backoff) when transiently, then with its own
+    /// per-key backoff. Only a failure of the whole call retries the pass: one failing load
+    /// balancer must not hold back the others' next node change (the shared key's backoff
+    /// grows to minutes and a node change cannot cut it short).
     async fn update_all_hosts(&self) -> Outcome {
         let Some(identity) = self.ctx.provider.identity() else {
             return Outcome::of_provider_error(None, &Error::unavailable("provider not ready"));
@@ -1070,7 +1073,7 @@ impl ServiceController {
         let services: Vec<pb::LoadBalancerService> = todo.iter().map(|(_, lb, _)| lb.clone()).collect();
         let started = Instant::now();
         let results = self.ctx.provider.batch_update_load_balancer_hosts(self.ctx.fence(), &services, backends.proto()).await;
-        let mut retry = None;
+        let (results, call_failed) = results;
         for ((svc, _, ensured), result) in todo.into_iter().zip(results) {
             self.ctx.metrics.hosts_update(started.elapsed(), result.is_err());
             let k = key(&svc);
@@ -1080,8 +1083,12 @@ impl ServiceController {
                     let note = format!("Updated load balancer with new hosts ({})", ensured.count);
                     self.ctx.event(NAME, svc.as_ref(), false, "UpdatedLoadBalancer", note).await;
                 }
+                // A call that failed as a whole is the pass's to retry (below): its load
+                // balancers are still not as ensured, the others are.
+                Err(_) if call_failed.as_ref().is_some_and(Error::is_transient) => {}
                 Err(error) if error.is_transient() => {
-                    retry.get_or_insert(error);
+                    tracing::debug!(service = %k, %error, "updating the load balancer's hosts failed; retried alone");
+                    self.queue.add_after(k, error.retry_after().unwrap_or_else(|| self.queue.backoff(1)));
                 }
                 Err(error) => {
                     tracing::warn!(service = %k, %error, "updating the load balancer's hosts failed");
@@ -1095,9 +1102,9 @@ impl ServiceController {
                 }
             }
         }
-        match retry {
-            Some(error) => Outcome::of_provider_error(None, &error),
-            None => Outcome::Success,
+        match call_failed {
+            Some(error) if error.is_transient() => Outcome::of_provider_error(None, &error),
+            _ => Outcome::Success,
         }
     }
 

@@ -331,14 +331,14 @@ impl Provider {
 
     /// Points the load balancers of `services` at `nodes` with BatchUpdateLoadBalancerHosts
     /// (fenced), 500 a call, the calls at once (the node set encoded once for all): one result
-    /// per Service, in order. A failed call, or an answer of the wrong length, fails every
-    /// Service of its call.
+    /// per Service, in order, and the error of a call that failed as a whole, if any. A
+    /// failed call, or an answer of the wrong length, fails every Service of its call.
     pub async fn batch_update_load_balancer_hosts(
         &self,
         fence: Option<&Fence>,
         services: &[pb::LoadBalancerService],
         nodes: &[pb::LoadBalancerNode],
-    ) -> PerLookup<()> {
+    ) -> (PerLookup<()>, Option<Error>) {
         const METHOD: &str = "LoadBalancersService/BatchUpdateLoadBalancerHosts";
         /// The field number of `nodes` in BatchUpdateLoadBalancerHostsRequest.
         const BATCH_NODES_FIELD: u32 = 1;
@@ -352,6 +352,7 @@ impl Provider {
             async move { (chunk.len(), self.call_fenced(fence, METHOD, request, rpc).await) }
         });
         let mut out = Vec::with_capacity(services.len());
+        let mut failed = None;
         for (len, answer) in join_all(calls).await {
             match answer {
                 Ok(a) if a.results.len() == len => {
@@ -360,11 +361,15 @@ impl Provider {
                 Ok(a) => {
                     let e = self.invalid(METHOD, format!("{} results for {} load balancers", a.results.len(), len));
                     out.extend((0..len).map(|_| Err(e.clone())));
+                    failed.get_or_insert(e);
                 }
-                Err(e) => out.extend((0..len).map(|_| Err(e.clone()))),
+                Err(e) => {
+                    out.extend((0..len).map(|_| Err(e.clone())));
+                    failed.get_or_insert(e);
+                }
             }
         }
-        out
+        (out, failed)
     }
 
     /// Deletes the load balancer of `service` if it exists (fenced).
@@ -639,7 +644,8 @@ mod tests {
         for service in &services {
             provider.ensure_load_balancer(None, service.clone(), &EncodedNodes::new(&[])).await.expect("ensure");
         }
-        let answers = provider.batch_update_load_balancer_hosts(None, &services, &[]).await;
+        let (answers, failed) = provider.batch_update_load_balancer_hosts(None, &services, &[]).await;
+        assert!(failed.is_none(), "the call itself answered: {failed:?}");
         assert!(answers[0].is_ok(), "{:?}", answers[0]);
         let throttled = answers[1].as_ref().expect_err("lb-b is throttled");
         assert_eq!(throttled.retry_after(), Some(std::time::Duration::from_secs(20)), "{throttled}");

@@ -543,3 +543,66 @@ async fn a_load_balancer_slower_to_make_than_the_call_timeout_is_made_by_one_cal
     core.stop().await.expect("stop");
     env.cleanup().await.expect("cleanup");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_load_balancer_failing_transiently_does_not_hold_back_the_others_node_changes() {
+    // One of three load balancers answers UNAVAILABLE for its item of every hosts update,
+    // bulk or single, for a while. The other two follow the next node change at once: the
+    // failed item backs off alone, not the bulk pass every node change goes through.
+    let cp = ccm_harness::shared().expect("control plane");
+    let env = TestEnv::new(cp.client().await.expect("client"), "lbhol").await.expect("env");
+    let (n1, n2, n3) = (env.node_name("n1"), env.node_name("n2"), env.node_name("n3"));
+    let mut config = Config::default();
+    config.load_balancers.bulk_hosts = true;
+    for (id, n) in [("i-1", &n1), ("i-2", &n2), ("i-3", &n3)] {
+        config.instances.push(instance(id, n, "sim-region-1a"));
+    }
+    let sim = Sim::start(config).await;
+    backend_node(&env, &n1, "i-1").await;
+    let mut flags = service_flags(&env);
+    flags.push("--reconcile-backoff-max=5m".into());
+    let core = start(cp, &env, &sim, &flags);
+    for s in ["web-a", "web-b", "sick"] {
+        create_load_balancer_service(&env, s, &[80]).await.expect("service");
+    }
+    eventually("three load balancers", Duration::from_secs(20), async || (lbs(&sim).await.len() == 3).then_some(())).await;
+    let sick = lb_of(&sim, "sick").await.expect("sick's load balancer").name;
+    let faults: Vec<Fault> = ["BatchUpdateLoadBalancerHosts", "UpdateLoadBalancerHosts"]
+        .into_iter()
+        .map(|method| Fault {
+            method: method.into(),
+            down: true,
+            code: FaultCode::Unavailable,
+            subject: Some(sick.clone()),
+            ..Default::default()
+        })
+        .collect();
+    sim.admin.set_faults(&faults).await.expect("faults");
+    // A node change while the fault lasts, and several seconds of its retries.
+    backend_node(&env, &n2, "i-2").await;
+    let healthy = |want: Vec<String>| {
+        let (sim, sick) = (&sim, &sick);
+        async move {
+            let lbs = lbs(sim).await;
+            lbs.iter().filter(|l| l.name != *sick).all(|l| l.nodes == want).then_some(())
+        }
+    };
+    eventually("the healthy two on two nodes", Duration::from_secs(10), async || healthy(vec![n1.clone(), n2.clone()]).await)
+        .await;
+    tokio::time::sleep(Duration::from_secs(8)).await;
+    // The next node change reaches the healthy two within a second or two.
+    let added = std::time::Instant::now();
+    backend_node(&env, &n3, "i-3").await;
+    let three = vec![n1.clone(), n2.clone(), n3.clone()];
+    eventually("the healthy two on three nodes", Duration::from_secs(30), async || healthy(three.clone()).await).await;
+    let took = added.elapsed();
+    assert!(took < Duration::from_secs(3), "the healthy load balancers followed the node change after {took:?}");
+    // Once the fault clears, the sick one converges too.
+    sim.admin.set_faults(&[]).await.expect("clear");
+    eventually("the sick one on three nodes", Duration::from_secs(60), async || {
+        (lb_of(&sim, "sick").await?.nodes == three).then_some(())
+    })
+    .await;
+    core.stop().await.expect("stop");
+    env.cleanup().await.expect("cleanup");
+}
