@@ -205,6 +205,11 @@ impl Context {
         let this = self.clone();
         tokio::spawn(async move {
             this.event_writes.acquire().await;
+            // Checked again when it is sent: a queued Event is dropped once the lead is lost.
+            if this.fence.as_ref().is_some_and(|f| !f.holds()) {
+                this.metrics.event_dropped();
+                return;
+            }
             if let Err(error) = this.recorder.publish(&note).await {
                 let object = note.regarding.name.as_deref().unwrap_or_default();
                 tracing::warn!(%object, %error, reason = %note.reason, "recording an event failed");
@@ -260,6 +265,41 @@ fn bounded_note(note: String) -> String {
     format!("{}…", &note[..end])
 }
 
+/// A controller's own tasks (its feed, workers, timers), aborted when dropped: a controller
+/// task aborted on a lost lead takes them with it, instead of leaving workers that outlive it
+/// and go on writing.
+#[derive(Default)]
+pub struct Tasks(Vec<tokio::task::JoinHandle<()>>);
+
+impl Tasks {
+    /// Runs `task` as one of them.
+    pub fn spawn(&mut self, task: impl std::future::Future<Output = ()> + Send + 'static) {
+        self.0.push(tokio::spawn(task));
+    }
+
+    /// [`supervise`]s them: returns on `stop`, or goes on with the panic of one that ended.
+    pub async fn supervise(&mut self, name: &str, stop: &CancellationToken) {
+        supervise(name, &mut self.0, stop).await;
+    }
+
+    /// Waits (at most `grace` for each) for them to end; those still running are aborted.
+    pub async fn join(mut self, grace: Duration) {
+        for t in self.0.iter_mut() {
+            if tokio::time::timeout(grace, &mut *t).await.is_err() {
+                t.abort();
+            }
+        }
+    }
+}
+
+impl Drop for Tasks {
+    fn drop(&mut self) {
+        for t in &self.0 {
+            t.abort();
+        }
+    }
+}
+
 /// Waits for `stop` while `tasks` (a controller's feeds and workers) run. A task that ends
 /// first, a panic above all, is the controller's failure: the others are aborted and the
 /// panic goes on (or one is raised), so that the controller's own task ends with it and the
@@ -298,6 +338,31 @@ pub async fn sleep_or_stop(period: Duration, stop: &CancellationToken) -> bool {
 
 #[cfg(test)]
 mod tests {
+
+    #[tokio::test]
+    async fn a_controller_aborted_on_a_lost_lead_takes_its_workers_with_it() {
+        use std::sync::atomic::{AtomicU32, Ordering};
+        let writes = Arc::new(AtomicU32::new(0));
+        let counted = writes.clone();
+        // A controller's run: a worker that would go on writing, supervised until stop.
+        let controller = tokio::spawn(async move {
+            let mut tasks = Tasks::default();
+            tasks.spawn(async move {
+                loop {
+                    counted.fetch_add(1, Ordering::SeqCst);
+                    tokio::time::sleep(Duration::from_millis(5)).await;
+                }
+            });
+            tasks.supervise("test", &CancellationToken::new()).await;
+        });
+        tokio::time::sleep(Duration::from_millis(30)).await;
+        controller.abort();
+        let _ = controller.await;
+        let after = writes.load(Ordering::SeqCst);
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        assert_eq!(writes.load(Ordering::SeqCst), after, "a worker went on after its controller was aborted");
+    }
+
     use super::*;
 
     #[test]

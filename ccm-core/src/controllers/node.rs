@@ -91,18 +91,15 @@ impl NodeController {
     /// Runs until `stop`: the event feed, the workers and the periodic address refresh.
     pub async fn run(self, stop: CancellationToken) {
         let this = Arc::new(self);
-        let mut tasks = Vec::new();
-        tasks.push(tokio::spawn(this.clone().feed(stop.clone())));
+        let mut tasks = super::Tasks::default();
+        tasks.spawn(this.clone().feed(stop.clone()));
         for _ in 0..this.ctx.options.concurrent_node_syncs {
-            tasks.push(tokio::spawn(this.clone().worker()));
+            tasks.spawn(this.clone().worker());
         }
-        tasks.push(tokio::spawn(this.clone().refresh_loop(stop.clone())));
-
-        super::supervise(NAME, &mut tasks, &stop).await;
+        tasks.spawn(this.clone().refresh_loop(stop.clone()));
+        tasks.supervise(NAME, &stop).await;
         this.queue.shutdown();
-        for t in tasks {
-            let _ = t.await;
-        }
+        tasks.join(std::time::Duration::from_secs(30)).await;
     }
 
     fn enqueue(&self, node: &Node) {

@@ -278,7 +278,9 @@ impl RouteController {
             return;
         }
         let trigger = Arc::new(Notify::new());
-        let mut feed = tokio::spawn(feed(self.ctx.clone(), trigger.clone(), stop.clone()));
+        // Aborted with this task if it is aborted (a lost lead), not left running.
+        let mut feed =
+            tokio_util::task::AbortOnDropHandle::new(tokio::spawn(feed(self.ctx.clone(), trigger.clone(), stop.clone())));
         self.ctx.nodes.wait_synced().await;
         trigger.notify_one();
         let mut resync_at = Instant::now() + self.resync_delay();

@@ -375,21 +375,17 @@ impl ServiceController {
         let this = Arc::new(self);
         // Subscribed before any worker builds a node set, so no change is missed.
         let node_changes = this.ctx.nodes.subscribe();
-        let mut tasks = vec![
-            tokio::spawn(this.clone().feed(stop.clone())),
-            tokio::spawn(this.clone().node_feed(node_changes, stop.clone())),
-            tokio::spawn(this.clone().sweep_loop(stop.clone())),
-        ];
+        let mut tasks = super::Tasks::default();
+        tasks.spawn(this.clone().feed(stop.clone()));
+        tasks.spawn(this.clone().node_feed(node_changes, stop.clone()));
+        tasks.spawn(this.clone().sweep_loop(stop.clone()));
         for _ in 0..this.ctx.options.concurrent_service_syncs.max(1) {
-            tasks.push(tokio::spawn(this.clone().worker()));
+            tasks.spawn(this.clone().worker());
         }
 
-        super::supervise(NAME, &mut tasks, &stop).await;
+        tasks.supervise(NAME, &stop).await;
         this.queue.shutdown();
-        for t in tasks {
-            t.abort();
-            let _ = t.await;
-        }
+        // Dropped: every task aborted.
     }
 
     async fn feed(self: Arc<Self>, stop: CancellationToken) {
@@ -635,7 +631,9 @@ impl ServiceController {
         let waker = notify.clone();
         let this = self.clone();
         let stop2 = stop.clone();
-        let syncer = tokio::spawn(async move {
+        // Aborted with this task (a Tasks guard), not left running if the feed is aborted.
+        let mut syncer = super::Tasks::default();
+        syncer.spawn(async move {
             let mut last = this.hosts_fingerprint();
             loop {
                 tokio::select! {
@@ -685,7 +683,7 @@ impl ServiceController {
                 Err(RecvError::Closed) => break,
             }
         }
-        syncer.abort();
+        drop(syncer);
     }
 
     /// The current node set: the one last built, unless a Node change a load balancer sees

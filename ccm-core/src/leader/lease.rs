@@ -202,7 +202,11 @@ async fn release(api: &Api<Lease>, s: &Settings) {
 pub async fn acquire(client: &kube::Client, s: &Settings, stop: &CancellationToken) -> Option<Leadership> {
     let api: Api<Lease> = Api::namespaced(client.clone(), &s.namespace);
     let mut observed = Observed::default();
+    let mut last;
     loop {
+        // The lead counts from when the winning request was sent, not from its answer: an
+        // answer that comes late must not stretch the fence past the Lease others see.
+        last = Instant::now();
         let attempt = tokio::time::timeout(s.renew_deadline, try_acquire_or_renew(&api, s, &mut observed)).await;
         match attempt {
             Ok(Ok(true)) => break,
@@ -220,25 +224,29 @@ pub async fn acquire(client: &kube::Client, s: &Settings, stop: &CancellationTok
     }
     let (lost, give_up) = (CancellationToken::new(), CancellationToken::new());
     let fence = Fence::default();
-    let mut last = Instant::now();
     fence.set(Some(last + s.renew_deadline));
     let s = s.clone();
     let renewed = fence.clone();
     let (lost_tx, released) = (lost.clone(), give_up.clone());
     let task = tokio::spawn(async move {
+        // However this task ends, a panic included, the lead is lost unless it was released.
+        let on_exit = lost_tx.clone().drop_guard();
         loop {
             tokio::select! {
                 _ = tokio::time::sleep(s.retry_period) => {}
                 _ = released.cancelled() => {
                     renewed.set(None);
+                    on_exit.disarm();
                     release(&api, &s).await;
                     return;
                 }
             }
             let deadline = last + s.renew_deadline;
+            let sent = Instant::now();
             match tokio::time::timeout_at(deadline, try_acquire_or_renew(&api, &s, &mut observed)).await {
                 Ok(Ok(true)) => {
-                    last = Instant::now();
+                    // Anchored to when the renewal was sent (see above).
+                    last = sent;
                     renewed.set(Some(last + s.renew_deadline));
                     continue;
                 }

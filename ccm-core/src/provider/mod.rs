@@ -288,9 +288,6 @@ impl Provider {
         let mut attempt = 0;
         loop {
             attempt += 1;
-            if let Some(fence) = fence {
-                fence.check().await;
-            }
             let mut request = Request::new(message.clone());
             request.set_timeout(timeout);
             let started = Instant::now();
@@ -301,6 +298,11 @@ impl Provider {
             }
             let result = {
                 let _permit = self.limit.acquire().await.map_err(|_| Error::unavailable("provider client closed"))?;
+                // At send time, after every wait: a lead lost while this call waited for the
+                // throttle or a slot sends nothing.
+                if let Some(fence) = fence {
+                    fence.check().await;
+                }
                 tokio::time::timeout(timeout + Duration::from_secs(1), rpc(self.channel.clone(), request)).await
             };
             let result =
