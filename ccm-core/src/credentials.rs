@@ -22,14 +22,15 @@ const RENEW_EVERY: Duration = Duration::from_secs(20 * 60);
 
 /// The ServiceAccount a controller acts as. `upstream` (the default): the accounts upstream's
 /// cloud-controller-manager uses, so existing RBAC and audit rules apply: `node-controller`
-/// (the node and node lifecycle controllers), `route-controller`, `service-controller`.
+/// (the node, node lifecycle and node IPAM controllers, as upstream's nodeipam controller is
+/// built with `node-controller`'s client), `route-controller`, `service-controller`.
 /// `controller`: the controller's own name (`route-controller` for the route controller).
 pub fn service_account(controller: &str, names: crate::options::ServiceAccountNames) -> &str {
-    use crate::controllers::{node, node_lifecycle, route, service};
+    use crate::controllers::{ipam, node, node_lifecycle, route, service};
     use crate::options::ServiceAccountNames;
     match (names, controller) {
         (_, route::NAME) => "route-controller",
-        (ServiceAccountNames::Upstream, node::NAME | node_lifecycle::NAME) => "node-controller",
+        (ServiceAccountNames::Upstream, node::NAME | node_lifecycle::NAME | ipam::NAME) => "node-controller",
         (ServiceAccountNames::Upstream, service::NAME) => "service-controller",
         (_, other) => other,
     }

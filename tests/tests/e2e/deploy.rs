@@ -244,6 +244,8 @@ async fn the_shipped_roles_are_enough_for_every_controller_and_no_broader() {
             "--use-service-account-credentials",
             "--cluster-cidr=10.250.0.0/16",
             "--node-monitor-period=300ms",
+            // Every controller: node IPAM too (it acts as node-controller, as upstream's).
+            "--allocate-node-cidrs",
         ],
     );
 
@@ -268,6 +270,16 @@ async fn the_shipped_roles_are_enough_for_every_controller_and_no_broader() {
         let conditions = node.status?.conditions.unwrap_or_default();
         let cleared = conditions.iter().any(|c| c.type_ == "NetworkUnavailable" && c.status == "False");
         (routed && cleared).then_some(())
+    })
+    .await;
+
+    // The node IPAM controller: a Node without a podCIDR gets one from the cluster CIDR.
+    let bare = env.node_name("bare");
+    NodeBuilder::new(&bare).label(TEST_LABEL, &env.prefix).create(&admin).await.expect("node");
+    set_ready(&admin, &bare, "True").await.expect("ready"); // no instance: left alone while Ready
+    eventually("a podCIDR for the Node without one", Duration::from_secs(30), async || {
+        let cidr = env.nodes().get(&bare).await.ok()?.spec?.pod_cidr?;
+        cidr.starts_with("10.250.").then_some(())
     })
     .await;
 
@@ -467,7 +479,7 @@ async fn every_rendered_command_line_is_accepted_by_the_real_binaries() {
     let helm = tokio::task::spawn_blocking(|| ccm_harness::Assets::tool("helm")).await.expect("join").expect("helm");
     let assets = tokio::task::spawn_blocking(ccm_harness::Assets::find).await.expect("join").expect("assets");
     let chart = deploy_dir().join("helm/ccm-rs");
-    let variants: [(&str, &[&str]); 6] = [
+    let variants: [(&str, &[&str]); 7] = [
         ("the sim", &["--set", "sim.enabled=true"]),
         ("lease per controller", &["--set", "sim.enabled=true,leaderElection.perController=true"]),
         ("without service account credentials", &["--set", "sim.enabled=true,useServiceAccountCredentials=false"]),
@@ -476,6 +488,10 @@ async fn every_rendered_command_line_is_accepted_by_the_real_binaries() {
         (
             "routes and migration",
             &["--set", "sim.enabled=true,configureCloudRoutes=true,clusterCIDR=10.244.0.0/16,leaderMigration.enabled=true"],
+        ),
+        (
+            "every controller, node IPAM too",
+            &["--set", "sim.enabled=true,configureCloudRoutes=true,clusterCIDR=10.244.0.0/16,allocateNodeCIDRs=true"],
         ),
     ];
     let mut checked = 0;
