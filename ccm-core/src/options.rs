@@ -80,8 +80,16 @@ impl From<&str> for InvalidFlags {
 
 /// Parses a duration such as `300ms`, `10s`, `5m`, `1h30m` or `1h 30m`.
 pub fn parse_duration(text: &str) -> Result<Duration, String> {
-    humantime::parse_duration(text).map_err(|e| format!("{text:?} is not a duration (like 10s, 5m, 1h30m): {e}"))
+    let d = humantime::parse_duration(text).map_err(|e| format!("{text:?} is not a duration (like 10s, 5m, 1h30m): {e}"))?;
+    // Longer is no useful setting, and a deadline of centuries overflows the clock.
+    if d > MAX_DURATION {
+        return Err(format!("{text:?} is longer than a year"));
+    }
+    Ok(d)
 }
+
+/// The longest duration a flag takes.
+const MAX_DURATION: Duration = Duration::from_secs(366 * 24 * 3600);
 
 /// The generic cloud-controller-manager.
 #[derive(Debug, Clone, Parser)]
@@ -138,8 +146,17 @@ pub struct Options {
     #[arg(long, value_name = "DURATION", default_value = "5m", value_parser = parse_duration)]
     pub provider_max_retry_after: Duration,
 
+    /// The longest the controllers' Kubernetes client waits for the API server to send
+    /// anything on a connection (a write's answer, the next byte of a watch) before it gives
+    /// the connection up: a half-open connection (a NAT or load balancer that forgot it) then
+    /// fails writes and watches instead of hanging them for ever. Watches are renewed every
+    /// this long less 15 s, so a quiet one is never taken for a dead one. At least 20s.
+    #[arg(long, value_name = "DURATION", default_value = "75s", value_parser = parse_duration)]
+    pub kube_api_read_timeout: Duration,
+
     /// `/readyz` fails while the Node or Service watch has been failing this long (the
-    /// caches it serves from are going stale).
+    /// caches it serves from are going stale; a watch silent past `--kube-api-read-timeout`
+    /// fails).
     #[arg(long, value_name = "DURATION", default_value = "60s", value_parser = parse_duration)]
     pub watch_failure_threshold: Duration,
 
@@ -514,6 +531,12 @@ impl Options {
         self.upstream.review()?;
         if self.leader_elect && self.leader_elect_renew_deadline >= self.leader_elect_lease_duration {
             return Err("--leader-elect-renew-deadline must be shorter than --leader-elect-lease-duration".into());
+        }
+        if self.leader_elect && self.leader_elect_retry_period >= self.leader_elect_renew_deadline {
+            return Err("--leader-elect-retry-period must be shorter than --leader-elect-renew-deadline (a renewal must be tried before the lead is given up)".into());
+        }
+        if self.kube_api_read_timeout < Duration::from_secs(20) {
+            return Err("--kube-api-read-timeout must be at least 20s".into());
         }
         if self.concurrent_node_syncs == 0 || self.provider_max_concurrency == 0 {
             return Err("--concurrent-node-syncs and --provider-max-concurrency must be at least 1".into());

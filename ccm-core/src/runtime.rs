@@ -77,6 +77,26 @@ async fn kube_config(options: &Options) -> anyhow::Result<kube::Config> {
     })
 }
 
+/// `config` with the controllers' timeouts: a connect timeout, and `read` for the next byte
+/// of any answer, counted from when the request was sent (a pooled connection's idle time
+/// does not count), so that a half-open connection fails a write or a watch instead of hanging
+/// it; watches are renewed by the API server before that ([`watch_timeout`]).
+fn with_timeouts(mut config: kube::Config, read: Duration) -> kube::Config {
+    config.connect_timeout = Some(Duration::from_secs(10));
+    config.read_timeout = Some(read);
+    config.write_timeout = Some(read);
+    config.reset_reader_on_write = true;
+    config
+}
+
+/// The server-side timeout of each watch request: 15 s within the read timeout, so that a
+/// quiet watch ends and is renewed (from its resourceVersion, no listing) before the read
+/// timeout could take it for a dead connection; and kube-runtime's idle timeout (this + 5 s)
+/// catches one whose end never arrives.
+fn watch_timeout(read: Duration) -> u32 {
+    u32::try_from(read.as_secs().saturating_sub(15).max(5)).unwrap_or(u32::MAX)
+}
+
 /// The delegated checks of the health and metrics server: with the kubeconfigs given, else
 /// in a cluster with the pod's own credentials (as upstream), else none. Plain HTTP
 /// (`--insecure-serving`) is never checked.
@@ -205,7 +225,7 @@ pub async fn run_until(options: Options, shutdown: impl Future<Output = ()> + Se
     for name in enabled.iter().filter(|n| !IMPLEMENTED.contains(n)) {
         tracing::warn!(controller = name, "controller is not available in this build; skipped");
     }
-    let config = kube_config(&options).await?;
+    let config = with_timeouts(kube_config(&options).await?, options.kube_api_read_timeout);
     let metrics = Metrics::new();
     let client = metrics.kube_client(config.clone())?;
     let credentials = if options.use_service_account_credentials {
@@ -244,19 +264,13 @@ pub async fn run_until(options: Options, shutdown: impl Future<Output = ()> + Se
     });
     let stop = root.clone();
     background.spawn(provider.clone().watch(PROBE_PERIOD, stop.clone()));
-    let nodes = Informer::start(
-        Api::<Node>::all(client.clone()),
-        watcher::Config::default().page_size(500),
-        slim_node,
-        &background,
-        stop.clone(),
-    );
+    let watcher_config = watcher::Config::default().page_size(500).timeout(watch_timeout(options.kube_api_read_timeout));
+    let nodes = Informer::start(Api::<Node>::all(client.clone()), watcher_config.clone(), slim_node, &background, stop.clone());
     let service_api = match &options.service_namespace {
         Some(ns) => Api::<Service>::namespaced(client.clone(), ns),
         None => Api::<Service>::all(client.clone()),
     };
-    let services =
-        Informer::start(service_api, watcher::Config::default().page_size(500), slim_service, &background, stop.clone());
+    let services = Informer::start(service_api, watcher_config, slim_service, &background, stop.clone());
 
     if options.secure_port != 0 {
         let ready = Arc::new(Ready {

@@ -844,8 +844,14 @@ async fn readiness_fails_while_the_watches_fail() {
     let kubeconfig = crate::support::kubeconfig_via(cp.kubeconfig_path(), cp.server(), proxy.addr);
     let port = free_port();
     let port_flag = format!("--secure-port={port}");
-    let flags =
-        ["--leader-elect=false", &port_flag, "--insecure-serving", "--bind-address=127.0.0.1", "--watch-failure-threshold=3s"];
+    let flags = [
+        "--leader-elect=false",
+        &port_flag,
+        "--insecure-serving",
+        "--bind-address=127.0.0.1",
+        "--watch-failure-threshold=3s",
+        "--kube-api-read-timeout=20s",
+    ];
     let core = Core::start_on(&kubeconfig, &env, &sim.endpoint, &flags);
     let base = core.health.clone().expect("health address");
     eventually("ready", Duration::from_secs(30), async || (http_get(&base, "/readyz").await?.0 == 200).then_some(())).await;
@@ -868,6 +874,24 @@ async fn readiness_fails_while_the_watches_fail() {
         tokio::time::sleep(Duration::from_millis(500)).await;
     }
     assert_eq!(http_get(&base, "/readyz").await.map(|r| r.0), Some(200), "ready once the watches work again: {last}");
+
+    // Half-open: connections stay up but nothing comes through (a NAT that forgot them).
+    // The watches must not hang on them for ever: within the read timeout they fail, and
+    // readiness says so.
+    proxy.pause();
+    let paused = std::time::Instant::now();
+    let body = eventually("not ready while the connections are silent", Duration::from_secs(60), async || {
+        let (status, body) = http_get(&base, "/readyz").await?;
+        (status == 503).then_some(body)
+    })
+    .await;
+    assert!(body.contains("watch has been failing"), "{body}");
+    eprintln!("a silent API server noticed after {:.1} s", paused.elapsed().as_secs_f64());
+    proxy.restore();
+    eventually("ready once the connections carry again", Duration::from_secs(90), async || {
+        (http_get(&base, "/readyz").await?.0 == 200).then_some(())
+    })
+    .await;
     core.stop().await.expect("stop");
     env.cleanup().await.expect("cleanup");
 }
