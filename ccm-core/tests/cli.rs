@@ -47,6 +47,21 @@ fn bad_flags_are_clear_errors() {
     let out = ccm(&["--controllers", "nodes", "--kubeconfig", "/nonexistent"]);
     assert!(!out.status.success());
     assert!(String::from_utf8_lossy(&out.stderr).contains("unknown controller \"nodes\""));
+    // Absurd durations and timings that cannot work: refused with a sentence, no panic.
+    for (args, says) in [
+        (&["--node-monitor-period", "100000000years"][..], "longer than a year"),
+        (&["--provider-mutation-timeout", "500000000000s"][..], "longer than a year"),
+        (
+            &["--leader-elect-retry-period", "10s", "--kubeconfig", "/nonexistent"][..],
+            "--leader-elect-retry-period must be shorter",
+        ),
+        (&["--kube-api-read-timeout", "5s", "--kubeconfig", "/nonexistent"][..], "at least 20s"),
+    ] {
+        let out = ccm(args);
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success() && stderr.contains(says), "{args:?}: {stderr}");
+        assert!(!stderr.contains("panicked"), "{args:?}: {stderr}");
+    }
     // Outside a cluster without --kubeconfig: says so, does not hang.
     let out = ccm(&[]);
     assert!(!out.status.success());

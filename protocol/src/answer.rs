@@ -18,13 +18,24 @@ fn of_scheme(provider_id: &str, scheme: &str) -> bool {
     provider_id.strip_prefix(scheme).and_then(|rest| rest.strip_prefix("://")).is_some_and(|rest| !rest.is_empty())
 }
 
-/// One address: an IP for the IP types, a DNS name for the others, a known type.
+/// Why `text` is not an address another host can reach (not an IP at all; unspecified,
+/// loopback, multicast or broadcast), if it is not one. Written to a Node or a Service's
+/// ingress, `0.0.0.0` or `127.0.0.1` would send traffic nowhere, or to whoever reads it.
+fn unreachable_ip(text: &str) -> Option<String> {
+    let Ok(ip) = text.parse::<IpAddr>() else { return Some(format!("{text:?} is not an IP address")) };
+    let broadcast = matches!(ip, IpAddr::V4(v4) if v4.is_broadcast());
+    (ip.is_unspecified() || ip.is_loopback() || ip.is_multicast() || broadcast)
+        .then(|| format!("{text:?} is not an address another host can reach (unspecified, loopback, multicast or broadcast)"))
+}
+
+/// One address: an IP another host can reach for the IP types, a DNS name for the others, a
+/// known type.
 pub fn address(a: &v1::NodeAddress) -> Result<(), String> {
     use v1::NodeAddressType as T;
     match a.r#type() {
         T::Unspecified => Err(format!("address {:?} has no type", a.address)),
-        T::InternalIp | T::ExternalIp if a.address.parse::<IpAddr>().is_err() => {
-            Err(format!("{:?} is not an IP address", a.address))
+        T::InternalIp | T::ExternalIp if unreachable_ip(&a.address).is_some() => {
+            Err(unreachable_ip(&a.address).unwrap_or_default())
         }
         T::Hostname | T::InternalDns | T::ExternalDns if !valid_dns_subdomain(&a.address.to_ascii_lowercase()) => {
             Err(format!("{:?} is not a DNS name", a.address))
@@ -70,7 +81,7 @@ pub fn status(s: &v1::LoadBalancerStatus) -> Result<(), String> {
         match (i.ip.is_empty(), i.hostname.is_empty()) {
             (true, true) => return Err("an ingress with neither an IP nor a hostname".into()),
             (false, false) => return Err(format!("an ingress with both IP {:?} and hostname {:?}", i.ip, i.hostname)),
-            (false, true) if i.ip.parse::<IpAddr>().is_err() => return Err(format!("ingress IP {:?} is not an IP", i.ip)),
+            (false, true) if let Some(why) = unreachable_ip(&i.ip) => return Err(format!("ingress IP: {why}")),
             (true, false) if i.hostname.parse::<IpAddr>().is_ok() || !valid_dns_subdomain(&i.hostname) => {
                 return Err(format!("ingress hostname {:?} is not a DNS name", i.hostname));
             }
@@ -108,8 +119,8 @@ pub fn node_metadata(m: &InstanceMetadata) -> Result<()> {
         let kind = NodeAddressType::try_from(a.r#type).unwrap_or(NodeAddressType::Unspecified);
         match kind {
             NodeAddressType::InternalIp | NodeAddressType::ExternalIp => {
-                if a.address.parse::<IpAddr>().is_err() {
-                    return bad(format!("address {:?} of type {} is not an IP address", a.address, kind.as_str_name()));
+                if let Some(why) = unreachable_ip(&a.address) {
+                    return bad(format!("address of type {}: {why}", kind.as_str_name()));
                 }
             }
             NodeAddressType::Hostname | NodeAddressType::InternalDns | NodeAddressType::ExternalDns => {
@@ -146,6 +157,11 @@ mod tests {
         assert!(instance(&meta("", "10.0.0.1"), "sim").is_ok(), "no providerID is the node controller's to judge");
         assert!(instance(&meta("sim://", "10.0.0.1"), "sim").is_err());
         assert!(instance(&meta("sim://zone-a/i-1", "999.0.0.1"), "sim").expect_err("an error").contains("not an IP"));
+        for nowhere in ["0.0.0.0", "127.0.0.1", "::", "::1", "224.0.0.1", "255.255.255.255"] {
+            let why = instance(&meta("sim://zone-a/i-1", nowhere), "sim").expect_err(nowhere);
+            assert!(why.contains("another host can reach"), "{nowhere}: {why}");
+        }
+        assert!(instance(&meta("sim://zone-a/i-1", "fd00::5"), "sim").is_ok());
         let mut bad_zone = meta("sim://zone-a/i-1", "10.0.0.1");
         bad_zone.zone = "zone a".into();
         assert!(instance(&bad_zone, "sim").expect_err("an error").contains("label value"));
@@ -160,6 +176,8 @@ mod tests {
         assert!(status(&ingress("", "lb-1.example.com")).is_ok());
         assert!(status(&v1::LoadBalancerStatus::default()).is_ok());
         assert!(status(&ingress("999.0.0.1", "")).is_err());
+        assert!(status(&ingress("0.0.0.0", "")).expect_err("unspecified").contains("another host can reach"));
+        assert!(status(&ingress("127.0.0.1", "")).is_err());
         assert!(status(&ingress("", "")).is_err());
         assert!(status(&ingress("203.0.113.7", "lb.example.com")).is_err());
         assert!(status(&ingress("", "203.0.113.7")).is_err());
@@ -189,13 +207,14 @@ mod tests {
     fn node_metadata_checks() {
         assert!(node_metadata(&good()).is_ok());
         type Change = fn(&mut InstanceMetadata);
-        let cases: [(&str, Change); 7] = [
+        let cases: [(&str, Change); 8] = [
             ("instance_id", |m| m.instance_id.clear()),
             ("provider_id", |m| m.provider_id = "i-1".into()),
             ("provider_id", |m| m.provider_id = "sim://a b".into()),
             ("zone", |m| m.zone = "zone a".into()),
             ("instance_type", |m| m.instance_type = "-x".into()),
             ("not an IP", |m| m.addresses[0].address = "ten".into()),
+            ("another host can reach", |m| m.addresses[0].address = "127.0.0.1".into()),
             ("no type", |m| m.addresses[0].r#type = 0),
         ];
         for (want, change) in cases {

@@ -57,7 +57,12 @@ pub fn route_name(cluster: &str, node: &str, cidr: &str) -> String {
     if name.len() <= 253 {
         return name;
     }
-    format!("{}-{:016x}", &name[..236], stable_hash(&name))
+    // At a character boundary: a cluster or Node name need not be ASCII.
+    let mut cut = 236;
+    while !name.is_char_boundary(cut) {
+        cut -= 1;
+    }
+    format!("{}-{:016x}", &name[..cut], stable_hash(&name))
 }
 
 /// SipHash-1-3 with zero keys over the name's bytes and a 0xff terminator: what
@@ -930,6 +935,9 @@ mod tests {
         let long = route_name("prod", &"n".repeat(300), "10.244.1.0/24");
         assert_eq!(long.len(), 253);
         assert_ne!(long, route_name("prod", &"n".repeat(301), "10.244.1.0/24"));
+        // A cluster name that is not ASCII: cut at a character boundary, no panic.
+        let wide = route_name(&"é".repeat(150), "node-1", "10.244.1.0/24");
+        assert!(wide.len() <= 253 && wide.is_char_boundary(wide.len()), "{wide}");
         // Stored in the cloud: the same name across Rust releases, and the one earlier
         // releases stored (std's DefaultHasher, SipHash-1-3 with zero keys).
         let name = format!("prod-{}-10.244.1.0-24", "n".repeat(300));

@@ -13,10 +13,12 @@ import (
 	"net"
 	"os"
 	"path/filepath"
+	"runtime/debug"
 	"strings"
 
 	pb "github.com/ccm-rs/go-adapter/gen/cloudprovider/v1"
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials"
 	cloudprovider "k8s.io/cloud-provider"
 	"k8s.io/klog/v2"
@@ -107,7 +109,8 @@ const MaxMessageSize = 64 << 20
 // NewServer registers, on a new gRPC server, every service the cloud offers.
 func NewServer(cloud cloudprovider.Interface, opts Options, extra ...grpc.ServerOption) *grpc.Server {
 	opts = opts.withDefaults(cloud)
-	server := grpc.NewServer(append([]grpc.ServerOption{grpc.MaxRecvMsgSize(MaxMessageSize), grpc.MaxSendMsgSize(MaxMessageSize)}, extra...)...)
+	base := []grpc.ServerOption{grpc.MaxRecvMsgSize(MaxMessageSize), grpc.MaxSendMsgSize(MaxMessageSize), grpc.ChainUnaryInterceptor(recoverPanics)}
+	server := grpc.NewServer(append(base, extra...)...)
 	id := &identity{opts: opts}
 	v2, hasV2 := cloud.InstancesV2()
 	v1, hasV1 := cloud.Instances()
@@ -247,4 +250,24 @@ func Serve(ctx context.Context, cloud cloudprovider.Interface, opts Options) err
 		return nil
 	}
 	return err
+}
+
+// recoverPanics answers INTERNAL for a call whose provider code panicked, with the panic in
+// the log, instead of the whole sidecar dying with every other call in flight: providers'
+// code was written for a process upstream restarts, and one bad answer (a nil dereference on
+// an unexpected cloud reply) must cost one call, not the sidecar. Provider calls run on
+// goroutines of their own (bounded, mutation, each), which recover there too.
+func recoverPanics(ctx context.Context, req any, info *grpc.UnaryServerInfo, handler grpc.UnaryHandler) (resp any, err error) {
+	defer func() {
+		if r := recover(); r != nil {
+			resp, err = nil, panicked(info.FullMethod, r)
+		}
+	}()
+	return handler(ctx, req)
+}
+
+// panicked logs a recovered panic and is the INTERNAL error answered for it.
+func panicked(where string, r any) error {
+	klog.ErrorS(nil, "the provider panicked; answering INTERNAL", "where", where, "panic", r, "stack", string(debug.Stack()))
+	return newStatus(codes.Internal, "PROVIDER_PANIC", fmt.Sprintf("the provider panicked: %v", r), 0)
 }

@@ -219,6 +219,31 @@ func TestRetryErrorsCarryRetryInfo(t *testing.T) {
 	}
 }
 
+func TestAPanickingProviderCostsOneCallNotTheSidecar(t *testing.T) {
+	cloud := fakeCloud()
+	cloud.OverrideInstanceMetadata = func(_ context.Context, node *v1.Node) (*cloudprovider.InstanceMetadata, error) {
+		if node.Name == "boom" {
+			var m *cloudprovider.InstanceMetadata
+			_ = m.Zone // a nil dereference, as on an unexpected cloud reply
+		}
+		return &cloudprovider.InstanceMetadata{ProviderID: "fake://zone-a/i-a"}, nil
+	}
+	instances := pb.NewInstancesServiceClient(serve(t, cloud, Options{}))
+	_, err := instances.InstanceMetadata(ctx(t), &pb.InstanceMetadataRequest{Instance: &pb.InstanceLookup{NodeName: "boom"}})
+	if status.Code(err) != codes.Internal {
+		t.Fatalf("a panic answers INTERNAL: %v", err)
+	}
+	// In a batch too (the items run on goroutines of their own).
+	batch := &pb.BatchInstanceMetadataRequest{Instances: []*pb.InstanceLookup{{NodeName: "node-a"}, {NodeName: "boom"}}}
+	if _, err := instances.BatchInstanceMetadata(ctx(t), batch); status.Code(err) != codes.Internal {
+		t.Fatalf("a panic in a batch answers INTERNAL: %v", err)
+	}
+	// The sidecar lives on.
+	if _, err := instances.InstanceMetadata(ctx(t), &pb.InstanceMetadataRequest{Instance: &pb.InstanceLookup{NodeName: "node-a"}}); err != nil {
+		t.Fatalf("after a panic, the next call: %v", err)
+	}
+}
+
 func TestRoutesAreIdempotentAndPaginated(t *testing.T) {
 	// The fake of fakecloud: the bare fake keeps a failed create's error for every later call.
 	cloud, err := fakecloud.New(fakecloud.Config{ExternalIP: "192.0.2.10"})

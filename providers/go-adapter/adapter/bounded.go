@@ -39,6 +39,12 @@ func running[T any](ctx context.Context, call func() (T, error)) (T, error) {
 	}
 	done := make(chan result, 1)
 	go func() {
+		defer func() {
+			if r := recover(); r != nil {
+				var zero T
+				done <- result{zero, panicked("a provider call", r)}
+			}
+		}()
 		v, err := call()
 		done <- result{v, err}
 	}()
@@ -64,15 +70,27 @@ func each(n, limit int, do func(i int)) {
 	}
 	slots := make(chan struct{}, limit)
 	var wg sync.WaitGroup
+	var once sync.Once
+	var first any
 	for i := 0; i < n; i++ {
 		slots <- struct{}{}
 		wg.Add(1)
 		go func(i int) {
-			defer func() { <-slots; wg.Done() }()
+			defer func() {
+				if r := recover(); r != nil {
+					once.Do(func() { first = r })
+				}
+				<-slots
+				wg.Done()
+			}()
 			do(i)
 		}(i)
 	}
 	wg.Wait()
+	// A panic of one item goes on in the caller's goroutine, which recovers it (running).
+	if first != nil {
+		panic(first)
+	}
 }
 
 // objectLocks serialises the mutations of one cloud object (a load balancer, a route). A
