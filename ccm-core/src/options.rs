@@ -125,6 +125,12 @@ pub struct Options {
     #[arg(long, value_name = "NAME", requires = "provider_tls_cert_file")]
     pub provider_tls_server_name: Option<String>,
 
+    /// Accept a plaintext `tcp://` or `http://` provider endpoint on another host. Refused by
+    /// default: every call (Nodes, load balancers, and the power to change them) would cross
+    /// the network in the clear. A unix socket or loopback TCP needs no flag.
+    #[arg(long, num_args = 0..=1, require_equals = true, default_missing_value = "true", action = clap::ArgAction::Set, default_value_t = false)]
+    pub provider_allow_insecure_tcp: bool,
+
     /// Deadline of each provider call that reads.
     #[arg(long, value_name = "DURATION", default_value = "10s", value_parser = parse_duration)]
     pub provider_call_timeout: Duration,

@@ -241,6 +241,7 @@ pub async fn run_until(options: Options, shutdown: impl Future<Output = ()> + Se
     let provider = Provider::connect(
         &options.provider_endpoint,
         tls.as_ref().map(|files| (files, options.provider_tls_server_name.as_deref())),
+        options.provider_allow_insecure_tcp,
         options.provider_call_timeout,
         options.provider_max_concurrency,
         metrics.clone(),

@@ -66,6 +66,12 @@ pub enum ServeError {
     /// The TLS files cannot be used, or TLS was asked for on a unix socket.
     #[error("TLS: {0}")]
     Tls(String),
+    /// Plaintext TCP on an address other hosts can reach, not allowed explicitly.
+    #[error(
+        "{0}: plaintext TCP that other hosts can reach would carry every call in the clear; serve mutual TLS, a unix \
+         socket or loopback, or allow it explicitly (--allow-insecure-tcp)"
+    )]
+    Insecure(String),
 }
 
 impl From<crate::tls::TlsError> for ServeError {
@@ -221,6 +227,7 @@ pub struct ProviderServer {
     observers: Vec<Arc<dyn CallObserver>>,
     socket_mode: u32,
     tls: Option<crate::tls::TlsFiles>,
+    insecure_tcp: bool,
 }
 
 impl ProviderServer {
@@ -242,6 +249,7 @@ impl ProviderServer {
             observers: Vec::new(),
             socket_mode: 0o600,
             tls: None,
+            insecure_tcp: false,
         }
     }
 
@@ -322,6 +330,13 @@ impl ProviderServer {
         self
     }
 
+    /// Serves plaintext TCP on addresses other hosts can reach (refused by default: only
+    /// loopback is served without TLS).
+    pub fn allow_insecure_tcp(mut self, allow: bool) -> Self {
+        self.insecure_tcp = allow;
+        self
+    }
+
     /// The mode of a unix socket (default 0600: only the owner may connect).
     pub fn socket_mode(mut self, mode: u32) -> Self {
         self.socket_mode = mode;
@@ -371,6 +386,13 @@ impl ProviderServer {
             return Err(ServeError::PluginName(self.name));
         }
         let mode = self.socket_mode;
+        if let Listen::Tcp(addr) = listen
+            && self.tls.is_none()
+            && !self.insecure_tcp
+            && !addr.ip().is_loopback()
+        {
+            return Err(ServeError::Insecure(listen.to_string()));
+        }
         let mut builder = tonic::transport::Server::builder();
         if let Some(files) = &self.tls {
             if matches!(listen, Listen::Unix(_)) {
@@ -1055,6 +1077,21 @@ mod tests {
         for bad in ["unix:///run/p", "unix://relative.sock", "nonsense", "http://host-without-port"] {
             assert!(bad.parse::<Listen>().is_err(), "{bad}");
         }
+    }
+
+    #[tokio::test]
+    async fn plaintext_tcp_is_served_only_on_loopback_unless_allowed() {
+        let open: Listen = "tcp://0.0.0.0:0".parse().expect("listen");
+        let err = ProviderServer::new("test.example", "0").serve_with_shutdown(&open, async {}).await.expect_err("refused");
+        assert!(matches!(err, ServeError::Insecure(_)) && err.to_string().contains("--allow-insecure-tcp"), "{err}");
+        // Loopback, or allowed explicitly: served (until the shutdown, which is at once here).
+        let local: Listen = "tcp://127.0.0.1:0".parse().expect("listen");
+        ProviderServer::new("test.example", "0").serve_with_shutdown(&local, async {}).await.expect("loopback is served");
+        ProviderServer::new("test.example", "0")
+            .allow_insecure_tcp(true)
+            .serve_with_shutdown(&open, async {})
+            .await
+            .expect("allowed");
     }
 
     #[test]

@@ -140,21 +140,23 @@ struct State {
 impl Provider {
     /// A client of `endpoint`; nothing is dialled until the first call.
     pub fn new(endpoint: &str, timeout: Duration, concurrency: usize, metrics: Metrics) -> Result<Self, ClientError> {
-        Self::connect(endpoint, None, timeout, concurrency, metrics)
+        Self::connect(endpoint, None, false, timeout, concurrency, metrics)
     }
 
     /// [`Provider::new`], over mutual TLS when `tls` gives the files (and the name the
-    /// provider's certificate must be for, if not the endpoint's host).
+    /// provider's certificate must be for, if not the endpoint's host); without TLS, TCP to
+    /// another host only when `insecure_tcp` (`--provider-allow-insecure-tcp`).
     pub fn connect(
         endpoint: &str,
         tls: Option<(&ccm_protocol::tls::TlsFiles, Option<&str>)>,
+        insecure_tcp: bool,
         timeout: Duration,
         concurrency: usize,
         metrics: Metrics,
     ) -> Result<Self, ClientError> {
         let channel = match tls {
             Some((files, name)) => ccm_protocol::client::connect_lazy_tls(endpoint, files, name)?,
-            None => ccm_protocol::client::connect_lazy(endpoint)?,
+            None => ccm_protocol::client::connect_lazy_allowing(endpoint, insecure_tcp)?,
         };
         Ok(Self {
             channel,

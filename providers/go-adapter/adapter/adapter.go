@@ -51,6 +51,9 @@ type Options struct {
 	// this certificate, and a client certificate of that CA required (the core's
 	// --provider-tls-* files). Not for unix sockets, whose file mode guards them.
 	TLSCertFile, TLSKeyFile, TLSClientCAFile string
+	// AllowInsecureTCP serves a tcp:// Listen without TLS on an address other hosts can
+	// reach; refused otherwise (every call would cross the network in the clear).
+	AllowInsecureTCP bool
 }
 
 // tlsOption is the server option for opts' mutual TLS, or nil without it.
@@ -227,6 +230,9 @@ func Serve(ctx context.Context, cloud cloudprovider.Interface, opts Options) err
 	if creds != nil {
 		extra = append(extra, creds)
 	}
+	if creds == nil && !opts.AllowInsecureTCP && !plaintextAllowed(opts.Listen) {
+		return fmt.Errorf("--listen %s: plaintext TCP that other hosts can reach would carry every call in the clear; serve mutual TLS (--tls-cert-file, …), a unix socket or loopback, or allow it explicitly (--allow-insecure-tcp)", opts.Listen)
+	}
 	l, err := Listen(opts.Listen)
 	if err != nil {
 		return err
@@ -270,4 +276,22 @@ func recoverPanics(ctx context.Context, req any, info *grpc.UnaryServerInfo, han
 func panicked(where string, r any) error {
 	klog.ErrorS(nil, "the provider panicked; answering INTERNAL", "where", where, "panic", r, "stack", string(debug.Stack()))
 	return newStatus(codes.Internal, "PROVIDER_PANIC", fmt.Sprintf("the provider panicked: %v", r), 0)
+}
+
+// plaintextAllowed says whether endpoint may be served without TLS: a unix socket, or TCP on a
+// loopback address (a sidecar reached from its own pod, a test).
+func plaintextAllowed(endpoint string) bool {
+	rest, ok := strings.CutPrefix(endpoint, "tcp://")
+	if !ok {
+		return true
+	}
+	host, _, err := net.SplitHostPort(rest)
+	if err != nil {
+		return false
+	}
+	if host == "localhost" {
+		return true
+	}
+	ip := net.ParseIP(host)
+	return ip != nil && ip.IsLoopback()
 }

@@ -171,3 +171,23 @@ func TestTLSOnAUnixSocketIsRefused(t *testing.T) {
 		t.Fatalf("want a refusal, got %v", err)
 	}
 }
+
+func TestPlaintextTCPOnlyOnLoopbackUnlessAllowed(t *testing.T) {
+	for endpoint, want := range map[string]bool{
+		"unix:///run/p.sock":  true,
+		"tcp://127.0.0.1:0":   true,
+		"tcp://[::1]:0":       true,
+		"tcp://localhost:0":   true,
+		"tcp://0.0.0.0:9000":  false,
+		"tcp://10.0.0.5:9000": false,
+		"tcp://:9000":         false,
+	} {
+		if got := plaintextAllowed(endpoint); got != want {
+			t.Errorf("%s: plaintext allowed %v, want %v", endpoint, got, want)
+		}
+	}
+	err := Serve(context.Background(), fakeCloud(), Options{Listen: "tcp://0.0.0.0:0"})
+	if err == nil || !strings.Contains(err.Error(), "--allow-insecure-tcp") {
+		t.Errorf("plaintext on every address was served: %v", err)
+	}
+}

@@ -68,6 +68,7 @@ func Run(ctx context.Context, defaultProvider string, args []string, stdout io.W
 	tlsCert := fs.String("tls-cert-file", "", "serve a tcp:// --listen with mutual TLS: this certificate (PEM), with --tls-key-file and --tls-client-ca-file")
 	tlsKey := fs.String("tls-key-file", "", "the private key of --tls-cert-file (PEM)")
 	tlsClientCA := fs.String("tls-client-ca-file", "", "the CA whose client certificates are accepted (PEM)")
+	insecureTCP := fs.Bool("allow-insecure-tcp", false, "serve a tcp:// --listen without TLS on an address other hosts can reach (refused otherwise: only loopback is served in the clear)")
 	version := fs.Bool("version", false, "print the version and exit")
 	klogFlags := flag.NewFlagSet("klog", flag.ContinueOnError)
 	klog.InitFlags(klogFlags)
@@ -120,6 +121,7 @@ func Run(ctx context.Context, defaultProvider string, args []string, stdout io.W
 		TLSCertFile:      *tlsCert,
 		TLSKeyFile:       *tlsKey,
 		TLSClientCAFile:  *tlsClientCA,
+		AllowInsecureTCP: *insecureTCP,
 	})
 }
 

@@ -45,6 +45,9 @@ pub struct Config {
     /// Registry credentials the metadata service hands to running instances (as a cloud
     /// hands short-lived registry tokens to an instance's role).
     pub registry_credentials: Vec<RegistryCredentialSpec>,
+    /// Serve cloudprovider.v1 over plaintext TCP on addresses other hosts can reach (the
+    /// `--allow-insecure-tcp` flag): refused otherwise.
+    pub allow_insecure_tcp: bool,
 }
 
 impl Default for Config {
@@ -65,6 +68,7 @@ impl Default for Config {
             metadata_tags: true,
             cache_ttl_seconds: 0,
             registry_credentials: Vec::new(),
+            allow_insecure_tcp: false,
         }
     }
 }

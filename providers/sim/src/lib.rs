@@ -90,6 +90,7 @@ pub async fn serve(
     if let Some(files) = tls {
         server = server.tls(files);
     }
+    server = server.allow_insecure_tcp(config.allow_insecure_tcp);
 
     let (stop_tx, stop_rx) = watch::channel(false);
     tokio::spawn(async move {

@@ -30,6 +30,10 @@ struct Args {
     /// with --tls-key-file and --tls-client-ca-file; clients need a certificate of that CA.
     #[arg(long, value_name = "FILE", requires_all = ["tls_key_file", "tls_client_ca_file"])]
     tls_cert_file: Option<PathBuf>,
+    /// Serve a TCP --listen without TLS on an address other hosts can reach (refused
+    /// otherwise: only loopback is served in the clear).
+    #[arg(long)]
+    allow_insecure_tcp: bool,
     /// The private key of --tls-cert-file (PEM).
     #[arg(long, value_name = "FILE", requires = "tls_cert_file")]
     tls_key_file: Option<PathBuf>,
@@ -110,6 +114,7 @@ async fn main() -> anyhow::Result<()> {
     if args.metadata_instance.is_some() {
         config.node_metadata_instance = args.metadata_instance.clone();
     }
+    config.allow_insecure_tcp |= args.allow_insecure_tcp;
     let tls = args.tls_cert_file.map(|cert| ccm_provider_sdk::tls::TlsFiles {
         cert,
         key: args.tls_key_file.unwrap_or_default(),

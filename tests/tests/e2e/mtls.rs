@@ -25,7 +25,7 @@ fn write(dir: &std::path::Path, name: &str, cert: &str, key: &str, ca: &str) -> 
 }
 
 async fn reaches(endpoint: &str, tls: Option<&TlsFiles>) -> Result<String, String> {
-    let provider = Provider::connect(endpoint, tls.map(|t| (t, None)), Duration::from_secs(3), 1, Metrics::new())
+    let provider = Provider::connect(endpoint, tls.map(|t| (t, None)), false, Duration::from_secs(3), 1, Metrics::new())
         .map_err(|e| format!("{e:#}"))?;
     provider.refresh().await.map(|i| i.name).map_err(|e| e.to_string())
 }
@@ -73,9 +73,15 @@ async fn a_provider_over_tcp_is_reached_with_mutual_tls_only() {
     let plain = reaches(&format!("http://127.0.0.1:{port}"), None).await;
     assert!(plain.is_err(), "plain http got {plain:?}");
     // A provider certificate for another name: the core refuses it.
-    let wrong_name =
-        Provider::connect(&endpoint, Some((&core_files, Some("provider.example"))), Duration::from_secs(3), 1, Metrics::new())
-            .expect("client");
+    let wrong_name = Provider::connect(
+        &endpoint,
+        Some((&core_files, Some("provider.example"))),
+        false,
+        Duration::from_secs(3),
+        1,
+        Metrics::new(),
+    )
+    .expect("client");
     assert!(wrong_name.refresh().await.is_err(), "a certificate for another name was accepted");
 
     // The core, as a user runs it: its flags, a Node initialised through the TLS provider.
