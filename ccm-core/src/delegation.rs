@@ -6,9 +6,11 @@
 //! token is `system:anonymous` and is authorised as such (usually: forbidden).
 //!
 //! Answers are cached for [`CACHE_TTL`] per token, path and verb, as upstream caches them,
-//! so a scraper costs the API server two reviews per ten seconds at most.
+//! so a scraper costs the API server two reviews per ten seconds at most. The cache holds at
+//! most [`CACHE_ENTRIES`] answers (least recently used forgotten), and reviews of requests not
+//! in it are budgeted ([`REVIEWS_PER_SECOND`], beyond it `429 Too Many Requests`): a flood of
+//! random tokens on the metrics port neither grows the process nor floods the API server.
 
-use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -25,6 +27,11 @@ use tokio::time::Instant;
 
 /// How long a review's answer is reused.
 pub const CACHE_TTL: Duration = Duration::from_secs(10);
+/// The most answers kept.
+pub const CACHE_ENTRIES: usize = 4096;
+/// Reviews (a TokenReview and a SubjectAccessReview each) of uncached requests per second,
+/// with a burst of twice as many.
+pub const REVIEWS_PER_SECOND: f64 = 20.0;
 
 /// Errors of the delegated checks.
 #[derive(Debug, thiserror::Error)]
@@ -42,6 +49,8 @@ pub enum Error {
 
 #[derive(Debug, Clone)]
 enum Decision {
+    /// Not asked: too many uncached requests this second.
+    TooMany,
     Unauthenticated,
     Allowed,
     Forbidden(String),
@@ -52,14 +61,22 @@ pub struct Delegation {
     authentication: kube::Client,
     authorization: kube::Client,
     always_allow: Vec<String>,
-    cache: Mutex<HashMap<[u8; 32], (Instant, Decision)>>,
+    cache: Mutex<lru::LruCache<[u8; 32], (Instant, Decision)>>,
+    reviews: ccm_protocol::ratelimit::TokenBucket,
 }
 
 impl Delegation {
     /// Checks with TokenReviews through `authentication` and SubjectAccessReviews through
     /// `authorization`; `always_allow` paths (exact, or a prefix ending in `*`) pass unchecked.
     pub fn new(authentication: kube::Client, authorization: kube::Client, always_allow: Vec<String>) -> Self {
-        Self { authentication, authorization, always_allow, cache: Mutex::new(HashMap::new()) }
+        let entries = std::num::NonZeroUsize::new(CACHE_ENTRIES).unwrap_or(std::num::NonZeroUsize::MIN);
+        Self {
+            authentication,
+            authorization,
+            always_allow,
+            cache: Mutex::new(lru::LruCache::new(entries)),
+            reviews: ccm_protocol::ratelimit::TokenBucket::new(REVIEWS_PER_SECOND, (2.0 * REVIEWS_PER_SECOND) as u32),
+        }
     }
 
     fn always_allowed(&self, path: &str) -> bool {
@@ -77,16 +94,18 @@ impl Delegation {
         hasher.update([0]);
         hasher.update(verb.as_bytes());
         let key: [u8; 32] = hasher.finalize().into();
-        if let Ok(cache) = self.cache.lock()
+        if let Ok(mut cache) = self.cache.lock()
             && let Some((at, decision)) = cache.get(&key)
             && at.elapsed() < CACHE_TTL
         {
             return Ok(decision.clone());
         }
+        if self.reviews.try_acquire().is_err() {
+            return Ok(Decision::TooMany);
+        }
         let decision = self.review(token, path, verb).await?;
         if let Ok(mut cache) = self.cache.lock() {
-            cache.retain(|_, (at, _)| at.elapsed() < CACHE_TTL);
-            cache.insert(key, (Instant::now(), decision.clone()));
+            cache.put(key, (Instant::now(), decision.clone()));
         }
         Ok(decision)
     }
@@ -154,6 +173,10 @@ pub async fn check(State(delegation): State<Arc<Delegation>>, request: Request, 
     match delegation.decide(token.as_deref(), &path, &verb).await {
         Ok(Decision::Allowed) => next.run(request).await,
         Ok(Decision::Unauthenticated) => (StatusCode::UNAUTHORIZED, "Unauthorized\n").into_response(),
+        Ok(Decision::TooMany) => {
+            (StatusCode::TOO_MANY_REQUESTS, [(axum::http::header::RETRY_AFTER, "1")], "Too many requests to check\n")
+                .into_response()
+        }
         Ok(Decision::Forbidden(message)) => (StatusCode::FORBIDDEN, format!("{message}\n")).into_response(),
         Err(error) => {
             tracing::warn!(%error, %path, "delegated authentication or authorisation failed");
@@ -174,5 +197,23 @@ mod tests {
         let d = Delegation::new(client.clone(), client, vec!["/healthz".into(), "/readyz".into(), "/debug/*".into()]);
         assert!(d.always_allowed("/healthz") && d.always_allowed("/debug/pprof"));
         assert!(!d.always_allowed("/metrics") && !d.always_allowed("/healthz/x"));
+    }
+
+    #[tokio::test]
+    async fn a_flood_of_random_tokens_is_bounded_in_reviews_and_memory() {
+        // An API server that does not answer (nothing listens): every review fails fast.
+        let config = kube::Config::new("http://127.0.0.1:1".parse().expect("url"));
+        let client = kube::Client::try_from(config).expect("client");
+        let d = Delegation::new(client.clone(), client, Vec::new());
+        let (mut asked, mut refused) = (0, 0);
+        for i in 0..10_000 {
+            match d.decide(Some(&format!("random-{i}")), "/metrics", "get").await {
+                Ok(Decision::TooMany) => refused += 1,
+                _ => asked += 1,
+            }
+        }
+        assert!(asked <= 2 * REVIEWS_PER_SECOND as usize + 5, "{asked} reviews asked for 10,000 random tokens at once");
+        assert!(refused >= 9_900, "{refused}");
+        assert!(d.cache.lock().expect("cache").len() <= CACHE_ENTRIES);
     }
 }

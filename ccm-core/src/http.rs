@@ -97,8 +97,18 @@ async fn metrics_text(State(s): State<Arc<Shared>>) -> impl IntoResponse {
 /// How often the certificate files are checked for a change.
 const RELOAD_CHECK: std::time::Duration = std::time::Duration::from_secs(2);
 
+/// The most connections served at once; more wait, unaccepted, in the kernel's backlog (a
+/// flood of connections costs no memory of the process).
+pub const MAX_CONNECTIONS: usize = 256;
+
+/// How long a client has for its TLS handshake, and for the headers of each request: a client
+/// that opens a connection and sends nothing holds it no longer.
+pub const HANDSHAKE_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
+
 /// Binds `addr` and serves, on `tasks`, until `stop`. Returns the bound address (port 0 picks
 /// one). Connections in flight at `stop` are not waited for (they are probes and scrapes).
+/// At most [`MAX_CONNECTIONS`] at once, each with [`HANDSHAKE_TIMEOUT`] for its handshake and
+/// each request's headers.
 pub async fn serve(
     addr: SocketAddr,
     tls: Tls,
@@ -110,34 +120,34 @@ pub async fn serve(
     let listener = tokio::net::TcpListener::bind(addr).await.map_err(bind)?;
     let bound = listener.local_addr().map_err(bind)?;
     let resolver = match tls {
-        Tls::None => {
-            tasks.spawn(async move {
-                let shutdown = async move {
-                    stop.cancelled().await;
-                };
-                if let Err(error) = axum::serve(listener, app).with_graceful_shutdown(shutdown).await {
-                    tracing::error!(%error, "health server failed");
-                }
-            });
-            return Ok(bound);
-        }
-        Tls::SelfSigned => Arc::new(CertResolver::new(self_signed()?, None)),
+        Tls::None => None,
+        Tls::SelfSigned => Some(Arc::new(CertResolver::new(self_signed()?, None))),
         Tls::Files { cert, key } => {
             let loaded = load_pem(&cert, &key)?;
             let resolver = Arc::new(CertResolver::new(loaded, Some((cert, key))));
             tasks.spawn(resolver.clone().watch(stop.clone()));
-            resolver
+            Some(resolver)
         }
     };
-    let provider = Arc::new(rustls::crypto::ring::default_provider());
-    let config = rustls::ServerConfig::builder_with_provider(provider)
-        .with_safe_default_protocol_versions()
-        .map_err(|e| ServeError::Certificate(e.to_string()))?
-        .with_no_client_auth()
-        .with_cert_resolver(resolver);
-    let acceptor = tokio_rustls::TlsAcceptor::from(Arc::new(config));
+    let acceptor = match resolver {
+        None => None,
+        Some(resolver) => {
+            let provider = Arc::new(rustls::crypto::ring::default_provider());
+            let config = rustls::ServerConfig::builder_with_provider(provider)
+                .with_safe_default_protocol_versions()
+                .map_err(|e| ServeError::Certificate(e.to_string()))?
+                .with_no_client_auth()
+                .with_cert_resolver(resolver);
+            Some(tokio_rustls::TlsAcceptor::from(Arc::new(config)))
+        }
+    };
+    let slots = Arc::new(tokio::sync::Semaphore::new(MAX_CONNECTIONS));
     tasks.spawn(async move {
         loop {
+            let slot = tokio::select! {
+                slot = slots.clone().acquire_owned() => match slot { Ok(s) => s, Err(_) => return },
+                _ = stop.cancelled() => return,
+            };
             let (tcp, _) = tokio::select! {
                 accepted = listener.accept() => match accepted {
                     Ok(a) => a,
@@ -148,18 +158,42 @@ pub async fn serve(
                 },
                 _ = stop.cancelled() => return,
             };
-            let acceptor = acceptor.clone();
-            let app = app.clone();
+            let (acceptor, app) = (acceptor.clone(), app.clone());
             tokio::spawn(async move {
-                let Ok(tls) = acceptor.accept(tcp).await else { return };
-                let service = TowerToHyperService::new(app);
-                let _ = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new())
-                    .serve_connection(TokioIo::new(tls), service)
-                    .await;
+                let _slot = slot;
+                match acceptor {
+                    None => {
+                        // A client that sends nothing is let go (hyper's header timeout starts
+                        // only after it has found out the protocol from the first bytes).
+                        let mut first = [0u8; 1];
+                        if let Ok(Ok(n)) = tokio::time::timeout(HANDSHAKE_TIMEOUT, tcp.peek(&mut first)).await
+                            && n > 0
+                        {
+                            serve_connection(tcp, app).await;
+                        }
+                    }
+                    Some(acceptor) => {
+                        if let Ok(Ok(tls)) = tokio::time::timeout(HANDSHAKE_TIMEOUT, acceptor.accept(tcp)).await {
+                            serve_connection(tls, app).await;
+                        }
+                    }
+                }
             });
         }
     });
     Ok(bound)
+}
+
+/// Serves one connection, HTTP/1.1 or HTTP/2, with [`HANDSHAKE_TIMEOUT`] for each request's
+/// headers.
+async fn serve_connection<I>(io: I, app: axum::Router)
+where
+    I: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
+{
+    let mut builder = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new());
+    builder.http1().timer(hyper_util::rt::TokioTimer::new()).header_read_timeout(HANDSHAKE_TIMEOUT);
+    builder.http2().timer(hyper_util::rt::TokioTimer::new()).keep_alive_timeout(HANDSHAKE_TIMEOUT);
+    let _ = builder.serve_connection(TokioIo::new(io), TowerToHyperService::new(app)).await;
 }
 
 type Files = (std::path::PathBuf, std::path::PathBuf);
@@ -244,4 +278,42 @@ fn self_signed() -> Result<rustls::sign::CertifiedKey, ServeError> {
     let cert = params.self_signed(&key).map_err(|e| failed("self-signing the serving certificate", &e))?;
     let der_key = rustls::pki_types::PrivateKeyDer::try_from(key.serialize_der()).map_err(|e| failed("serving key", &e))?;
     certified(vec![cert.der().clone()], der_key)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+    async fn fetch(addr: SocketAddr) -> std::io::Result<String> {
+        let mut c = tokio::net::TcpStream::connect(addr).await?;
+        c.write_all(b"GET /healthz HTTP/1.1\r\nhost: x\r\nconnection: close\r\n\r\n").await?;
+        let mut out = String::new();
+        c.read_to_string(&mut out).await?;
+        Ok(out)
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn silent_connections_are_capped_and_closed() {
+        let app = axum::Router::new().route("/healthz", get(|| async { "ok" }));
+        let (tasks, stop) = (TaskTracker::new(), CancellationToken::new());
+        let addr = serve("127.0.0.1:0".parse().expect("addr"), Tls::None, app, &tasks, stop.clone()).await.expect("serve");
+        // Every slot taken by a client that sends nothing.
+        let mut silent = Vec::new();
+        for _ in 0..MAX_CONNECTIONS {
+            silent.push(tokio::net::TcpStream::connect(addr).await.expect("connect"));
+        }
+        // One more waits, unserved, while they hold their slots…
+        let waiting = tokio::spawn(fetch(addr));
+        tokio::time::sleep(std::time::Duration::from_secs(1)).await;
+        assert!(!waiting.is_finished(), "a connection beyond the cap was served at once");
+        // …until the header timeout closes them: each silent client sees its end.
+        let mut first = silent.remove(0);
+        let mut byte = [0u8; 1];
+        let closed = tokio::time::timeout(HANDSHAKE_TIMEOUT + std::time::Duration::from_secs(3), first.read(&mut byte)).await;
+        assert!(matches!(closed, Ok(Ok(0)) | Ok(Err(_))), "a silent connection was kept: {closed:?}");
+        let answer = tokio::time::timeout(std::time::Duration::from_secs(5), waiting).await.expect("served").expect("join");
+        assert!(answer.expect("answer").starts_with("HTTP/1.1 200"), "the waiting client is served once slots free");
+        stop.cancel();
+    }
 }
