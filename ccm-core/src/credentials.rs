@@ -72,19 +72,23 @@ pub struct Credentials {
     dir: tempfile::TempDir,
     names: crate::options::ServiceAccountNames,
     metrics: crate::metrics::Metrics,
+    supervisor: crate::supervisor::Supervisor,
 }
 
 impl Credentials {
     /// Per-controller credentials derived from `config` (whose identity must be allowed to
     /// create ServiceAccounts and tokens in kube-system).
+    /// Each token is renewed under `supervisor` (a renewal task that panics fails the process
+    /// rather than letting the token expire).
     pub fn new(
         config: kube::Config,
         names: crate::options::ServiceAccountNames,
         metrics: crate::metrics::Metrics,
+        supervisor: crate::supervisor::Supervisor,
     ) -> Result<Self, CredentialsError> {
         let root = kube::Client::try_from(config.clone()).map_err(CredentialsError::Client)?;
         let dir = tempfile::Builder::new().prefix("ccm-tokens-").tempdir().map_err(CredentialsError::TokenDir)?;
-        Ok(Self { config, root, dir, names, metrics })
+        Ok(Self { config, root, dir, names, metrics, supervisor })
     }
 
     async fn token(root: &kube::Client, name: &str) -> Result<String, CredentialsError> {
@@ -131,7 +135,8 @@ impl Credentials {
         Self::write(&path, &Self::token(&self.root, account).await?)?;
         let root = self.root.clone();
         let (name, file) = (account.to_string(), path.clone());
-        tokio::spawn(async move {
+        let renewing = stop.clone();
+        self.supervisor.spawn(&format!("the token renewal of {account}"), &renewing, async move {
             loop {
                 tokio::select! {
                     _ = tokio::time::sleep(RENEW_EVERY) => {}

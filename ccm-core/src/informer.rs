@@ -18,7 +18,6 @@ use kube::{Api, Resource};
 use serde::de::DeserializeOwned;
 use tokio::sync::{broadcast, watch};
 use tokio_util::sync::CancellationToken;
-use tokio_util::task::TaskTracker;
 
 /// A change seen by the shared watch.
 #[derive(Debug, Clone)]
@@ -63,15 +62,23 @@ where
     K::DynamicType: Eq + Hash + Clone + Default,
 {
     /// Starts watching `api`; `slim` removes what controllers do not need before storing.
-    /// The watch runs on `tasks` until `stop`.
-    pub fn start(api: Api<K>, config: watcher::Config, slim: fn(&mut K), tasks: &TaskTracker, stop: CancellationToken) -> Self {
+    /// The watch runs under `supervisor` until `stop` (one that ends or panics before fails
+    /// the process).
+    pub fn start(
+        api: Api<K>,
+        config: watcher::Config,
+        slim: fn(&mut K),
+        supervisor: &crate::supervisor::Supervisor,
+        stop: CancellationToken,
+    ) -> Self {
         let (store, writer) = reflector::store::<K>();
         let (changes, _) = broadcast::channel(16_384);
         let (synced_tx, synced) = watch::channel(false);
         let failures: Arc<std::sync::Mutex<Failures>> = Default::default();
         let failing = failures.clone();
         let sender = changes.clone();
-        tasks.spawn(async move {
+        let name = format!("the {} watch", K::kind(&Default::default()));
+        supervisor.spawn(&name, &stop.clone(), async move {
             let mut stream = watcher::watcher(api, config).default_backoff().boxed();
             let mut relay = Relay::new(writer, sender, synced_tx);
             loop {

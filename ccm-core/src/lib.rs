@@ -18,6 +18,7 @@ pub mod options;
 pub mod provider;
 pub mod queue;
 pub mod runtime;
+pub mod supervisor;
 pub mod uninstall;
 pub mod upstream_metrics;
 pub mod wellknown;

@@ -228,11 +228,6 @@ pub async fn run_until(options: Options, shutdown: impl Future<Output = ()> + Se
     let config = with_timeouts(kube_config(&options).await?, options.kube_api_read_timeout);
     let metrics = Metrics::new();
     let client = metrics.kube_client(config.clone())?;
-    let credentials = if options.use_service_account_credentials {
-        Some(Arc::new(Credentials::new(config.clone(), options.service_account_names, metrics.clone())?))
-    } else {
-        None
-    };
     let tls = options.provider_tls_cert_file.as_ref().map(|cert| ccm_protocol::tls::TlsFiles {
         cert: cert.clone(),
         key: options.provider_tls_key_file.clone().unwrap_or_default(),
@@ -264,14 +259,21 @@ pub async fn run_until(options: Options, shutdown: impl Future<Output = ()> + Se
         }
     });
     let stop = root.clone();
-    background.spawn(provider.clone().watch(PROBE_PERIOD, stop.clone()));
+    let supervisor = crate::supervisor::Supervisor::new(background.clone(), shutdown_token.clone(), metrics.clone());
+    let credentials = if options.use_service_account_credentials {
+        let credentials = Credentials::new(config.clone(), options.service_account_names, metrics.clone(), supervisor.clone())?;
+        Some(Arc::new(credentials))
+    } else {
+        None
+    };
+    supervisor.spawn("the provider's probe", &stop, provider.clone().watch(PROBE_PERIOD, stop.clone()));
     let watcher_config = watcher::Config::default().page_size(500).timeout(watch_timeout(options.kube_api_read_timeout));
-    let nodes = Informer::start(Api::<Node>::all(client.clone()), watcher_config.clone(), slim_node, &background, stop.clone());
+    let nodes = Informer::start(Api::<Node>::all(client.clone()), watcher_config.clone(), slim_node, &supervisor, stop.clone());
     let service_api = match &options.service_namespace {
         Some(ns) => Api::<Service>::namespaced(client.clone(), ns),
         None => Api::<Service>::all(client.clone()),
     };
-    let services = Informer::start(service_api, watcher_config, slim_service, &background, stop.clone());
+    let services = Informer::start(service_api, watcher_config, slim_service, &supervisor, stop.clone());
 
     if options.secure_port != 0 {
         let ready = Arc::new(Ready {
@@ -308,6 +310,12 @@ pub async fn run_until(options: Options, shutdown: impl Future<Output = ()> + Se
             })
             .await
             .map_err(anyhow::Error::from)
+    };
+    // A critical background task that failed is the process's failure, whatever the
+    // controllers made of the stop it caused.
+    let result = match supervisor.failure() {
+        Some(why) if result.is_ok() => Err(anyhow::anyhow!(why)),
+        _ => result,
     };
     root.cancel();
     background.close();
