@@ -138,7 +138,7 @@ impl Recorder {
             return Write::Count { name: sent.name.clone(), count: sent.count };
         }
         let base = note.regarding.name.as_deref().unwrap_or(&note.controller);
-        let name = format!("{base}.{:x}", now.as_nanosecond());
+        let name = event_name(base, now.as_nanosecond());
         series.put(key, Sent { name: name.clone(), count: 1, last: now });
         Write::Create { name }
     }
@@ -175,6 +175,19 @@ impl Recorder {
     }
 }
 
+/// `<object>.<nanoseconds in hex>`, as client-go names Events, cut to the 253 characters an
+/// object name may have: a Node's name may already be that long. The object's part is cut at
+/// a character boundary and loses a trailing `.` or `-`, so that the name stays a DNS
+/// subdomain.
+fn event_name(base: &str, nanos: i128) -> String {
+    let suffix = format!(".{nanos:x}");
+    let mut cut = base.len().min(253 - suffix.len());
+    while !base.is_char_boundary(cut) {
+        cut -= 1;
+    }
+    format!("{}{suffix}", base[..cut].trim_end_matches(['.', '-']))
+}
+
 fn new_event(note: &Note, name: String, now: Timestamp) -> Event {
     Event {
         metadata: ObjectMeta { name: Some(name), namespace: Some(note.namespace()), ..Default::default() },
@@ -193,6 +206,17 @@ fn new_event(note: &Note, name: String, now: Timestamp) -> Event {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn event_names_of_the_longest_objects_fit() {
+        let nanos = 1_764_000_000_123_456_789_i128;
+        assert_eq!(event_name("node-a", nanos), format!("node-a.{nanos:x}"));
+        let long = format!("{}.{}", "a".repeat(200), "b".repeat(52)); // 253, a valid Node name
+        let name = event_name(&long, nanos);
+        assert_eq!(name.len(), 253, "{name}");
+        let cut = event_name(&format!("{}-{}", "a".repeat(235), "b".repeat(17)), nanos);
+        assert!(cut.len() <= 253 && !cut.contains("-."), "a label must not end with '-': {cut}");
+    }
 
     fn recorder() -> Recorder {
         // Never used to write: `occur` only decides.

@@ -1161,6 +1161,12 @@ impl ServiceController {
                 tracing::debug!(service = %k, %error, "ensuring the load balancer waits for the cloud's rate limit");
                 return Err(SyncError::Provider(error));
             }
+            // An answer that failed the checks: reported as such (the README's promise), not
+            // as a failed sync; nothing of it is written.
+            Err(error) if crate::provider::check::is_invalid(&error) => {
+                self.ctx.report_invalid(NAME, svc, &error).await;
+                return Err(SyncError::Provider(error));
+            }
             Err(error) => {
                 tracing::warn!(service = %k, %error, "ensuring the load balancer failed");
                 self.ctx.event(NAME, svc, true, "SyncLoadBalancerFailed", format!("Error syncing load balancer: {error}")).await;

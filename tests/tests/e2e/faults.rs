@@ -274,6 +274,18 @@ async fn wrong_answers_hangs_and_hours_of_throttling_delete_nothing_and_heal() {
             })
             .await;
         }
+        if i == 4 {
+            // The invalid ingress is reported on the Service as what it is.
+            eventually("an InvalidProviderAnswer Event on the Service", Duration::from_secs(10), async || {
+                world.reasons(&world.service).await.iter().any(|r| r == "InvalidProviderAnswer").then_some(())
+            })
+            .await;
+            let failed = world.events(&world.service).await;
+            assert!(
+                !failed.iter().any(|(r, m)| r == "SyncLoadBalancerFailed" && m.contains("ingress")),
+                "an invalid answer reported as a failed sync: {failed:?}"
+            );
+        }
         world.sim.admin.set_faults(&[]).await.expect("clear");
         let cleared = Instant::now();
         let after = eventually(&format!("{}: convergence", case.name), Duration::from_secs(60), async || {
