@@ -195,6 +195,7 @@ async fn release_finalizers(options: &Options, wait: Duration) -> anyhow::Result
         &options.leader_elect_resource_namespace,
         &options.leader_elect_resource_name,
         options.service_namespace.as_deref(),
+        options.load_balancer_class.as_deref(),
         wait,
     )
     .await?)

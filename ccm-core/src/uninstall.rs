@@ -67,13 +67,16 @@ async fn live_holder(client: &kube::Client, namespace: &str, lease_name: &str) -
 }
 
 /// Waits up to `wait` for the core's Leases to have no live holder, then removes the
-/// finalizer from every Service in `namespace` (all when None). Returns how many Services it
-/// released.
+/// finalizer from every Service in `namespace` (all when None) that this core handles: no
+/// `loadBalancerClass`, or `class` (`--load-balancer-class`). A Service of another class
+/// carries the same well-known finalizer for another controller, which still needs it.
+/// Returns how many Services it released.
 pub async fn release_finalizers(
     client: &kube::Client,
     lease_namespace: &str,
     lease_name: &str,
     namespace: Option<&str>,
+    class: Option<&str>,
     wait: Duration,
 ) -> Result<usize, Error> {
     let deadline = tokio::time::Instant::now() + wait;
@@ -94,6 +97,10 @@ pub async fn release_finalizers(
         let finalizers = svc.metadata.finalizers.clone().unwrap_or_default();
         if !finalizers.iter().any(|f| f == FINALIZER) {
             continue;
+        }
+        let its_class = svc.spec.as_ref().and_then(|s| s.load_balancer_class.as_deref());
+        if its_class.is_some() && its_class != class {
+            continue; // another load balancer controller's
         }
         let (ns, name) = (svc.metadata.namespace.clone().unwrap_or_default(), svc.metadata.name.clone().unwrap_or_default());
         let kept: Vec<String> = finalizers.into_iter().filter(|f| f != FINALIZER).collect();

@@ -409,10 +409,13 @@ impl RouteController {
     /// failed ResolveRouteTables answer keeps its routes (a route in a table the Node's
     /// resolved tables no longer name is stale, when they were resolved).
     fn still_wanted(&self, route: &pb::Route, want: &BTreeMap<String, (String, pb::Route)>, tables: &Tables) -> Option<String> {
-        let target = route.target.as_ref()?;
         if route.blackhole {
             return None; // it serves nothing (its instance is gone)
         }
+        // No target: no Node to judge it by, so no evidence that it is stale. Kept.
+        let Some(target) = route.target.as_ref() else {
+            return Some(format!("route {:?} names no target: kept without evidence it is stale", route.name));
+        };
         if want.values().any(|(node, w)| *node == target.node_name && w.destination_cidr == route.destination_cidr) {
             return None; // replaced by the route the Node wants (new addresses, say)
         }
@@ -755,6 +758,10 @@ impl ConditionWriter {
         let mut todo: Vec<(Arc<Node>, bool, bool)> = Vec::new();
         {
             let mut written = self.written.lock().unwrap_or_else(|p| p.into_inner());
+            // `nodes` are every managed Node: what was written for one no longer here is
+            // forgotten (the map grew with every Node the cluster ever had).
+            let live: HashSet<&str> = nodes.iter().filter_map(|n| n.metadata.uid.as_deref()).collect();
+            written.retain(|uid, _| live.contains(uid.as_str()));
             for node in nodes {
                 let name = node_util::name(node);
                 let ok = match wanted.get(name) {

@@ -535,6 +535,12 @@ async fn release_finalizers_waits_for_the_leader_then_frees_every_service() {
     let patch =
         serde_json::json!({"metadata": {"finalizers": ["service.kubernetes.io/load-balancer-cleanup", "example.com/keep"]}});
     services.patch("web", &kube::api::PatchParams::default(), &kube::api::Patch::Merge(&patch)).await.expect("finalizers");
+    // A Service of another load balancer class, whose controller put the same well-known
+    // finalizer on it: not ours to release.
+    let mut other = ccm_harness::cluster::load_balancer_service(&env.namespace, "theirs", &[80]);
+    other.spec.as_mut().expect("spec").load_balancer_class = Some("example.com/other-lb".into());
+    other.metadata.finalizers = Some(vec!["service.kubernetes.io/load-balancer-cleanup".into()]);
+    services.create(&PostParams::default(), &other).await.expect("a Service of another class");
     // A live leader, in a namespace of the test's own (as the chart's kube-system Lease).
     let leases: Api<Lease> = Api::namespaced(env.client.clone(), &env.namespace);
     let lease = Lease {
@@ -577,6 +583,10 @@ async fn release_finalizers_waits_for_the_leader_then_frees_every_service() {
     let kept = services.get("web").await.expect("service").metadata.finalizers.unwrap_or_default();
     assert_eq!(kept, vec!["example.com/keep".to_string()]);
     assert_eq!(svc.metadata.name.as_deref(), Some("web"));
+    let theirs = services.get("theirs").await.expect("service").metadata.finalizers.unwrap_or_default();
+    assert_eq!(theirs, vec!["service.kubernetes.io/load-balancer-cleanup".to_string()], "another class's Service is left alone");
+    let patch = serde_json::json!({"metadata": {"finalizers": null}});
+    services.patch("theirs", &kube::api::PatchParams::default(), &kube::api::Patch::Merge(&patch)).await.expect("clear");
     let patch = serde_json::json!({"metadata": {"finalizers": null}});
     services.patch("web", &kube::api::PatchParams::default(), &kube::api::Patch::Merge(&patch)).await.expect("clear");
     env.cleanup().await.expect("cleanup");
