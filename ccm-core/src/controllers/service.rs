@@ -523,9 +523,14 @@ impl ServiceController {
             .into_iter()
             .filter(|l| !l.uid.is_empty() && !known.contains(&l.uid) && !pending.contains(&l.uid))
             .filter(|l| scope.is_none_or(|ns| ns == l.namespace))
+            // Ours by name, and of this cluster: a readable name carries the cluster; an
+            // upstream one (`a` + UID) does not, so it needs the provider's record of the
+            // cluster it was ensured with. A listing that strays into another cluster's load
+            // balancers (UIDs this cluster never had) deletes none of them.
+            .filter(|l| l.cluster_name.is_empty() || l.cluster_name == cluster)
             .filter(|l| {
                 load_balancer_name(&cluster, &l.namespace, &l.name, &l.uid, &limits) == l.load_balancer_name
-                    || upstream_load_balancer_name(&l.uid, &limits) == l.load_balancer_name
+                    || (upstream_load_balancer_name(&l.uid, &limits) == l.load_balancer_name && l.cluster_name == cluster)
             })
             .collect();
         // The cache may lag: only a read of the Service that finds it gone (or under

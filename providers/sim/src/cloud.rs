@@ -814,17 +814,23 @@ impl Cloud {
 
     /// The cluster's load balancers as reads show them, with the Service each was made for.
     pub fn load_balancers(&self, cluster: &str) -> Vec<pb::LoadBalancerSummary> {
+        self.load_balancers_of(Some(cluster))
+    }
+
+    /// The load balancers of `cluster`, or of every cluster.
+    pub fn load_balancers_of(&self, cluster: Option<&str>) -> Vec<pb::LoadBalancerSummary> {
         let world = self.world();
         world
             .load_balancers
             .values()
-            .filter(|lb| lb.exists.seen() && lb.service.cluster_name == cluster)
+            .filter(|lb| lb.exists.seen() && cluster.is_none_or(|c| lb.service.cluster_name == c))
             .map(|lb| pb::LoadBalancerSummary {
                 load_balancer_name: lb.service.load_balancer_name.clone(),
                 namespace: lb.service.namespace.clone(),
                 name: lb.service.name.clone(),
                 uid: lb.service.uid.clone(),
                 status: Some(Self::status(lb)),
+                cluster_name: lb.service.cluster_name.clone(),
             })
             .collect()
     }

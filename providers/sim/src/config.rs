@@ -156,6 +156,8 @@ pub enum Lie {
     EmptyListing,
     /// Listings answer their first page again and again, with the same next-page token.
     RepeatedPageToken,
+    /// The load balancer listing ignores the cluster asked for: every cluster's are listed.
+    EveryCluster,
 }
 
 /// The error an injected fault answers.

@@ -208,7 +208,11 @@ impl ccm_provider_sdk::LoadBalancers for SimProvider {
     async fn list_load_balancers(&self, cluster_name: &str, page: &PageRequest) -> Result<Page<pb::LoadBalancerSummary>> {
         self.cloud.api_call("ListLoadBalancers").await?;
         let lie = self.cloud.lie("ListLoadBalancers");
-        listing(lie, self.cloud.load_balancers(cluster_name), |l| l.load_balancer_name.as_str(), page)
+        let listed = match lie {
+            Some(Lie::EveryCluster) => self.cloud.load_balancers_of(None),
+            _ => self.cloud.load_balancers(cluster_name),
+        };
+        listing(lie, listed, |l| l.load_balancer_name.as_str(), page)
     }
 
     /// One cloud call for every listed load balancer, as a shared backend pool.

@@ -622,12 +622,16 @@ async fn a_service_deleted_without_its_finalizer_loses_its_load_balancer() {
 
 /// A load balancer ensured straight through the provider, as another cluster or tool would.
 async fn foreign_load_balancer(sim: &Sim, cluster: &str, lb_name: &str, uid: &str) {
+    foreign_load_balancer_in(sim, cluster, "elsewhere", lb_name, uid).await;
+}
+
+async fn foreign_load_balancer_in(sim: &Sim, cluster: &str, namespace: &str, lb_name: &str, uid: &str) {
     use ccm_provider_sdk::proto::load_balancers_service_client::LoadBalancersServiceClient;
     use ccm_provider_sdk::proto::{EnsureLoadBalancerRequest, LoadBalancerService, ServicePort};
     let channel = ccm_provider_sdk::client::connect_lazy(&sim.endpoint).expect("channel");
     let service = LoadBalancerService {
         cluster_name: cluster.into(),
-        namespace: "elsewhere".into(),
+        namespace: namespace.into(),
         name: "svc".into(),
         uid: uid.into(),
         load_balancer_name: lb_name.into(),
@@ -693,6 +697,36 @@ async fn after_a_restart_orphaned_load_balancers_are_swept_within_bounds() {
     assert!(lb_of(&sim, "gone-a").await.is_none() && lb_of(&sim, "gone-b").await.is_none());
     let names: Vec<String> = sim.admin.state().await.expect("state").load_balancers.into_iter().map(|l| l.name).collect();
     assert!(names.iter().any(|n| n == "made-by-hand") && names.iter().any(|n| n.starts_with("another-cluster")), "{names:?}");
+    core.stop().await.expect("stop");
+    env.cleanup().await.expect("cleanup");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_listing_that_strays_into_another_cluster_deletes_none_of_its_load_balancers() {
+    // A provider whose listing ignores the cluster asked for (accounts shared by clusters):
+    // another cluster's load balancer, named the upstream way (`a` + its Service UID, which
+    // names no cluster) for a Service this cluster never had, is not an orphan of ours.
+    let cp = ccm_harness::shared().expect("control plane");
+    let env = TestEnv::new(cp.client().await.expect("client"), "up-stray").await.expect("env");
+    let mut config = Config::default();
+    config.faults.push(Fault {
+        method: "ListLoadBalancers".into(),
+        lie: Some(ccm_provider_sim::config::Lie::EveryCluster),
+        ..Default::default()
+    });
+    let sim = Sim::start(config).await;
+    let uid = "0000aaaa-1111-2222-3333-444455556666";
+    let upstream_name: String = format!("a{}", uid.replace('-', "")).chars().take(32).collect();
+    foreign_load_balancer_in(&sim, "another-cluster", &env.namespace, &upstream_name, uid).await;
+    sim.admin.reset_calls().await.expect("reset");
+    let core = start_services(cp, &env, &sim, &["--load-balancer-resync-period=500ms"]);
+    eventually("three sweeps", Duration::from_secs(15), async || {
+        (sim.admin.call_count("LoadBalancersService/ListLoadBalancers").await.ok()? >= 3).then_some(())
+    })
+    .await;
+    let names: Vec<String> = sim.admin.state().await.expect("state").load_balancers.into_iter().map(|l| l.name).collect();
+    assert_eq!(names, vec![upstream_name], "another cluster's load balancer is kept");
+    assert_eq!(sim.admin.call_count("LoadBalancersService/EnsureLoadBalancerDeleted").await.expect("calls"), 0);
     core.stop().await.expect("stop");
     env.cleanup().await.expect("cleanup");
 }

@@ -1367,7 +1367,12 @@ type LoadBalancerSummary struct {
 	// (the core then never deletes the load balancer on the listing's word).
 	Uid string `protobuf:"bytes,4,opt,name=uid,proto3" json:"uid,omitempty"`
 	// Its status.
-	Status        *LoadBalancerStatus `protobuf:"bytes,5,opt,name=status,proto3" json:"status,omitempty"`
+	Status *LoadBalancerStatus `protobuf:"bytes,5,opt,name=status,proto3" json:"status,omitempty"`
+	// The cluster_name it was ensured with, as recorded; empty when the provider did not
+	// record it. The core deletes a load balancer named as upstream names them (`a` + the
+	// Service UID, which names no cluster) only when this is its own cluster: a listing that
+	// strays into another cluster's load balancers must not delete them.
+	ClusterName   string `protobuf:"bytes,6,opt,name=cluster_name,json=clusterName,proto3" json:"cluster_name,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1435,6 +1440,13 @@ func (x *LoadBalancerSummary) GetStatus() *LoadBalancerStatus {
 		return x.Status
 	}
 	return nil
+}
+
+func (x *LoadBalancerSummary) GetClusterName() string {
+	if x != nil {
+		return x.ClusterName
+	}
+	return ""
 }
 
 // Response of ListLoadBalancers.
@@ -1726,13 +1738,14 @@ const file_cloudprovider_v1_load_balancers_proto_rawDesc = "" +
 	"\fcluster_name\x18\x01 \x01(\tR\vclusterName\x12\x1b\n" +
 	"\tpage_size\x18\x02 \x01(\rR\bpageSize\x12\x1d\n" +
 	"\n" +
-	"page_token\x18\x03 \x01(\tR\tpageToken\"\xc5\x01\n" +
+	"page_token\x18\x03 \x01(\tR\tpageToken\"\xe8\x01\n" +
 	"\x13LoadBalancerSummary\x12,\n" +
 	"\x12load_balancer_name\x18\x01 \x01(\tR\x10loadBalancerName\x12\x1c\n" +
 	"\tnamespace\x18\x02 \x01(\tR\tnamespace\x12\x12\n" +
 	"\x04name\x18\x03 \x01(\tR\x04name\x12\x10\n" +
 	"\x03uid\x18\x04 \x01(\tR\x03uid\x12<\n" +
-	"\x06status\x18\x05 \x01(\v2$.cloudprovider.v1.LoadBalancerStatusR\x06status\"\x91\x01\n" +
+	"\x06status\x18\x05 \x01(\v2$.cloudprovider.v1.LoadBalancerStatusR\x06status\x12!\n" +
+	"\fcluster_name\x18\x06 \x01(\tR\vclusterName\"\x91\x01\n" +
 	"\x19ListLoadBalancersResponse\x12L\n" +
 	"\x0eload_balancers\x18\x01 \x03(\v2%.cloudprovider.v1.LoadBalancerSummaryR\rloadBalancers\x12&\n" +
 	"\x0fnext_page_token\x18\x02 \x01(\tR\rnextPageToken\"\xa2\x01\n" +
