@@ -661,6 +661,7 @@ async fn losing_the_lease_stops_the_process() {
             "--leader-elect=true",
             "--leader-elect-lease-duration=4s",
             "--leader-elect-renew-deadline=2s",
+            "--leader-elect-retry-period=500ms",
         ],
     );
     let base = core.health.clone().expect("health");
