@@ -461,18 +461,25 @@ async fn a_naming_change_keeps_load_balancers_unless_renaming_is_allowed() {
     env.cleanup().await.expect("cleanup");
 }
 
+/// A sim that updates hosts in bulk, with three instances for Nodes n1, n2 and n3, of which
+/// only n1 is a backend Node yet.
+async fn bulk_hosts_world(cp: &ccm_harness::ControlPlane, label: &str) -> (TestEnv, [String; 3], Sim) {
+    let env = TestEnv::new(cp.client().await.expect("client"), label).await.expect("env");
+    let nodes = [env.node_name("n1"), env.node_name("n2"), env.node_name("n3")];
+    let mut config = Config::default();
+    config.load_balancers.bulk_hosts = true;
+    for (i, n) in nodes.iter().enumerate() {
+        config.instances.push(instance(&format!("i-{}", i + 1), n, "sim-region-1a"));
+    }
+    let sim = Sim::start(config).await;
+    backend_node(&env, &nodes[0], "i-1").await;
+    (env, nodes, sim)
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_bulk_provider_gets_one_call_for_every_load_balancer_and_a_failed_item_is_retried_alone() {
     let cp = ccm_harness::shared().expect("control plane");
-    let env = TestEnv::new(cp.client().await.expect("client"), "lbbulk").await.expect("env");
-    let (n1, n2, n3) = (env.node_name("n1"), env.node_name("n2"), env.node_name("n3"));
-    let mut config = Config::default();
-    config.load_balancers.bulk_hosts = true;
-    for (id, n) in [("i-1", &n1), ("i-2", &n2), ("i-3", &n3)] {
-        config.instances.push(instance(id, n, "sim-region-1a"));
-    }
-    let sim = Sim::start(config).await;
-    backend_node(&env, &n1, "i-1").await;
+    let (env, [n1, n2, n3], sim) = bulk_hosts_world(cp, "lbbulk").await;
     let core = start(cp, &env, &sim, &service_flags(&env));
     let names = ["web-a", "web-b", "web-c", "flaky"];
     for s in names {
@@ -550,15 +557,7 @@ async fn a_load_balancer_failing_transiently_does_not_hold_back_the_others_node_
     // bulk or single, for a while. The other two follow the next node change at once: the
     // failed item backs off alone, not the bulk pass every node change goes through.
     let cp = ccm_harness::shared().expect("control plane");
-    let env = TestEnv::new(cp.client().await.expect("client"), "lbhol").await.expect("env");
-    let (n1, n2, n3) = (env.node_name("n1"), env.node_name("n2"), env.node_name("n3"));
-    let mut config = Config::default();
-    config.load_balancers.bulk_hosts = true;
-    for (id, n) in [("i-1", &n1), ("i-2", &n2), ("i-3", &n3)] {
-        config.instances.push(instance(id, n, "sim-region-1a"));
-    }
-    let sim = Sim::start(config).await;
-    backend_node(&env, &n1, "i-1").await;
+    let (env, [n1, n2, n3], sim) = bulk_hosts_world(cp, "lbhol").await;
     let mut flags = service_flags(&env);
     // Backoffs long enough for a held-back bulk pass to show, short enough that the failed
     // load balancer's own retry comes within the test once the fault is gone.
