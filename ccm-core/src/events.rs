@@ -150,7 +150,7 @@ impl Recorder {
 
     /// Writes one occurrence of `note`: a new Event, or the count of the recent one.
     pub async fn publish(&self, note: &Note) -> Result<(), kube::Error> {
-        let now = Timestamp::now();
+        let now = crate::clock::now();
         let api: Api<Event> = Api::namespaced(self.client.clone(), &note.namespace());
         let result = match self.occur(note, now) {
             Write::Create { name } => api.create(&PostParams::default(), &new_event(note, name, now)).await.map(|_| ()),

@@ -3,6 +3,7 @@
 //! The generic cloud-controller-manager: it knows Kubernetes and the `cloudprovider.v1`
 //! protocol, and no cloud.
 
+pub mod clock;
 pub mod compat;
 pub mod controllers;
 pub mod credentials;

@@ -221,11 +221,6 @@ async fn terminated() {
 /// such as after losing the leader lease (Err).
 pub async fn run_until(options: Options, shutdown: impl Future<Output = ()> + Send + 'static) -> anyhow::Result<()> {
     options.validate()?;
-    let options = Arc::new(options);
-    let enabled = options.enabled_controllers()?;
-    for name in enabled.iter().filter(|n| !IMPLEMENTED.contains(n)) {
-        tracing::warn!(controller = name, "controller is not available in this build; skipped");
-    }
     let config = with_timeouts(kube_config(&options).await?, options.kube_api_read_timeout);
     let metrics = Metrics::new();
     let client = metrics.kube_client(config.clone())?;
@@ -245,6 +240,39 @@ pub async fn run_until(options: Options, shutdown: impl Future<Output = ()> + Se
     .with_context(|| format!("--provider-endpoint {}", options.provider_endpoint))?
     .with_max_retry_after(options.provider_max_retry_after)
     .with_mutation_timeout(options.provider_mutation_timeout);
+    let lease_client = leader::client(&config, options.leader_elect_renew_deadline, &metrics)?;
+    let parts = Parts { client, lease_client, provider, metrics, identity: None, config: Some(config) };
+    run_with(options, parts, shutdown).await
+}
+
+/// What [`run_with`] runs on: the clients and the provider, made from the flags by
+/// [`run_until`], or by a simulation that runs the core against a model of the API server
+/// and an in-process provider.
+pub struct Parts {
+    /// The controllers' client (its watches, reads and writes).
+    pub client: kube::Client,
+    /// The Lease's client (short timeouts of its own).
+    pub lease_client: kube::Client,
+    /// The provider.
+    pub provider: Provider,
+    /// The metrics the clients and the provider report to.
+    pub metrics: Metrics,
+    /// The leader election identity, if not `<hostname>_<pid>_<random>`.
+    pub identity: Option<String>,
+    /// The configuration `client` was made from: the controllers' own credentials
+    /// (`--use-service-account-credentials`) are made from it, and need it.
+    pub config: Option<kube::Config>,
+}
+
+/// Runs the core on `parts` until `shutdown` resolves (Ok) or until it must stop (Err).
+pub async fn run_with(options: Options, parts: Parts, shutdown: impl Future<Output = ()> + Send + 'static) -> anyhow::Result<()> {
+    options.validate()?;
+    let options = Arc::new(options);
+    let enabled = options.enabled_controllers()?;
+    for name in enabled.iter().filter(|n| !IMPLEMENTED.contains(n)) {
+        tracing::warn!(controller = name, "controller is not available in this build; skipped");
+    }
+    let Parts { client, lease_client, provider, metrics, identity, config } = parts;
 
     // One cancellation tree: `root` ends the process's background work (watches, the health
     // server, the provider's probe); `shutdown`, its child, is cancelled by the signal and
@@ -261,11 +289,13 @@ pub async fn run_until(options: Options, shutdown: impl Future<Output = ()> + Se
     });
     let stop = root.clone();
     let supervisor = crate::supervisor::Supervisor::new(background.clone(), shutdown_token.clone(), metrics.clone());
-    let credentials = if options.use_service_account_credentials {
-        let credentials = Credentials::new(config.clone(), options.service_account_names, metrics.clone(), supervisor.clone())?;
-        Some(Arc::new(credentials))
-    } else {
-        None
+    let credentials = match (&config, options.use_service_account_credentials) {
+        (Some(config), true) => {
+            let credentials = Credentials::new(config.clone(), options.service_account_names, metrics.clone(), supervisor.clone())?;
+            Some(Arc::new(credentials))
+        }
+        (None, true) => anyhow::bail!("--use-service-account-credentials needs a kubeconfig to make the controllers' clients from"),
+        _ => None,
     };
     supervisor.spawn("the provider's probe", &stop, provider.clone().watch(PROBE_PERIOD, stop.clone()));
     let watcher_config = watcher::Config::default().page_size(500).timeout(watch_timeout(options.kube_api_read_timeout));
@@ -302,8 +332,11 @@ pub async fn run_until(options: Options, shutdown: impl Future<Output = ()> + Se
     let result = if groups.is_empty() {
         run_controllers(ctx, credentials, &enabled, shutdown_token.clone(), None).await.map_err(anyhow::Error::from)
     } else {
-        let lease_client = leader::client(&config, options.leader_elect_renew_deadline, &metrics)?;
         let election = Election::new(&options, lease_client, metrics.clone());
+        let election = match identity {
+            Some(identity) => election.with_identity(identity),
+            None => election,
+        };
         election
             .lead(groups, &shutdown_token, move |group, leading, stop| {
                 let (ctx, credentials) = (ctx.with_fence(Some(leading.fence.clone())), credentials.clone());

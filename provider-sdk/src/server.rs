@@ -421,6 +421,22 @@ impl ProviderServer {
         }
     }
 
+    /// Serves the connections `incoming` yields (a listener of the caller's own, or a
+    /// simulation's in-memory streams), in plaintext, until `shutdown` resolves.
+    pub async fn serve_incoming<S, IO, E>(self, incoming: S, shutdown: impl Future<Output = ()> + Send) -> std::result::Result<(), ServeError>
+    where
+        S: futures::Stream<Item = std::result::Result<IO, E>> + Send,
+        IO: tonic::transport::server::Connected + tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
+        IO::ConnectInfo: Clone + Send + Sync + 'static,
+        E: Into<Box<dyn std::error::Error + Send + Sync>>,
+    {
+        if !valid_plugin_name(&self.name) {
+            return Err(ServeError::PluginName(self.name));
+        }
+        let router = self.into_router(tonic::transport::Server::builder()).await;
+        router.serve_with_incoming_shutdown(incoming, shutdown).await.map_err(ServeError::Transport)
+    }
+
     async fn into_router(self, mut builder: tonic::transport::Server) -> tonic::transport::server::Router {
         let caps = self.capabilities();
         let obs = Observers(Arc::new(self.observers));

@@ -258,7 +258,7 @@ impl NodeController {
                 self.written.lock().unwrap_or_else(|p| p.into_inner()).insert(name.clone(), rv);
                 tracing::info!(node = %name, provider_id = %meta.provider_id, "node initialised");
                 if let Some(created) = node.metadata.creation_timestamp.as_ref() {
-                    let since = k8s_openapi::jiff::Timestamp::now().duration_since(created.0);
+                    let since = crate::clock::now().duration_since(created.0);
                     self.ctx.metrics.node_initialised(Duration::try_from(since).unwrap_or_default());
                 }
                 self.ctx.event(NAME, node.as_ref(), false, "Synced", "Node synced successfully".into()).await;

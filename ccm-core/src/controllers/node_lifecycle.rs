@@ -612,7 +612,7 @@ impl NodeLifecycleController {
             effect: "NoExecute".into(),
             time_added: None,
         });
-        let since = k8s_openapi::jiff::Timestamp::now().to_string();
+        let since = crate::clock::now().to_string();
         match self.patch_taints(node, taints, Some(Some(since))).await {
             Ok(()) => {
                 let lasted = humantime::format_duration(Duration::from_secs(lasted.as_secs()));

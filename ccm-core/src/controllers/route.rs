@@ -313,6 +313,8 @@ impl RouteController {
                 // The feed runs until stop: one that ends first is the controller's failure.
                 ended = &mut feed => match ended {
                     Err(e) if e.is_panic() => std::panic::resume_unwind(e.into_panic()),
+                    // Told to stop at the same time, the feed saw it first: no failure.
+                    _ if stop.is_cancelled() => break,
                     _ => panic!("{NAME}: its feed ended before it was told to stop"),
                 },
             };
@@ -807,7 +809,7 @@ impl ConditionWriter {
             } else {
                 ("True", "NoRouteCreated", "RouteController failed to create a route")
             };
-            let now = k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(k8s_openapi::jiff::Timestamp::now());
+            let now = k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(crate::clock::now());
             let patch = serde_json::json!({ "status": { "conditions": [{
                 "type": CONDITION, "status": status, "reason": reason, "message": message,
                 "lastTransitionTime": now, "lastHeartbeatTime": now,

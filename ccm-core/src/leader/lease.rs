@@ -123,7 +123,7 @@ impl Observed {
 }
 
 fn now() -> MicroTime {
-    MicroTime(k8s_openapi::jiff::Timestamp::now())
+    MicroTime(crate::clock::now())
 }
 
 /// Takes or renews the Lease for `s.identity`: true when it is ours afterwards, false when
@@ -155,7 +155,7 @@ async fn try_acquire_or_renew(api: &Api<Lease>, s: &Settings, observed: &mut Obs
         let duration = Duration::from_secs(u64::try_from(spec.lease_duration_seconds.unwrap_or(seconds).max(1)).unwrap_or(1));
         let wall_expired = spec.renew_time.as_ref().is_none_or(|t| {
             let expires = t.0.as_millisecond() + i64::try_from(duration.as_millis()).unwrap_or(i64::MAX);
-            expires < k8s_openapi::jiff::Timestamp::now().as_millisecond()
+            expires < crate::clock::now().as_millisecond()
         });
         let seen_expired = observed.stale(&holder, &spec.renew_time, duration);
         if !(wall_expired && seen_expired) {

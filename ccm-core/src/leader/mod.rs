@@ -74,6 +74,12 @@ impl Election {
         }
     }
 
+    /// The same election as `identity` (a simulation runs several replicas in one process).
+    pub fn with_identity(mut self, identity: impl Into<String>) -> Self {
+        self.identity = identity.into();
+        self
+    }
+
     /// Competes for every Lease of `groups` at once (a group with `after` only once that group
     /// leads) and, while a group's Lease is held, runs `run(group, leading, stop)`. Ends `Ok`
     /// once every group stopped for `shutdown`; with the first error when a Lease was lost or

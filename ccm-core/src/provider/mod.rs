@@ -158,7 +158,13 @@ impl Provider {
             Some((files, name)) => ccm_protocol::client::connect_lazy_tls(endpoint, files, name)?,
             None => ccm_protocol::client::connect_lazy_allowing(endpoint, insecure_tcp)?,
         };
-        Ok(Self {
+        Ok(Self::over(channel, endpoint, timeout, concurrency, metrics))
+    }
+
+    /// A client over `channel`, made by the caller (a simulation's in-memory connection),
+    /// reporting `endpoint` as where it talks to.
+    pub fn over(channel: Channel, endpoint: &str, timeout: Duration, concurrency: usize, metrics: Metrics) -> Self {
+        Self {
             channel,
             endpoint: endpoint.to_string(),
             timeout,
@@ -170,7 +176,7 @@ impl Provider {
             state: Arc::new(RwLock::new(State { reason: "provider not contacted yet".into(), ..Default::default() })),
             changes: Arc::new(tokio::sync::watch::channel(Changes::default()).0),
             broken: Default::default(),
-        })
+        }
     }
 
     /// The same client honouring RetryInfo delays of at most `max` (default 5 minutes).

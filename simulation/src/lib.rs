@@ -1,0 +1,866 @@
+//! # ccm-simulation
+//!
+//! A deterministic, seeded simulation of the core (two replicas of it, each with its provider
+//! sidecar) against a model of the API server ([`api`]) and the sim cloud, on virtual time.
+//! One seed decides the whole run: the cloud's capabilities, the cluster's events (Nodes
+//! joining, going NotReady, instances stopped and terminated, podCIDRs set, Services
+//! created, edited and deleted) and the faults (provider errors, throttling with absurd
+//! RetryInfo, hangs, slow mutations, reordered, short and lying batch answers, sidecar
+//! restarts with a new epoch, API server restarts that compact history, partitions, late
+//! answers, replicas killed and restarted).
+//!
+//! Invariants, checked while it runs (at the API server and at the cloud) and after:
+//! - no Node deleted whose instance exists;
+//! - no route or load balancer removed for a live Node or Service;
+//! - at most one mutation of an object in flight;
+//! - no write, to the API or to the cloud, by a replica that does not hold the Lease;
+//! - after the faults stop, convergence within [`SETTLE_BOUND`]: every Node initialised,
+//!   Nodes of terminated instances deleted, routes equal to the podCIDRs, every LoadBalancer
+//!   Service addressed with its ports and hosts equal to its backends, no leaked load balancer;
+//! - then a quiet steady state: no mutation of the cloud, and a bounded rate of API requests.
+
+pub mod api;
+pub mod sidecar;
+
+use std::collections::BTreeSet;
+use std::sync::Arc;
+use std::time::Duration;
+
+use ccm_core::metrics::Metrics;
+use ccm_core::provider::Provider;
+use ccm_core::runtime::{Parts, run_with};
+use ccm_provider_sim::cloud::Cloud;
+use ccm_provider_sim::config::{Address, Config, Fault, FaultCode, InstanceSpec, Lie, RateLimit, State as InstanceState};
+use rand::rngs::StdRng;
+use rand::{Rng as _, SeedableRng as _};
+use serde_json::{Value, json};
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+
+use crate::api::{Key, Link, Model, Net, Who};
+use crate::sidecar::{InFlight, Sidecar};
+
+/// How long faults and events go on.
+pub const CHAOS: Duration = Duration::from_secs(8 * 60);
+/// The bound on convergence once the faults stop.
+pub const SETTLE_BOUND: Duration = Duration::from_secs(12 * 60);
+/// The quiet time after convergence in which nothing may change the cloud.
+pub const STEADY: Duration = Duration::from_secs(3 * 60);
+/// The most API requests per minute of steady state (both replicas: Lease renewals and
+/// acquisition attempts every 2 s, watches renewed every minute, Event-free).
+pub const STEADY_REQUESTS_PER_MINUTE: u64 = 120;
+
+const CLUSTER: &str = "sim";
+const NAMESPACE: &str = "default";
+const REPLICAS: usize = 2;
+const MAX_NODES: usize = 9;
+const MAX_SERVICES: usize = 4;
+const TAINT: &str = "node.cloudprovider.kubernetes.io/uninitialized";
+
+thread_local! {
+    static START: std::cell::Cell<Option<Instant>> = const { std::cell::Cell::new(None) };
+}
+
+/// Virtual time since the run began.
+pub fn elapsed() -> Duration {
+    START.with(std::cell::Cell::get).map_or(Duration::ZERO, |s| s.elapsed())
+}
+
+/// What one seed did and found.
+#[derive(Debug, Clone)]
+pub struct Report {
+    pub seed: u64,
+    /// Broken invariants, with the virtual time of each.
+    pub violations: Vec<String>,
+    /// How long convergence took after the faults stopped (None: it did not).
+    pub converged_after: Option<Duration>,
+    /// The schedule: what happened when.
+    pub schedule: Vec<String>,
+    /// The kinds of fault injected.
+    pub faults: BTreeSet<&'static str>,
+    /// API requests the replicas made.
+    pub requests: u64,
+    /// The digest of the observable steps (requests and mutations with their times).
+    pub digest: u64,
+}
+
+/// The core's flags in the simulation (upstream's defaults where they matter: the Lease
+/// timing; shorter periods where a longer one would only slow the run).
+fn core_args() -> Vec<String> {
+    [
+        "cloud-controller-manager",
+        "--provider-endpoint=unix:///run/sim/provider.sock",
+        "--secure-port=0",
+        "--cluster-name=sim",
+        "--cluster-cidr=10.244.0.0/16",
+        "--leader-elect-lease-duration=15s",
+        "--leader-elect-renew-deadline=10s",
+        "--leader-elect-retry-period=2s",
+        "--node-monitor-period=5s",
+        "--node-status-update-frequency=30s",
+        "--provider-call-timeout=10s",
+        "--provider-mutation-timeout=60s",
+        "--provider-max-retry-after=60s",
+        "--reconcile-backoff-base=1s",
+        "--reconcile-backoff-max=60s",
+        "--node-deletion-window=1m",
+        "--route-resync-period=2m",
+        "--load-balancer-resync-period=5m",
+    ]
+    .iter()
+    .map(|s| s.to_string())
+    .collect()
+}
+
+struct Replica {
+    slot: usize,
+    incarnation: u32,
+    identity: String,
+    net: Arc<Net>,
+    sidecar: Sidecar,
+    epochs: u32,
+    shutdown: CancellationToken,
+    task: tokio::task::JoinHandle<anyhow::Result<()>>,
+}
+
+#[derive(Debug, Clone, PartialEq)]
+enum Life {
+    Running,
+    Stopped,
+    Terminated,
+}
+
+struct NodeRec {
+    name: String,
+    instance: String,
+    cidr: Option<String>,
+    life: Life,
+    ready: bool,
+}
+
+struct ServiceRec {
+    name: String,
+    ports: Vec<i32>,
+    deleted: bool,
+}
+
+/// A fault that ends at a time.
+enum Active {
+    Provider(Fault),
+    RateLimit,
+    Partition(usize),
+    SlowAnswers(usize),
+}
+
+struct World {
+    rng: StdRng,
+    model: Arc<Model>,
+    cloud: Arc<Cloud>,
+    in_flight: InFlight,
+    nodes: Vec<NodeRec>,
+    services: Vec<ServiceRec>,
+    next_node: usize,
+    next_service: usize,
+    replicas: Vec<Option<Replica>>,
+    /// When a stopped replica slot comes back.
+    restart_at: Vec<Option<Instant>>,
+    incarnations: Vec<u32>,
+    active: Vec<(Instant, Active)>,
+    schedule: Vec<String>,
+    faults: BTreeSet<&'static str>,
+}
+
+fn node_object(name: &str, cidr: Option<&str>) -> Value {
+    let now = ccm_core::clock::now().to_string();
+    let mut spec = json!({ "taints": [{ "key": TAINT, "value": "true", "effect": "NoSchedule" }] });
+    if let Some(cidr) = cidr {
+        spec["podCIDR"] = json!(cidr);
+        spec["podCIDRs"] = json!([cidr]);
+    }
+    json!({
+        "apiVersion": "v1", "kind": "Node",
+        "metadata": { "name": name, "labels": { "kubernetes.io/hostname": name } },
+        "spec": spec,
+        "status": {
+            "conditions": [{ "type": "Ready", "status": "True", "reason": "KubeletReady", "message": "kubelet is posting ready status", "lastHeartbeatTime": now, "lastTransitionTime": now }],
+            "addresses": [{ "type": "Hostname", "address": name }]
+        }
+    })
+}
+
+fn service_object(name: &str, ports: &[i32]) -> Value {
+    let ports: Vec<Value> =
+        ports.iter().map(|p| json!({ "name": format!("p{p}"), "port": p, "protocol": "TCP", "targetPort": p, "nodePort": 30000 + p })).collect();
+    json!({
+        "apiVersion": "v1", "kind": "Service",
+        "metadata": { "name": name, "namespace": NAMESPACE },
+        "spec": { "type": "LoadBalancer", "ports": ports, "selector": { "app": name }, "externalTrafficPolicy": "Cluster" },
+        "status": { "loadBalancer": {} }
+    })
+}
+
+impl World {
+    fn log(&mut self, what: String) {
+        tracing::info!("world: {what}");
+        self.schedule.push(format!("t={:.1}s {what}", elapsed().as_secs_f64()));
+    }
+
+    fn start_replica(&mut self, slot: usize) {
+        self.incarnations[slot] += 1;
+        let incarnation = self.incarnations[slot];
+        let identity = format!("replica-{slot}-{incarnation}");
+        let net = Arc::new(Net::default());
+        let sidecar = Sidecar::start(&self.cloud, &self.model, &identity, &format!("epoch-{slot}-{incarnation}-0"), &self.in_flight);
+        let link = Link { model: self.model.clone(), who: Who::Replica(identity.clone()), net: net.clone() };
+        let metrics = Metrics::new();
+        let provider = Provider::over(sidecar.channel(), "sim://in-process", Duration::from_secs(10), 8, metrics.clone())
+            .with_max_retry_after(Duration::from_secs(60))
+            .with_mutation_timeout(Duration::from_secs(60));
+        let parts = Parts {
+            client: link.clone().client(),
+            lease_client: link.client(),
+            provider,
+            metrics,
+            identity: Some(identity.clone()),
+            config: None,
+        };
+        let shutdown = CancellationToken::new();
+        let stop = shutdown.clone();
+        let task = tokio::spawn(async move {
+            use clap::Parser as _;
+            let options = ccm_core::options::Options::try_parse_from(core_args())?;
+            run_with(options, parts, stop.cancelled_owned()).await
+        });
+        self.log(format!("{identity} starts"));
+        self.replicas[slot] = Some(Replica { slot, incarnation, identity, net, sidecar, epochs: 0, shutdown, task });
+    }
+
+    /// Stops a replica as a kill does: cut from the API server and the cloud at once (its
+    /// sidecar dies with its calls in flight); what is left of it then stops.
+    fn kill_replica(&mut self, slot: usize, back_in: Duration) {
+        if let Some(r) = self.replicas[slot].take() {
+            r.net.down.store(true, std::sync::atomic::Ordering::Relaxed);
+            r.sidecar.stop();
+            r.shutdown.cancel();
+            self.model.wake_watches();
+            self.log(format!("{} killed (slot {} back in {}s, incarnation {})", r.identity, r.slot, back_in.as_secs(), r.incarnation));
+        }
+        self.restart_at[slot] = Some(Instant::now() + back_in);
+    }
+
+    /// Restarts replicas whose process ended (a lost Lease ends it: the kubelet restarts it)
+    /// or whose time to come back has come.
+    fn tend_replicas(&mut self) {
+        for slot in 0..REPLICAS {
+            let ended = self.replicas[slot].as_ref().is_some_and(|r| r.task.is_finished());
+            if ended && let Some(r) = self.replicas[slot].take() {
+                r.net.down.store(true, std::sync::atomic::Ordering::Relaxed);
+                r.sidecar.stop();
+                self.log(format!("{} exited; restarting", r.identity));
+                self.restart_at[slot] = Some(Instant::now() + Duration::from_secs(1));
+            }
+            if self.replicas[slot].is_none() && self.restart_at[slot].is_some_and(|t| Instant::now() >= t) {
+                self.restart_at[slot] = None;
+                self.start_replica(slot);
+            }
+        }
+    }
+
+    fn add_node(&mut self) {
+        self.next_node += 1;
+        let k = self.next_node;
+        let name = format!("node-{k}");
+        let instance = format!("i-{k:04}");
+        let zone = if k % 2 == 0 { "sim-region-1a" } else { "sim-region-1b" };
+        let spec = InstanceSpec {
+            id: instance.clone(),
+            name: name.clone(),
+            zone: zone.into(),
+            addresses: vec![Address { kind: "InternalIP".into(), address: format!("10.0.{}.{}", k / 250, k % 250 + 1) }],
+            ..Default::default()
+        };
+        if let Err(e) = self.cloud.add_instance(spec, Duration::ZERO) {
+            self.model.violation(format!("the world could not add instance {instance}: {e}"));
+            return;
+        }
+        let cidr = self.rng.random_bool(0.7).then(|| format!("10.244.{k}.0/24"));
+        self.model.create(&Key::node(&name), node_object(&name, cidr.as_deref()));
+        self.log(format!("node {name} joins (instance {instance}, podCIDR {cidr:?})"));
+        self.nodes.push(NodeRec { name, instance, cidr, life: Life::Running, ready: true });
+    }
+
+    fn set_ready(&mut self, i: usize, ready: bool) {
+        let name = self.nodes[i].name.clone();
+        self.nodes[i].ready = ready;
+        let now = ccm_core::clock::now().to_string();
+        self.model.update(&Key::node(&name), |node| {
+            let status = if ready { "True" } else { "Unknown" };
+            node["status"]["conditions"] =
+                json!([{ "type": "Ready", "status": status, "reason": "Sim", "message": "", "lastHeartbeatTime": now, "lastTransitionTime": now }]);
+        });
+    }
+
+    fn live_nodes(&self) -> Vec<usize> {
+        (0..self.nodes.len()).filter(|&i| self.nodes[i].life != Life::Terminated).collect()
+    }
+
+    fn pick<T: Copy>(&mut self, from: &[T]) -> Option<T> {
+        (!from.is_empty()).then(|| from[self.rng.random_range(0..from.len())])
+    }
+
+    fn provider_fault(&mut self, kind: &'static str, fault: Fault, lasts: Duration) {
+        self.faults.insert(kind);
+        self.log(format!("fault {kind} for {}s: {fault:?}", lasts.as_secs()));
+        self.active.push((Instant::now() + lasts, Active::Provider(fault)));
+        self.apply_faults();
+    }
+
+    fn apply_faults(&self) {
+        let faults = self
+            .active
+            .iter()
+            .filter_map(|(_, a)| match a {
+                Active::Provider(f) => Some(f.clone()),
+                _ => None,
+            })
+            .collect();
+        self.cloud.set_faults(faults);
+    }
+
+    fn expire_faults(&mut self, all: bool) {
+        let now = Instant::now();
+        let (ended, kept): (Vec<_>, Vec<_>) = std::mem::take(&mut self.active).into_iter().partition(|(t, _)| all || *t <= now);
+        self.active = kept;
+        for (_, fault) in ended {
+            match fault {
+                Active::Provider(_) => {}
+                Active::RateLimit => self.cloud.set_rate_limit(None),
+                Active::Partition(slot) => {
+                    if let Some(r) = &self.replicas[slot] {
+                        r.net.down.store(false, std::sync::atomic::Ordering::Relaxed);
+                    }
+                }
+                Active::SlowAnswers(slot) => {
+                    if let Some(r) = &self.replicas[slot] {
+                        r.net.answer_delay_ms.store(0, std::sync::atomic::Ordering::Relaxed);
+                    }
+                }
+            }
+        }
+        self.apply_faults();
+    }
+
+    /// One step of the schedule: a cluster event or a fault, chosen by the seed.
+    fn act(&mut self) {
+        const METHODS: &[&str] = &[
+            "*",
+            "EnsureLoadBalancer",
+            "UpdateLoadBalancerHosts",
+            "BatchUpdateLoadBalancerHosts",
+            "CreateRoute",
+            "ApplyRoutes",
+            "BatchGetInstanceMetadata",
+            "GetInstanceMetadata",
+            "ListRoutes",
+            "EnsureLoadBalancerDeleted",
+        ];
+        let lasts = Duration::from_secs(self.rng.random_range(5..=90));
+        let roll = self.rng.random_range(0..100);
+        match roll {
+            0..=11 => {
+                if self.nodes.len() < MAX_NODES {
+                    self.add_node();
+                }
+            }
+            12..=17 => {
+                let live = self.live_nodes();
+                if let Some(i) = self.pick(&live) {
+                    let ready = !self.nodes[i].ready || self.nodes[i].life != Life::Running;
+                    let ready = ready && self.nodes[i].life == Life::Running;
+                    self.log(format!("node {} Ready={ready}", self.nodes[i].name));
+                    self.set_ready(i, ready);
+                }
+            }
+            18..=22 => {
+                let live = self.live_nodes();
+                if let Some(i) = self.pick(&live) {
+                    let (name, id) = (self.nodes[i].name.clone(), self.nodes[i].instance.clone());
+                    let (state, life) = if self.nodes[i].life == Life::Stopped {
+                        (InstanceState::Running, Life::Running)
+                    } else {
+                        (InstanceState::Stopped, Life::Stopped)
+                    };
+                    let _ = self.cloud.set_instance_state(&id, state);
+                    self.log(format!("instance {id} of {name} now {life:?}"));
+                    self.nodes[i].life = life.clone();
+                    self.set_ready(i, life == Life::Running);
+                }
+            }
+            23..=27 => {
+                let live = self.live_nodes();
+                if let Some(i) = self.pick(&live) {
+                    let (name, id) = (self.nodes[i].name.clone(), self.nodes[i].instance.clone());
+                    let _ = self.cloud.set_instance_state(&id, InstanceState::Terminated);
+                    self.nodes[i].life = Life::Terminated;
+                    self.set_ready(i, false);
+                    self.log(format!("instance {id} of {name} terminated"));
+                }
+            }
+            28..=31 => {
+                let without: Vec<usize> =
+                    (0..self.nodes.len()).filter(|&i| self.nodes[i].cidr.is_none() && self.nodes[i].life != Life::Terminated).collect();
+                if let Some(i) = self.pick(&without) {
+                    let name = self.nodes[i].name.clone();
+                    let cidr = format!("10.244.{}.0/24", name.trim_start_matches("node-"));
+                    self.model.update(&Key::node(&name), |n| {
+                        n["spec"]["podCIDR"] = json!(cidr);
+                        n["spec"]["podCIDRs"] = json!([cidr]);
+                    });
+                    self.log(format!("node {name} podCIDR {cidr}"));
+                    self.nodes[i].cidr = Some(cidr);
+                }
+            }
+            32..=37 => {
+                if self.services.iter().filter(|s| !s.deleted).count() < MAX_SERVICES {
+                    self.next_service += 1;
+                    let name = format!("svc-{}", self.next_service);
+                    let ports = vec![80];
+                    self.model.create(&Key::service(NAMESPACE, &name), service_object(&name, &ports));
+                    self.log(format!("service {name} created"));
+                    self.services.push(ServiceRec { name, ports, deleted: false });
+                }
+            }
+            38..=42 => {
+                let live: Vec<usize> = (0..self.services.len()).filter(|&i| !self.services[i].deleted).collect();
+                if let Some(i) = self.pick(&live) {
+                    let port = 8000 + self.rng.random_range(0..50);
+                    let s = &mut self.services[i];
+                    if s.ports.len() > 1 && s.ports.contains(&80) {
+                        s.ports.retain(|p| *p == 80);
+                    } else if !s.ports.contains(&port) {
+                        s.ports.push(port);
+                    }
+                    let (name, ports) = (s.name.clone(), s.ports.clone());
+                    let spec = service_object(&name, &ports)["spec"]["ports"].clone();
+                    self.model.update(&Key::service(NAMESPACE, &name), |svc| svc["spec"]["ports"] = spec);
+                    self.log(format!("service {name} ports {ports:?}"));
+                }
+            }
+            43..=45 => {
+                let live: Vec<usize> = (0..self.services.len()).filter(|&i| !self.services[i].deleted).collect();
+                if let Some(i) = self.pick(&live) {
+                    self.services[i].deleted = true;
+                    let name = self.services[i].name.clone();
+                    self.model.delete(&Key::service(NAMESPACE, &name));
+                    self.log(format!("service {name} deleted"));
+                }
+            }
+            46..=52 => {
+                let method = self.pick(METHODS).unwrap_or("*");
+                let code = *[FaultCode::Unavailable, FaultCode::Internal, FaultCode::DeadlineExceeded]
+                    .get(self.rng.random_range(0..3))
+                    .unwrap_or(&FaultCode::Unavailable);
+                let fault = Fault { method: method.into(), down: true, code, ..Default::default() };
+                self.provider_fault("provider errors", fault, lasts);
+            }
+            53..=56 => {
+                let method = self.pick(METHODS).unwrap_or("*");
+                // Throttled, with a RetryInfo far beyond any sane wait (the core caps it).
+                let retry_after = if self.rng.random_bool(0.5) { 36_000_000 } else { 5_000 };
+                let fault =
+                    Fault { method: method.into(), down: true, code: FaultCode::RateLimited, retry_after_ms: Some(retry_after), ..Default::default() };
+                self.provider_fault("throttling with RetryInfo", fault, lasts);
+            }
+            57..=59 => {
+                self.faults.insert("account rate limit");
+                self.cloud.set_rate_limit(Some(RateLimit { rps: 0.5, burst: 2 }));
+                self.log(format!("fault account rate limit 0.5/s for {}s", lasts.as_secs()));
+                self.active.push((Instant::now() + lasts, Active::RateLimit));
+            }
+            60..=63 => {
+                let method = self.pick(METHODS).unwrap_or("*");
+                let hang = self.rng.random_range(11_000..=70_000);
+                let fault = Fault { method: method.into(), delay_ms: Some(hang), ..Default::default() };
+                self.provider_fault("hangs", fault, lasts);
+            }
+            64..=66 => {
+                let fault = Fault { method: "EnsureLoadBalancer".into(), delay_ms: Some(12_000), ..Default::default() };
+                self.provider_fault("slow mutations", fault, lasts);
+            }
+            67..=70 => {
+                let lie = *[Lie::Reorder, Lie::ShortBatch, Lie::AllGone, Lie::EmptyListing]
+                    .get(self.rng.random_range(0..4))
+                    .unwrap_or(&Lie::Reorder);
+                let kind = match lie {
+                    Lie::Reorder => "reordered batch answers",
+                    Lie::ShortBatch => "short batch answers",
+                    Lie::AllGone => "every instance said gone",
+                    _ => "empty listings",
+                };
+                let fault = Fault { method: "*".into(), lie: Some(lie), ..Default::default() };
+                self.provider_fault(kind, fault, lasts);
+            }
+            71..=73 => {
+                let slot = self.rng.random_range(0..REPLICAS);
+                if let Some(r) = self.replicas[slot].as_mut() {
+                    r.epochs += 1;
+                    let epoch = format!("epoch-{}-{}-{}", r.slot, r.incarnation, r.epochs);
+                    r.sidecar.restart(&self.cloud, &self.model, &r.identity, &epoch, &self.in_flight);
+                    self.faults.insert("sidecar restarts (new epoch)");
+                    self.log(format!("sidecar of replica slot {slot} restarts as {epoch}"));
+                }
+            }
+            74..=78 => {
+                self.faults.insert("API server restarts (watch history compacted)");
+                self.model.restart();
+                self.log("the API server restarts; history compacted".into());
+            }
+            79..=83 => {
+                let slot = self.rng.random_range(0..REPLICAS);
+                if let Some(r) = &self.replicas[slot] {
+                    r.net.down.store(true, std::sync::atomic::Ordering::Relaxed);
+                    self.model.wake_watches();
+                    self.faults.insert("partitions");
+                    self.log(format!("{} partitioned from the API server for {}s", r.identity, lasts.as_secs()));
+                    self.active.push((Instant::now() + lasts, Active::Partition(slot)));
+                }
+            }
+            84..=88 => {
+                let slot = self.rng.random_range(0..REPLICAS);
+                let delay = self.rng.random_range(1_000..=12_000);
+                if let Some(r) = &self.replicas[slot] {
+                    r.net.answer_delay_ms.store(delay, std::sync::atomic::Ordering::Relaxed);
+                    self.faults.insert("late answers");
+                    self.log(format!("{} gets answers {delay} ms late for {}s", r.identity, lasts.as_secs()));
+                    self.active.push((Instant::now() + lasts, Active::SlowAnswers(slot)));
+                }
+            }
+            89..=92 => {
+                let slot = self.rng.random_range(0..REPLICAS);
+                self.faults.insert("replicas killed");
+                let back_in = Duration::from_secs(self.rng.random_range(1..=30));
+                self.kill_replica(slot, back_in);
+            }
+            _ => {
+                let latency = self.rng.random_range(0..=2_000);
+                self.model.latency_ms.store(latency, std::sync::atomic::Ordering::Relaxed);
+                self.faults.insert("API latency");
+                self.log(format!("API latency up to {latency} ms"));
+            }
+        }
+    }
+
+    /// Ends every fault: the cloud answers, partitions heal, every instance that is not
+    /// terminated runs and its kubelet is Ready.
+    fn calm(&mut self) {
+        self.expire_faults(true);
+        self.model.latency_ms.store(20, std::sync::atomic::Ordering::Relaxed);
+        for i in 0..self.nodes.len() {
+            if self.nodes[i].life == Life::Stopped {
+                let _ = self.cloud.set_instance_state(&self.nodes[i].instance, InstanceState::Running);
+                self.nodes[i].life = Life::Running;
+            }
+            if self.nodes[i].life == Life::Running && !self.nodes[i].ready {
+                self.set_ready(i, true);
+            }
+        }
+        for slot in 0..REPLICAS {
+            if self.replicas[slot].is_none() && self.restart_at[slot].is_none() {
+                self.restart_at[slot] = Some(Instant::now());
+            }
+        }
+        self.log("faults end; every instance not terminated runs and is Ready".into());
+    }
+
+    /// Why the world has not converged yet, if it has not.
+    fn unconverged(&self) -> Option<String> {
+        let snapshot = self.cloud.snapshot();
+        let nodes = self.model.list("v1/nodes");
+        let name_of = |n: &Value| n.pointer("/metadata/name").and_then(Value::as_str).unwrap_or_default().to_string();
+        let mut backends = BTreeSet::new();
+        let mut routes_wanted = BTreeSet::new();
+        for node in &nodes {
+            let name = name_of(node);
+            let rec = self.nodes.iter().find(|r| r.name == name)?;
+            if rec.life == Life::Terminated {
+                return Some(format!("Node {name} of a terminated instance still exists"));
+            }
+            let provider_id = node.pointer("/spec/providerID").and_then(Value::as_str).unwrap_or_default();
+            let tainted = node
+                .pointer("/spec/taints")
+                .and_then(Value::as_array)
+                .is_some_and(|t| t.iter().any(|t| t["key"].as_str() == Some(TAINT)));
+            if provider_id.is_empty() || tainted {
+                return Some(format!("Node {name} is not initialised"));
+            }
+            backends.insert(name.clone());
+            if let Some(cidr) = &rec.cidr {
+                routes_wanted.insert((name, cidr.clone()));
+            }
+        }
+        let routes: BTreeSet<(String, String)> = snapshot
+            .route_tables
+            .iter()
+            .flat_map(|t| &t.routes)
+            .filter(|r| r.cluster == CLUSTER)
+            .map(|r| (r.node_name.clone(), r.destination_cidr.clone()))
+            .collect();
+        if routes != routes_wanted {
+            return Some(format!("routes {routes:?}, wanted {routes_wanted:?}"));
+        }
+        let mut wanted_lbs = BTreeSet::new();
+        for s in &self.services {
+            let key = Key::service(NAMESPACE, &s.name);
+            let object = self.model.get(&key);
+            if s.deleted {
+                if object.is_some() {
+                    return Some(format!("Service {} is still being deleted", s.name));
+                }
+                continue;
+            }
+            let Some(svc) = object else { return Some(format!("Service {} vanished", s.name)) };
+            let ingress = svc.pointer("/status/loadBalancer/ingress").and_then(Value::as_array).is_some_and(|a| !a.is_empty());
+            if !ingress {
+                return Some(format!("Service {} has no ingress", s.name));
+            }
+            let service = format!("{NAMESPACE}/{}", s.name);
+            let Some(lb) = snapshot.load_balancers.iter().find(|l| l.service == service) else {
+                return Some(format!("Service {} has no load balancer", s.name));
+            };
+            let ports: BTreeSet<u32> = s.ports.iter().map(|p| u32::try_from(*p).unwrap_or(0)).collect();
+            if lb.ports.iter().copied().collect::<BTreeSet<u32>>() != ports {
+                return Some(format!("load balancer of {} has ports {:?}, wanted {ports:?}", s.name, lb.ports));
+            }
+            let hosts: BTreeSet<String> = lb.nodes.iter().cloned().collect();
+            if hosts != backends {
+                return Some(format!("load balancer of {} has hosts {hosts:?}, wanted {backends:?}", s.name));
+            }
+            wanted_lbs.insert(service);
+        }
+        if let Some(leaked) = snapshot.load_balancers.iter().find(|l| !wanted_lbs.contains(&l.service)) {
+            return Some(format!("load balancer {} of {} leaked", leaked.name, leaked.service));
+        }
+        None
+    }
+}
+
+/// Runs one seed to the end and reports.
+pub fn run_seed(seed: u64) -> Report {
+    let runtime = match tokio::runtime::Builder::new_current_thread().enable_all().start_paused(true).build() {
+        Ok(rt) => rt,
+        Err(e) => {
+            return Report {
+                seed,
+                violations: vec![format!("no runtime: {e}")],
+                converged_after: None,
+                schedule: Vec::new(),
+                faults: BTreeSet::new(),
+                requests: 0,
+                digest: 0,
+            };
+        }
+    };
+    let report = runtime.block_on(simulate(seed));
+    // Tasks the replicas leave behind end with the runtime.
+    runtime.shutdown_background();
+    report
+}
+
+async fn simulate(seed: u64) -> Report {
+    START.with(|s| s.set(Some(Instant::now())));
+    ccm_core::clock::follow_virtual_time(Some(k8s_openapi::jiff::Timestamp::from_second(1_798_761_600).unwrap_or_default()));
+    let mut rng = StdRng::seed_from_u64(seed);
+    let mut config = Config::default();
+    config.bulk_routes = rng.random_bool(0.5);
+    config.load_balancers.bulk_hosts = rng.random_bool(0.5);
+    config.batch_reads = rng.random_bool(0.7);
+    config.api.latency_ms = rng.random_range(0..=300);
+    let cloud = match Cloud::new(&config) {
+        Ok(c) => Arc::new(c),
+        Err(e) => panic!("the sim cloud's configuration: {e}"),
+    };
+    let model = Model::new(seed, cloud.clone());
+    let mut world = World {
+        rng,
+        model: model.clone(),
+        cloud,
+        in_flight: Default::default(),
+        nodes: Vec::new(),
+        services: Vec::new(),
+        next_node: 0,
+        next_service: 0,
+        replicas: (0..REPLICAS).map(|_| None).collect(),
+        restart_at: vec![None; REPLICAS],
+        incarnations: vec![0; REPLICAS],
+        active: Vec::new(),
+        schedule: Vec::new(),
+        faults: BTreeSet::new(),
+    };
+    world.log(format!(
+        "cloud: bulk routes {}, bulk hosts {}, batch reads {}, latency {} ms",
+        config.bulk_routes, config.load_balancers.bulk_hosts, config.batch_reads, config.api.latency_ms
+    ));
+    let initial = world.rng.random_range(2..=5);
+    for _ in 0..initial {
+        world.add_node();
+    }
+    for slot in 0..REPLICAS {
+        world.start_replica(slot);
+    }
+    let start = Instant::now();
+    while start.elapsed() < CHAOS {
+        let wait = Duration::from_millis(world.rng.random_range(500..=20_000));
+        tokio::time::sleep(wait).await;
+        world.expire_faults(false);
+        world.tend_replicas();
+        world.act();
+    }
+    world.calm();
+    let calm = Instant::now();
+    let mut converged_after = None;
+    while calm.elapsed() < SETTLE_BOUND {
+        tokio::time::sleep(Duration::from_secs(5)).await;
+        world.tend_replicas();
+        if world.unconverged().is_none() {
+            converged_after = Some(calm.elapsed());
+            break;
+        }
+    }
+    match converged_after {
+        Some(after) => {
+            world.log(format!("converged {}s after the faults ended", after.as_secs()));
+            // Steady state: nothing changes, so nothing may change the cloud, and the API
+            // sees a bounded rate of requests.
+            let (requests, mutations) = (model.requests.load(std::sync::atomic::Ordering::Relaxed), model.mutations());
+            tokio::time::sleep(STEADY).await;
+            let requests = model.requests.load(std::sync::atomic::Ordering::Relaxed) - requests;
+            let minutes = STEADY.as_secs() / 60;
+            if requests > STEADY_REQUESTS_PER_MINUTE * minutes {
+                model.violation(format!("{requests} API requests in {minutes} min of steady state (bound {})", STEADY_REQUESTS_PER_MINUTE * minutes));
+            }
+            let changed = model.mutations() - mutations;
+            if changed > 0 {
+                model.violation(format!("{changed} cloud mutations in {minutes} min of steady state (bound 0)"));
+            }
+            if let Some(why) = world.unconverged() {
+                model.violation(format!("diverged in the steady state: {why}"));
+            }
+        }
+        None => {
+            let why = world.unconverged().unwrap_or_default();
+            model.violation(format!("not converged {}s after the faults ended: {why}", SETTLE_BOUND.as_secs()));
+        }
+    }
+    for r in world.replicas.iter().flatten() {
+        r.shutdown.cancel();
+    }
+    for r in world.replicas.iter_mut().flatten() {
+        let _ = tokio::time::timeout(Duration::from_secs(30), &mut r.task).await;
+    }
+    ccm_core::clock::follow_virtual_time(None);
+    Report {
+        seed,
+        violations: model.violations(),
+        converged_after,
+        schedule: world.schedule,
+        faults: world.faults,
+        requests: model.requests.load(std::sync::atomic::Ordering::Relaxed),
+        digest: model.digest(),
+    }
+}
+
+/// What many seeds found.
+#[derive(Debug, Default)]
+pub struct Summary {
+    pub seeds: u64,
+    /// The seeds that broke an invariant, with what they broke.
+    pub failed: Vec<Report>,
+    /// How many seeds injected each kind of fault.
+    pub faults: std::collections::BTreeMap<&'static str, u64>,
+    /// Convergence times of the seeds that converged.
+    pub convergence: Vec<Duration>,
+    /// Wall time.
+    pub took: Duration,
+}
+
+impl Summary {
+    /// The longest convergence time seen.
+    pub fn longest(&self) -> Option<Duration> {
+        self.convergence.iter().max().copied()
+    }
+
+    /// The median convergence time.
+    pub fn median(&self) -> Option<Duration> {
+        let mut c = self.convergence.clone();
+        c.sort();
+        c.get(c.len() / 2).copied()
+    }
+
+    /// Seeds run per second of wall time.
+    pub fn rate(&self) -> f64 {
+        self.seeds as f64 / self.took.as_secs_f64().max(1e-9)
+    }
+
+    /// A printable account.
+    pub fn render(&self) -> String {
+        let mut out = String::new();
+        let secs = |d: Option<Duration>| d.map_or("-".to_string(), |d| format!("{}s", d.as_secs()));
+        out.push_str(&format!(
+            "seeds: {}  failed: {}  wall: {:.1}s  seeds/s: {:.2}\nconvergence after the faults end: median {}, longest {} (bound {}s)\nfaults in the mix (seeds that had each):\n",
+            self.seeds,
+            self.failed.len(),
+            self.took.as_secs_f64(),
+            self.rate(),
+            secs(self.median()),
+            secs(self.longest()),
+            SETTLE_BOUND.as_secs()
+        ));
+        for (kind, n) in &self.faults {
+            out.push_str(&format!("  {kind}: {n}\n"));
+        }
+        for report in &self.failed {
+            out.push_str(&format!("seed {} broke {} invariant(s); replay: CCM_SIM_SEED={} ccm-simulate\n", report.seed, report.violations.len(), report.seed));
+            for v in report.violations.iter().take(5) {
+                out.push_str(&format!("  {v}\n"));
+            }
+        }
+        out
+    }
+}
+
+/// Runs `seeds` on `jobs` threads (each seed on a runtime of its own, on virtual time).
+pub fn run_seeds(seeds: std::ops::Range<u64>, jobs: usize) -> Summary {
+    let started = std::time::Instant::now();
+    let next = std::sync::atomic::AtomicU64::new(seeds.start);
+    let reports = std::sync::Mutex::new(Vec::new());
+    std::thread::scope(|scope| {
+        for _ in 0..jobs.max(1) {
+            scope.spawn(|| {
+                loop {
+                    let seed = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                    if seed >= seeds.end {
+                        break;
+                    }
+                    let report = run_seed(seed);
+                    reports.lock().unwrap_or_else(|p| p.into_inner()).push(report);
+                }
+            });
+        }
+    });
+    let mut summary = Summary { took: started.elapsed(), ..Default::default() };
+    let mut reports = reports.into_inner().unwrap_or_else(|p| p.into_inner());
+    reports.sort_by_key(|r| r.seed);
+    for report in reports {
+        summary.seeds += 1;
+        for kind in &report.faults {
+            *summary.faults.entry(kind).or_default() += 1;
+        }
+        if let Some(c) = report.converged_after {
+            summary.convergence.push(c);
+        }
+        if !report.violations.is_empty() {
+            summary.failed.push(report);
+        }
+    }
+    summary
+}

@@ -1,0 +1,56 @@
+//! `ccm-simulate`: runs seeds of the deterministic simulation and reports what broke.
+//!
+//! `ccm-simulate --seeds 100000` runs seeds 0..100000 on every core; `CCM_SIM_SEED=N
+//! ccm-simulate` (or `--seed N`) replays one seed and prints its schedule and every
+//! violation, with the core's logs when `RUST_LOG` is set.
+
+use clap::Parser;
+
+#[derive(Parser)]
+#[command(name = "ccm-simulate", about = "Runs seeds of the deterministic simulation of the core")]
+struct Args {
+    /// How many seeds to run (from --from).
+    #[arg(long, default_value_t = 500)]
+    seeds: u64,
+    /// The first seed.
+    #[arg(long, default_value_t = 0)]
+    from: u64,
+    /// Replay this one seed, printing its schedule (also CCM_SIM_SEED).
+    #[arg(long, env = "CCM_SIM_SEED")]
+    seed: Option<u64>,
+    /// Threads (default: every core).
+    #[arg(long)]
+    jobs: Option<usize>,
+}
+
+fn main() -> std::process::ExitCode {
+    let args = Args::parse();
+    if std::env::var_os("RUST_LOG").is_some() {
+        tracing_subscriber::fmt().with_env_filter(tracing_subscriber::EnvFilter::from_default_env()).with_writer(std::io::stderr).init();
+    }
+    if let Some(seed) = args.seed {
+        let report = ccm_simulation::run_seed(seed);
+        println!("seed {seed}: schedule");
+        for step in &report.schedule {
+            println!("  {step}");
+        }
+        println!("faults: {:?}", report.faults);
+        println!("API requests: {}  trace digest: {:016x}", report.requests, report.digest);
+        match report.converged_after {
+            Some(d) => println!("converged {}s after the faults ended", d.as_secs()),
+            None => println!("did not converge"),
+        }
+        if report.violations.is_empty() {
+            println!("no invariant broken");
+            return std::process::ExitCode::SUCCESS;
+        }
+        for v in &report.violations {
+            println!("VIOLATION {v}");
+        }
+        return std::process::ExitCode::FAILURE;
+    }
+    let jobs = args.jobs.unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()));
+    let summary = ccm_simulation::run_seeds(args.from..args.from.saturating_add(args.seeds), jobs);
+    print!("{}", summary.render());
+    if summary.failed.is_empty() { std::process::ExitCode::SUCCESS } else { std::process::ExitCode::FAILURE }
+}

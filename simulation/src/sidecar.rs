@@ -1,0 +1,360 @@
+//! Each replica's provider sidecar, in process: the sim provider behind the SDK's server,
+//! served over in-memory connections to the replica's `Provider` client. The sidecars of all
+//! replicas share one cloud, as the pods of a Deployment share one cloud account.
+//!
+//! Every call that changes the cloud passes [`Watched`] on its way in, which checks what only
+//! the cloud sees: at most one mutation of an object in flight (across replicas, retries and
+//! restarts), no mutation by a replica that does not hold the Lease, and no route or load
+//! balancer removed while its Node or Service is alive.
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::{Arc, Mutex};
+
+use ccm_proto::v1 as pb;
+use ccm_provider_sdk::{Answered, AppliedRoutes, Page, PageRequest, ProviderServer, Readiness, Result};
+use ccm_provider_sim::cloud::Cloud;
+use ccm_provider_sim::provider::SimProvider;
+use tokio::io::DuplexStream;
+use tokio::sync::mpsc;
+use tokio_util::sync::CancellationToken;
+use tonic::transport::{Channel, Endpoint};
+
+use crate::api::{Key, Model};
+
+/// Mutations in flight, by object, across every sidecar: who called which method since when.
+pub type InFlight = Arc<Mutex<BTreeMap<String, Vec<(u64, String)>>>>;
+
+/// The provider wrapped with the cloud-side checks.
+pub struct Watched {
+    inner: SimProvider,
+    cloud: Arc<Cloud>,
+    model: Arc<Model>,
+    /// The leader election identity of the replica this sidecar serves.
+    identity: String,
+    in_flight: InFlight,
+    /// Cancelled when the sidecar's process dies: its calls in flight die with it.
+    dead: CancellationToken,
+}
+
+/// One mutation of some objects, in flight until dropped.
+struct Mutation {
+    id: u64,
+    objects: Vec<String>,
+    in_flight: InFlight,
+}
+
+impl Drop for Mutation {
+    fn drop(&mut self) {
+        let mut in_flight = self.in_flight.lock().unwrap_or_else(|p| p.into_inner());
+        for o in &self.objects {
+            if let Some(calls) = in_flight.get_mut(o) {
+                if let Some(i) = calls.iter().position(|(id, _)| *id == self.id) {
+                    calls.remove(i);
+                }
+                if calls.is_empty() {
+                    in_flight.remove(o);
+                }
+            }
+        }
+    }
+}
+
+impl Watched {
+    fn begin(&self, method: &str, mut objects: Vec<String>) -> Mutation {
+        // One call that deletes and creates a route of one name (a blackhole replaced) is one
+        // mutation of it.
+        objects.sort();
+        objects.dedup();
+        self.model.trace(&format!("{} {method} {objects:?}", self.identity));
+        self.model.mutated();
+        if !self.model.leads(&self.identity) {
+            self.model.violation(format!("{} called {method} on {objects:?} without holding the Lease", self.identity));
+        }
+        let id = self.model.mutations();
+        let what = format!("{} {method} at t={:.1}s", self.identity, crate::elapsed().as_secs_f64());
+        let mut in_flight = self.in_flight.lock().unwrap_or_else(|p| p.into_inner());
+        for o in &objects {
+            let calls = in_flight.entry(o.clone()).or_default();
+            if let Some((_, other)) = calls.first() {
+                self.model.violation(format!("{what} on {o} while another mutation of it was in flight ({other})"));
+            }
+            calls.push((id, what.clone()));
+        }
+        Mutation { id, objects, in_flight: self.in_flight.clone() }
+    }
+
+    /// Runs a call unless the sidecar dies first.
+    async fn unless_dead<T>(&self, call: impl Future<Output = Result<T>>) -> Result<T> {
+        tokio::select! {
+            result = call => result,
+            _ = self.dead.cancelled() => Err(ccm_provider_sdk::Error::unavailable("the sidecar died")),
+        }
+    }
+
+    fn load_balancer(service: &pb::LoadBalancerService) -> String {
+        format!("lb/{}", service.load_balancer_name)
+    }
+
+    /// A load balancer may be deleted only when its Service is gone, being deleted, or no
+    /// longer of type LoadBalancer (or another one, by UID).
+    fn check_lb_deletion(&self, service: &pb::LoadBalancerService) {
+        let Some(svc) = self.model.get(&Key::service(&service.namespace, &service.name)) else { return };
+        let alive = svc.pointer("/metadata/deletionTimestamp").is_none_or(serde_json::Value::is_null)
+            && svc.pointer("/spec/type").and_then(serde_json::Value::as_str) == Some("LoadBalancer")
+            && (service.uid.is_empty() || svc.pointer("/metadata/uid").and_then(serde_json::Value::as_str) == Some(&service.uid));
+        if alive {
+            self.model.violation(format!(
+                "{} deleted load balancer {} of the live Service {}/{}",
+                self.identity, service.load_balancer_name, service.namespace, service.name
+            ));
+        }
+    }
+
+    /// A route may be deleted only when its Node is gone, being deleted, or no longer has its
+    /// destination as a podCIDR, or when the route is a blackhole.
+    fn check_route_deletion(&self, cluster: &str, table_id: &str, name: &str) {
+        let Ok(routes) = self.inner_cloud().routes(cluster, table_id) else { return };
+        let Some(route) = routes.into_iter().find(|r| r.name == name) else { return };
+        let node_name = route.target.as_ref().map(|t| t.node_name.clone()).unwrap_or_default();
+        let Some(node) = self.model.get(&Key::node(&node_name)) else { return };
+        let deleting = node.pointer("/metadata/deletionTimestamp").is_some_and(|v| !v.is_null());
+        let cidrs: Vec<&str> = node
+            .pointer("/spec/podCIDRs")
+            .and_then(serde_json::Value::as_array)
+            .map(|a| a.iter().filter_map(serde_json::Value::as_str).collect())
+            .unwrap_or_default();
+        // A blackhole (its instance is gone) is replaced, as upstream does.
+        if !deleting && !route.blackhole && cidrs.contains(&route.destination_cidr.as_str()) {
+            self.model.violation(format!(
+                "{} deleted route {name} ({}) of the live Node {node_name}",
+                self.identity, route.destination_cidr
+            ));
+        }
+    }
+
+    fn inner_cloud(&self) -> &Cloud {
+        &self.cloud
+    }
+}
+
+#[ccm_provider_sdk::async_trait]
+impl ccm_provider_sdk::Probe for Watched {
+    async fn probe(&self) -> Result<Readiness> {
+        ccm_provider_sdk::Probe::probe(&self.inner).await
+    }
+}
+
+#[ccm_provider_sdk::async_trait]
+impl ccm_provider_sdk::Instances for Watched {
+    fn capabilities(&self) -> pb::InstancesCapabilities {
+        ccm_provider_sdk::Instances::capabilities(&self.inner)
+    }
+
+    fn cache_ttl(&self) -> Option<std::time::Duration> {
+        ccm_provider_sdk::Instances::cache_ttl(&self.inner)
+    }
+
+    async fn instance_metadata(&self, lookup: &pb::InstanceLookup) -> Result<Option<pb::InstanceMetadata>> {
+        self.inner.instance_metadata(lookup).await
+    }
+
+    async fn list_instances(&self, page: &PageRequest) -> Result<Page<pb::InstanceMetadata>> {
+        self.inner.list_instances(page).await
+    }
+
+    async fn instance_exists(&self, lookup: &pb::InstanceLookup) -> Result<bool> {
+        self.inner.instance_exists(lookup).await
+    }
+
+    async fn instance_shutdown(&self, lookup: &pb::InstanceLookup) -> Result<Option<bool>> {
+        self.inner.instance_shutdown(lookup).await
+    }
+
+    async fn batch_instance_metadata(&self, lookups: &[pb::InstanceLookup]) -> Result<Vec<Answered<Option<pb::InstanceMetadata>>>> {
+        self.inner.batch_instance_metadata(lookups).await
+    }
+}
+
+#[ccm_provider_sdk::async_trait]
+impl ccm_provider_sdk::Tags for Watched {
+    fn cache_ttl(&self) -> Option<std::time::Duration> {
+        ccm_provider_sdk::Tags::cache_ttl(&self.inner)
+    }
+
+    async fn instance_tags(&self, lookup: &pb::InstanceLookup) -> Result<Option<HashMap<String, String>>> {
+        self.inner.instance_tags(lookup).await
+    }
+
+    async fn batch_instance_tags(&self, lookups: &[pb::InstanceLookup]) -> Result<Vec<Answered<Option<HashMap<String, String>>>>> {
+        self.inner.batch_instance_tags(lookups).await
+    }
+}
+
+#[ccm_provider_sdk::async_trait]
+impl ccm_provider_sdk::Routes for Watched {
+    fn capabilities(&self) -> pb::RoutesCapabilities {
+        ccm_provider_sdk::Routes::capabilities(&self.inner)
+    }
+
+    fn cache_ttl(&self) -> Option<std::time::Duration> {
+        ccm_provider_sdk::Routes::cache_ttl(&self.inner)
+    }
+
+    async fn list_route_tables(&self, page: &PageRequest) -> Result<Page<pb::RouteTable>> {
+        self.inner.list_route_tables(page).await
+    }
+
+    async fn list_routes(&self, cluster_name: &str, table_id: &str, page: &PageRequest) -> Result<Page<pb::Route>> {
+        self.inner.list_routes(cluster_name, table_id, page).await
+    }
+
+    async fn create_route(&self, cluster_name: &str, route: pb::Route) -> Result<pb::Route> {
+        let _m = self.begin("CreateRoute", vec![format!("route/{}", route.name)]);
+        self.unless_dead(self.inner.create_route(cluster_name, route)).await
+    }
+
+    async fn delete_route(&self, cluster_name: &str, table_id: &str, name: &str) -> Result<()> {
+        let _m = self.begin("DeleteRoute", vec![format!("route/{name}")]);
+        self.check_route_deletion(cluster_name, table_id, name);
+        self.unless_dead(self.inner.delete_route(cluster_name, table_id, name)).await
+    }
+
+    async fn resolve_route_tables(&self, targets: &[pb::RouteTarget]) -> Result<Vec<Answered<Vec<String>>>> {
+        self.inner.resolve_route_tables(targets).await
+    }
+
+    async fn apply_routes(
+        &self,
+        cluster_name: &str,
+        table_id: &str,
+        deletes: &[String],
+        creates: Vec<pb::Route>,
+    ) -> Result<AppliedRoutes> {
+        let objects = deletes.iter().cloned().chain(creates.iter().map(|r| r.name.clone())).map(|n| format!("route/{n}")).collect();
+        let _m = self.begin("ApplyRoutes", objects);
+        for name in deletes {
+            self.check_route_deletion(cluster_name, table_id, name);
+        }
+        self.unless_dead(self.inner.apply_routes(cluster_name, table_id, deletes, creates)).await
+    }
+}
+
+#[ccm_provider_sdk::async_trait]
+impl ccm_provider_sdk::LoadBalancers for Watched {
+    fn capabilities(&self) -> pb::LoadBalancersCapabilities {
+        ccm_provider_sdk::LoadBalancers::capabilities(&self.inner)
+    }
+
+    async fn get_load_balancer(&self, service: &pb::LoadBalancerService) -> Result<Option<pb::LoadBalancerStatus>> {
+        self.inner.get_load_balancer(service).await
+    }
+
+    async fn ensure_load_balancer(&self, service: &pb::LoadBalancerService, nodes: &[pb::LoadBalancerNode]) -> Result<pb::LoadBalancerStatus> {
+        let _m = self.begin("EnsureLoadBalancer", vec![Self::load_balancer(service)]);
+        self.unless_dead(self.inner.ensure_load_balancer(service, nodes)).await
+    }
+
+    async fn update_load_balancer_hosts(&self, service: &pb::LoadBalancerService, nodes: &[pb::LoadBalancerNode]) -> Result<()> {
+        let _m = self.begin("UpdateLoadBalancerHosts", vec![Self::load_balancer(service)]);
+        self.unless_dead(self.inner.update_load_balancer_hosts(service, nodes)).await
+    }
+
+    async fn ensure_load_balancer_deleted(&self, service: &pb::LoadBalancerService) -> Result<()> {
+        let _m = self.begin("EnsureLoadBalancerDeleted", vec![Self::load_balancer(service)]);
+        self.check_lb_deletion(service);
+        self.unless_dead(self.inner.ensure_load_balancer_deleted(service)).await
+    }
+
+    async fn list_load_balancers(&self, cluster_name: &str, page: &PageRequest) -> Result<Page<pb::LoadBalancerSummary>> {
+        self.inner.list_load_balancers(cluster_name, page).await
+    }
+
+    async fn batch_update_load_balancer_hosts(
+        &self,
+        services: &[pb::LoadBalancerService],
+        nodes: &[pb::LoadBalancerNode],
+    ) -> Result<Vec<Result<()>>> {
+        let _m = self.begin("BatchUpdateLoadBalancerHosts", services.iter().map(Self::load_balancer).collect());
+        self.unless_dead(self.inner.batch_update_load_balancer_hosts(services, nodes)).await
+    }
+}
+
+/// A replica's sidecar: serves until stopped; a restart serves again with a new epoch.
+pub struct Sidecar {
+    connections: Arc<Mutex<mpsc::UnboundedSender<std::io::Result<DuplexStream>>>>,
+    stop: Mutex<CancellationToken>,
+}
+
+impl Sidecar {
+    /// Starts the sidecar of the replica `identity`, as `epoch`.
+    pub fn start(cloud: &Arc<Cloud>, model: &Arc<Model>, identity: &str, epoch: &str, in_flight: &InFlight) -> Self {
+        let (tx, stop) = Self::serve(cloud, model, identity, epoch, in_flight);
+        Self { connections: Arc::new(Mutex::new(tx)), stop: Mutex::new(stop) }
+    }
+
+    fn serve(
+        cloud: &Arc<Cloud>,
+        model: &Arc<Model>,
+        identity: &str,
+        epoch: &str,
+        in_flight: &InFlight,
+    ) -> (mpsc::UnboundedSender<std::io::Result<DuplexStream>>, CancellationToken) {
+        let watched = Arc::new(Watched {
+            inner: SimProvider::new(cloud.clone()),
+            cloud: cloud.clone(),
+            model: model.clone(),
+            identity: identity.to_string(),
+            in_flight: in_flight.clone(),
+            dead: CancellationToken::new(),
+        });
+        let dead = watched.dead.clone();
+        let server = ProviderServer::new("sim.cloudprovider.dev", ccm_provider_sim::VERSION)
+            .provider_id_scheme("sim")
+            .epoch(epoch)
+            .instances(watched.clone())
+            .tags(watched.clone())
+            .routes(watched.clone())
+            .load_balancers(watched.clone())
+            .probe(watched);
+        let (tx, rx) = mpsc::unbounded_channel();
+        let stop = dead;
+        let stopped = stop.clone();
+        tokio::spawn(async move {
+            let incoming = tokio_stream::wrappers::UnboundedReceiverStream::new(rx);
+            if let Err(error) = server.serve_incoming(incoming, stopped.cancelled_owned()).await {
+                tracing::warn!(%error, "the sidecar stopped");
+            }
+        });
+        (tx, stop)
+    }
+
+    /// The sidecar restarts (its process is replaced): its calls in flight die, open
+    /// connections end, and it comes back as `epoch`.
+    pub fn restart(&self, cloud: &Arc<Cloud>, model: &Arc<Model>, identity: &str, epoch: &str, in_flight: &InFlight) {
+        let (tx, stop) = Self::serve(cloud, model, identity, epoch, in_flight);
+        std::mem::replace(&mut *self.stop.lock().unwrap_or_else(|p| p.into_inner()), stop).cancel();
+        *self.connections.lock().unwrap_or_else(|p| p.into_inner()) = tx;
+    }
+
+    /// Kills it: its calls in flight die, and it serves no more.
+    pub fn stop(&self) {
+        self.stop.lock().unwrap_or_else(|p| p.into_inner()).cancel();
+    }
+
+    /// A channel to it, as the core's `--provider-endpoint` would give.
+    pub fn channel(&self) -> Channel {
+        let connections = self.connections.clone();
+        let connector = tower::service_fn(move |_: http::Uri| {
+            let connections = connections.clone();
+            async move {
+                let (ours, theirs) = tokio::io::duplex(256 * 1024);
+                let sent = connections.lock().unwrap_or_else(|p| p.into_inner()).send(Ok(theirs));
+                match sent {
+                    Ok(()) => Ok(hyper_util::rt::TokioIo::new(ours)),
+                    Err(_) => Err(std::io::Error::new(std::io::ErrorKind::ConnectionRefused, "the sidecar is not running")),
+                }
+            }
+        });
+        Endpoint::from_static("http://sidecar.sim").connect_with_connector_lazy(connector)
+    }
+}
