@@ -13,6 +13,21 @@ use tokio::time::Instant;
 
 thread_local! {
     static VIRTUAL: Cell<Option<(Timestamp, Instant)>> = const { Cell::new(None) };
+    static SEEDED: std::cell::RefCell<Option<rand::rngs::StdRng>> = const { std::cell::RefCell::new(None) };
+}
+
+/// A random fraction in [0, 1), for jitter: from the system's generator, or, on a thread a
+/// simulation seeded ([`seed_jitter`]), from the seed, so that one seed replays one run.
+pub fn jitter() -> f64 {
+    SEEDED.with(|s| match s.borrow_mut().as_mut() {
+        Some(rng) => rand::Rng::random::<f64>(rng),
+        None => rand::random::<f64>(),
+    })
+}
+
+/// Seeds [`jitter`] on this thread (`None`: the system's generator again).
+pub fn seed_jitter(seed: Option<u64>) {
+    SEEDED.with(|s| *s.borrow_mut() = seed.map(<rand::rngs::StdRng as rand::SeedableRng>::seed_from_u64));
 }
 
 /// Now, on the wall clock.

@@ -646,7 +646,13 @@ impl World {
 
 /// Runs one seed to the end and reports.
 pub fn run_seed(seed: u64) -> Report {
-    let runtime = match tokio::runtime::Builder::new_current_thread().enable_all().start_paused(true).build() {
+    let mut builder = tokio::runtime::Builder::new_current_thread();
+    builder.enable_all().start_paused(true);
+    // The runtime's own random choices (which ready branch of a `select!` goes first) from the
+    // seed too.
+    #[cfg(tokio_unstable)]
+    builder.rng_seed(tokio::runtime::RngSeed::from_bytes(&seed.to_le_bytes()));
+    let runtime = match builder.build() {
         Ok(rt) => rt,
         Err(e) => {
             return Report {
@@ -668,6 +674,7 @@ pub fn run_seed(seed: u64) -> Report {
 
 async fn simulate(seed: u64) -> Report {
     START.with(|s| s.set(Some(Instant::now())));
+    ccm_core::clock::seed_jitter(Some(seed));
     ccm_core::clock::follow_virtual_time(Some(k8s_openapi::jiff::Timestamp::from_second(1_798_761_600).unwrap_or_default()));
     let mut rng = StdRng::seed_from_u64(seed);
     let mut config = Config::default();
@@ -709,8 +716,13 @@ async fn simulate(seed: u64) -> Report {
     }
     let start = Instant::now();
     while start.elapsed() < CHAOS {
-        let wait = Duration::from_millis(world.rng.random_range(500..=20_000));
-        tokio::time::sleep(wait).await;
+        let next = Instant::now() + Duration::from_millis(world.rng.random_range(500..=20_000));
+        // Faults end when they said they would, not at the next step.
+        while let Some(end) = world.active.iter().map(|(t, _)| *t).filter(|t| *t < next).min() {
+            tokio::time::sleep_until(end).await;
+            world.expire_faults(false);
+        }
+        tokio::time::sleep_until(next).await;
         world.expire_faults(false);
         world.tend_replicas();
         world.act();
@@ -758,6 +770,7 @@ async fn simulate(seed: u64) -> Report {
         let _ = tokio::time::timeout(Duration::from_secs(30), &mut r.task).await;
     }
     ccm_core::clock::follow_virtual_time(None);
+    ccm_core::clock::seed_jitter(None);
     Report {
         seed,
         violations: model.violations(),

@@ -232,7 +232,18 @@ impl ccm_provider_sdk::Routes for Watched {
     ) -> Result<AppliedRoutes> {
         let objects = deletes.iter().cloned().chain(creates.iter().map(|r| r.name.clone())).map(|n| format!("route/{n}")).collect();
         let _m = self.begin("ApplyRoutes", objects);
-        for name in deletes {
+        // A route deleted and created again (same Node, same destination) in one call is
+        // replaced, not removed: the cloud applies the call as one.
+        let replaced = |name: &String| {
+            let Ok(routes) = self.inner_cloud().routes(cluster_name, table_id) else { return false };
+            routes.iter().find(|r| &r.name == name).is_some_and(|old| {
+                creates.iter().any(|new| {
+                    new.destination_cidr == old.destination_cidr
+                        && new.target.as_ref().map(|t| &t.node_name) == old.target.as_ref().map(|t| &t.node_name)
+                })
+            })
+        };
+        for name in deletes.iter().filter(|n| !replaced(n)) {
             self.check_route_deletion(cluster_name, table_id, name);
         }
         self.unless_dead(self.inner.apply_routes(cluster_name, table_id, deletes, creates)).await

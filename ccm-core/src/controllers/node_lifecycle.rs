@@ -467,7 +467,7 @@ impl NodeLifecycleController {
             Act::Delete => &mut pass.refused,
             Act::OutOfService => &mut pass.out_of_service_refused,
         };
-        let (blocked, mut nodes): (Vec<Arc<Node>>, Vec<Arc<Node>>) =
+        let (blocked, nodes): (Vec<Arc<Node>>, Vec<Arc<Node>>) =
             nodes.into_iter().partition(|n| bounds.disrupted.contains_key(zone_of(n)));
         for node in &blocked {
             let zone = zone_of(node);
@@ -482,13 +482,19 @@ impl NodeLifecycleController {
         if nodes.is_empty() {
             return nodes;
         }
-        if let Some(why) = self.doubt(act, bounds.ready).await {
-            tracing::warn!(nodes = nodes.len(), "refusing to act on Nodes ({}): {why}", act.done());
-            for node in &nodes {
-                self.refuse(act, node, &why).await;
-                refused.push(node_util::name(node).to_string());
+        let mut nodes = match self.doubt(act, bounds.ready, nodes).await {
+            Ok(confirmed) => confirmed,
+            Err((why, nodes)) => {
+                tracing::warn!(nodes = nodes.len(), "refusing to act on Nodes ({}): {why}", act.done());
+                for node in &nodes {
+                    self.refuse(act, node, &why).await;
+                    refused.push(node_util::name(node).to_string());
+                }
+                return Vec::new();
             }
-            return Vec::new();
+        };
+        if nodes.is_empty() {
+            return nodes;
         }
         let options = &self.ctx.options;
         let share = (options.max_node_deletion_share * bounds.total as f64).ceil().max(1.0) as usize;
@@ -552,22 +558,32 @@ impl NodeLifecycleController {
         }
     }
 
-    /// Why the provider's "gone" is not to be believed, if it is not: it is asked, in the same
-    /// way, about up to [`WITNESSES`] Ready Nodes' instances, which exist; a provider that
-    /// calls half of them gone too, or cannot answer, is wrong about the cloud (a lost
-    /// account, another region, an empty cache) rather than right about the Nodes.
-    async fn doubt(&self, act: Act, ready: &[Arc<Node>]) -> Option<String> {
+    /// The `candidates` whose instance the provider still reports gone (or shut down) when
+    /// asked again in one call with up to [`WITNESSES`] Ready Nodes' instances, which exist;
+    /// or, with the candidates, why its word is not to be believed: it calls half of the
+    /// witnesses gone too, or cannot answer (a lost account, another region, an empty cache:
+    /// wrong about the cloud rather than right about the Nodes). One call for both, so that a
+    /// provider that lies in one answer and not in the next cannot pass its lie on a
+    /// candidate off with a true answer about the witnesses.
+    async fn doubt(
+        &self,
+        act: Act,
+        ready: &[Arc<Node>],
+        candidates: Vec<Arc<Node>>,
+    ) -> Result<Vec<Arc<Node>>, (String, Vec<Arc<Node>>)> {
         let witnesses: Vec<&Arc<Node>> = ready.iter().filter(|n| node_util::provider_id(n).is_some()).take(WITNESSES).collect();
-        let lookups: Vec<_> = witnesses.iter().map(|n| convert::lookup(n)).collect();
-        let answers = self.ctx.provider.instance_metadata(&lookups).await;
+        let lookups: Vec<_> = witnesses.iter().map(|n| convert::lookup(n)).chain(candidates.iter().map(|n| convert::lookup(n))).collect();
+        let mut answers = self.ctx.provider.instance_metadata(&lookups).await;
+        let of_candidates = answers.split_off(witnesses.len().min(answers.len()));
         let mut denied = Vec::new();
         for (node, answer) in witnesses.iter().zip(answers) {
             match answer {
                 Err(error) => {
-                    return Some(format!(
+                    let why = format!(
                         "the provider could not confirm the instance of Ready Node {} ({error}), so its other answers are not trusted",
                         node_util::name(node)
-                    ));
+                    );
+                    return Err((why, candidates));
                 }
                 Ok(m) if act.denies(m.as_ref()) => denied.push(node_util::name(node).to_string()),
                 Ok(_) => {}
@@ -575,15 +591,29 @@ impl NodeLifecycleController {
         }
         // A Ready Node whose instance just went is Ready for a while yet: one such Node is a
         // scale-down in progress, half of them a provider that is wrong.
-        (!denied.is_empty() && denied.len() * 2 >= witnesses.len()).then(|| {
-            format!(
+        if !denied.is_empty() && denied.len() * 2 >= witnesses.len() {
+            let why = format!(
                 "the provider also says the instances of {} of {} Ready Nodes ({}) are {}, so its answer is not trusted",
                 denied.len(),
                 witnesses.len(),
                 denied.join(", "),
                 act.reported()
-            )
-        })
+            );
+            return Err((why, candidates));
+        }
+        // Each candidate only on the same answer again; any other answer (an error above all)
+        // leaves it for its next check.
+        Ok(candidates
+            .into_iter()
+            .zip(of_candidates)
+            .filter_map(|(node, answer)| {
+                let again = answer.as_ref().is_ok_and(|m| act.denies(m.as_ref()));
+                if !again {
+                    tracing::info!(node = %node_util::name(&node), "the provider no longer says the same of the node's instance; left as is");
+                }
+                again.then_some(node)
+            })
+            .collect())
     }
 
     async fn refuse(&self, act: Act, node: &Node, why: &str) {

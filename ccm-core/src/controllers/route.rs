@@ -266,7 +266,7 @@ impl RouteController {
             return period;
         }
         let base = self.ctx.options.route_resync_period;
-        base + base.mul_f64(rand::random::<f64>())
+        base + base.mul_f64(crate::clock::jitter())
     }
 
     /// Runs until `stop`.

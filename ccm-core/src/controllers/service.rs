@@ -495,7 +495,7 @@ impl ServiceController {
                 stop.cancelled().await;
                 return;
             }
-            let wait = period + period.mul_f64(rand::random::<f64>());
+            let wait = period + period.mul_f64(crate::clock::jitter());
             if !super::sleep_or_stop(wait, &stop).await {
                 return;
             }
