@@ -99,6 +99,7 @@ pub struct Model {
     /// Requests served.
     pub requests: AtomicU64,
     mutations: AtomicU64,
+    mutation_log: Mutex<Vec<String>>,
 }
 
 /// A Status answer.
@@ -240,6 +241,7 @@ impl Model {
             trace: Mutex::new(0xcbf2_9ce4_8422_2325),
             requests: AtomicU64::new(0),
             mutations: AtomicU64::new(0),
+            mutation_log: Mutex::new(Vec::new()),
         })
     }
 
@@ -273,8 +275,14 @@ impl Model {
     }
 
     /// Counts a mutation of the cloud.
-    pub fn mutated(&self) {
+    pub fn mutated(&self, what: String) {
         self.mutations.fetch_add(1, Ordering::Relaxed);
+        self.mutation_log.lock().unwrap_or_else(|p| p.into_inner()).push(what);
+    }
+
+    /// Every mutation of the cloud so far, in order.
+    pub fn mutation_log(&self) -> Vec<String> {
+        self.mutation_log.lock().unwrap_or_else(|p| p.into_inner()).clone()
     }
 
     /// Mutations of the cloud so far.

@@ -565,15 +565,19 @@ impl World {
             }
         }
         for slot in 0..REPLICAS {
-            if self.replicas[slot].is_none() && self.restart_at[slot].is_none() {
+            if self.replicas[slot].is_none() {
                 self.restart_at[slot] = Some(Instant::now());
             }
         }
+        self.tend_replicas();
         self.log("faults end; every instance not terminated runs and is Ready".into());
     }
 
     /// Why the world has not converged yet, if it has not.
     fn unconverged(&self) -> Option<String> {
+        if !self.replicas.iter().flatten().any(|r| self.model.leads(&r.identity)) {
+            return Some("no replica leads".into());
+        }
         let snapshot = self.cloud.snapshot();
         let nodes = self.model.list("v1/nodes");
         let name_of = |n: &Value| n.pointer("/metadata/name").and_then(Value::as_str).unwrap_or_default().to_string();
@@ -743,6 +747,9 @@ async fn simulate(seed: u64) -> Report {
             world.log(format!("converged {}s after the faults ended", after.as_secs()));
             // Steady state: nothing changes, so nothing may change the cloud, and the API
             // sees a bounded rate of requests.
+            // A leader that took over at the end syncs everything once: steady state begins
+            // a minute later.
+            tokio::time::sleep(Duration::from_secs(60)).await;
             let (requests, mutations) = (model.requests.load(std::sync::atomic::Ordering::Relaxed), model.mutations());
             tokio::time::sleep(STEADY).await;
             let requests = model.requests.load(std::sync::atomic::Ordering::Relaxed) - requests;
@@ -752,7 +759,8 @@ async fn simulate(seed: u64) -> Report {
             }
             let changed = model.mutations() - mutations;
             if changed > 0 {
-                model.violation(format!("{changed} cloud mutations in {minutes} min of steady state (bound 0)"));
+                let calls = model.mutation_log().split_off(usize::try_from(mutations).unwrap_or(0));
+                model.violation(format!("{changed} cloud mutations in {minutes} min of steady state (bound 0): {calls:?}"));
             }
             if let Some(why) = world.unconverged() {
                 model.violation(format!("diverged in the steady state: {why}"));

@@ -65,8 +65,9 @@ impl Watched {
         // mutation of it.
         objects.sort();
         objects.dedup();
-        self.model.trace(&format!("{} {method} {objects:?}", self.identity));
-        self.model.mutated();
+        let step = format!("t={:.1}s {} {method} {objects:?}", crate::elapsed().as_secs_f64(), self.identity);
+        self.model.trace(&step);
+        self.model.mutated(step);
         if !self.model.leads(&self.identity) {
             self.model.violation(format!("{} called {method} on {objects:?} without holding the Lease", self.identity));
         }

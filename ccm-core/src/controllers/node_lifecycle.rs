@@ -58,6 +58,21 @@ pub const NAME: &str = "cloud-node-lifecycle-controller";
 /// of the provider's answer (one more call per 500 at most, only in such a pass).
 const WITNESSES: usize = 8;
 
+/// How long a Node may stay uninitialised before the lifecycle controller asks about its
+/// instance too: a Node registers NotReady, often before its instance shows in the cloud's
+/// reads; one still uninitialised after this is stuck (its instance may be gone) and would
+/// otherwise stay for ever.
+const UNINITIALIZED_GRACE: Duration = Duration::from_secs(300);
+
+/// How long ago the Node registered (zero when unknown).
+fn registered_for(node: &Node) -> Duration {
+    node.metadata
+        .creation_timestamp
+        .as_ref()
+        .and_then(|t| crate::clock::now().duration_since(t.0).try_into().ok())
+        .unwrap_or_default()
+}
+
 /// The longest a NotReady Node whose state does not change waits between two questions.
 pub const MAX_RECHECK: Duration = Duration::from_secs(300);
 
@@ -374,8 +389,9 @@ impl NodeLifecycleController {
         let managed: Vec<Arc<Node>> = self
             .ctx
             .managed_nodes()
-            // A Node still being initialised is the node controller's.
-            .filter(|n| !node_util::has_taint(n, TAINT_UNINITIALIZED))
+            // A Node still being initialised is the node controller's, for a while: one that
+            // never was (its instance went before it could be) is asked about as any other.
+            .filter(|n| !node_util::has_taint(n, TAINT_UNINITIALIZED) || registered_for(n) >= UNINITIALIZED_GRACE)
             .collect();
         let (ready, candidates): (Vec<Arc<Node>>, Vec<Arc<Node>>) = managed.into_iter().partition(|n| node_util::is_ready(n));
         for node in ready.iter().filter(|n| node_util::has_taint(n, TAINT_SHUTDOWN)) {
@@ -572,6 +588,12 @@ impl NodeLifecycleController {
         candidates: Vec<Arc<Node>>,
     ) -> Result<Vec<Arc<Node>>, (String, Vec<Arc<Node>>)> {
         let witnesses: Vec<&Arc<Node>> = ready.iter().filter(|n| node_util::provider_id(n).is_some()).take(WITNESSES).collect();
+        if witnesses.is_empty() {
+            // Every Node NotReady (or none initialised): nothing to check the provider's word
+            // against. The Nodes wait for one that is Ready (a replacement joining is one).
+            let why = "no Ready Node's instance to check the provider's answer against, so it is not trusted".to_string();
+            return Err((why, candidates));
+        }
         let lookups: Vec<_> = witnesses.iter().map(|n| convert::lookup(n)).chain(candidates.iter().map(|n| convert::lookup(n))).collect();
         let mut answers = self.ctx.provider.instance_metadata(&lookups).await;
         let of_candidates = answers.split_off(witnesses.len().min(answers.len()));
