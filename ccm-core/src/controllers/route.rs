@@ -436,6 +436,42 @@ impl RouteController {
         }
     }
 
+    /// Keeps the deletions whose evidence the API server confirms: a route that is no
+    /// blackhole is deleted because the Node cache says its Node is gone or has another
+    /// podCIDR, and a cache can be stale (a watch that was cut, a replica that just took the
+    /// lead after a partition). Each such Node is read from the API server; one that is
+    /// there with the route's destination, or a read that fails, keeps the route.
+    async fn confirm_deletions(&self, changes: &mut Changes, known: &Known, sync: &mut Sync) {
+        let api: Api<Node> = Api::all(self.ctx.client.clone());
+        let mut confirmed = Vec::with_capacity(changes.deletes.len());
+        for (table, name) in std::mem::take(&mut changes.deletes) {
+            let route = known.routes.get(&table).and_then(|r| r.get(&name));
+            let target = route.filter(|r| !r.blackhole).and_then(|r| r.target.as_ref().map(|t| (r, t)));
+            let Some((route, target)) = target else {
+                confirmed.push((table, name));
+                continue;
+            };
+            let kept = match api.get_opt(&target.node_name).await {
+                Ok(Some(node)) => {
+                    let instance = node_util::provider_id(&node).unwrap_or_default();
+                    let same_instance = target.provider_id.is_empty() || instance.is_empty() || node_util::same_instance(&target.provider_id, instance);
+                    (node.metadata.deletion_timestamp.is_none() && same_instance && pod_cidrs(&node).contains(&route.destination_cidr))
+                        .then(|| format!("node {} still has podCIDR {} (read from the API server)", target.node_name, route.destination_cidr))
+                }
+                Ok(None) => None,
+                Err(error) => Some(format!("reading node {} to confirm the route is stale failed: {error}", target.node_name)),
+            };
+            match kept {
+                Some(why) => {
+                    sync.kept += 1;
+                    tracing::info!(table = %table, route = %name, "route kept: {why}");
+                }
+                None => confirmed.push((table, name)),
+            }
+        }
+        changes.deletes = confirmed;
+    }
+
     fn in_cluster(&self, cidr: &str) -> bool {
         cidr.parse::<IpNet>().is_ok_and(|net| self.cluster_cidrs.iter().any(|c| c.contains(&net)))
     }
@@ -486,7 +522,8 @@ impl RouteController {
             .filter(|r| self.in_cluster(&r.destination_cidr))
             .filter_map(|r| r.target.as_ref().map(|t| t.node_name.clone()))
             .collect();
-        let changes = self.plan(&known, &desired, &tables, &caps, &mut sync);
+        let mut changes = self.plan(&known, &desired, &tables, &caps, &mut sync);
+        self.confirm_deletions(&mut changes, &known, &mut sync).await;
         let first_error = self.apply(changes, &mut known, &mut sync).await;
         self.known = Some(known.clone());
         self.conditions.update(&nodes, &desired, &known, &sync.without_route, &targeted, caps.target_addresses);
