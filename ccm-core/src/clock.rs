@@ -34,7 +34,8 @@ pub fn seed_jitter(seed: Option<u64>) {
 pub fn now() -> Timestamp {
     match VIRTUAL.with(Cell::get) {
         Some((epoch, start)) => {
-            let elapsed = SignedDuration::try_from(Instant::now().saturating_duration_since(start)).unwrap_or(SignedDuration::MAX);
+            let elapsed =
+                SignedDuration::try_from(Instant::now().saturating_duration_since(start)).unwrap_or(SignedDuration::MAX);
             epoch.checked_add(elapsed).unwrap_or(epoch)
         }
         None => Timestamp::now(),

@@ -291,10 +291,13 @@ pub async fn run_with(options: Options, parts: Parts, shutdown: impl Future<Outp
     let supervisor = crate::supervisor::Supervisor::new(background.clone(), shutdown_token.clone(), metrics.clone());
     let credentials = match (&config, options.use_service_account_credentials) {
         (Some(config), true) => {
-            let credentials = Credentials::new(config.clone(), options.service_account_names, metrics.clone(), supervisor.clone())?;
+            let credentials =
+                Credentials::new(config.clone(), options.service_account_names, metrics.clone(), supervisor.clone())?;
             Some(Arc::new(credentials))
         }
-        (None, true) => anyhow::bail!("--use-service-account-credentials needs a kubeconfig to make the controllers' clients from"),
+        (None, true) => {
+            anyhow::bail!("--use-service-account-credentials needs a kubeconfig to make the controllers' clients from")
+        }
         _ => None,
     };
     supervisor.spawn("the provider's probe", &stop, provider.clone().watch(PROBE_PERIOD, stop.clone()));

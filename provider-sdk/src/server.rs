@@ -423,7 +423,11 @@ impl ProviderServer {
 
     /// Serves the connections `incoming` yields (a listener of the caller's own, or a
     /// simulation's in-memory streams), in plaintext, until `shutdown` resolves.
-    pub async fn serve_incoming<S, IO, E>(self, incoming: S, shutdown: impl Future<Output = ()> + Send) -> std::result::Result<(), ServeError>
+    pub async fn serve_incoming<S, IO, E>(
+        self,
+        incoming: S,
+        shutdown: impl Future<Output = ()> + Send,
+    ) -> std::result::Result<(), ServeError>
     where
         S: futures::Stream<Item = std::result::Result<IO, E>> + Send,
         IO: tonic::transport::server::Connected + tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,

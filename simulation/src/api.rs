@@ -193,7 +193,8 @@ impl State {
             b >> 52,
             b & 0xffff_ffff_ffff
         ));
-        meta["creationTimestamp"] = json!(ccm_core::clock::now().round(k8s_openapi::jiff::Unit::Second).unwrap_or_default().to_string());
+        meta["creationTimestamp"] =
+            json!(ccm_core::clock::now().round(k8s_openapi::jiff::Unit::Second).unwrap_or_default().to_string());
         Ok(self.store(key, object))
     }
 
@@ -234,7 +235,7 @@ impl Model {
                 generation: 0,
             }),
             changed: watch::channel(0).0,
-            rng: Mutex::new(rand::rngs::StdRng::seed_from_u64(seed ^ 0x5eed_a91)),
+            rng: Mutex::new(rand::rngs::StdRng::seed_from_u64(seed ^ 0x05ee_da91)),
             cloud,
             latency_ms: AtomicU64::new(20),
             violations: Mutex::new(Vec::new()),
@@ -426,9 +427,11 @@ impl Model {
                 let mut state = self.lock();
                 match state.objects.get(&key) {
                     None => Err(status(StatusCode::NOT_FOUND, "NotFound", format!("{key:?} not found"))),
-                    Some(current) if rv_of(&object).is_some_and(|v| Some(v) != rv_of(current)) => {
-                        Err(status(StatusCode::CONFLICT, "Conflict", "the object has been modified; please apply your changes to the latest version and try again"))
-                    }
+                    Some(current) if rv_of(&object).is_some_and(|v| Some(v) != rv_of(current)) => Err(status(
+                        StatusCode::CONFLICT,
+                        "Conflict",
+                        "the object has been modified; please apply your changes to the latest version and try again",
+                    )),
                     Some(current) => {
                         let mut object = object;
                         object["metadata"]["uid"] = current["metadata"]["uid"].clone();
@@ -438,14 +441,19 @@ impl Model {
                 }
             }
             Method::PATCH => {
-                let strategic = parts.headers.get(http::header::CONTENT_TYPE).is_some_and(|v| v.as_bytes().starts_with(b"application/strategic"));
+                let strategic = parts
+                    .headers
+                    .get(http::header::CONTENT_TYPE)
+                    .is_some_and(|v| v.as_bytes().starts_with(b"application/strategic"));
                 let patch: Value = serde_json::from_slice(&body).unwrap_or_default();
                 let mut state = self.lock();
                 match state.objects.get(&key).cloned() {
                     None => Err(status(StatusCode::NOT_FOUND, "NotFound", format!("{key:?} not found"))),
-                    Some(current) if rv_of(&patch).is_some_and(|v| Some(v) != rv_of(&current)) => {
-                        Err(status(StatusCode::CONFLICT, "Conflict", "the object has been modified; please apply your changes to the latest version and try again"))
-                    }
+                    Some(current) if rv_of(&patch).is_some_and(|v| Some(v) != rv_of(&current)) => Err(status(
+                        StatusCode::CONFLICT,
+                        "Conflict",
+                        "the object has been modified; please apply your changes to the latest version and try again",
+                    )),
                     Some(current) => {
                         let mut merged = current.clone();
                         merge(&mut merged, &patch, strategic, "");
@@ -528,7 +536,8 @@ impl Model {
                     if state.generation != generation || net.down.load(Ordering::Relaxed) {
                         Err(None)
                     } else if last < state.floor {
-                        let (_, s) = status(StatusCode::GONE, "Expired", format!("too old resource version: {last} ({})", state.floor));
+                        let (_, s) =
+                            status(StatusCode::GONE, "Expired", format!("too old resource version: {last} ({})", state.floor));
                         Err(Some(json!({ "type": "ERROR", "object": s })))
                     } else {
                         let from = last;
@@ -697,7 +706,8 @@ mod tests {
 
     #[test]
     fn merge_patches_replace_lists_and_strategic_ones_merge_conditions_by_type() {
-        let mut node = json!({ "status": { "conditions": [{ "type": "Ready", "status": "True" }], "addresses": [{ "type": "a" }] } });
+        let mut node =
+            json!({ "status": { "conditions": [{ "type": "Ready", "status": "True" }], "addresses": [{ "type": "a" }] } });
         merge(&mut node, &json!({ "status": { "addresses": [] } }), false, "");
         assert_eq!(node["status"]["addresses"], json!([]));
         let patch = json!({ "status": { "conditions": [{ "type": "NetworkUnavailable", "status": "False" }] } });

@@ -50,6 +50,25 @@ pub const STEADY: Duration = Duration::from_secs(3 * 60);
 /// acquisition attempts every 2 s, watches renewed every minute, Event-free).
 pub const STEADY_REQUESTS_PER_MINUTE: u64 = 120;
 
+/// Every kind of fault the schedule draws (as [`Report::faults`] names them).
+pub const FAULT_KINDS: &[&str] = &[
+    "provider errors",
+    "throttling with RetryInfo",
+    "account rate limit",
+    "hangs",
+    "slow mutations",
+    "reordered batch answers",
+    "short batch answers",
+    "every instance said gone",
+    "empty listings",
+    "sidecar restarts (new epoch)",
+    "API server restarts (watch history compacted)",
+    "partitions",
+    "late answers",
+    "replicas killed",
+    "API latency",
+];
+
 const CLUSTER: &str = "sim";
 const NAMESPACE: &str = "default";
 const REPLICAS: usize = 2;
@@ -189,8 +208,10 @@ fn node_object(name: &str, cidr: Option<&str>) -> Value {
 }
 
 fn service_object(name: &str, ports: &[i32]) -> Value {
-    let ports: Vec<Value> =
-        ports.iter().map(|p| json!({ "name": format!("p{p}"), "port": p, "protocol": "TCP", "targetPort": p, "nodePort": 30000 + p })).collect();
+    let ports: Vec<Value> = ports
+        .iter()
+        .map(|p| json!({ "name": format!("p{p}"), "port": p, "protocol": "TCP", "targetPort": p, "nodePort": 30000 + p }))
+        .collect();
     json!({
         "apiVersion": "v1", "kind": "Service",
         "metadata": { "name": name, "namespace": NAMESPACE },
@@ -210,7 +231,8 @@ impl World {
         let incarnation = self.incarnations[slot];
         let identity = format!("replica-{slot}-{incarnation}");
         let net = Arc::new(Net::default());
-        let sidecar = Sidecar::start(&self.cloud, &self.model, &identity, &format!("epoch-{slot}-{incarnation}-0"), &self.in_flight);
+        let sidecar =
+            Sidecar::start(&self.cloud, &self.model, &identity, &format!("epoch-{slot}-{incarnation}-0"), &self.in_flight);
         let link = Link { model: self.model.clone(), who: Who::Replica(identity.clone()), net: net.clone() };
         let metrics = Metrics::new();
         let provider = Provider::over(sidecar.channel(), "sim://in-process", Duration::from_secs(10), 8, metrics.clone())
@@ -243,7 +265,13 @@ impl World {
             r.sidecar.stop();
             r.shutdown.cancel();
             self.model.wake_watches();
-            self.log(format!("{} killed (slot {} back in {}s, incarnation {})", r.identity, r.slot, back_in.as_secs(), r.incarnation));
+            self.log(format!(
+                "{} killed (slot {} back in {}s, incarnation {})",
+                r.identity,
+                r.slot,
+                back_in.as_secs(),
+                r.incarnation
+            ));
         }
         self.restart_at[slot] = Some(Instant::now() + back_in);
     }
@@ -267,11 +295,19 @@ impl World {
     }
 
     fn add_node(&mut self) {
+        self.add_node_in(None);
+    }
+
+    fn zone(k: usize) -> &'static str {
+        if k.is_multiple_of(2) { "sim-region-1a" } else { "sim-region-1b" }
+    }
+
+    fn add_node_in(&mut self, zone: Option<&'static str>) {
         self.next_node += 1;
         let k = self.next_node;
         let name = format!("node-{k}");
         let instance = format!("i-{k:04}");
-        let zone = if k % 2 == 0 { "sim-region-1a" } else { "sim-region-1b" };
+        let zone = zone.unwrap_or(Self::zone(k));
         let spec = InstanceSpec {
             id: instance.clone(),
             name: name.clone(),
@@ -407,8 +443,9 @@ impl World {
                 }
             }
             28..=31 => {
-                let without: Vec<usize> =
-                    (0..self.nodes.len()).filter(|&i| self.nodes[i].cidr.is_none() && self.nodes[i].life != Life::Terminated).collect();
+                let without: Vec<usize> = (0..self.nodes.len())
+                    .filter(|&i| self.nodes[i].cidr.is_none() && self.nodes[i].life != Life::Terminated)
+                    .collect();
                 if let Some(i) = self.pick(&without) {
                     let name = self.nodes[i].name.clone();
                     let cidr = format!("10.244.{}.0/24", name.trim_start_matches("node-"));
@@ -467,8 +504,13 @@ impl World {
                 let method = self.pick(METHODS).unwrap_or("*");
                 // Throttled, with a RetryInfo far beyond any sane wait (the core caps it).
                 let retry_after = if self.rng.random_bool(0.5) { 36_000_000 } else { 5_000 };
-                let fault =
-                    Fault { method: method.into(), down: true, code: FaultCode::RateLimited, retry_after_ms: Some(retry_after), ..Default::default() };
+                let fault = Fault {
+                    method: method.into(),
+                    down: true,
+                    code: FaultCode::RateLimited,
+                    retry_after_ms: Some(retry_after),
+                    ..Default::default()
+                };
                 self.provider_fault("throttling with RetryInfo", fault, lasts);
             }
             57..=59 => {
@@ -563,6 +605,21 @@ impl World {
             if self.nodes[i].life == Life::Running && !self.nodes[i].ready {
                 self.set_ready(i, true);
             }
+        }
+        // The Nodes of terminated instances wait, by design, for a Ready Node to witness the
+        // provider's word, and for their zone not to look disrupted (most of its Nodes
+        // NotReady): a replacement joins the zone of each, as an autoscaling group's would.
+        let dead: Vec<&'static str> = self
+            .nodes
+            .iter()
+            .filter(|n| n.life == Life::Terminated && self.model.get(&Key::node(&n.name)).is_some())
+            .map(|n| Self::zone(n.name.trim_start_matches("node-").parse().unwrap_or(0)))
+            .collect();
+        for zone in dead {
+            self.add_node_in(Some(zone));
+        }
+        if self.live_nodes().is_empty() {
+            self.add_node();
         }
         for slot in 0..REPLICAS {
             if self.replicas[slot].is_none() {
@@ -681,10 +738,10 @@ async fn simulate(seed: u64) -> Report {
     ccm_core::clock::seed_jitter(Some(seed));
     ccm_core::clock::follow_virtual_time(Some(k8s_openapi::jiff::Timestamp::from_second(1_798_761_600).unwrap_or_default()));
     let mut rng = StdRng::seed_from_u64(seed);
-    let mut config = Config::default();
-    config.bulk_routes = rng.random_bool(0.5);
-    config.load_balancers.bulk_hosts = rng.random_bool(0.5);
-    config.batch_reads = rng.random_bool(0.7);
+    // Drawn in this order (a seed's schedule depends on it).
+    let (bulk_routes, bulk_hosts, batch_reads) = (rng.random_bool(0.5), rng.random_bool(0.5), rng.random_bool(0.7));
+    let mut config = Config { bulk_routes, batch_reads, ..Default::default() };
+    config.load_balancers.bulk_hosts = bulk_hosts;
     config.api.latency_ms = rng.random_range(0..=300);
     let cloud = match Cloud::new(&config) {
         Ok(c) => Arc::new(c),
@@ -755,7 +812,10 @@ async fn simulate(seed: u64) -> Report {
             let requests = model.requests.load(std::sync::atomic::Ordering::Relaxed) - requests;
             let minutes = STEADY.as_secs() / 60;
             if requests > STEADY_REQUESTS_PER_MINUTE * minutes {
-                model.violation(format!("{requests} API requests in {minutes} min of steady state (bound {})", STEADY_REQUESTS_PER_MINUTE * minutes));
+                model.violation(format!(
+                    "{requests} API requests in {minutes} min of steady state (bound {})",
+                    STEADY_REQUESTS_PER_MINUTE * minutes
+                ));
             }
             let changed = model.mutations() - mutations;
             if changed > 0 {
@@ -840,7 +900,12 @@ impl Summary {
             out.push_str(&format!("  {kind}: {n}\n"));
         }
         for report in &self.failed {
-            out.push_str(&format!("seed {} broke {} invariant(s); replay: CCM_SIM_SEED={} ccm-simulate\n", report.seed, report.violations.len(), report.seed));
+            out.push_str(&format!(
+                "seed {} broke {} invariant(s); replay: CCM_SIM_SEED={} ccm-simulate\n",
+                report.seed,
+                report.violations.len(),
+                report.seed
+            ));
             for v in report.violations.iter().take(5) {
                 out.push_str(&format!("  {v}\n"));
             }

@@ -18,6 +18,10 @@ struct Args {
     /// Replay this one seed, printing its schedule (also CCM_SIM_SEED).
     #[arg(long, env = "CCM_SIM_SEED")]
     seed: Option<u64>,
+    /// With --seed: replay it this many times and count the replays that broke an invariant
+    /// (hash-map order is not seeded: a replay may interleave differently).
+    #[arg(long, default_value_t = 1)]
+    repeat: u32,
     /// Threads (default: every core).
     #[arg(long)]
     jobs: Option<usize>,
@@ -26,7 +30,17 @@ struct Args {
 fn main() -> std::process::ExitCode {
     let args = Args::parse();
     if std::env::var_os("RUST_LOG").is_some() {
-        tracing_subscriber::fmt().with_env_filter(tracing_subscriber::EnvFilter::from_default_env()).with_writer(std::io::stderr).init();
+        tracing_subscriber::fmt()
+            .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
+            .with_writer(std::io::stderr)
+            .init();
+    }
+    if let Some(seed) = args.seed
+        && args.repeat > 1
+    {
+        let broke = (0..args.repeat).filter(|_| !ccm_simulation::run_seed(seed).violations.is_empty()).count();
+        println!("seed {seed}: {broke} of {} replays broke an invariant", args.repeat);
+        return if broke == 0 { std::process::ExitCode::SUCCESS } else { std::process::ExitCode::FAILURE };
     }
     if let Some(seed) = args.seed {
         let report = ccm_simulation::run_seed(seed);

@@ -171,7 +171,10 @@ impl ccm_provider_sdk::Instances for Watched {
         self.inner.instance_shutdown(lookup).await
     }
 
-    async fn batch_instance_metadata(&self, lookups: &[pb::InstanceLookup]) -> Result<Vec<Answered<Option<pb::InstanceMetadata>>>> {
+    async fn batch_instance_metadata(
+        &self,
+        lookups: &[pb::InstanceLookup],
+    ) -> Result<Vec<Answered<Option<pb::InstanceMetadata>>>> {
         self.inner.batch_instance_metadata(lookups).await
     }
 }
@@ -186,7 +189,10 @@ impl ccm_provider_sdk::Tags for Watched {
         self.inner.instance_tags(lookup).await
     }
 
-    async fn batch_instance_tags(&self, lookups: &[pb::InstanceLookup]) -> Result<Vec<Answered<Option<HashMap<String, String>>>>> {
+    async fn batch_instance_tags(
+        &self,
+        lookups: &[pb::InstanceLookup],
+    ) -> Result<Vec<Answered<Option<HashMap<String, String>>>>> {
         self.inner.batch_instance_tags(lookups).await
     }
 }
@@ -231,7 +237,8 @@ impl ccm_provider_sdk::Routes for Watched {
         deletes: &[String],
         creates: Vec<pb::Route>,
     ) -> Result<AppliedRoutes> {
-        let objects = deletes.iter().cloned().chain(creates.iter().map(|r| r.name.clone())).map(|n| format!("route/{n}")).collect();
+        let objects =
+            deletes.iter().cloned().chain(creates.iter().map(|r| r.name.clone())).map(|n| format!("route/{n}")).collect();
         let _m = self.begin("ApplyRoutes", objects);
         // A route deleted and created again (same Node, same destination) in one call is
         // replaced, not removed: the cloud applies the call as one.
@@ -261,7 +268,11 @@ impl ccm_provider_sdk::LoadBalancers for Watched {
         self.inner.get_load_balancer(service).await
     }
 
-    async fn ensure_load_balancer(&self, service: &pb::LoadBalancerService, nodes: &[pb::LoadBalancerNode]) -> Result<pb::LoadBalancerStatus> {
+    async fn ensure_load_balancer(
+        &self,
+        service: &pb::LoadBalancerService,
+        nodes: &[pb::LoadBalancerNode],
+    ) -> Result<pb::LoadBalancerStatus> {
         let _m = self.begin("EnsureLoadBalancer", vec![Self::load_balancer(service)]);
         self.unless_dead(self.inner.ensure_load_balancer(service, nodes)).await
     }

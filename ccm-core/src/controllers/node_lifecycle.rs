@@ -594,7 +594,8 @@ impl NodeLifecycleController {
             let why = "no Ready Node's instance to check the provider's answer against, so it is not trusted".to_string();
             return Err((why, candidates));
         }
-        let lookups: Vec<_> = witnesses.iter().map(|n| convert::lookup(n)).chain(candidates.iter().map(|n| convert::lookup(n))).collect();
+        let lookups: Vec<_> =
+            witnesses.iter().map(|n| convert::lookup(n)).chain(candidates.iter().map(|n| convert::lookup(n))).collect();
         let mut answers = self.ctx.provider.instance_metadata(&lookups).await;
         let of_candidates = answers.split_off(witnesses.len().min(answers.len()));
         let mut denied = Vec::new();

@@ -454,9 +454,18 @@ impl RouteController {
             let kept = match api.get_opt(&target.node_name).await {
                 Ok(Some(node)) => {
                     let instance = node_util::provider_id(&node).unwrap_or_default();
-                    let same_instance = target.provider_id.is_empty() || instance.is_empty() || node_util::same_instance(&target.provider_id, instance);
-                    (node.metadata.deletion_timestamp.is_none() && same_instance && pod_cidrs(&node).contains(&route.destination_cidr))
-                        .then(|| format!("node {} still has podCIDR {} (read from the API server)", target.node_name, route.destination_cidr))
+                    let same_instance = target.provider_id.is_empty()
+                        || instance.is_empty()
+                        || node_util::same_instance(&target.provider_id, instance);
+                    (node.metadata.deletion_timestamp.is_none()
+                        && same_instance
+                        && pod_cidrs(&node).contains(&route.destination_cidr))
+                    .then(|| {
+                        format!(
+                            "node {} still has podCIDR {} (read from the API server)",
+                            target.node_name, route.destination_cidr
+                        )
+                    })
                 }
                 Ok(None) => None,
                 Err(error) => Some(format!("reading node {} to confirm the route is stale failed: {error}", target.node_name)),
