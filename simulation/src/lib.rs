@@ -67,6 +67,7 @@ pub const FAULT_KINDS: &[&str] = &[
     "late answers",
     "replicas killed",
     "API latency",
+    "one load balancer's items failing",
 ];
 
 const CLUSTER: &str = "sim";
@@ -140,6 +141,7 @@ struct Replica {
     epochs: u32,
     shutdown: CancellationToken,
     task: tokio::task::JoinHandle<anyhow::Result<()>>,
+    metrics: Metrics,
 }
 
 #[derive(Debug, Clone, PartialEq)]
@@ -242,7 +244,7 @@ impl World {
             client: link.clone().client(),
             lease_client: link.client(),
             provider,
-            metrics,
+            metrics: metrics.clone(),
             identity: Some(identity.clone()),
             config: None,
         };
@@ -254,7 +256,7 @@ impl World {
             run_with(options, parts, stop.cancelled_owned()).await
         });
         self.log(format!("{identity} starts"));
-        self.replicas[slot] = Some(Replica { slot, incarnation, identity, net, sidecar, epochs: 0, shutdown, task });
+        self.replicas[slot] = Some(Replica { slot, incarnation, identity, net, sidecar, epochs: 0, shutdown, task, metrics });
     }
 
     /// Stops a replica as a kill does: cut from the API server and the cloud at once (its
@@ -583,6 +585,22 @@ impl World {
                 let back_in = Duration::from_secs(self.rng.random_range(1..=30));
                 self.kill_replica(slot, back_in);
             }
+            96..=99 => {
+                // One load balancer's items fail (a bulk hosts call fails that entry alone):
+                // the others must keep following the Nodes.
+                let live: Vec<usize> = (0..self.services.len()).filter(|&i| !self.services[i].deleted).collect();
+                let Some(i) = self.pick(&live) else { return };
+                let key = Key::service(NAMESPACE, &self.services[i].name);
+                let uid = self.model.get(&key).and_then(|s| s.pointer("/metadata/uid").and_then(Value::as_str).map(str::to_string));
+                let Some(uid) = uid else { return };
+                // Upstream's name: "a" and the UID without dashes, 32 characters.
+                let name: String = format!("a{}", uid.replace('-', "")).chars().take(32).collect();
+                let method = *["BatchUpdateLoadBalancerHosts", "UpdateLoadBalancerHosts"].get(self.rng.random_range(0..2)).unwrap_or(&"*");
+                let code = if self.rng.random_bool(0.5) { FaultCode::Unavailable } else { FaultCode::RateLimited };
+                let retry_after_ms = (code == FaultCode::RateLimited).then_some(36_000_000);
+                let fault = Fault { method: method.into(), down: true, code, subject: Some(name), retry_after_ms, ..Default::default() };
+                self.provider_fault("one load balancer's items failing", fault, lasts);
+            }
             _ => {
                 let latency = self.rng.random_range(0..=2_000);
                 self.model.latency_ms.store(latency, std::sync::atomic::Ordering::Relaxed);
@@ -628,6 +646,21 @@ impl World {
         }
         self.tend_replicas();
         self.log("faults end; every instance not terminated runs and is Ready".into());
+    }
+
+    /// Bounded queues: a work queue holds each key once, so no controller's queue may be
+    /// deeper than the objects there are (plus the few keys of its own, such as the
+    /// bulk-hosts key).
+    fn check_queues(&self) {
+        let bound = self.nodes.len() + self.services.len() + 4;
+        for r in self.replicas.iter().flatten() {
+            for line in r.metrics.encode().lines().filter(|l| l.starts_with("ccm_workqueue_depth{")) {
+                let depth = line.rsplit(' ').next().and_then(|v| v.parse::<f64>().ok()).unwrap_or(0.0);
+                if depth > bound as f64 {
+                    self.model.violation(format!("{}: {line} (bound {bound})", r.identity));
+                }
+            }
+        }
     }
 
     /// Why the world has not converged yet, if it has not.
@@ -786,6 +819,7 @@ async fn simulate(seed: u64) -> Report {
         tokio::time::sleep_until(next).await;
         world.expire_faults(false);
         world.tend_replicas();
+        world.check_queues();
         world.act();
     }
     world.calm();
@@ -794,6 +828,7 @@ async fn simulate(seed: u64) -> Report {
     while calm.elapsed() < SETTLE_BOUND {
         tokio::time::sleep(Duration::from_secs(5)).await;
         world.tend_replicas();
+        world.check_queues();
         if world.unconverged().is_none() {
             converged_after = Some(calm.elapsed());
             break;
