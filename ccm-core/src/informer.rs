@@ -5,7 +5,7 @@
 //! Objects are slimmed before they are stored: managed fields and other bulk no controller
 //! reads are dropped, so memory grows with what the controllers use, not with object size.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::HashSet;
 use std::fmt::Debug;
 use std::hash::Hash;
 use std::sync::Arc;
@@ -56,6 +56,47 @@ struct Failures {
 /// backoff of at most 30 s; a recovered watch of a quiet kind sends nothing to say so).
 const FAILURE_RUN_GAP: std::time::Duration = std::time::Duration::from_secs(40);
 
+/// The watch's backoff: client-go's reflector's (0.8 s, doubling, at most 30 s, jittered, and
+/// back to the start after 2 minutes without a failure), as kube-runtime's default, with the
+/// jitter of [`crate::clock::jitter`] (a simulation's seed decides it).
+struct WatchBackoff {
+    next: std::time::Duration,
+    last: Option<tokio::time::Instant>,
+}
+
+impl WatchBackoff {
+    const FIRST: std::time::Duration = std::time::Duration::from_millis(800);
+    const MAX: std::time::Duration = std::time::Duration::from_secs(30);
+    const RESET_AFTER: std::time::Duration = std::time::Duration::from_secs(120);
+}
+
+impl Default for WatchBackoff {
+    fn default() -> Self {
+        Self { next: Self::FIRST, last: None }
+    }
+}
+
+impl Iterator for WatchBackoff {
+    type Item = std::time::Duration;
+
+    fn next(&mut self) -> Option<std::time::Duration> {
+        let now = tokio::time::Instant::now();
+        if self.last.is_some_and(|l| now.saturating_duration_since(l) > Self::RESET_AFTER) {
+            self.next = Self::FIRST;
+        }
+        self.last = Some(now);
+        let base = self.next;
+        self.next = (self.next * 2).min(Self::MAX);
+        Some(base.mul_f64(1.0 + crate::clock::jitter()).min(Self::MAX))
+    }
+}
+
+impl kube::runtime::utils::Backoff for WatchBackoff {
+    fn reset(&mut self) {
+        self.next = Self::FIRST;
+    }
+}
+
 impl<K> Informer<K>
 where
     K: Resource + Clone + DeserializeOwned + Debug + Send + Sync + 'static,
@@ -79,7 +120,7 @@ where
         let sender = changes.clone();
         let name = format!("the {} watch", K::kind(&Default::default()));
         supervisor.spawn(&name, &stop.clone(), async move {
-            let mut stream = watcher::watcher(api, config).default_backoff().boxed();
+            let mut stream = watcher::watcher(api, config).backoff(WatchBackoff::default()).boxed();
             let mut relay = Relay::new(writer, sender, synced_tx);
             loop {
                 let event = tokio::select! {
@@ -128,6 +169,17 @@ where
         &self.store
     }
 
+    /// Every cached object, by namespace and name: where the order of the objects decides
+    /// the order of work, one run repeats it (the store's own order is a hash map's).
+    pub fn sorted(&self) -> Vec<Arc<K>> {
+        let mut all = self.store.state();
+        all.sort_by(|a, b| {
+            (a.meta().namespace.as_deref(), a.meta().name.as_deref())
+                .cmp(&(b.meta().namespace.as_deref(), b.meta().name.as_deref()))
+        });
+        all
+    }
+
     /// A new subscription to changes. A subscriber that falls behind gets
     /// `RecvError::Lagged` and should re-read the whole store.
     pub fn subscribe(&self) -> broadcast::Receiver<Change<K>> {
@@ -170,8 +222,10 @@ where
     synced: watch::Sender<bool>,
     /// During a listing: the keys stored before it began.
     before: Option<HashSet<ObjectRef<K>>>,
-    /// During a listing: each listed key with the copy stored before it began.
-    listed: HashMap<ObjectRef<K>, Option<Arc<K>>>,
+    /// During a listing: each listed key with the copy stored before it began, in order.
+    listed: Vec<(ObjectRef<K>, Option<Arc<K>>)>,
+    /// During a listing: the keys listed so far.
+    seen: HashSet<ObjectRef<K>>,
 }
 
 impl<K> Relay<K>
@@ -181,7 +235,7 @@ where
 {
     fn new(writer: reflector::store::Writer<K>, changes: broadcast::Sender<Change<K>>, synced: watch::Sender<bool>) -> Self {
         let reader = writer.as_reader();
-        Self { writer, reader, changes, synced, before: None, listed: HashMap::new() }
+        Self { writer, reader, changes, synced, before: None, listed: Vec::new(), seen: HashSet::new() }
     }
 
     fn handle(&mut self, event: Event<K>) {
@@ -189,13 +243,18 @@ where
             Event::Init => {
                 self.before = Some(self.reader.state().iter().map(|o| ObjectRef::from_obj(o.as_ref())).collect());
                 self.listed.clear();
+                self.seen.clear();
                 self.writer.apply_watcher_event(&event);
             }
             Event::InitApply(obj) => {
                 let key = ObjectRef::from_obj(obj);
                 let old = self.reader.get(&key);
                 self.writer.apply_watcher_event(&event);
-                self.listed.insert(key, old);
+                // In the listing's order (the API server's: by name), so that what follows
+                // the listing is announced in an order one run repeats.
+                if self.seen.insert(key.clone()) {
+                    self.listed.push((key, old));
+                }
             }
             Event::Apply(obj) => {
                 let key = ObjectRef::from_obj(obj);
@@ -210,15 +269,20 @@ where
                 let _ = self.changes.send(Change::Deleted(Arc::new(obj.clone())));
             }
             Event::InitDone => {
-                let gone: Vec<Arc<K>> = self
+                let mut gone: Vec<Arc<K>> = self
                     .before
                     .take()
                     .unwrap_or_default()
                     .into_iter()
-                    .filter(|k| !self.listed.contains_key(k))
+                    .filter(|k| !self.seen.contains(k))
                     .filter_map(|k| self.reader.get(&k))
                     .collect();
+                gone.sort_by(|a, b| {
+                    (a.meta().namespace.as_deref(), a.meta().name.as_deref())
+                        .cmp(&(b.meta().namespace.as_deref(), b.meta().name.as_deref()))
+                });
                 self.writer.apply_watcher_event(&event);
+                self.seen.clear();
                 for (key, old) in std::mem::take(&mut self.listed) {
                     let Some(new) = self.reader.get(&key) else { continue };
                     let version = |o: &K| o.meta().resource_version.clone();

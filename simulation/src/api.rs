@@ -100,6 +100,8 @@ pub struct Model {
     pub requests: AtomicU64,
     mutations: AtomicU64,
     mutation_log: Mutex<Vec<String>>,
+    /// Every traced step, when kept (`CCM_SIM_TRACE`).
+    steps: Mutex<Option<Vec<String>>>,
 }
 
 /// A Status answer.
@@ -243,6 +245,7 @@ impl Model {
             requests: AtomicU64::new(0),
             mutations: AtomicU64::new(0),
             mutation_log: Mutex::new(Vec::new()),
+            steps: Mutex::new(std::env::var_os("CCM_SIM_TRACE").map(|_| Vec::new())),
         })
     }
 
@@ -269,6 +272,9 @@ impl Model {
     /// Folds an observable step into the run's trace digest (two runs of one seed that
     /// take the same steps at the same virtual times have the same digest).
     pub fn trace(&self, step: &str) {
+        if let Some(steps) = self.steps.lock().unwrap_or_else(|p| p.into_inner()).as_mut() {
+            steps.push(format!("{:>10} {step}", crate::elapsed().as_millis()));
+        }
         let mut h = self.trace.lock().unwrap_or_else(|p| p.into_inner());
         for b in crate::elapsed().as_millis().to_le_bytes().iter().chain(step.as_bytes()) {
             *h = (*h ^ u64::from(*b)).wrapping_mul(0x0100_0000_01b3);
@@ -289,6 +295,11 @@ impl Model {
     /// Mutations of the cloud so far.
     pub fn mutations(&self) -> u64 {
         self.mutations.load(Ordering::Relaxed)
+    }
+
+    /// The steps traced, when kept.
+    pub fn steps(&self) -> Vec<String> {
+        self.steps.lock().unwrap_or_else(|p| p.into_inner()).clone().unwrap_or_default()
     }
 
     /// The trace digest so far.

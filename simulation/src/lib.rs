@@ -591,14 +591,17 @@ impl World {
                 let live: Vec<usize> = (0..self.services.len()).filter(|&i| !self.services[i].deleted).collect();
                 let Some(i) = self.pick(&live) else { return };
                 let key = Key::service(NAMESPACE, &self.services[i].name);
-                let uid = self.model.get(&key).and_then(|s| s.pointer("/metadata/uid").and_then(Value::as_str).map(str::to_string));
+                let uid =
+                    self.model.get(&key).and_then(|s| s.pointer("/metadata/uid").and_then(Value::as_str).map(str::to_string));
                 let Some(uid) = uid else { return };
                 // Upstream's name: "a" and the UID without dashes, 32 characters.
                 let name: String = format!("a{}", uid.replace('-', "")).chars().take(32).collect();
-                let method = *["BatchUpdateLoadBalancerHosts", "UpdateLoadBalancerHosts"].get(self.rng.random_range(0..2)).unwrap_or(&"*");
+                let method =
+                    *["BatchUpdateLoadBalancerHosts", "UpdateLoadBalancerHosts"].get(self.rng.random_range(0..2)).unwrap_or(&"*");
                 let code = if self.rng.random_bool(0.5) { FaultCode::Unavailable } else { FaultCode::RateLimited };
                 let retry_after_ms = (code == FaultCode::RateLimited).then_some(36_000_000);
-                let fault = Fault { method: method.into(), down: true, code, subject: Some(name), retry_after_ms, ..Default::default() };
+                let fault =
+                    Fault { method: method.into(), down: true, code, subject: Some(name), retry_after_ms, ..Default::default() };
                 self.provider_fault("one load balancer's items failing", fault, lasts);
             }
             _ => {
@@ -871,6 +874,9 @@ async fn simulate(seed: u64) -> Report {
     }
     for r in world.replicas.iter_mut().flatten() {
         let _ = tokio::time::timeout(Duration::from_secs(30), &mut r.task).await;
+    }
+    if let Some(path) = std::env::var_os("CCM_SIM_TRACE") {
+        let _ = std::fs::write(path, model.steps().join("\n"));
     }
     ccm_core::clock::follow_virtual_time(None);
     ccm_core::clock::seed_jitter(None);

@@ -18,8 +18,8 @@ struct Args {
     /// Replay this one seed, printing its schedule (also CCM_SIM_SEED).
     #[arg(long, env = "CCM_SIM_SEED")]
     seed: Option<u64>,
-    /// With --seed: replay it this many times and count the replays that broke an invariant
-    /// (hash-map order is not seeded: a replay may interleave differently).
+    /// With --seed: replay it this many times; fails when a replay broke an invariant or took
+    /// other steps (its trace digest differs).
     #[arg(long, default_value_t = 1)]
     repeat: u32,
     /// Threads (default: every core).
@@ -38,9 +38,15 @@ fn main() -> std::process::ExitCode {
     if let Some(seed) = args.seed
         && args.repeat > 1
     {
-        let broke = (0..args.repeat).filter(|_| !ccm_simulation::run_seed(seed).violations.is_empty()).count();
-        println!("seed {seed}: {broke} of {} replays broke an invariant", args.repeat);
-        return if broke == 0 { std::process::ExitCode::SUCCESS } else { std::process::ExitCode::FAILURE };
+        let reports: Vec<_> = (0..args.repeat).map(|_| ccm_simulation::run_seed(seed)).collect();
+        let broke = reports.iter().filter(|r| !r.violations.is_empty()).count();
+        let digests: std::collections::BTreeSet<u64> = reports.iter().map(|r| r.digest).collect();
+        println!(
+            "seed {seed}: {broke} of {} replays broke an invariant; {} distinct trace digest(s)",
+            args.repeat,
+            digests.len()
+        );
+        return if broke == 0 && digests.len() == 1 { std::process::ExitCode::SUCCESS } else { std::process::ExitCode::FAILURE };
     }
     if let Some(seed) = args.seed {
         let report = ccm_simulation::run_seed(seed);

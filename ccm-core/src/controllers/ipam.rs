@@ -144,7 +144,7 @@ impl IpamController {
         let mut changes = self.ctx.nodes.subscribe();
         self.ctx.nodes.wait_synced().await;
         // Every CIDR a Node has is taken, whoever set it, before any is given.
-        let nodes = self.ctx.nodes.store().state();
+        let nodes = self.ctx.nodes.sorted();
         for node in &nodes {
             self.occupy(node);
         }
@@ -170,13 +170,13 @@ impl IpamController {
                     }
                     // Nodes that waited for a free CIDR get it now.
                     if !freed.is_empty() {
-                        for waiting in self.ctx.nodes.store().state() {
+                        for waiting in self.ctx.nodes.sorted() {
                             self.allocate(&waiting).await;
                         }
                     }
                 }
                 Err(RecvError::Lagged(_)) => {
-                    for node in self.ctx.nodes.store().state() {
+                    for node in self.ctx.nodes.sorted() {
                         self.occupy(&node);
                         self.allocate(&node).await;
                     }

@@ -173,7 +173,7 @@ impl Context {
     /// The cached Nodes this process manages: not ignored (see [`Context::ignores`]) and not
     /// being deleted.
     pub fn managed_nodes(&self) -> impl Iterator<Item = Arc<Node>> + '_ {
-        self.nodes.store().state().into_iter().filter(|n| !self.ignores(n) && n.metadata.deletion_timestamp.is_none())
+        self.nodes.sorted().into_iter().filter(|n| !self.ignores(n) && n.metadata.deletion_timestamp.is_none())
     }
 
     /// Records an Event on an object in the background (best effort: a failure is logged,

@@ -112,7 +112,7 @@ impl NodeController {
     async fn feed(self: Arc<Self>, stop: CancellationToken) {
         let mut changes = self.ctx.nodes.subscribe();
         self.ctx.nodes.wait_synced().await;
-        for node in self.ctx.nodes.store().state() {
+        for node in self.ctx.nodes.sorted() {
             self.enqueue(&node);
         }
         loop {
@@ -129,7 +129,7 @@ impl NodeController {
                 }
                 Err(RecvError::Lagged(n)) => {
                     tracing::warn!(missed = n, "node events lagged; re-reading the cache");
-                    for node in self.ctx.nodes.store().state() {
+                    for node in self.ctx.nodes.sorted() {
                         self.enqueue(&node);
                     }
                 }

@@ -392,7 +392,7 @@ impl ServiceController {
         let mut changes = self.ctx.services.subscribe();
         self.ctx.services.wait_synced().await;
         self.ctx.nodes.wait_synced().await;
-        for svc in self.ctx.services.store().state() {
+        for svc in self.ctx.services.sorted() {
             if self.interesting(&svc) {
                 self.queue.add_changed(key(&svc), fingerprint(&svc));
             }
@@ -436,7 +436,7 @@ impl ServiceController {
                     }
                 }
                 Err(RecvError::Lagged(_)) => {
-                    for svc in self.ctx.services.store().state() {
+                    for svc in self.ctx.services.sorted() {
                         if self.interesting(&svc) {
                             self.queue.add(key(&svc));
                         }
@@ -453,7 +453,7 @@ impl ServiceController {
     fn ensure_all_again(&self) {
         self.ensured.lock().unwrap_or_else(|p| p.into_inner()).clear();
         let mut queued = 0;
-        for svc in self.ctx.services.store().state() {
+        for svc in self.ctx.services.sorted() {
             if self.wants_lb(&svc) {
                 self.queue.add(key(&svc));
                 queued += 1;
@@ -515,7 +515,7 @@ impl ServiceController {
         let cluster = self.ctx.options.cluster_name.clone();
         let listed = self.ctx.provider.list_load_balancers(&cluster).await?;
         let known: std::collections::HashSet<String> =
-            self.ctx.services.store().state().iter().filter_map(|s| s.metadata.uid.clone()).collect();
+            self.ctx.services.sorted().iter().filter_map(|s| s.metadata.uid.clone()).collect();
         let pending: std::collections::HashSet<String> =
             self.orphans.lock().unwrap_or_else(|p| p.into_inner()).keys().cloned().collect();
         let scope = self.ctx.options.service_namespace.as_deref();
@@ -580,8 +580,7 @@ impl ServiceController {
             return Outcome::Success;
         };
         // Wanted again (same UID: the type changed back): the normal path owns it.
-        let back =
-            self.ctx.services.store().state().into_iter().any(|s| s.metadata.uid.as_deref() == Some(uid) && self.interesting(&s));
+        let back = self.ctx.services.sorted().into_iter().any(|s| s.metadata.uid.as_deref() == Some(uid) && self.interesting(&s));
         if back {
             self.orphans.lock().unwrap_or_else(|p| p.into_inner()).remove(uid);
             return Outcome::Success;
@@ -647,7 +646,7 @@ impl ServiceController {
                 }
                 tokio::time::sleep(NODE_COALESCE).await;
                 // No load balancer, nothing to update (a cluster's join before its Services).
-                let services = this.ctx.services.store().state();
+                let services = this.ctx.services.sorted();
                 if !services.iter().any(|s| this.wants_lb(s)) {
                     continue;
                 }
@@ -713,7 +712,7 @@ impl ServiceController {
 
     /// The backends in the cache, by name.
     fn backend_nodes(&self) -> Vec<Arc<Node>> {
-        let mut nodes: Vec<Arc<Node>> = self.ctx.nodes.store().state().into_iter().filter(|n| is_backend(&self.ctx, n)).collect();
+        let mut nodes: Vec<Arc<Node>> = self.ctx.nodes.sorted().into_iter().filter(|n| is_backend(&self.ctx, n)).collect();
         nodes.sort_by(|a, b| node_util::name(a).cmp(node_util::name(b)));
         nodes
     }
@@ -1046,7 +1045,7 @@ impl ServiceController {
         let backends = self.backends();
         let hosts = backends.hosts;
         let mut todo = Vec::new();
-        for svc in self.ctx.services.store().state() {
+        for svc in self.ctx.services.sorted() {
             if !self.wants_lb(&svc) {
                 continue;
             }
