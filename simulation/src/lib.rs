@@ -104,8 +104,10 @@ pub struct Report {
     pub digest: u64,
 }
 
-/// The core's flags in the simulation (upstream's defaults where they matter: the Lease
-/// timing; shorter periods where a longer one would only slow the run).
+/// The core's flags in the simulation: the defaults where they matter (the Lease timing, and
+/// the resync periods, 12 h for routes and 1 h for load balancers, longer than a run: every
+/// change must arrive by its event, as in production); the deletion window and backoffs
+/// shorter, so that a run converges in minutes.
 fn core_args() -> Vec<String> {
     [
         "cloud-controller-manager",
@@ -117,15 +119,12 @@ fn core_args() -> Vec<String> {
         "--leader-elect-renew-deadline=10s",
         "--leader-elect-retry-period=2s",
         "--node-monitor-period=5s",
-        "--node-status-update-frequency=30s",
         "--provider-call-timeout=10s",
         "--provider-mutation-timeout=60s",
         "--provider-max-retry-after=60s",
         "--reconcile-backoff-base=1s",
         "--reconcile-backoff-max=60s",
         "--node-deletion-window=1m",
-        "--route-resync-period=2m",
-        "--load-balancer-resync-period=5m",
     ]
     .iter()
     .map(|s| s.to_string())
