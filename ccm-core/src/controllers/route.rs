@@ -437,8 +437,8 @@ impl RouteController {
     }
 
     /// Keeps the deletions whose evidence the API server confirms: a route that is no
-    /// blackhole is deleted because the Node cache says its Node is gone or has another
-    /// podCIDR, and a cache can be stale (a watch that was cut, a replica that just took the
+    /// blackhole and not being replaced is deleted because the Node cache says its Node is
+    /// gone or has another podCIDR, and a cache can be stale (a watch that was cut, a replica that just took the
     /// lead after a partition). Each such Node is read from the API server; one that is
     /// there with the route's destination, or a read that fails, keeps the route.
     async fn confirm_deletions(&self, changes: &mut Changes, known: &Known, sync: &mut Sync) {
@@ -447,7 +447,11 @@ impl RouteController {
         for (table, name) in std::mem::take(&mut changes.deletes) {
             let route = known.routes.get(&table).and_then(|r| r.get(&name));
             let target = route.filter(|r| !r.blackhole).and_then(|r| r.target.as_ref().map(|t| (r, t)));
-            let Some((route, target)) = target else {
+            // A route replaced (the Node's new addresses) goes with its replacement created.
+            let replaced = |(route, target): &(&pb::Route, &pb::RouteTarget)| {
+                changes.creates.iter().any(|(node, r)| *node == target.node_name && r.destination_cidr == route.destination_cidr)
+            };
+            let Some((route, target)) = target.filter(|t| !replaced(t)) else {
                 confirmed.push((table, name));
                 continue;
             };

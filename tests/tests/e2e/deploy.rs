@@ -283,7 +283,9 @@ async fn the_shipped_roles_are_enough_for_every_controller_and_no_broader() {
     })
     .await;
 
-    // The node lifecycle controller: a NotReady Node whose instance is gone is deleted.
+    // The node lifecycle controller: a NotReady Node whose instance is gone is deleted (with
+    // a Ready Node whose instance exists to witness the provider's answer: `fresh`).
+    set_ready(&admin, &fresh, "True").await.expect("ready");
     NodeBuilder::new(&doomed)
         .label(TEST_LABEL, &env.prefix)
         .provider_id("sim://sim-region-1a/i-doomed")

@@ -294,11 +294,19 @@ async fn gone_instances_delete_nodes_stopped_ones_taint_them_and_errors_change_n
     for (id, n) in [("i-gone", &gone), ("i-stopped", &stopped), ("i-flaky", &flaky)] {
         config.instances.push(instance(id, n, "sim-region-1a"));
     }
-    // Three Ready Nodes besides: every Node NotReady at once would be an outage, when the
-    // lifecycle controller deletes nothing.
+    // Three Ready Nodes besides, with instances: every Node NotReady at once would be an
+    // outage, and without a Ready Node whose instance exists nothing witnesses the provider's
+    // answer; either way the lifecycle controller deletes nothing.
     for k in 0..3 {
         let name = env.node_name(&format!("fine-{k}"));
-        NodeBuilder::new(&name).label(TEST_LABEL, &env.prefix).create(&env.client).await.expect("node");
+        let id = format!("i-fine-{k}");
+        config.instances.push(instance(&id, &name, "sim-region-1a"));
+        NodeBuilder::new(&name)
+            .label(TEST_LABEL, &env.prefix)
+            .provider_id(&format!("sim://sim-region-1a/{id}"))
+            .create(&env.client)
+            .await
+            .expect("node");
         set_ready(&env.client, &name, "True").await.expect("ready");
     }
     let sim = Sim::start(config).await;
