@@ -373,6 +373,17 @@ impl Model {
         self.notify();
     }
 
+    /// Compacts history: a watch from a version before now gets `410 Expired` (open watches
+    /// go on).
+    pub fn compact(&self) {
+        {
+            let mut state = self.lock();
+            state.floor = state.rv;
+            state.log.clear();
+        }
+        self.notify();
+    }
+
     /// Wakes every watch (a partition began: the cut ones notice).
     pub fn wake_watches(&self) {
         self.notify();
@@ -544,7 +555,10 @@ impl Model {
             loop {
                 let batch: Result<Vec<Value>, Option<Value>> = {
                     let state = model.lock();
-                    if state.generation != generation || net.down.load(Ordering::Relaxed) {
+                    if state.generation != generation
+                        || net.down.load(Ordering::Relaxed)
+                        || net.watches_down.load(Ordering::Relaxed)
+                    {
                         Err(None)
                     } else if last < state.floor {
                         let (_, s) =
@@ -662,6 +676,8 @@ impl Path {
 #[derive(Debug, Default)]
 pub struct Net {
     pub down: AtomicBool,
+    /// Only its watches fail (and open ones end).
+    pub watches_down: AtomicBool,
     pub answer_delay_ms: AtomicU64,
 }
 
@@ -693,7 +709,8 @@ impl tower::Service<Request<kube::client::Body>> for Link {
         let link = self.clone();
         Box::pin(async move {
             let refused = || std::io::Error::new(std::io::ErrorKind::ConnectionRefused, "partitioned from the API server");
-            if link.net.down.load(Ordering::Relaxed) {
+            let watch = request.uri().query().is_some_and(|q| q.split('&').any(|kv| kv == "watch=true" || kv == "watch=1"));
+            if link.net.down.load(Ordering::Relaxed) || (watch && link.net.watches_down.load(Ordering::Relaxed)) {
                 tokio::time::sleep(Duration::from_millis(200)).await;
                 return Err(refused());
             }

@@ -68,6 +68,7 @@ pub const FAULT_KINDS: &[&str] = &[
     "replicas killed",
     "API latency",
     "one load balancer's items failing",
+    "watches cut, then history compacted",
 ];
 
 const CLUSTER: &str = "sim";
@@ -170,6 +171,7 @@ enum Active {
     RateLimit,
     Partition(usize),
     SlowAnswers(usize),
+    WatchesCut(usize),
 }
 
 struct World {
@@ -377,6 +379,13 @@ impl World {
                         r.net.down.store(false, std::sync::atomic::Ordering::Relaxed);
                     }
                 }
+                Active::WatchesCut(slot) => {
+                    if let Some(r) = &self.replicas[slot] {
+                        r.net.watches_down.store(false, std::sync::atomic::Ordering::Relaxed);
+                    }
+                    self.model.compact();
+                    self.log("history compacted".into());
+                }
                 Active::SlowAnswers(slot) => {
                     if let Some(r) = &self.replicas[slot] {
                         r.net.answer_delay_ms.store(0, std::sync::atomic::Ordering::Relaxed);
@@ -583,6 +592,19 @@ impl World {
                 self.faults.insert("replicas killed");
                 let back_in = Duration::from_secs(self.rng.random_range(1..=30));
                 self.kill_replica(slot, back_in);
+            }
+            93..=94 => {
+                // The replica's watches stall and fail (an overloaded API server, a half-open
+                // watch connection) while its other requests, the Lease's too, go through;
+                // by the time they come back, the history they left off at is compacted.
+                let slot = self.rng.random_range(0..REPLICAS);
+                if let Some(r) = &self.replicas[slot] {
+                    r.net.watches_down.store(true, std::sync::atomic::Ordering::Relaxed);
+                    self.model.wake_watches();
+                    self.faults.insert("watches cut, then history compacted");
+                    self.log(format!("{} loses its watches for {}s", r.identity, lasts.as_secs()));
+                    self.active.push((Instant::now() + lasts, Active::WatchesCut(slot)));
+                }
             }
             96..=99 => {
                 // One load balancer's items fail (a bulk hosts call fails that entry alone):
