@@ -515,7 +515,7 @@ impl ServiceController {
         let cluster = self.ctx.options.cluster_name.clone();
         let listed = self.ctx.provider.list_load_balancers(&cluster).await?;
         let known: std::collections::HashSet<String> =
-            self.ctx.services.sorted().iter().filter_map(|s| s.metadata.uid.clone()).collect();
+            self.ctx.services.store().state().iter().filter_map(|s| s.metadata.uid.clone()).collect();
         let pending: std::collections::HashSet<String> =
             self.orphans.lock().unwrap_or_else(|p| p.into_inner()).keys().cloned().collect();
         let scope = self.ctx.options.service_namespace.as_deref();
@@ -580,7 +580,8 @@ impl ServiceController {
             return Outcome::Success;
         };
         // Wanted again (same UID: the type changed back): the normal path owns it.
-        let back = self.ctx.services.sorted().into_iter().any(|s| s.metadata.uid.as_deref() == Some(uid) && self.interesting(&s));
+        let back =
+            self.ctx.services.store().state().into_iter().any(|s| s.metadata.uid.as_deref() == Some(uid) && self.interesting(&s));
         if back {
             self.orphans.lock().unwrap_or_else(|p| p.into_inner()).remove(uid);
             return Outcome::Success;
@@ -712,7 +713,7 @@ impl ServiceController {
 
     /// The backends in the cache, by name.
     fn backend_nodes(&self) -> Vec<Arc<Node>> {
-        let mut nodes: Vec<Arc<Node>> = self.ctx.nodes.sorted().into_iter().filter(|n| is_backend(&self.ctx, n)).collect();
+        let mut nodes: Vec<Arc<Node>> = self.ctx.nodes.store().state().into_iter().filter(|n| is_backend(&self.ctx, n)).collect();
         nodes.sort_by(|a, b| node_util::name(a).cmp(node_util::name(b)));
         nodes
     }
