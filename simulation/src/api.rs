@@ -259,9 +259,15 @@ impl Model {
 
     /// Records a broken invariant.
     pub fn violation(&self, what: impl Into<String>) {
-        let what = format!("t={:.1}s: {}", crate::elapsed().as_secs_f64(), what.into());
+        let (what, at) = (what.into(), crate::elapsed().as_secs_f64());
+        let mut violations = self.violations.lock().unwrap_or_else(|p| p.into_inner());
+        // A standing violation (found again at each check) is reported once, when first seen.
+        if violations.iter().any(|v| v.split_once(": ").is_some_and(|(_, seen)| seen == what)) {
+            return;
+        }
+        let what = format!("t={at:.1}s: {what}");
         tracing::error!("{what}");
-        self.violations.lock().unwrap_or_else(|p| p.into_inner()).push(what);
+        violations.push(what);
     }
 
     /// The invariants broken so far.

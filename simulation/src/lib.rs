@@ -38,7 +38,7 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 use crate::api::{Key, Link, Model, Net, Who};
-use crate::sidecar::{InFlight, Sidecar};
+use crate::sidecar::{Shared, Sidecar};
 
 /// How long faults and events go on.
 pub const CHAOS: Duration = Duration::from_secs(8 * 60);
@@ -69,6 +69,8 @@ pub const FAULT_KINDS: &[&str] = &[
     "API latency",
     "one load balancer's items failing",
     "watches cut, then history compacted",
+    "Lease answered late, then silent",
+    "providerIDs in the kubelet's form",
 ];
 
 const CLUSTER: &str = "sim";
@@ -121,7 +123,7 @@ fn core_args() -> Vec<String> {
         "--leader-elect-retry-period=2s",
         "--node-monitor-period=5s",
         "--provider-call-timeout=10s",
-        "--provider-mutation-timeout=60s",
+        "--provider-mutation-timeout=5m",
         "--provider-max-retry-after=60s",
         "--reconcile-backoff-base=1s",
         "--reconcile-backoff-max=60s",
@@ -137,6 +139,8 @@ struct Replica {
     incarnation: u32,
     identity: String,
     net: Arc<Net>,
+    /// The Lease client's own connection (the controllers' is `net`).
+    lease_net: Arc<Net>,
     sidecar: Sidecar,
     epochs: u32,
     shutdown: CancellationToken,
@@ -171,6 +175,9 @@ enum Active {
     RateLimit,
     Partition(usize),
     SlowAnswers(usize),
+    /// The Lease's answers come late; then its connection goes silent for the duration.
+    LeaseLate(usize, Duration),
+    LeaseSilent(usize),
     WatchesCut(usize),
 }
 
@@ -178,7 +185,7 @@ struct World {
     rng: StdRng,
     model: Arc<Model>,
     cloud: Arc<Cloud>,
-    in_flight: InFlight,
+    shared: Shared,
     nodes: Vec<NodeRec>,
     services: Vec<ServiceRec>,
     next_node: usize,
@@ -233,17 +240,17 @@ impl World {
         self.incarnations[slot] += 1;
         let incarnation = self.incarnations[slot];
         let identity = format!("replica-{slot}-{incarnation}");
-        let net = Arc::new(Net::default());
-        let sidecar =
-            Sidecar::start(&self.cloud, &self.model, &identity, &format!("epoch-{slot}-{incarnation}-0"), &self.in_flight);
+        let (net, lease_net) = (Arc::new(Net::default()), Arc::new(Net::default()));
+        let sidecar = Sidecar::start(&self.cloud, &self.model, &identity, &format!("epoch-{slot}-{incarnation}-0"), &self.shared);
         let link = Link { model: self.model.clone(), who: Who::Replica(identity.clone()), net: net.clone() };
+        let lease_link = Link { net: lease_net.clone(), ..link.clone() };
         let metrics = Metrics::new();
         let provider = Provider::over(sidecar.channel(), "sim://in-process", Duration::from_secs(10), 8, metrics.clone())
             .with_max_retry_after(Duration::from_secs(60))
-            .with_mutation_timeout(Duration::from_secs(60));
+            .with_mutation_timeout(Duration::from_secs(300));
         let parts = Parts {
             client: link.clone().client(),
-            lease_client: link.client(),
+            lease_client: lease_link.client(),
             provider,
             metrics: metrics.clone(),
             identity: Some(identity.clone()),
@@ -257,7 +264,8 @@ impl World {
             run_with(options, parts, stop.cancelled_owned()).await
         });
         self.log(format!("{identity} starts"));
-        self.replicas[slot] = Some(Replica { slot, incarnation, identity, net, sidecar, epochs: 0, shutdown, task, metrics });
+        self.replicas[slot] =
+            Some(Replica { slot, incarnation, identity, net, lease_net, sidecar, epochs: 0, shutdown, task, metrics });
     }
 
     /// Stops a replica as a kill does: cut from the API server and the cloud at once (its
@@ -265,6 +273,7 @@ impl World {
     fn kill_replica(&mut self, slot: usize, back_in: Duration) {
         if let Some(r) = self.replicas[slot].take() {
             r.net.down.store(true, std::sync::atomic::Ordering::Relaxed);
+            r.lease_net.down.store(true, std::sync::atomic::Ordering::Relaxed);
             r.sidecar.stop();
             r.shutdown.cancel();
             self.model.wake_watches();
@@ -286,6 +295,7 @@ impl World {
             let ended = self.replicas[slot].as_ref().is_some_and(|r| r.task.is_finished());
             if ended && let Some(r) = self.replicas[slot].take() {
                 r.net.down.store(true, std::sync::atomic::Ordering::Relaxed);
+                r.lease_net.down.store(true, std::sync::atomic::Ordering::Relaxed);
                 r.sidecar.stop();
                 self.log(format!("{} exited; restarting", r.identity));
                 self.restart_at[slot] = Some(Instant::now() + Duration::from_secs(1));
@@ -323,7 +333,14 @@ impl World {
             return;
         }
         let cidr = self.rng.random_bool(0.7).then(|| format!("10.244.{k}.0/24"));
-        self.model.create(&Key::node(&name), node_object(&name, cidr.as_deref()));
+        let mut node = node_object(&name, cidr.as_deref());
+        // Some kubelets set a valid providerID of their own, in another form than the cloud's
+        // (the zone they believed): the Node keeps it and is initialised all the same.
+        if self.rng.random_bool(0.25) {
+            node["spec"]["providerID"] = json!(format!("sim://zone-the-kubelet-said/{instance}"));
+            self.faults.insert("providerIDs in the kubelet's form");
+        }
+        self.model.create(&Key::node(&name), node);
         self.log(format!("node {name} joins (instance {instance}, podCIDR {cidr:?})"));
         self.nodes.push(NodeRec { name, instance, cidr, life: Life::Running, ready: true });
     }
@@ -377,6 +394,20 @@ impl World {
                 Active::Partition(slot) => {
                     if let Some(r) = &self.replicas[slot] {
                         r.net.down.store(false, std::sync::atomic::Ordering::Relaxed);
+                        r.lease_net.down.store(false, std::sync::atomic::Ordering::Relaxed);
+                    }
+                }
+                Active::LeaseLate(slot, silent) => {
+                    if let Some(r) = &self.replicas[slot] {
+                        r.lease_net.answer_delay_ms.store(0, std::sync::atomic::Ordering::Relaxed);
+                        r.lease_net.down.store(true, std::sync::atomic::Ordering::Relaxed);
+                        self.log(format!("{}'s Lease connection silent for {}s", r.identity, silent.as_secs()));
+                        self.active.push((now + silent, Active::LeaseSilent(slot)));
+                    }
+                }
+                Active::LeaseSilent(slot) => {
+                    if let Some(r) = &self.replicas[slot] {
+                        r.lease_net.down.store(false, std::sync::atomic::Ordering::Relaxed);
                     }
                 }
                 Active::WatchesCut(slot) => {
@@ -389,6 +420,7 @@ impl World {
                 Active::SlowAnswers(slot) => {
                     if let Some(r) = &self.replicas[slot] {
                         r.net.answer_delay_ms.store(0, std::sync::atomic::Ordering::Relaxed);
+                        r.lease_net.answer_delay_ms.store(0, std::sync::atomic::Ordering::Relaxed);
                     }
                 }
             }
@@ -411,11 +443,16 @@ impl World {
             "EnsureLoadBalancerDeleted",
         ];
         let lasts = Duration::from_secs(self.rng.random_range(5..=90));
-        let roll = self.rng.random_range(0..100);
+        let roll = self.rng.random_range(0..106);
         match roll {
             0..=11 => {
-                if self.nodes.len() < MAX_NODES {
-                    self.add_node();
+                // Now and then a scale-up: several Nodes join at once (and are read in one
+                // batch).
+                let joining = if self.rng.random_bool(0.3) { self.rng.random_range(2..=3) } else { 1 };
+                for _ in 0..joining {
+                    if self.nodes.len() < MAX_NODES {
+                        self.add_node();
+                    }
                 }
             }
             12..=17 => {
@@ -557,7 +594,7 @@ impl World {
                 if let Some(r) = self.replicas[slot].as_mut() {
                     r.epochs += 1;
                     let epoch = format!("epoch-{}-{}-{}", r.slot, r.incarnation, r.epochs);
-                    r.sidecar.restart(&self.cloud, &self.model, &r.identity, &epoch, &self.in_flight);
+                    r.sidecar.restart(&self.cloud, &self.model, &r.identity, &epoch, &self.shared);
                     self.faults.insert("sidecar restarts (new epoch)");
                     self.log(format!("sidecar of replica slot {slot} restarts as {epoch}"));
                 }
@@ -571,6 +608,7 @@ impl World {
                 let slot = self.rng.random_range(0..REPLICAS);
                 if let Some(r) = &self.replicas[slot] {
                     r.net.down.store(true, std::sync::atomic::Ordering::Relaxed);
+                    r.lease_net.down.store(true, std::sync::atomic::Ordering::Relaxed);
                     self.model.wake_watches();
                     self.faults.insert("partitions");
                     self.log(format!("{} partitioned from the API server for {}s", r.identity, lasts.as_secs()));
@@ -582,6 +620,7 @@ impl World {
                 let delay = self.rng.random_range(1_000..=12_000);
                 if let Some(r) = &self.replicas[slot] {
                     r.net.answer_delay_ms.store(delay, std::sync::atomic::Ordering::Relaxed);
+                    r.lease_net.answer_delay_ms.store(delay, std::sync::atomic::Ordering::Relaxed);
                     self.faults.insert("late answers");
                     self.log(format!("{} gets answers {delay} ms late for {}s", r.identity, lasts.as_secs()));
                     self.active.push((Instant::now() + lasts, Active::SlowAnswers(slot)));
@@ -624,6 +663,24 @@ impl World {
                 let fault =
                     Fault { method: method.into(), down: true, code, subject: Some(name), retry_after_ms, ..Default::default() };
                 self.provider_fault("one load balancer's items failing", fault, lasts);
+            }
+            100..=105 => {
+                // The leader's Lease renewals are answered late (its renewal still lands at
+                // once), then its Lease connection goes silent while its controllers' connection
+                // works: the standby takes the Lease 15 s after the last renewal it saw, and the
+                // old leader must have stopped writing by then.
+                let leader = (0..REPLICAS)
+                    .find(|&s| self.replicas[s].as_ref().is_some_and(|r| self.model.leads(&r.identity)))
+                    .unwrap_or(0);
+                let late = self.rng.random_range(5_000..=9_000);
+                let for_ = Duration::from_secs(self.rng.random_range(3..=10));
+                let silent = Duration::from_secs(self.rng.random_range(20..=60));
+                if let Some(r) = &self.replicas[leader] {
+                    r.lease_net.answer_delay_ms.store(late, std::sync::atomic::Ordering::Relaxed);
+                    self.faults.insert("Lease answered late, then silent");
+                    self.log(format!("{}'s Lease answers {late} ms late for {}s", r.identity, for_.as_secs()));
+                    self.active.push((Instant::now() + for_, Active::LeaseLate(leader, silent)));
+                }
             }
             _ => {
                 let latency = self.rng.random_range(0..=2_000);
@@ -676,6 +733,7 @@ impl World {
     /// deeper than the objects there are (plus the few keys of its own, such as the
     /// bulk-hosts key).
     fn check_queues(&self) {
+        self.check_identities();
         let bound = self.nodes.len() + self.services.len() + 4;
         for r in self.replicas.iter().flatten() {
             for line in r.metrics.encode().lines().filter(|l| l.starts_with("ccm_workqueue_depth{")) {
@@ -683,6 +741,19 @@ impl World {
                 if depth > bound as f64 {
                     self.model.violation(format!("{}: {line} (bound {bound})", r.identity));
                 }
+            }
+        }
+    }
+
+    /// Every Node's providerID, once set, names its own instance (a reordered batch answer
+    /// must not hand one Node another's identity: the field is immutable, so a swap is for
+    /// ever).
+    fn check_identities(&self) {
+        for rec in &self.nodes {
+            let Some(node) = self.model.get(&Key::node(&rec.name)) else { continue };
+            let id = node.pointer("/spec/providerID").and_then(Value::as_str).unwrap_or_default();
+            if !id.is_empty() && id.rsplit('/').next() != Some(rec.instance.as_str()) {
+                self.model.violation(format!("Node {} has providerID {id}, not its instance {}", rec.name, rec.instance));
             }
         }
     }
@@ -809,7 +880,7 @@ async fn simulate(seed: u64) -> Report {
         rng,
         model: model.clone(),
         cloud,
-        in_flight: Default::default(),
+        shared: Shared::default(),
         nodes: Vec::new(),
         services: Vec::new(),
         next_node: 0,
@@ -821,6 +892,12 @@ async fn simulate(seed: u64) -> Report {
         schedule: Vec::new(),
         faults: BTreeSet::new(),
     };
+    // An experiment, not the mix: mutations that outlive their calls, as a provider that
+    // ignores cancellation runs them (the Go adapter's old `context.WithoutCancel`).
+    if std::env::var_os("CCM_SIM_DETACHED_MUTATIONS").is_some() {
+        world.shared.detached.store(true, std::sync::atomic::Ordering::Relaxed);
+        world.log("mutations outlive their calls (CCM_SIM_DETACHED_MUTATIONS)".into());
+    }
     world.log(format!(
         "cloud: bulk routes {}, bulk hosts {}, batch reads {}, latency {} ms",
         config.bulk_routes, config.load_balancers.bulk_hosts, config.batch_reads, config.api.latency_ms

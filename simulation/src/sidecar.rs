@@ -8,6 +8,7 @@
 //! balancer removed while its Node or Service is alive.
 
 use std::collections::{BTreeMap, HashMap};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 
 use ccm_proto::v1 as pb;
@@ -24,6 +25,14 @@ use crate::api::{Key, Model};
 /// Mutations in flight, by object, across every sidecar: who called which method since when.
 pub type InFlight = Arc<Mutex<BTreeMap<String, Vec<(u64, String)>>>>;
 
+/// What every sidecar shares: the mutations in flight, and whether mutations outlive their
+/// calls.
+#[derive(Clone, Default)]
+pub struct Shared {
+    pub in_flight: InFlight,
+    pub detached: Arc<AtomicBool>,
+}
+
 /// The provider wrapped with the cloud-side checks.
 pub struct Watched {
     inner: SimProvider,
@@ -34,6 +43,10 @@ pub struct Watched {
     in_flight: InFlight,
     /// Cancelled when the sidecar's process dies: its calls in flight die with it.
     dead: CancellationToken,
+    /// While set, a mutation outlives its call: it runs on when the caller gives up (as a
+    /// provider that ignores cancellation does, the Go adapter's old `WithoutCancel`), until
+    /// it ends or the sidecar dies; it stays in flight all that time.
+    detached: Arc<AtomicBool>,
 }
 
 /// One mutation of some objects, in flight until dropped.
@@ -90,6 +103,29 @@ impl Watched {
             result = call => result,
             _ = self.dead.cancelled() => Err(ccm_provider_sdk::Error::unavailable("the sidecar died")),
         }
+    }
+
+    /// Runs the mutation `call` (in flight as `mutation`) unless the sidecar dies first; while
+    /// mutations are detached, it runs on its own, on after its caller gives up.
+    async fn mutate<T, F>(&self, mutation: Mutation, call: impl FnOnce(SimProvider) -> F) -> Result<T>
+    where
+        F: Future<Output = Result<T>> + Send + 'static,
+        T: Send + 'static,
+    {
+        let call = call(self.inner.clone());
+        if !self.detached.load(Ordering::Relaxed) {
+            let _in_flight = mutation;
+            return self.unless_dead(call).await;
+        }
+        let dead = self.dead.clone();
+        let running = tokio::spawn(async move {
+            let _in_flight = mutation;
+            tokio::select! {
+                result = call => result,
+                _ = dead.cancelled() => Err(ccm_provider_sdk::Error::unavailable("the sidecar died")),
+            }
+        });
+        running.await.unwrap_or_else(|e| Err(ccm_provider_sdk::Error::internal(format!("the mutation's task: {e}"))))
     }
 
     fn load_balancer(service: &pb::LoadBalancerService) -> String {
@@ -216,14 +252,16 @@ impl ccm_provider_sdk::Routes for Watched {
     }
 
     async fn create_route(&self, cluster_name: &str, route: pb::Route) -> Result<pb::Route> {
-        let _m = self.begin("CreateRoute", vec![format!("route/{}", route.name)]);
-        self.unless_dead(self.inner.create_route(cluster_name, route)).await
+        let m = self.begin("CreateRoute", vec![format!("route/{}", route.name)]);
+        let cluster = cluster_name.to_string();
+        self.mutate(m, |p| async move { p.create_route(&cluster, route).await }).await
     }
 
     async fn delete_route(&self, cluster_name: &str, table_id: &str, name: &str) -> Result<()> {
-        let _m = self.begin("DeleteRoute", vec![format!("route/{name}")]);
+        let m = self.begin("DeleteRoute", vec![format!("route/{name}")]);
         self.check_route_deletion(cluster_name, table_id, name);
-        self.unless_dead(self.inner.delete_route(cluster_name, table_id, name)).await
+        let (cluster, table, name) = (cluster_name.to_string(), table_id.to_string(), name.to_string());
+        self.mutate(m, |p| async move { p.delete_route(&cluster, &table, &name).await }).await
     }
 
     async fn resolve_route_tables(&self, targets: &[pb::RouteTarget]) -> Result<Vec<Answered<Vec<String>>>> {
@@ -239,7 +277,7 @@ impl ccm_provider_sdk::Routes for Watched {
     ) -> Result<AppliedRoutes> {
         let objects =
             deletes.iter().cloned().chain(creates.iter().map(|r| r.name.clone())).map(|n| format!("route/{n}")).collect();
-        let _m = self.begin("ApplyRoutes", objects);
+        let m = self.begin("ApplyRoutes", objects);
         // A route deleted and created again (same Node, same destination) in one call is
         // replaced, not removed: the cloud applies the call as one.
         let replaced = |name: &String| {
@@ -254,7 +292,8 @@ impl ccm_provider_sdk::Routes for Watched {
         for name in deletes.iter().filter(|n| !replaced(n)) {
             self.check_route_deletion(cluster_name, table_id, name);
         }
-        self.unless_dead(self.inner.apply_routes(cluster_name, table_id, deletes, creates)).await
+        let (cluster, table, deletes) = (cluster_name.to_string(), table_id.to_string(), deletes.to_vec());
+        self.mutate(m, |p| async move { p.apply_routes(&cluster, &table, &deletes, creates).await }).await
     }
 }
 
@@ -273,19 +312,22 @@ impl ccm_provider_sdk::LoadBalancers for Watched {
         service: &pb::LoadBalancerService,
         nodes: &[pb::LoadBalancerNode],
     ) -> Result<pb::LoadBalancerStatus> {
-        let _m = self.begin("EnsureLoadBalancer", vec![Self::load_balancer(service)]);
-        self.unless_dead(self.inner.ensure_load_balancer(service, nodes)).await
+        let m = self.begin("EnsureLoadBalancer", vec![Self::load_balancer(service)]);
+        let (service, nodes) = (service.clone(), nodes.to_vec());
+        self.mutate(m, |p| async move { p.ensure_load_balancer(&service, &nodes).await }).await
     }
 
     async fn update_load_balancer_hosts(&self, service: &pb::LoadBalancerService, nodes: &[pb::LoadBalancerNode]) -> Result<()> {
-        let _m = self.begin("UpdateLoadBalancerHosts", vec![Self::load_balancer(service)]);
-        self.unless_dead(self.inner.update_load_balancer_hosts(service, nodes)).await
+        let m = self.begin("UpdateLoadBalancerHosts", vec![Self::load_balancer(service)]);
+        let (service, nodes) = (service.clone(), nodes.to_vec());
+        self.mutate(m, |p| async move { p.update_load_balancer_hosts(&service, &nodes).await }).await
     }
 
     async fn ensure_load_balancer_deleted(&self, service: &pb::LoadBalancerService) -> Result<()> {
-        let _m = self.begin("EnsureLoadBalancerDeleted", vec![Self::load_balancer(service)]);
+        let m = self.begin("EnsureLoadBalancerDeleted", vec![Self::load_balancer(service)]);
         self.check_lb_deletion(service);
-        self.unless_dead(self.inner.ensure_load_balancer_deleted(service)).await
+        let service = service.clone();
+        self.mutate(m, |p| async move { p.ensure_load_balancer_deleted(&service).await }).await
     }
 
     async fn list_load_balancers(&self, cluster_name: &str, page: &PageRequest) -> Result<Page<pb::LoadBalancerSummary>> {
@@ -297,8 +339,9 @@ impl ccm_provider_sdk::LoadBalancers for Watched {
         services: &[pb::LoadBalancerService],
         nodes: &[pb::LoadBalancerNode],
     ) -> Result<Vec<Result<()>>> {
-        let _m = self.begin("BatchUpdateLoadBalancerHosts", services.iter().map(Self::load_balancer).collect());
-        self.unless_dead(self.inner.batch_update_load_balancer_hosts(services, nodes)).await
+        let m = self.begin("BatchUpdateLoadBalancerHosts", services.iter().map(Self::load_balancer).collect());
+        let (services, nodes) = (services.to_vec(), nodes.to_vec());
+        self.mutate(m, |p| async move { p.batch_update_load_balancer_hosts(&services, &nodes).await }).await
     }
 }
 
@@ -310,8 +353,8 @@ pub struct Sidecar {
 
 impl Sidecar {
     /// Starts the sidecar of the replica `identity`, as `epoch`.
-    pub fn start(cloud: &Arc<Cloud>, model: &Arc<Model>, identity: &str, epoch: &str, in_flight: &InFlight) -> Self {
-        let (tx, stop) = Self::serve(cloud, model, identity, epoch, in_flight);
+    pub fn start(cloud: &Arc<Cloud>, model: &Arc<Model>, identity: &str, epoch: &str, shared: &Shared) -> Self {
+        let (tx, stop) = Self::serve(cloud, model, identity, epoch, shared);
         Self { connections: Arc::new(Mutex::new(tx)), stop: Mutex::new(stop) }
     }
 
@@ -320,15 +363,16 @@ impl Sidecar {
         model: &Arc<Model>,
         identity: &str,
         epoch: &str,
-        in_flight: &InFlight,
+        shared: &Shared,
     ) -> (mpsc::UnboundedSender<std::io::Result<DuplexStream>>, CancellationToken) {
         let watched = Arc::new(Watched {
             inner: SimProvider::new(cloud.clone()),
             cloud: cloud.clone(),
             model: model.clone(),
             identity: identity.to_string(),
-            in_flight: in_flight.clone(),
+            in_flight: shared.in_flight.clone(),
             dead: CancellationToken::new(),
+            detached: shared.detached.clone(),
         });
         let dead = watched.dead.clone();
         let server = ProviderServer::new("sim.cloudprovider.dev", ccm_provider_sim::VERSION)
@@ -353,8 +397,8 @@ impl Sidecar {
 
     /// The sidecar restarts (its process is replaced): its calls in flight die, open
     /// connections end, and it comes back as `epoch`.
-    pub fn restart(&self, cloud: &Arc<Cloud>, model: &Arc<Model>, identity: &str, epoch: &str, in_flight: &InFlight) {
-        let (tx, stop) = Self::serve(cloud, model, identity, epoch, in_flight);
+    pub fn restart(&self, cloud: &Arc<Cloud>, model: &Arc<Model>, identity: &str, epoch: &str, shared: &Shared) {
+        let (tx, stop) = Self::serve(cloud, model, identity, epoch, shared);
         std::mem::replace(&mut *self.stop.lock().unwrap_or_else(|p| p.into_inner()), stop).cancel();
         *self.connections.lock().unwrap_or_else(|p| p.into_inner()) = tx;
     }
