@@ -685,6 +685,9 @@ pub struct Net {
     /// Only its watches fail (and open ones end).
     pub watches_down: AtomicBool,
     pub answer_delay_ms: AtomicU64,
+    /// Answers to writes alone come this late (a Lease renewal's, after its read went
+    /// through).
+    pub write_answer_delay_ms: AtomicU64,
 }
 
 /// A replica's connection to the model: what its `kube::Client` is built on.
@@ -721,8 +724,12 @@ impl tower::Service<Request<kube::client::Body>> for Link {
                 return Err(refused());
             }
             tokio::time::sleep(link.model.latency()).await;
+            let write = request.method() != http::Method::GET;
             let response = link.model.handle(&link.who, &link.net, request).await;
-            let delay = link.net.answer_delay_ms.load(Ordering::Relaxed);
+            let mut delay = link.net.answer_delay_ms.load(Ordering::Relaxed);
+            if write {
+                delay = delay.max(link.net.write_answer_delay_ms.load(Ordering::Relaxed));
+            }
             if delay > 0 {
                 tokio::time::sleep(Duration::from_millis(delay)).await;
             }

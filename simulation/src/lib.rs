@@ -399,7 +399,7 @@ impl World {
                 }
                 Active::LeaseLate(slot, silent) => {
                     if let Some(r) = &self.replicas[slot] {
-                        r.lease_net.answer_delay_ms.store(0, std::sync::atomic::Ordering::Relaxed);
+                        r.lease_net.write_answer_delay_ms.store(0, std::sync::atomic::Ordering::Relaxed);
                         r.lease_net.down.store(true, std::sync::atomic::Ordering::Relaxed);
                         self.log(format!("{}'s Lease connection silent for {}s", r.identity, silent.as_secs()));
                         self.active.push((now + silent, Active::LeaseSilent(slot)));
@@ -672,11 +672,12 @@ impl World {
                 let leader = (0..REPLICAS)
                     .find(|&s| self.replicas[s].as_ref().is_some_and(|r| self.model.leads(&r.identity)))
                     .unwrap_or(0);
-                let late = self.rng.random_range(5_000..=9_000);
-                let for_ = Duration::from_secs(self.rng.random_range(3..=10));
+                let late = self.rng.random_range(5_000..=7_600);
+                // Long enough for one renewal to be answered late before the silence.
+                let for_ = Duration::from_millis(late + self.rng.random_range(1_000..=4_000));
                 let silent = Duration::from_secs(self.rng.random_range(20..=60));
                 if let Some(r) = &self.replicas[leader] {
-                    r.lease_net.answer_delay_ms.store(late, std::sync::atomic::Ordering::Relaxed);
+                    r.lease_net.write_answer_delay_ms.store(late, std::sync::atomic::Ordering::Relaxed);
                     self.faults.insert("Lease answered late, then silent");
                     self.log(format!("{}'s Lease answers {late} ms late for {}s", r.identity, for_.as_secs()));
                     self.active.push((Instant::now() + for_, Active::LeaseLate(leader, silent)));
@@ -835,6 +836,16 @@ impl World {
 
 /// Runs one seed to the end and reports.
 pub fn run_seed(seed: u64) -> Report {
+    run(seed, None)
+}
+
+/// Runs one scripted scenario (a test the simulation grew from a defect) to the end, with
+/// the same world, invariants, convergence and steady-state checks as a seed.
+pub fn run_scenario(scenario: Scenario) -> Report {
+    run(scenario as u64, Some(scenario))
+}
+
+fn run(seed: u64, scenario: Option<Scenario>) -> Report {
     let mut builder = tokio::runtime::Builder::new_current_thread();
     builder.enable_all().start_paused(true);
     // The runtime's own random choices (which ready branch of a `select!` goes first) from the
@@ -855,13 +866,13 @@ pub fn run_seed(seed: u64) -> Report {
             };
         }
     };
-    let report = runtime.block_on(simulate(seed));
+    let report = runtime.block_on(simulate(seed, scenario));
     // Tasks the replicas leave behind end with the runtime.
     runtime.shutdown_background();
     report
 }
 
-async fn simulate(seed: u64) -> Report {
+async fn simulate(seed: u64, scenario: Option<Scenario>) -> Report {
     START.with(|s| s.set(Some(Instant::now())));
     ccm_core::clock::seed_jitter(Some(seed));
     ccm_core::clock::follow_virtual_time(Some(k8s_openapi::jiff::Timestamp::from_second(1_798_761_600).unwrap_or_default()));
@@ -871,6 +882,9 @@ async fn simulate(seed: u64) -> Report {
     let mut config = Config { bulk_routes, batch_reads, ..Default::default() };
     config.load_balancers.bulk_hosts = bulk_hosts;
     config.api.latency_ms = rng.random_range(0..=300);
+    if scenario == Some(Scenario::OneLoadBalancerItemFailing) {
+        config.load_balancers.bulk_hosts = true;
+    }
     let cloud = match Cloud::new(&config) {
         Ok(c) => Arc::new(c),
         Err(e) => panic!("the sim cloud's configuration: {e}"),
@@ -910,7 +924,10 @@ async fn simulate(seed: u64) -> Report {
         world.start_replica(slot);
     }
     let start = Instant::now();
-    while start.elapsed() < CHAOS {
+    if let Some(scenario) = scenario {
+        world.script(scenario).await;
+    }
+    while scenario.is_none() && start.elapsed() < CHAOS {
         let next = Instant::now() + Duration::from_millis(world.rng.random_range(500..=20_000));
         // Faults end when they said they would, not at the next step.
         while let Some(end) = world.active.iter().map(|(t, _)| *t).filter(|t| *t < next).min() {
@@ -986,6 +1003,144 @@ async fn simulate(seed: u64) -> Report {
         faults: world.faults,
         requests: model.requests.load(std::sync::atomic::Ordering::Relaxed),
         digest: model.digest(),
+    }
+}
+
+/// A scripted run: the steps an outside review took to show a defect, replayed on the
+/// simulation's world (see [`run_scenario`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum Scenario {
+    /// The leader's Lease renewal is answered 7.4 s late, then its Lease connection goes
+    /// silent while its controllers' connection works and work keeps arriving: the standby
+    /// takes the Lease, and the old leader must not write after that (the fence counts from
+    /// when the renewal was sent, not from its answer).
+    LateRenewalThenSilence = 1,
+    /// One load balancer's item of every bulk hosts call fails (UNAVAILABLE) for two minutes;
+    /// a Node that joins 40 s into it must reach the other load balancers at once, not after
+    /// the failing item's backoff.
+    OneLoadBalancerItemFailing = 2,
+}
+
+/// How soon a Node must reach the healthy load balancers while another's items fail.
+pub const HOSTS_WHILE_ONE_FAILS: Duration = Duration::from_secs(10);
+
+impl World {
+    fn create_service(&mut self) -> String {
+        self.next_service += 1;
+        let name = format!("svc-{}", self.next_service);
+        let ports = vec![80];
+        self.model.create(&Key::service(NAMESPACE, &name), service_object(&name, &ports));
+        self.log(format!("service {name} created"));
+        self.services.push(ServiceRec { name: name.clone(), ports, deleted: false });
+        name
+    }
+
+    fn edit_ports(&mut self, i: usize, port: i32) {
+        let s = &mut self.services[i];
+        if s.ports.contains(&port) {
+            s.ports.retain(|p| *p != port);
+        } else {
+            s.ports.push(port);
+        }
+        let (name, ports) = (s.name.clone(), s.ports.clone());
+        let spec = service_object(&name, &ports)["spec"]["ports"].clone();
+        self.model.update(&Key::service(NAMESPACE, &name), |svc| svc["spec"]["ports"] = spec);
+        self.log(format!("service {name} ports {ports:?}"));
+    }
+
+    /// The name the core gives the load balancer of Service `name` (upstream's: "a" and the
+    /// UID without dashes, 32 characters).
+    fn load_balancer_name(&self, name: &str) -> Option<String> {
+        let svc = self.model.get(&Key::service(NAMESPACE, name))?;
+        let uid = svc.pointer("/metadata/uid").and_then(Value::as_str)?;
+        Some(format!("a{}", uid.replace('-', "")).chars().take(32).collect())
+    }
+
+    fn leader(&self) -> Option<usize> {
+        (0..REPLICAS).find(|&s| self.replicas[s].as_ref().is_some_and(|r| self.model.leads(&r.identity)))
+    }
+
+    async fn script(&mut self, scenario: Scenario) {
+        match scenario {
+            Scenario::LateRenewalThenSilence => {
+                for _ in 0..2 {
+                    self.create_service();
+                }
+                tokio::time::sleep(Duration::from_secs(60)).await;
+                let Some(leader) = self.leader() else {
+                    self.model.violation("no replica leads a minute in");
+                    return;
+                };
+                // The renewal written in the next 2 s (one, at the 2 s retry period) is answered
+                // 7.4 s late; the next finds the connection silent.
+                let late = Duration::from_millis(7_400);
+                let lease_net = self.replicas[leader].as_ref().map(|r| r.lease_net.clone());
+                let Some(lease_net) = lease_net else { return };
+                lease_net.write_answer_delay_ms.store(7_400, std::sync::atomic::Ordering::Relaxed);
+                self.faults.insert("Lease answered late, then silent");
+                self.log(format!("replica slot {leader}'s Lease renewals answered 7.4 s late"));
+                tokio::time::sleep(late + Duration::from_secs(2)).await;
+                lease_net.write_answer_delay_ms.store(0, std::sync::atomic::Ordering::Relaxed);
+                lease_net.down.store(true, std::sync::atomic::Ordering::Relaxed);
+                self.log(format!("replica slot {leader}'s Lease connection silent"));
+                // Work keeps coming for the whole time the lead changes hands: a port edited
+                // every half second (an Ensure, its Events) and a Node every 3 s.
+                for step in 0..50 {
+                    tokio::time::sleep(Duration::from_millis(500)).await;
+                    self.tend_replicas();
+                    let live: Vec<usize> = (0..self.services.len()).filter(|&i| !self.services[i].deleted).collect();
+                    if let Some(&i) = live.get(step % live.len().max(1)) {
+                        self.edit_ports(i, 9000);
+                    }
+                    if step % 6 == 0 && self.nodes.len() < MAX_NODES {
+                        self.add_node();
+                    }
+                }
+                lease_net.down.store(false, std::sync::atomic::Ordering::Relaxed);
+            }
+            Scenario::OneLoadBalancerItemFailing => {
+                let names: Vec<String> = (0..3).map(|_| self.create_service()).collect();
+                tokio::time::sleep(Duration::from_secs(60)).await;
+                let lbs: Vec<Option<String>> = names.iter().map(|n| self.load_balancer_name(n)).collect();
+                let Some(sick) = lbs[0].clone() else { return };
+                let fault = Fault {
+                    method: "BatchUpdateLoadBalancerHosts".into(),
+                    down: true,
+                    code: FaultCode::Unavailable,
+                    subject: Some(sick.clone()),
+                    ..Default::default()
+                };
+                self.provider_fault("one load balancer's items failing", fault, Duration::from_secs(120));
+                // Nodes join now and then, so that the sick item fails and backs off.
+                for _ in 0..4 {
+                    tokio::time::sleep(Duration::from_secs(10)).await;
+                    self.add_node();
+                }
+                tokio::time::sleep(Duration::from_secs(10)).await;
+                self.add_node();
+                let (joined, name) = (Instant::now(), self.nodes[self.nodes.len() - 1].name.clone());
+                let healthy: Vec<String> = lbs.iter().skip(1).flatten().cloned().collect();
+                loop {
+                    let snapshot = self.cloud.snapshot();
+                    let reached = healthy
+                        .iter()
+                        .all(|lb| snapshot.load_balancers.iter().any(|l| &l.name == lb && l.nodes.iter().any(|n| n == &name)));
+                    if reached {
+                        self.log(format!("node {name} reached the healthy load balancers in {:?}", joined.elapsed()));
+                        break;
+                    }
+                    if joined.elapsed() > HOSTS_WHILE_ONE_FAILS {
+                        self.model.violation(format!(
+                            "node {name} had not reached the healthy load balancers {}s after it joined, while {sick}'s items failed",
+                            HOSTS_WHILE_ONE_FAILS.as_secs()
+                        ));
+                        break;
+                    }
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                }
+                tokio::time::sleep(Duration::from_secs(30)).await;
+            }
+        }
     }
 }
 

@@ -22,6 +22,9 @@ struct Args {
     /// other steps (its trace digest differs).
     #[arg(long, default_value_t = 1)]
     repeat: u32,
+    /// Run one scripted scenario (a test grown from a defect) instead of seeds.
+    #[arg(long, value_enum)]
+    scenario: Option<ccm_simulation::Scenario>,
     /// Threads (default: every core).
     #[arg(long)]
     jobs: Option<usize>,
@@ -48,9 +51,13 @@ fn main() -> std::process::ExitCode {
         );
         return if broke == 0 && digests.len() == 1 { std::process::ExitCode::SUCCESS } else { std::process::ExitCode::FAILURE };
     }
-    if let Some(seed) = args.seed {
-        let report = ccm_simulation::run_seed(seed);
-        println!("seed {seed}: schedule");
+    let one = match (args.scenario, args.seed) {
+        (Some(scenario), _) => Some((format!("{scenario:?}"), ccm_simulation::run_scenario(scenario))),
+        (None, Some(seed)) => Some((format!("seed {seed}"), ccm_simulation::run_seed(seed))),
+        (None, None) => None,
+    };
+    if let Some((what, report)) = one {
+        println!("{what}: schedule");
         for step in &report.schedule {
             println!("  {step}");
         }

@@ -51,3 +51,14 @@ fn a_seed_replays_exactly() {
         assert_eq!((a.digest, a.requests), (b.digest, b.requests), "seed {seed}: the same steps at the same times");
     }
 }
+
+/// The scripted scenarios the simulation grew from the review's defects 5 and 7 (each broke
+/// its invariant with the fix reverted; see the crate's README section in the top README).
+#[test]
+fn the_scripted_scenarios_pass() {
+    for scenario in [ccm_simulation::Scenario::LateRenewalThenSilence, ccm_simulation::Scenario::OneLoadBalancerItemFailing] {
+        let report = ccm_simulation::run_scenario(scenario);
+        assert!(report.violations.is_empty(), "{scenario:?}: {:?}\n{}", report.violations, report.schedule.join("\n"));
+        assert!(report.converged_after.is_some(), "{scenario:?} converged");
+    }
+}
