@@ -15,7 +15,7 @@
 //! | DELETE | `/instances/{id}` | | removes it from the account |
 //! | PUT | `/instances/{id}/addresses` | a list of `{"type":..,"address":..}` | replaces its addresses |
 //! | PUT | `/instances/{id}/tags` | `{"key":"value",..}` | replaces its tags |
-//! | POST | `/routes` | `{"cluster":..,"table_id":..,"name":..,"destination_cidr":..,"node_name":..}` | adds a route out of band |
+//! | POST | `/routes` | `{"cluster":..,"table_id":..,"name":..,"destination_cidr":..,"node_name":..}` | adds a route out of band (an empty `node_name`: a route to no instance, a gateway's) |
 //! | PUT | `/faults` | a list of faults | replaces the faults |
 //! | DELETE | `/faults` | | clears them |
 //! | PUT | `/rate-limit` | `{"rps":..,"burst":..}` or `null` | sets or removes it |
@@ -183,7 +183,11 @@ async fn add_route(State(a): Shared, Json(spec): Json<RouteSpec>) -> Result<Stat
         blackhole: false,
         target_addresses: Vec::new(),
     };
-    a.cloud.create_route(&spec.cluster, route).map_err(AdminError)?;
+    if route.target.as_ref().is_some_and(|t| t.node_name.is_empty()) {
+        a.cloud.add_gateway_route(&spec.cluster, route).map_err(AdminError)?;
+    } else {
+        a.cloud.create_route(&spec.cluster, route).map_err(AdminError)?;
+    }
     Ok(StatusCode::CREATED)
 }
 

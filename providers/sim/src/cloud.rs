@@ -675,11 +675,13 @@ impl Cloud {
             .filter(|((c, _), r)| (cluster.is_empty() || c == cluster) && r.exists.seen())
             .map(|(_, r)| {
                 let mut route = r.route.clone();
-                let target = route.target.clone().unwrap_or_default();
-                let lookup =
-                    pb::InstanceLookup { provider_id: target.provider_id, node_name: target.node_name, ..Default::default() };
-                let alive = matches!(self.find(&world, &lookup), Ok(Some((_, s))) if s != State::Terminated);
-                route.blackhole = !alive;
+                // A route to no instance (a gateway's) is no blackhole.
+                if let Some(target) = route.target.clone() {
+                    let lookup =
+                        pb::InstanceLookup { provider_id: target.provider_id, node_name: target.node_name, ..Default::default() };
+                    let alive = matches!(self.find(&world, &lookup), Ok(Some((_, s))) if s != State::Terminated);
+                    route.blackhole = !alive;
+                }
                 route
             })
             .collect())
@@ -749,6 +751,24 @@ impl Cloud {
             }
         }
         Ok(route)
+    }
+
+    /// Adds, out of band, a route that targets no instance (a gateway's, a VPN's, as a
+    /// network team adds them): it lists with no target.
+    pub fn add_gateway_route(&self, cluster: &str, mut route: pb::Route) -> Result<()> {
+        let mut world = self.world();
+        let index = Self::table_index(&world, &route.table_id)?;
+        let table = &mut world.tables[index];
+        if table.routes.values().any(|r| r.exists.current && r.route.destination_cidr == route.destination_cidr) {
+            return Err(Error::already_exists(format!("destination {} is already routed", route.destination_cidr)));
+        }
+        route.target = None;
+        route.blackhole = false;
+        route.table_id = table.spec.id.clone();
+        let record =
+            RouteRecord { route: route.clone(), exists: Lagged::new(true, true, Duration::ZERO), created_at_unix_ms: unix_ms() };
+        table.routes.insert((cluster.to_string(), route.name), record);
+        Ok(())
     }
 
     /// Deletes a route; absent is fine.

@@ -147,12 +147,17 @@ async fn a_resync_corrects_drift_and_leaves_foreign_routes_alone() {
     sim.admin.instance_action("i-ghost", "terminate").await.expect("terminate");
     sim.admin.add_route(&add(&env.prefix, "outside", "10.99.0.0/24", &a)).await.expect("outside");
     sim.admin.add_route(&add("another-cluster", "theirs", "10.244.200.0/24", &a)).await.expect("theirs");
+    // And a route in the cluster CIDR that names no target (a gateway's): no Node to judge it
+    // by, so no evidence that it is stale; it stays.
+    sim.admin.add_route(&add(&env.prefix, "gateway", "10.244.90.0/24", "")).await.expect("gateway");
 
-    let want = set(&[("rt-main", "10.244.1.0/24", &a), ("rt-main", "10.99.0.0/24", &a)]);
+    let want = set(&[("rt-main", "10.244.1.0/24", &a), ("rt-main", "10.99.0.0/24", &a), ("rt-main", "10.244.90.0/24", "")]);
     eventually("the resync's corrections", Duration::from_secs(20), async || {
         (routes(&sim, &env.prefix).await == want).then_some(())
     })
     .await;
+    tokio::time::sleep(Duration::from_secs(9)).await;
+    assert_eq!(routes(&sim, &env.prefix).await, want, "two resyncs later, the route without a target is still there");
     assert_eq!(routes(&sim, "another-cluster").await.len(), 1, "another cluster's route is left alone");
     let corrections = metric(&base, "ccm_route_corrections_total").await.expect("metric");
     assert!(corrections >= 2.0, "the stale and blackhole routes count as corrections: {corrections}");
