@@ -81,7 +81,7 @@ async fn kube_config(options: &Options) -> anyhow::Result<kube::Config> {
 /// of any answer, counted from when the request was sent (a pooled connection's idle time
 /// does not count), so that a half-open connection fails a write or a watch instead of hanging
 /// it; watches are renewed by the API server before that ([`watch_timeout`]).
-fn with_timeouts(mut config: kube::Config, read: Duration) -> kube::Config {
+pub fn with_timeouts(mut config: kube::Config, read: Duration) -> kube::Config {
     config.connect_timeout = Some(Duration::from_secs(10));
     config.read_timeout = Some(read);
     config.write_timeout = Some(read);

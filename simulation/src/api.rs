@@ -401,7 +401,11 @@ impl Model {
     }
 
     /// Serves one request.
-    async fn handle(self: &Arc<Self>, who: &Who, net: &Arc<Net>, request: Request<kube::client::Body>) -> Response<Body> {
+    async fn handle<B>(self: &Arc<Self>, who: &Who, net: &Arc<Net>, request: Request<B>) -> Response<Body>
+    where
+        B: http_body::Body<Data = Bytes>,
+        B::Error: std::fmt::Display,
+    {
         self.requests.fetch_add(1, Ordering::Relaxed);
         let (parts, body) = request.into_parts();
         let body = match body.collect().await {
@@ -685,6 +689,8 @@ pub struct Net {
     /// Only its watches fail (and open ones end).
     pub watches_down: AtomicBool,
     pub answer_delay_ms: AtomicU64,
+    /// Its connections go half-open (see [`Link::client`]).
+    pub half_open: AtomicBool,
     /// Answers to writes alone come this late (a Lease renewal's, after its read went
     /// through).
     pub write_answer_delay_ms: AtomicU64,
@@ -699,13 +705,102 @@ pub struct Link {
 }
 
 impl Link {
-    /// A `kube::Client` over this link.
-    pub fn client(self) -> kube::Client {
-        kube::Client::new(self, "default")
+    /// A `kube::Client` over this link as the core builds its own (kube's stack): HTTP/1 over
+    /// connections with the connect, read and write timeouts of `config` (which the core's
+    /// own functions set: `runtime::with_timeouts`, `leader::lease_config`), each connection
+    /// an in-memory pipe to the model, which a half-open fault silences.
+    pub fn client(self, config: &kube::Config) -> kube::Client {
+        use kube::client::ConfigExt as _;
+        let link = self;
+        let connector = tower::service_fn(move |_: http::Uri| {
+            let link = link.clone();
+            async move {
+                let (ours, theirs) = tokio::io::duplex(256 * 1024);
+                let (server, net) = (link.clone(), link.net.clone());
+                tokio::spawn(async move {
+                    let service = hyper::service::service_fn(move |request: Request<hyper::body::Incoming>| {
+                        let mut link = server.clone();
+                        async move { tower::Service::call(&mut link, request).await }
+                    });
+                    let io = hyper_util::rt::TokioIo::new(theirs);
+                    let _ = hyper::server::conn::http1::Builder::new().serve_connection(io, service).await;
+                });
+                let dead = net.half_open.load(Ordering::Relaxed);
+                Ok::<_, std::io::Error>(hyper_util::rt::TokioIo::new(Wire { io: ours, net, dead }))
+            }
+        });
+        let mut connector = hyper_timeout::TimeoutConnector::new(connector);
+        connector.set_connect_timeout(config.connect_timeout);
+        connector.set_read_timeout(config.read_timeout);
+        connector.set_write_timeout(config.write_timeout);
+        connector.set_reset_reader_on_write(config.reset_reader_on_write);
+        let client = hyper_util::client::legacy::Builder::new(hyper_util::rt::TokioExecutor::new())
+            .build::<_, kube::client::Body>(connector);
+        let service = tower::ServiceBuilder::new().layer(config.base_uri_layer()).service(client);
+        kube::Client::new(service, "default")
     }
 }
 
-impl tower::Service<Request<kube::client::Body>> for Link {
+/// The replica's end of one connection to the model. Half-open (the fault came while it was
+/// open, or it was opened during the fault), it swallows what is written and never yields
+/// another byte, for ever, as a TCP connection whose peer vanished: only the client's own
+/// timeouts end what waits on it.
+struct Wire {
+    io: tokio::io::DuplexStream,
+    net: Arc<Net>,
+    dead: bool,
+}
+
+impl Wire {
+    fn dead(&mut self) -> bool {
+        self.dead |= self.net.half_open.load(Ordering::Relaxed);
+        self.dead
+    }
+}
+
+impl tokio::io::AsyncRead for Wire {
+    fn poll_read(mut self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &mut tokio::io::ReadBuf<'_>) -> Poll<std::io::Result<()>> {
+        if self.dead() {
+            return Poll::Pending;
+        }
+        Pin::new(&mut self.io).poll_read(cx, buf)
+    }
+}
+
+impl tokio::io::AsyncWrite for Wire {
+    fn poll_write(mut self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &[u8]) -> Poll<std::io::Result<usize>> {
+        if self.dead() {
+            return Poll::Ready(Ok(buf.len()));
+        }
+        Pin::new(&mut self.io).poll_write(cx, buf)
+    }
+
+    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        if self.dead() {
+            return Poll::Ready(Ok(()));
+        }
+        Pin::new(&mut self.io).poll_flush(cx)
+    }
+
+    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        if self.dead() {
+            return Poll::Ready(Ok(()));
+        }
+        Pin::new(&mut self.io).poll_shutdown(cx)
+    }
+}
+
+impl hyper_util::client::legacy::connect::Connection for Wire {
+    fn connected(&self) -> hyper_util::client::legacy::connect::Connected {
+        hyper_util::client::legacy::connect::Connected::new()
+    }
+}
+
+impl<B> tower::Service<Request<B>> for Link
+where
+    B: http_body::Body<Data = Bytes> + Send + 'static,
+    B::Error: std::fmt::Display,
+{
     type Response = Response<Body>;
     type Error = std::io::Error;
     type Future = Pin<Box<dyn Future<Output = Result<Response<Body>, std::io::Error>> + Send>>;
@@ -714,7 +809,7 @@ impl tower::Service<Request<kube::client::Body>> for Link {
         Poll::Ready(Ok(()))
     }
 
-    fn call(&mut self, request: Request<kube::client::Body>) -> Self::Future {
+    fn call(&mut self, request: Request<B>) -> Self::Future {
         let link = self.clone();
         Box::pin(async move {
             let refused = || std::io::Error::new(std::io::ErrorKind::ConnectionRefused, "partitioned from the API server");

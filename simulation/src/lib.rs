@@ -31,6 +31,7 @@ use ccm_core::provider::Provider;
 use ccm_core::runtime::{Parts, run_with};
 use ccm_provider_sim::cloud::Cloud;
 use ccm_provider_sim::config::{Address, Config, Fault, FaultCode, InstanceSpec, Lie, RateLimit, State as InstanceState};
+use clap::Parser as _;
 use rand::rngs::StdRng;
 use rand::{Rng as _, SeedableRng as _};
 use serde_json::{Value, json};
@@ -71,6 +72,7 @@ pub const FAULT_KINDS: &[&str] = &[
     "watches cut, then history compacted",
     "Lease answered late, then silent",
     "providerIDs in the kubelet's form",
+    "half-open connections",
 ];
 
 const CLUSTER: &str = "sim";
@@ -178,6 +180,7 @@ enum Active {
     /// The Lease's answers come late; then its connection goes silent for the duration.
     LeaseLate(usize, Duration),
     LeaseSilent(usize),
+    HalfOpen(usize),
     WatchesCut(usize),
 }
 
@@ -244,13 +247,23 @@ impl World {
         let sidecar = Sidecar::start(&self.cloud, &self.model, &identity, &format!("epoch-{slot}-{incarnation}-0"), &self.shared);
         let link = Link { model: self.model.clone(), who: Who::Replica(identity.clone()), net: net.clone() };
         let lease_link = Link { net: lease_net.clone(), ..link.clone() };
+        // The clients' timeouts are the core's own, from its flags, as `run_until` sets them.
+        let (controllers, lease) = match ccm_core::options::Options::try_parse_from(core_args()) {
+            Ok(options) => {
+                let base = kube::Config::new(http::Uri::from_static("http://api.sim"));
+                let controllers = ccm_core::runtime::with_timeouts(base, options.kube_api_read_timeout);
+                let lease = ccm_core::leader::lease_config(&controllers, options.leader_elect_renew_deadline);
+                (controllers, lease)
+            }
+            Err(e) => panic!("the simulation's core flags: {e}"),
+        };
         let metrics = Metrics::new();
         let provider = Provider::over(sidecar.channel(), "sim://in-process", Duration::from_secs(10), 8, metrics.clone())
             .with_max_retry_after(Duration::from_secs(60))
             .with_mutation_timeout(Duration::from_secs(300));
         let parts = Parts {
-            client: link.clone().client(),
-            lease_client: lease_link.client(),
+            client: link.clone().client(&controllers),
+            lease_client: lease_link.client(&lease),
             provider,
             metrics: metrics.clone(),
             identity: Some(identity.clone()),
@@ -259,7 +272,6 @@ impl World {
         let shutdown = CancellationToken::new();
         let stop = shutdown.clone();
         let task = tokio::spawn(async move {
-            use clap::Parser as _;
             let options = ccm_core::options::Options::try_parse_from(core_args())?;
             run_with(options, parts, stop.cancelled_owned()).await
         });
@@ -405,6 +417,11 @@ impl World {
                         self.active.push((now + silent, Active::LeaseSilent(slot)));
                     }
                 }
+                Active::HalfOpen(slot) => {
+                    if let Some(r) = &self.replicas[slot] {
+                        r.net.half_open.store(false, std::sync::atomic::Ordering::Relaxed);
+                    }
+                }
                 Active::LeaseSilent(slot) => {
                     if let Some(r) = &self.replicas[slot] {
                         r.lease_net.down.store(false, std::sync::atomic::Ordering::Relaxed);
@@ -443,7 +460,7 @@ impl World {
             "EnsureLoadBalancerDeleted",
         ];
         let lasts = Duration::from_secs(self.rng.random_range(5..=90));
-        let roll = self.rng.random_range(0..106);
+        let roll = self.rng.random_range(0..110);
         match roll {
             0..=11 => {
                 // Now and then a scale-up: several Nodes join at once (and are read in one
@@ -681,6 +698,18 @@ impl World {
                     self.faults.insert("Lease answered late, then silent");
                     self.log(format!("{}'s Lease answers {late} ms late for {}s", r.identity, for_.as_secs()));
                     self.active.push((Instant::now() + for_, Active::LeaseLate(leader, silent)));
+                }
+            }
+            106..=109 => {
+                // The controllers' connections go half-open (a NAT or load balancer in front of
+                // the API server forgot them): writes and watches hang, with no error, while
+                // the Lease's own connection renews. Only the client's timeouts end them.
+                let slot = self.leader().unwrap_or(0);
+                if let Some(r) = &self.replicas[slot] {
+                    r.net.half_open.store(true, std::sync::atomic::Ordering::Relaxed);
+                    self.faults.insert("half-open connections");
+                    self.log(format!("{}'s controller connections half-open for {}s", r.identity, lasts.as_secs()));
+                    self.active.push((Instant::now() + lasts, Active::HalfOpen(slot)));
                 }
             }
             _ => {
@@ -1019,6 +1048,10 @@ pub enum Scenario {
     /// a Node that joins 40 s into it must reach the other load balancers at once, not after
     /// the failing item's backoff.
     OneLoadBalancerItemFailing = 2,
+    /// The leader's controller connections go half-open for 30 s (writes and watches hang
+    /// without an error) while its Lease connection renews, and work arrives meanwhile: the
+    /// client's read timeout must end the hung requests so that it converges.
+    HalfOpenConnections = 3,
 }
 
 /// How soon a Node must reach the healthy load balancers while another's items fail.
@@ -1097,6 +1130,29 @@ impl World {
                     }
                 }
                 lease_net.down.store(false, std::sync::atomic::Ordering::Relaxed);
+            }
+            Scenario::HalfOpenConnections => {
+                for _ in 0..2 {
+                    self.create_service();
+                }
+                tokio::time::sleep(Duration::from_secs(60)).await;
+                let Some(leader) = self.leader() else {
+                    self.model.violation("no replica leads a minute in");
+                    return;
+                };
+                let net = self.replicas[leader].as_ref().map(|r| r.net.clone());
+                let Some(net) = net else { return };
+                net.half_open.store(true, std::sync::atomic::Ordering::Relaxed);
+                self.faults.insert("half-open connections");
+                self.log(format!("replica slot {leader}'s controller connections half-open for 30s"));
+                tokio::time::sleep(Duration::from_secs(5)).await;
+                self.add_node();
+                self.edit_ports(0, 9000);
+                tokio::time::sleep(Duration::from_secs(25)).await;
+                net.half_open.store(false, std::sync::atomic::Ordering::Relaxed);
+                self.log("new connections work again".into());
+                self.add_node();
+                tokio::time::sleep(Duration::from_secs(30)).await;
             }
             Scenario::OneLoadBalancerItemFailing => {
                 let names: Vec<String> = (0..3).map(|_| self.create_service()).collect();

@@ -52,11 +52,12 @@ fn a_seed_replays_exactly() {
     }
 }
 
-/// The scripted scenarios the simulation grew from the review's defects 5 and 7 (each broke
-/// its invariant with the fix reverted; see the crate's README section in the top README).
+/// The scripted scenarios the simulation grew from the review's defects 5, 7 and 6 (each
+/// broke its invariant with its fix reverted; see "The deterministic simulation" in README).
 #[test]
 fn the_scripted_scenarios_pass() {
-    for scenario in [ccm_simulation::Scenario::LateRenewalThenSilence, ccm_simulation::Scenario::OneLoadBalancerItemFailing] {
+    use ccm_simulation::Scenario;
+    for scenario in [Scenario::LateRenewalThenSilence, Scenario::OneLoadBalancerItemFailing, Scenario::HalfOpenConnections] {
         let report = ccm_simulation::run_scenario(scenario);
         assert!(report.violations.is_empty(), "{scenario:?}: {:?}\n{}", report.violations, report.schedule.join("\n"));
         assert!(report.converged_after.is_some(), "{scenario:?} converged");

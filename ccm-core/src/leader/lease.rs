@@ -96,11 +96,16 @@ pub fn client(
     renew_deadline: Duration,
     metrics: &crate::metrics::Metrics,
 ) -> Result<kube::Client, kube::Error> {
+    metrics.kube_client(lease_config(config, renew_deadline))
+}
+
+/// The configuration of the Lease's client (see [`client`]).
+pub fn lease_config(config: &kube::Config, renew_deadline: Duration) -> kube::Config {
     let mut config = config.clone();
     config.connect_timeout = Some(renew_deadline);
     config.read_timeout = Some(renew_deadline);
     config.write_timeout = Some(renew_deadline);
-    metrics.kube_client(config)
+    config
 }
 
 /// The Lease as last read, and when this process saw its holder or renewal change.

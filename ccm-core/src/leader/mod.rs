@@ -15,7 +15,7 @@ use std::time::Duration;
 
 use tokio_util::sync::CancellationToken;
 
-pub use lease::{Fence, client};
+pub use lease::{Fence, client, lease_config};
 pub use plan::{COMPONENT, ControllerLeader, LeaseGroup, MIGRATION_GROUP, MigrationConfig, PlanError, plan};
 
 use crate::metrics::Metrics;
