@@ -91,6 +91,47 @@ pub fn elapsed() -> Duration {
     START.with(std::cell::Cell::get).map_or(Duration::ZERO, |s| s.elapsed())
 }
 
+// Heap accounting: each seed runs on one thread (a current-thread runtime), so the bytes
+// allocated on it and not freed are what its world holds.
+#[global_allocator]
+static ALLOCATOR: alloc_metrics::MetricAlloc<std::alloc::System> = alloc_metrics::MetricAlloc::new(std::alloc::System);
+
+thread_local! {
+    static HEAP_BASE: std::cell::Cell<isize> = const { std::cell::Cell::new(0) };
+}
+
+/// The most heap a seed's world may hold at any step: the model, both replicas and their
+/// sidecars, for at most 9 Nodes and 4 Services; what grows without bound crosses it.
+pub const HEAP_BOUND: i64 = 64 << 20;
+/// The most that heap may grow over the steady state, where nothing changes: caches and
+/// queues full, only Lease renewals (kept in the model's bounded watch history) and watch
+/// renewals go on.
+pub const STEADY_GROWTH_BOUND: i64 = 1 << 20;
+
+/// The heap a seed's world holds now, and the most it has held.
+struct Heap {
+    peak: i64,
+}
+
+impl Heap {
+    fn now() -> i64 {
+        let base = HEAP_BASE.with(std::cell::Cell::get);
+        i64::try_from(alloc_metrics::thread_metrics().allocated_bytes - base).unwrap_or(i64::MAX)
+    }
+
+    /// Reads it, keeps the peak, and checks the bound.
+    fn check(&mut self, model: &Model) -> i64 {
+        let now = Self::now();
+        if now > self.peak {
+            self.peak = now;
+            if now > HEAP_BOUND {
+                model.violation(format!("the world holds {} MiB of heap (bound {} MiB)", now >> 20, HEAP_BOUND >> 20));
+            }
+        }
+        now
+    }
+}
+
 /// What one seed did and found.
 #[derive(Debug, Clone)]
 pub struct Report {
@@ -107,6 +148,10 @@ pub struct Report {
     pub requests: u64,
     /// The digest of the observable steps (requests and mutations with their times).
     pub digest: u64,
+    /// The most heap the seed's world held (the model, the sidecars and both replicas), bytes.
+    pub peak_heap: i64,
+    /// How much that heap grew over the steady state, bytes.
+    pub steady_growth: i64,
 }
 
 /// The core's flags in the simulation: the defaults where they matter (the Lease timing, and
@@ -892,9 +937,12 @@ fn run(seed: u64, scenario: Option<Scenario>) -> Report {
                 faults: BTreeSet::new(),
                 requests: 0,
                 digest: 0,
+                peak_heap: 0,
+                steady_growth: 0,
             };
         }
     };
+    HEAP_BASE.with(|b| b.set(alloc_metrics::thread_metrics().allocated_bytes));
     let report = runtime.block_on(simulate(seed, scenario));
     // Tasks the replicas leave behind end with the runtime.
     runtime.shutdown_background();
@@ -952,6 +1000,8 @@ async fn simulate(seed: u64, scenario: Option<Scenario>) -> Report {
     for slot in 0..REPLICAS {
         world.start_replica(slot);
     }
+    let mut heap = Heap { peak: 0 };
+    let mut steady_growth = 0;
     let start = Instant::now();
     if let Some(scenario) = scenario {
         world.script(scenario).await;
@@ -967,6 +1017,7 @@ async fn simulate(seed: u64, scenario: Option<Scenario>) -> Report {
         world.expire_faults(false);
         world.tend_replicas();
         world.check_queues();
+        heap.check(&model);
         world.act();
     }
     world.calm();
@@ -976,6 +1027,7 @@ async fn simulate(seed: u64, scenario: Option<Scenario>) -> Report {
         tokio::time::sleep(Duration::from_secs(5)).await;
         world.tend_replicas();
         world.check_queues();
+        heap.check(&model);
         if world.unconverged().is_none() {
             converged_after = Some(calm.elapsed());
             break;
@@ -990,7 +1042,17 @@ async fn simulate(seed: u64, scenario: Option<Scenario>) -> Report {
             // a minute later.
             tokio::time::sleep(Duration::from_secs(60)).await;
             let (requests, mutations) = (model.requests.load(std::sync::atomic::Ordering::Relaxed), model.mutations());
+            let held = heap.check(&model);
             tokio::time::sleep(STEADY).await;
+            steady_growth = heap.check(&model) - held;
+            if steady_growth > STEADY_GROWTH_BOUND {
+                model.violation(format!(
+                    "the heap grew by {} KiB in {} min of steady state (bound {} KiB)",
+                    steady_growth >> 10,
+                    STEADY.as_secs() / 60,
+                    STEADY_GROWTH_BOUND >> 10
+                ));
+            }
             let requests = model.requests.load(std::sync::atomic::Ordering::Relaxed) - requests;
             let minutes = STEADY.as_secs() / 60;
             if requests > STEADY_REQUESTS_PER_MINUTE * minutes {
@@ -1032,6 +1094,8 @@ async fn simulate(seed: u64, scenario: Option<Scenario>) -> Report {
         faults: world.faults,
         requests: model.requests.load(std::sync::atomic::Ordering::Relaxed),
         digest: model.digest(),
+        peak_heap: heap.peak,
+        steady_growth,
     }
 }
 
@@ -1212,6 +1276,10 @@ pub struct Summary {
     pub convergence: Vec<Duration>,
     /// Wall time.
     pub took: Duration,
+    /// The most heap any seed's world held, bytes.
+    pub peak_heap: i64,
+    /// The most any seed's heap grew over its steady state, bytes.
+    pub steady_growth: i64,
 }
 
 impl Summary {
@@ -1237,7 +1305,7 @@ impl Summary {
         let mut out = String::new();
         let secs = |d: Option<Duration>| d.map_or("-".to_string(), |d| format!("{}s", d.as_secs()));
         out.push_str(&format!(
-            "seeds: {}  failed: {}  wall: {:.1}s  seeds/s: {:.2}\nconvergence after the faults end: median {}, longest {} (bound {}s)\nfaults in the mix (seeds that had each):\n",
+            "seeds: {}  failed: {}  wall: {:.1}s  seeds/s: {:.2}\nconvergence after the faults end: median {}, longest {} (bound {}s)\n",
             self.seeds,
             self.failed.len(),
             self.took.as_secs_f64(),
@@ -1246,6 +1314,14 @@ impl Summary {
             secs(self.longest()),
             SETTLE_BOUND.as_secs()
         ));
+        out.push_str(&format!(
+            "heap of a seed's world: largest {:.1} MiB (bound {} MiB), largest growth over a steady state {} KiB (bound {} KiB)\n",
+            self.peak_heap as f64 / f64::from(1 << 20),
+            HEAP_BOUND >> 20,
+            self.steady_growth >> 10,
+            STEADY_GROWTH_BOUND >> 10
+        ));
+        out.push_str("faults in the mix (seeds that had each):\n");
         for (kind, n) in &self.faults {
             out.push_str(&format!("  {kind}: {n}\n"));
         }
@@ -1294,6 +1370,8 @@ pub fn run_seeds(seeds: std::ops::Range<u64>, jobs: usize) -> Summary {
         if let Some(c) = report.converged_after {
             summary.convergence.push(c);
         }
+        summary.peak_heap = summary.peak_heap.max(report.peak_heap);
+        summary.steady_growth = summary.steady_growth.max(report.steady_growth);
         if !report.violations.is_empty() {
             summary.failed.push(report);
         }

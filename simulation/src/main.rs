@@ -63,6 +63,11 @@ fn main() -> std::process::ExitCode {
         }
         println!("faults: {:?}", report.faults);
         println!("API requests: {}  trace digest: {:016x}", report.requests, report.digest);
+        println!(
+            "heap: peak {:.1} MiB, growth over the steady state {} KiB",
+            report.peak_heap as f64 / f64::from(1 << 20),
+            report.steady_growth >> 10
+        );
         match report.converged_after {
             Some(d) => println!("converged {}s after the faults ended", d.as_secs()),
             None => println!("did not converge"),
