@@ -148,8 +148,11 @@ impl Recorder {
         self.series.lock().unwrap_or_else(|p| p.into_inner()).pop(&note.key());
     }
 
-    /// Writes one occurrence of `note`: a new Event, or the count of the recent one.
-    pub async fn publish(&self, note: &Note) -> Result<(), kube::Error> {
+    /// Writes one occurrence of `note`: a new Event, or the count of the recent one. `fence`,
+    /// when the writes are made under a lead, is checked before each: the count's answer may
+    /// come late, after the lead is lost, and the new Event that a gone one needs is then not
+    /// written.
+    pub async fn publish(&self, note: &Note, fence: Option<&crate::leader::Fence>) -> Result<(), kube::Error> {
         let now = crate::clock::now();
         let api: Api<Event> = Api::namespaced(self.client.clone(), &note.namespace());
         let result = match self.occur(note, now) {
@@ -161,6 +164,9 @@ impl Recorder {
                     // Gone (the API server's Event TTL): a new one.
                     Err(kube::Error::Api(s)) if s.code == 404 => {
                         self.forget(note);
+                        if fence.is_some_and(|f| !f.holds()) {
+                            return Ok(());
+                        }
                         let Write::Create { name } = self.occur(note, now) else { return Ok(()) };
                         api.create(&PostParams::default(), &new_event(note, name, now)).await.map(|_| ())
                     }

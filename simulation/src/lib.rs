@@ -47,6 +47,9 @@ pub const CHAOS: Duration = Duration::from_secs(8 * 60);
 pub const SETTLE_BOUND: Duration = Duration::from_secs(12 * 60);
 /// The quiet time after convergence in which nothing may change the cloud.
 pub const STEADY: Duration = Duration::from_secs(3 * 60);
+/// How long after convergence steady state begins: a replica's read timeout (75 s), watch
+/// backoff (30 s) and reconcile backoff (60 s) run out first.
+pub const STEADY_AFTER: Duration = Duration::from_secs(180);
 /// The most API requests per minute of steady state (both replicas: Lease renewals and
 /// acquisition attempts every 2 s, watches renewed every minute, Event-free).
 pub const STEADY_REQUESTS_PER_MINUTE: u64 = 120;
@@ -1038,9 +1041,12 @@ async fn simulate(seed: u64, scenario: Option<Scenario>) -> Report {
             world.log(format!("converged {}s after the faults ended", after.as_secs()));
             // Steady state: nothing changes, so nothing may change the cloud, and the API
             // sees a bounded rate of requests.
-            // A leader that took over at the end syncs everything once: steady state begins
-            // a minute later.
-            tokio::time::sleep(Duration::from_secs(60)).await;
+            // The world can look converged while a replica is not yet done: a leader that took
+            // over at the end syncs everything once, and one whose connections went half-open
+            // has requests hung until its read timeout (75 s), then retries them after a watch
+            // backoff (up to 30 s) and a reconcile backoff (up to 60 s here). Steady state
+            // begins once all that has run out.
+            tokio::time::sleep(STEADY_AFTER).await;
             let (requests, mutations) = (model.requests.load(std::sync::atomic::Ordering::Relaxed), model.mutations());
             let held = heap.check(&model);
             tokio::time::sleep(STEADY).await;

@@ -30,11 +30,21 @@ struct Args {
     jobs: Option<usize>,
 }
 
+/// Log lines carry the run's virtual time, as its schedule does.
+struct VirtualTime;
+
+impl tracing_subscriber::fmt::time::FormatTime for VirtualTime {
+    fn format_time(&self, w: &mut tracing_subscriber::fmt::format::Writer<'_>) -> std::fmt::Result {
+        write!(w, "t={:.3}s", ccm_simulation::elapsed().as_secs_f64())
+    }
+}
+
 fn main() -> std::process::ExitCode {
     let args = Args::parse();
     if std::env::var_os("RUST_LOG").is_some() {
         tracing_subscriber::fmt()
             .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
+            .with_timer(VirtualTime)
             .with_writer(std::io::stderr)
             .init();
     }

@@ -210,7 +210,7 @@ impl Context {
                 this.metrics.event_dropped();
                 return;
             }
-            if let Err(error) = this.recorder.publish(&note).await {
+            if let Err(error) = this.recorder.publish(&note, this.fence.as_ref()).await {
                 let object = note.regarding.name.as_deref().unwrap_or_default();
                 tracing::warn!(%object, %error, reason = %note.reason, "recording an event failed");
             }
