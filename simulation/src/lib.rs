@@ -9,14 +9,20 @@
 //! restarts with a new epoch, API server restarts that compact history, partitions, late
 //! answers, replicas killed and restarted).
 //!
+//! Scripted scenarios ([`Scenario`]) replay, on the same world and checks, the steps that
+//! showed a defect from outside: a late Lease renewal then silence, one load balancer's bulk
+//! item failing, half-open controller connections.
+//!
 //! Invariants, checked while it runs (at the API server and at the cloud) and after:
-//! - no Node deleted whose instance exists;
+//! - no Node deleted whose instance exists; every Node's providerID names its own instance;
 //! - no route or load balancer removed for a live Node or Service;
 //! - at most one mutation of an object in flight;
 //! - no write, to the API or to the cloud, by a replica that does not hold the Lease;
 //! - after the faults stop, convergence within [`SETTLE_BOUND`]: every Node initialised,
 //!   Nodes of terminated instances deleted, routes equal to the podCIDRs, every LoadBalancer
 //!   Service addressed with its ports and hosts equal to its backends, no leaked load balancer;
+//! - work queues no deeper than the objects there are, and the heap a seed's world holds
+//!   bounded ([`HEAP_BOUND`], and [`STEADY_GROWTH_BOUND`] over the steady state);
 //! - then a quiet steady state: no mutation of the cloud, and a bounded rate of API requests.
 
 pub mod api;
