@@ -2,7 +2,7 @@
 
 use std::time::Duration;
 
-use ccm_harness::cluster::{NodeBuilder, TestEnv, create_load_balancer_service, set_ready};
+use ccm_harness::cluster::{NodeBuilder, TestEnv, create_load_balancer_service, load_balancer_ip, set_ready};
 use ccm_provider_sim::Config;
 use ccm_provider_sim::cloud::LoadBalancerView;
 use ccm_provider_sim::config::{Fault, FaultCode};
@@ -493,6 +493,17 @@ async fn a_bulk_provider_gets_one_call_for_every_load_balancer_and_a_failed_item
         }
     };
     eventually("four load balancers on one node", Duration::from_secs(20), async || all(vec![n1.clone()]).await).await;
+    // Each Service's own writes (finalizer, ingress) done and their watch events through, so
+    // that no Service's own sync (which updates its hosts alone) meets the node changes below.
+    eventually("four Services addressed", Duration::from_secs(20), async || {
+        for s in names {
+            let svc = env.services().get_opt(s).await.ok().flatten()?;
+            load_balancer_ip(&svc)?;
+        }
+        Some(())
+    })
+    .await;
+    tokio::time::sleep(Duration::from_secs(1)).await;
     // One load balancer's item of every bulk call fails (INTERNAL, not transient): it alone
     // takes the single call.
     let flaky = lb_of(&sim, "flaky").await.expect("flaky's load balancer").name;
