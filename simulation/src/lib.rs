@@ -179,6 +179,7 @@ fn core_args() -> Vec<String> {
         "--leader-elect-retry-period=2s",
         "--node-monitor-period=5s",
         "--provider-call-timeout=10s",
+        "--provider-max-concurrency=8",
         "--provider-mutation-timeout=5m",
         "--provider-max-retry-after=60s",
         "--reconcile-backoff-base=1s",
@@ -301,20 +302,20 @@ impl World {
         let sidecar = Sidecar::start(&self.cloud, &self.model, &identity, &format!("epoch-{slot}-{incarnation}-0"), &self.shared);
         let link = Link { model: self.model.clone(), who: Who::Replica(identity.clone()), net: net.clone() };
         let lease_link = Link { net: lease_net.clone(), ..link.clone() };
-        // The clients' timeouts are the core's own, from its flags, as `run_until` sets them.
-        let (controllers, lease) = match ccm_core::options::Options::try_parse_from(core_args()) {
-            Ok(options) => {
-                let base = kube::Config::new(http::Uri::from_static("http://api.sim"));
-                let controllers = ccm_core::runtime::with_timeouts(base, options.kube_api_read_timeout);
-                let lease = ccm_core::leader::lease_config(&controllers, options.leader_elect_renew_deadline);
-                (controllers, lease)
-            }
+        let options = match ccm_core::options::Options::try_parse_from(core_args()) {
+            Ok(options) => options,
             Err(e) => panic!("the simulation's core flags: {e}"),
         };
+        // The clients' timeouts and the provider's limits are the core's own, from its flags,
+        // as `run_until` sets them.
+        let base = kube::Config::new(http::Uri::from_static("http://api.sim"));
+        let controllers = ccm_core::runtime::with_timeouts(base, options.kube_api_read_timeout);
+        let lease = ccm_core::leader::lease_config(&controllers, options.leader_elect_renew_deadline);
         let metrics = Metrics::new();
-        let provider = Provider::over(sidecar.channel(), "sim://in-process", Duration::from_secs(10), 8, metrics.clone())
-            .with_max_retry_after(Duration::from_secs(60))
-            .with_mutation_timeout(Duration::from_secs(300));
+        let (timeout, concurrency) = (options.provider_call_timeout, options.provider_max_concurrency);
+        let provider = Provider::over(sidecar.channel(), "sim://in-process", timeout, concurrency, metrics.clone())
+            .with_max_retry_after(options.provider_max_retry_after)
+            .with_mutation_timeout(options.provider_mutation_timeout);
         let parts = Parts {
             client: link.clone().client(&controllers),
             lease_client: lease_link.client(&lease),
@@ -325,10 +326,7 @@ impl World {
         };
         let shutdown = CancellationToken::new();
         let stop = shutdown.clone();
-        let task = tokio::spawn(async move {
-            let options = ccm_core::options::Options::try_parse_from(core_args())?;
-            run_with(options, parts, stop.cancelled_owned()).await
-        });
+        let task = tokio::spawn(async move { run_with(options, parts, stop.cancelled_owned()).await });
         self.log(format!("{identity} starts"));
         self.replicas[slot] =
             Some(Replica { slot, incarnation, identity, net, lease_net, sidecar, epochs: 0, shutdown, task, metrics });
@@ -577,12 +575,7 @@ impl World {
             }
             32..=37 => {
                 if self.services.iter().filter(|s| !s.deleted).count() < MAX_SERVICES {
-                    self.next_service += 1;
-                    let name = format!("svc-{}", self.next_service);
-                    let ports = vec![80];
-                    self.model.create(&Key::service(NAMESPACE, &name), service_object(&name, &ports));
-                    self.log(format!("service {name} created"));
-                    self.services.push(ServiceRec { name, ports, deleted: false });
+                    self.create_service();
                 }
             }
             38..=42 => {
@@ -740,9 +733,7 @@ impl World {
                 // once), then its Lease connection goes silent while its controllers' connection
                 // works: the standby takes the Lease 15 s after the last renewal it saw, and the
                 // old leader must have stopped writing by then.
-                let leader = (0..REPLICAS)
-                    .find(|&s| self.replicas[s].as_ref().is_some_and(|r| self.model.leads(&r.identity)))
-                    .unwrap_or(0);
+                let leader = self.leader().unwrap_or(0);
                 let late = self.rng.random_range(5_000..=7_600);
                 // Long enough for one renewal to be answered late before the silence.
                 let for_ = Duration::from_millis(late + self.rng.random_range(1_000..=4_000));
@@ -1169,17 +1160,23 @@ impl World {
         (0..REPLICAS).find(|&s| self.replicas[s].as_ref().is_some_and(|r| self.model.leads(&r.identity)))
     }
 
+    /// Two Services, a minute to settle, and the replica that leads then.
+    async fn settled_leader(&mut self) -> Option<usize> {
+        for _ in 0..2 {
+            self.create_service();
+        }
+        tokio::time::sleep(Duration::from_secs(60)).await;
+        let leader = self.leader();
+        if leader.is_none() {
+            self.model.violation("no replica leads a minute in");
+        }
+        leader
+    }
+
     async fn script(&mut self, scenario: Scenario) {
         match scenario {
             Scenario::LateRenewalThenSilence => {
-                for _ in 0..2 {
-                    self.create_service();
-                }
-                tokio::time::sleep(Duration::from_secs(60)).await;
-                let Some(leader) = self.leader() else {
-                    self.model.violation("no replica leads a minute in");
-                    return;
-                };
+                let Some(leader) = self.settled_leader().await else { return };
                 // The renewal written in the next 2 s (one, at the 2 s retry period) is answered
                 // 7.4 s late; the next finds the connection silent.
                 let late = Duration::from_millis(7_400);
@@ -1208,14 +1205,7 @@ impl World {
                 lease_net.down.store(false, std::sync::atomic::Ordering::Relaxed);
             }
             Scenario::HalfOpenConnections => {
-                for _ in 0..2 {
-                    self.create_service();
-                }
-                tokio::time::sleep(Duration::from_secs(60)).await;
-                let Some(leader) = self.leader() else {
-                    self.model.violation("no replica leads a minute in");
-                    return;
-                };
+                let Some(leader) = self.settled_leader().await else { return };
                 let net = self.replicas[leader].as_ref().map(|r| r.net.clone());
                 let Some(net) = net else { return };
                 net.half_open.store(true, std::sync::atomic::Ordering::Relaxed);

@@ -97,14 +97,6 @@ impl Watched {
         Mutation { id, objects, in_flight: self.in_flight.clone() }
     }
 
-    /// Runs a call unless the sidecar dies first.
-    async fn unless_dead<T>(&self, call: impl Future<Output = Result<T>>) -> Result<T> {
-        tokio::select! {
-            result = call => result,
-            _ = self.dead.cancelled() => Err(ccm_provider_sdk::Error::unavailable("the sidecar died")),
-        }
-    }
-
     /// Runs the mutation `call` (in flight as `mutation`) unless the sidecar dies first; while
     /// mutations are detached, it runs on its own, on after its caller gives up.
     async fn mutate<T, F>(&self, mutation: Mutation, call: impl FnOnce(SimProvider) -> F) -> Result<T>
@@ -112,20 +104,18 @@ impl Watched {
         F: Future<Output = Result<T>> + Send + 'static,
         T: Send + 'static,
     {
-        let call = call(self.inner.clone());
-        if !self.detached.load(Ordering::Relaxed) {
-            let _in_flight = mutation;
-            return self.unless_dead(call).await;
-        }
-        let dead = self.dead.clone();
-        let running = tokio::spawn(async move {
+        let (call, dead) = (call(self.inner.clone()), self.dead.clone());
+        let run = async move {
             let _in_flight = mutation;
             tokio::select! {
                 result = call => result,
                 _ = dead.cancelled() => Err(ccm_provider_sdk::Error::unavailable("the sidecar died")),
             }
-        });
-        running.await.unwrap_or_else(|e| Err(ccm_provider_sdk::Error::internal(format!("the mutation's task: {e}"))))
+        };
+        if !self.detached.load(Ordering::Relaxed) {
+            return run.await;
+        }
+        tokio::spawn(run).await.unwrap_or_else(|e| Err(ccm_provider_sdk::Error::internal(format!("the mutation's task: {e}"))))
     }
 
     fn load_balancer(service: &pb::LoadBalancerService) -> String {
