@@ -104,6 +104,33 @@ impl KubeletNode {
     }
 }
 
+/// The cloud's edge, a network namespace of its own between the clients and the nodes, as a
+/// cloud's load balancers sit between the internet and its machines: `vpc0` on the cluster
+/// bridge at `10.250.<k>.2`, and a link to the host (`10.251.<k>.2`, the host being
+/// `10.251.<k>.1`), over which the host reaches the load balancer addresses
+/// (`10.252.<k>.0/24`). A client on the host therefore comes from outside the nodes' network,
+/// as the internet's do. The nodes route answers to the host's side, and the load balancer
+/// addresses, through the edge; the edge routes every node's podCIDR to the node. The sim's
+/// data plane agent runs here ([`KubeletCluster::start_dataplane`]).
+#[derive(Debug, Clone)]
+pub struct Edge {
+    /// The edge's address on the cluster bridge.
+    pub vpc_ip: Ipv4Addr,
+    /// The host's address on its link to the edge (the clients' source address).
+    pub client_ip: Ipv4Addr,
+    /// The edge's address on that link.
+    pub outside_ip: Ipv4Addr,
+    /// The host–edge link's network.
+    pub outside_net: String,
+    /// The load balancers' address pool.
+    pub pool: String,
+    /// The pid that owns the edge's network namespace.
+    pub ns_pid: u32,
+}
+
+/// The port the data plane agent serves on, at the edge's `vpc_ip`.
+pub const DATAPLANE_PORT: u16 = 9300;
+
 /// A running kubelet cluster. See the module documentation.
 pub struct KubeletCluster {
     control_plane: ControlPlane,
@@ -116,6 +143,10 @@ pub struct KubeletCluster {
     kubelet_bin: PathBuf,
     /// The bridge's address (the API server's).
     pub gateway: Ipv4Addr,
+    /// The cloud's edge: where load balancers forward from. See [`Edge`].
+    pub edge: Edge,
+    edge_holder: Option<Child>,
+    dataplane: std::sync::Mutex<Option<Child>>,
     /// How long the start took.
     pub startup: Duration,
     torn_down: bool,
@@ -177,10 +208,63 @@ fn free_subnet() -> anyhow::Result<u8> {
     (0..200u8)
         .map(|i| 20 + (start.wrapping_add(i) % 200))
         .find(|k| {
-            let prefix = format!("10.250.{k}.");
-            !addrs.contains(&prefix) && !routes.contains(&prefix)
+            [format!("10.250.{k}."), format!("10.251.{k}."), format!("10.252.{k}.")]
+                .iter()
+                .all(|prefix| !addrs.contains(prefix) && !routes.contains(prefix))
         })
         .context("no free 10.250.x.0/24 subnet for the cluster bridge")
+}
+
+/// Makes the edge's network namespace and links (see [`Edge`]); the holder process owns it.
+fn start_edge(dir: &Path, bridge: &str, k: u8) -> anyhow::Result<(Edge, Child)> {
+    let ready = dir.join("edge.ready");
+    let log = std::fs::File::create(dir.join("edge-holder.log")).context("creating edge-holder.log")?;
+    let mut holder = Command::new("unshare")
+        .args(["--net", "--", "sh", "-c"])
+        .arg(format!("touch '{}' && exec sleep infinity", ready.display()))
+        .stdin(Stdio::null())
+        .stdout(log.try_clone()?)
+        .stderr(log)
+        .spawn()
+        .context("starting the edge's namespace holder")?;
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !ready.exists() {
+        if Instant::now() > deadline {
+            let _ = holder.kill();
+            bail!("the edge's namespace was not ready: {}", tail(&dir.join("edge-holder.log"), 10));
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let edge = Edge {
+        vpc_ip: Ipv4Addr::new(10, 250, k, 2),
+        client_ip: Ipv4Addr::new(10, 251, k, 1),
+        outside_ip: Ipv4Addr::new(10, 251, k, 2),
+        outside_net: format!("10.251.{k}.0/30"),
+        pool: format!("10.252.{k}.0/24"),
+        ns_pid: holder.id(),
+    };
+    let pid = edge.ns_pid;
+    let made = sh(
+        &format!(
+            "ip link add {bridge}e type veth peer name vpc0 netns {pid} && ip link set {bridge}e master {bridge} up && \
+             ip link add {bridge}x type veth peer name outside0 netns {pid} && ip addr add {client}/30 dev {bridge}x && ip link set {bridge}x up && \
+             nsenter --target {pid} --net sh -c 'ip link set lo up && ip addr add {vpc}/24 dev vpc0 && ip link set vpc0 up && \
+               ip addr add {outside}/30 dev outside0 && ip link set outside0 up && ip link add lb0 type dummy && ip link set lb0 up && \
+               sysctl -qw net.ipv4.ip_forward=1 && sysctl -qw net.ipv4.conf.all.send_redirects=0 && sysctl -qw net.ipv4.conf.vpc0.send_redirects=0' && \
+             ip route add {pool} via {outside} dev {bridge}x",
+            client = edge.client_ip,
+            vpc = edge.vpc_ip,
+            outside = edge.outside_ip,
+            pool = edge.pool,
+        ),
+        "making the edge's links",
+    );
+    if let Err(e) = made {
+        let _ = holder.kill();
+        let _ = holder.wait();
+        return Err(e);
+    }
+    Ok((edge, holder))
 }
 
 /// Builds (or reuses) the pause image archive from the static pause program.
@@ -291,7 +375,8 @@ fn kube_proxy_config(name: &str, kubeconfig: &Path) -> String {
          clientConnection: {{kubeconfig: {}}}\nhostnameOverride: {name}\nclusterCIDR: {CLUSTER_CIDR}\nmode: iptables\n\
          # Leave the host-wide conntrack table size alone.\n\
          conntrack: {{maxPerCore: 0, tcpEstablishedTimeout: 0s, tcpCloseWaitTimeout: 0s}}\n\
-         metricsBindAddress: 127.0.0.1:10249\nhealthzBindAddress: 127.0.0.1:10256\n",
+         # Its health server answers the load balancers' checks (KEP-3836): on every address.\n\
+         metricsBindAddress: 127.0.0.1:10249\nhealthzBindAddress: 0.0.0.0:10256\n",
         kubeconfig.display()
     )
 }
@@ -345,6 +430,8 @@ impl KubeletCluster {
                  [ -n \"$pids\" ] && kill -KILL $pids 2>/dev/null\n\
                  for root in {roots}; do [ -d \"$root\" ] && find \"$root\" -depth -type d -exec rmdir {{}} + 2>/dev/null; done\n\
                  for i in {indices}; do ip link del '{bridge}h'$i 2>/dev/null; done\n\
+                 ip link del '{bridge}e' 2>/dev/null\n\
+                 ip link del '{bridge}x' 2>/dev/null\n\
                  ip link del '{bridge}' 2>/dev/null\n\
                  rm -rf '{dir}'\n\
                  exit 0\n",
@@ -379,8 +466,16 @@ impl KubeletCluster {
             "creating the cluster bridge",
         )
         .map_err(undo)?;
-        let control_plane =
-            ControlPlane::start_with(&Settings { bind: IpAddr::V4(gateway), service_accounts: true }).map_err(undo)?;
+        let (edge, edge_holder) = start_edge(&dir, &bridge, subnet).map_err(undo)?;
+        let control_plane = match ControlPlane::start_with(&Settings { bind: IpAddr::V4(gateway), service_accounts: true }) {
+            Ok(cp) => cp,
+            Err(e) => {
+                let mut holder = edge_holder;
+                let _ = holder.kill();
+                let _ = holder.wait();
+                return Err(undo(e));
+            }
+        };
         let mut cluster = Self {
             control_plane,
             nodes: Vec::new(),
@@ -390,6 +485,9 @@ impl KubeletCluster {
             watchdog: Some(watchdog),
             kubelet_bin: bins.join("kubelet"),
             gateway,
+            edge,
+            edge_holder: Some(edge_holder),
+            dataplane: std::sync::Mutex::new(None),
             startup: Duration::ZERO,
             torn_down: false,
         };
@@ -409,6 +507,8 @@ impl KubeletCluster {
     fn record_pids(&self) -> anyhow::Result<()> {
         let mut pids: Vec<u32> = self.daemons.iter().map(Child::id).collect();
         pids.extend(self.control_plane.pids());
+        pids.extend(self.edge_holder.as_ref().map(Child::id));
+        pids.extend(self.dataplane.lock().ok().and_then(|d| d.as_ref().map(Child::id)));
         for n in &self.nodes {
             pids.extend([n.holder.id(), n.containerd.id(), n.proxy.id()]);
             pids.extend(n.kubelet.lock().ok().and_then(|k| k.as_ref().map(Child::id)));
@@ -514,8 +614,12 @@ impl KubeletCluster {
             &format!(
                 "ip link add {host_if} type veth peer name eth0 netns {ns_pid} && ip link set {host_if} master {bridge} up && \
                  nsenter --target {ns_pid} --net sh -c 'ip link set lo up && ip addr add {ip}/24 dev eth0 && ip link set eth0 up && \
-                 ip route add default via {gw} && sysctl -qw net.ipv4.ip_forward=1'",
-                gw = self.gateway
+                 ip route add default via {gw} && ip route add {outside} via {edge} && ip route add {pool} via {edge} && \
+                 sysctl -qw net.ipv4.ip_forward=1'",
+                gw = self.gateway,
+                edge = self.edge.vpc_ip,
+                outside = self.edge.outside_net,
+                pool = self.edge.pool,
             ),
             &format!("node {name}: network"),
         )?;
@@ -609,7 +713,7 @@ impl KubeletCluster {
                 ready += usize::from(is_ready);
             }
             if ready == self.nodes.len() {
-                return Ok(());
+                return self.route_pod_networks(&items);
             }
             if Instant::now() > deadline {
                 let logs: Vec<String> =
@@ -620,15 +724,89 @@ impl KubeletCluster {
         }
     }
 
+    /// Routes every node's podCIDR to it from the other nodes and from the edge, as a network
+    /// DaemonSet (kindnet) and a cloud's routes would: pods on different nodes reach each
+    /// other, and the edge reaches every pod.
+    fn route_pod_networks(&self, items: &[serde_json::Value]) -> anyhow::Result<()> {
+        let cidrs: Vec<(Ipv4Addr, String)> = self
+            .nodes
+            .iter()
+            .filter_map(|n| {
+                let item = items.iter().find(|i| i["metadata"]["name"] == n.name.as_str())?;
+                Some((n.ip, item["spec"]["podCIDR"].as_str()?.to_string()))
+            })
+            .collect();
+        let namespaces = self.nodes.iter().map(|n| (n.ns_pid, Some(n.ip))).chain([(self.edge.ns_pid, None)]);
+        for (pid, own) in namespaces {
+            let routes: String = cidrs
+                .iter()
+                .filter(|(ip, _)| Some(*ip) != own)
+                .map(|(ip, cidr)| format!("ip route replace {cidr} via {ip} && "))
+                .collect();
+            sh(&format!("nsenter --target {pid} --net sh -c '{routes}true'"), "routing the pod networks")?;
+        }
+        Ok(())
+    }
+
+    /// Starts the sim's data plane agent (`sim_binary dataplane`, see the sim's
+    /// `dataplane` module) in the edge, serving at [`DATAPLANE_PORT`] on the edge's bridge
+    /// address, and waits until it answers; its endpoint for the sim's `[dataplane]`.
+    pub fn start_dataplane(&self, sim_binary: &Path) -> anyhow::Result<String> {
+        let endpoint = format!("http://{}:{DATAPLANE_PORT}", self.edge.vpc_ip);
+        let mut slot = self.dataplane.lock().map_err(|_| anyhow::anyhow!("data plane lock poisoned"))?;
+        if slot.is_some() {
+            return Ok(endpoint);
+        }
+        let mut cmd = Command::new("nsenter");
+        cmd.arg("--target")
+            .arg(self.edge.ns_pid.to_string())
+            .args(["--net", "--"])
+            .arg(sim_binary)
+            .args(["dataplane", "--listen", &format!("{}:{DATAPLANE_PORT}", self.edge.vpc_ip)])
+            .args(["--masquerade", &format!("10.250.{}.0/24", self.gateway.octets()[2])])
+            .args(["--masquerade", CLUSTER_CIDR])
+            .args(["--log", "info"]);
+        let child = self.spawn_logged(cmd, "dataplane.log")?;
+        *slot = Some(child);
+        drop(slot);
+        self.record_pids()?;
+        let deadline = Instant::now() + Duration::from_secs(15);
+        loop {
+            let probe = Command::new("curl")
+                .args(["-sf", "--max-time", "1", &format!("{endpoint}/healthz")])
+                .stdout(Stdio::null())
+                .stderr(Stdio::null())
+                .status();
+            if probe.is_ok_and(|s| s.success()) {
+                return Ok(endpoint);
+            }
+            if Instant::now() > deadline {
+                bail!("the data plane agent did not answer at {endpoint}: {}", tail(&self.dir.join("dataplane.log"), 15));
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+
+    /// The `[dataplane]` table of a sim config for the agent at `endpoint`.
+    pub fn dataplane_toml(endpoint: &str) -> String {
+        format!("\n[dataplane]\nendpoint = \"{endpoint}\"\nip_mode = \"VIP\"\n")
+    }
+
     /// A sim inventory (TOML) for this cluster: one instance `i-real-<i>` per node, named as
     /// the Node, in zones `sim-region-1a`/`-1b` alternately, of type `sim.medium`, with the
     /// kubelet's own address (the kubelet's provided-node-ip must be among the cloud's); a
-    /// route table and a load balancer address pool (203.0.113.0/28).
+    /// route table and a load balancer address pool (the edge's, `10.252.<k>.0/24`); and,
+    /// once [`start_dataplane`](Self::start_dataplane) ran, the `[dataplane]` that makes the
+    /// load balancers carry traffic.
     pub fn sim_inventory(&self) -> String {
-        let mut toml = String::from(
+        let mut toml = format!(
             "region = \"sim-region-1\"\ncache_ttl_seconds = 30\n\n[[route_tables]]\nid = \"rt-main\"\nname = \"main\"\nmax_routes = 50\n\n\
-             [load_balancers]\naddress_pool = [\"203.0.113.0/28\"]\nmax_name_length = 32\n",
+             [load_balancers]\naddress_pool = [\"{}\"]\nmax_name_length = 32\n",
+            self.edge.pool
         );
+        if self.dataplane.lock().is_ok_and(|d| d.is_some()) {
+            toml.push_str(&Self::dataplane_toml(&format!("http://{}:{DATAPLANE_PORT}", self.edge.vpc_ip)));
+        }
         for (i, node) in self.nodes.iter().enumerate() {
             toml.push_str(&format!(
                 "\n[[instances]]\nid = \"i-real-{i}\"\nname = \"{}\"\nzone = \"sim-region-1{}\"\ninstance_type = \"sim.medium\"\n\
@@ -770,6 +948,9 @@ impl KubeletCluster {
             {
                 let _ = child.wait();
             }
+        }
+        for child in [self.edge_holder.as_mut(), self.dataplane.get_mut().ok().and_then(Option::as_mut)].into_iter().flatten() {
+            let _ = child.wait();
         }
         self.control_plane.stop();
         if let Some(mut w) = self.watchdog.take() {

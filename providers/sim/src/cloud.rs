@@ -160,6 +160,9 @@ struct World {
     load_balancers: BTreeMap<String, LoadBalancer>,
     /// The backend list last set, shared by the load balancers given the same.
     last_hosts: Arc<Vec<String>>,
+    /// Each backend Node's address, when the data plane needs it (kept from the nodes
+    /// given to load balancer writes).
+    node_ips: Option<HashMap<String, IpAddr>>,
     pool: Vec<IpNet>,
     next_internal: u32,
 }
@@ -169,6 +172,19 @@ impl World {
     fn hosts(&mut self, nodes: &[pb::LoadBalancerNode]) -> Arc<Vec<String>> {
         let mut names: Vec<String> = nodes.iter().map(|n| n.name.clone()).collect();
         names.sort();
+        if let Some(ips) = &mut self.node_ips {
+            for node in nodes {
+                let v4 = |t: pb::NodeAddressType| {
+                    node.addresses
+                        .iter()
+                        .filter(move |a| a.r#type() == t)
+                        .find_map(|a| a.address.parse::<std::net::Ipv4Addr>().ok())
+                };
+                if let Some(ip) = v4(pb::NodeAddressType::InternalIp).or_else(|| v4(pb::NodeAddressType::ExternalIp)) {
+                    ips.insert(node.name.clone(), IpAddr::V4(ip));
+                }
+            }
+        }
         if *self.last_hosts != names {
             self.last_hosts = Arc::new(names);
         }
@@ -196,6 +212,8 @@ pub struct Cloud {
     cache_ttl: Option<Duration>,
     max_name_length: u32,
     allowed_name_characters: String,
+    /// The ipMode of every ingress point (`[dataplane] ip_mode`; VIP without a data plane).
+    ip_mode: pb::IpMode,
     node_metadata_instance: Mutex<Option<String>>,
     registry_credentials: Vec<crate::config::RegistryCredentialSpec>,
     world: Mutex<World>,
@@ -323,6 +341,10 @@ impl Cloud {
             cache_ttl: (config.cache_ttl_seconds > 0).then(|| Duration::from_secs(config.cache_ttl_seconds)),
             max_name_length: config.load_balancers.max_name_length,
             allowed_name_characters: config.load_balancers.allowed_name_characters.clone(),
+            ip_mode: match config.dataplane.as_ref().map(|d| d.ip_mode) {
+                Some(crate::dataplane::IpMode::Proxy) => pb::IpMode::Proxy,
+                _ => pb::IpMode::Vip,
+            },
             node_metadata_instance: Mutex::new(config.node_metadata_instance.clone()),
             registry_credentials: config.registry_credentials.clone(),
             world: Mutex::new(World {
@@ -332,6 +354,7 @@ impl Cloud {
                 pool,
                 next_internal: 1,
                 last_hosts: Default::default(),
+                node_ips: config.dataplane.as_ref().map(|_| HashMap::new()),
             }),
             gate: Mutex::new(Gate { api: config.api.clone(), limiter, faults: config.faults.clone() }),
         };
@@ -815,7 +838,7 @@ impl Cloud {
         }
     }
 
-    fn status(lb: &LoadBalancer) -> pb::LoadBalancerStatus {
+    fn status(&self, lb: &LoadBalancer) -> pb::LoadBalancerStatus {
         let ports = lb
             .service
             .ports
@@ -826,7 +849,7 @@ impl Cloud {
             ingress: vec![pb::LoadBalancerIngress {
                 ip: lb.ip.to_string(),
                 hostname: String::new(),
-                ip_mode: pb::IpMode::Vip as i32,
+                ip_mode: self.ip_mode as i32,
                 ports,
             }],
         }
@@ -849,7 +872,7 @@ impl Cloud {
                 namespace: lb.service.namespace.clone(),
                 name: lb.service.name.clone(),
                 uid: lb.service.uid.clone(),
-                status: Some(Self::status(lb)),
+                status: Some(self.status(lb)),
                 cluster_name: lb.service.cluster_name.clone(),
             })
             .collect()
@@ -858,7 +881,7 @@ impl Cloud {
     /// A load balancer's status as reads show it.
     pub fn load_balancer(&self, name: &str) -> Option<pb::LoadBalancerStatus> {
         let world = self.world();
-        world.load_balancers.get(name).filter(|lb| lb.exists.seen()).map(Self::status)
+        world.load_balancers.get(name).filter(|lb| lb.exists.seen()).map(|lb| self.status(lb))
     }
 
     fn allocate(world: &World, requested: &str, replacing: &str) -> Result<IpAddr> {
@@ -917,7 +940,7 @@ impl Cloud {
         if !lb.exists.current {
             lb.exists.set(true, delay);
         }
-        Ok(Self::status(lb))
+        Ok(self.status(lb))
     }
 
     /// Replaces a load balancer's backends; NOT_FOUND when it does not exist.
@@ -973,6 +996,54 @@ impl Cloud {
             lb.exists.set(false, delay);
         }
         world.load_balancers.retain(|_, lb| lb.exists.current || !lb.exists.settled());
+    }
+
+    /// What the data plane forwards: every load balancer that exists, with its backends'
+    /// addresses (a backend whose address is unknown is left out).
+    pub fn dataplane_state(&self) -> crate::dataplane::DesiredState {
+        use crate::dataplane::{KUBE_PROXY_HEALTH_PORT, Listener, LoadBalancerSpec, Protocol};
+        let world = self.world();
+        let empty = HashMap::new();
+        let ips = world.node_ips.as_ref().unwrap_or(&empty);
+        let load_balancers = world
+            .load_balancers
+            .values()
+            .filter(|lb| lb.exists.current)
+            .map(|lb| {
+                let s = &lb.service;
+                let local = s.external_traffic_policy() == pb::ExternalTrafficPolicy::Local && s.health_check_node_port != 0;
+                LoadBalancerSpec {
+                    name: s.load_balancer_name.clone(),
+                    address: lb.ip,
+                    listeners: s
+                        .ports
+                        .iter()
+                        .filter_map(|p| {
+                            let protocol = match p.protocol() {
+                                pb::Protocol::Tcp => Protocol::Tcp,
+                                pb::Protocol::Udp => Protocol::Udp,
+                                pb::Protocol::Sctp => Protocol::Sctp,
+                                _ => return None,
+                            };
+                            Some(Listener {
+                                protocol,
+                                port: u16::try_from(p.port).ok()?,
+                                node_port: u16::try_from(p.node_port).unwrap_or(0),
+                            })
+                        })
+                        .collect(),
+                    backends: lb.nodes.iter().filter_map(|n| ips.get(n).copied()).collect(),
+                    source_ranges: s.source_ranges.clone(),
+                    health_check_port: if local {
+                        u16::try_from(s.health_check_node_port).unwrap_or(KUBE_PROXY_HEALTH_PORT)
+                    } else {
+                        KUBE_PROXY_HEALTH_PORT
+                    },
+                    client_ip_affinity: s.session_affinity() == pb::SessionAffinity::ClientIp,
+                }
+            })
+            .collect();
+        crate::dataplane::DesiredState { load_balancers }
     }
 
     // === admin ===

@@ -48,6 +48,9 @@ pub struct Config {
     /// Serve cloudprovider.v1 over plaintext TCP on addresses other hosts can reach (the
     /// `--allow-insecure-tcp` flag): refused otherwise.
     pub allow_insecure_tcp: bool,
+    /// The data plane (`[dataplane]`): when set, the load balancers carry traffic through
+    /// the agent at its endpoint (see [`crate::dataplane`]); unset, they are records only.
+    pub dataplane: Option<crate::dataplane::DataplaneConfig>,
 }
 
 impl Default for Config {
@@ -69,6 +72,7 @@ impl Default for Config {
             cache_ttl_seconds: 0,
             registry_credentials: Vec::new(),
             allow_insecure_tcp: false,
+            dataplane: None,
         }
     }
 }

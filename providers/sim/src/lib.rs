@@ -13,6 +13,7 @@ pub mod calls;
 pub mod client;
 pub mod cloud;
 pub mod config;
+pub mod dataplane;
 pub mod metadata;
 pub mod plugin;
 pub mod provider;
@@ -70,7 +71,10 @@ pub async fn serve(
     let calls = Arc::new(calls::Calls::default());
     let mut registry = Registry::default();
     let metrics = Arc::new(CallMetrics::register(&mut registry));
-    let provider = Arc::new(provider::SimProvider::new(cloud.clone()));
+    let provider = Arc::new(match &config.dataplane {
+        Some(dataplane) => provider::SimProvider::with_dataplane(cloud.clone(), dataplane::Pusher::new(dataplane)?),
+        None => provider::SimProvider::new(cloud.clone()),
+    });
 
     let mut server = ProviderServer::new(config.plugin_name.clone(), VERSION)
         .manifest("cloud", "sim")

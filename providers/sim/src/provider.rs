@@ -9,17 +9,35 @@ use ccm_provider_sdk::{Answered, AppliedRoutes, Page, PageRequest, Readiness, Re
 
 use crate::cloud::Cloud;
 use crate::config::Lie;
+use crate::dataplane::Pusher;
 
 /// The sim's implementation of every provider trait.
 #[derive(Debug, Clone)]
 pub struct SimProvider {
     cloud: Arc<Cloud>,
+    dataplane: Option<Arc<Pusher>>,
 }
 
 impl SimProvider {
     /// A provider over `cloud`.
     pub fn new(cloud: Arc<Cloud>) -> Self {
-        Self { cloud }
+        Self { cloud, dataplane: None }
+    }
+
+    /// A provider over `cloud` whose load balancer writes are pushed to a data plane.
+    pub fn with_dataplane(cloud: Arc<Cloud>, dataplane: Pusher) -> Self {
+        Self { cloud, dataplane: Some(Arc::new(dataplane)) }
+    }
+
+    /// After a load balancer write: the data plane forwards what the cloud now holds, or the
+    /// write fails UNAVAILABLE (the cloud's record stays; the caller's retry pushes again).
+    async fn push(&self) -> Result<()> {
+        let Some(pusher) = &self.dataplane else { return Ok(()) };
+        let cloud = self.cloud.clone();
+        pusher
+            .push(move || cloud.dataplane_state())
+            .await
+            .map_err(|e| ccm_provider_sdk::Error::unavailable(format!("programming the load balancer data plane: {e:#}")))
     }
 }
 
@@ -186,6 +204,7 @@ impl ccm_provider_sdk::LoadBalancers for SimProvider {
     ) -> Result<pb::LoadBalancerStatus> {
         self.cloud.api_call_on("EnsureLoadBalancer", &service.load_balancer_name).await?;
         let mut status = self.cloud.ensure_load_balancer(service, nodes)?;
+        self.push().await?;
         if self.cloud.lie("EnsureLoadBalancer") == Some(Lie::InvalidIps) {
             for ingress in &mut status.ingress {
                 ingress.ip = NOT_AN_IP.into();
@@ -196,13 +215,14 @@ impl ccm_provider_sdk::LoadBalancers for SimProvider {
 
     async fn update_load_balancer_hosts(&self, service: &pb::LoadBalancerService, nodes: &[pb::LoadBalancerNode]) -> Result<()> {
         self.cloud.api_call_on("UpdateLoadBalancerHosts", &service.load_balancer_name).await?;
-        self.cloud.update_load_balancer_hosts(&service.load_balancer_name, nodes)
+        self.cloud.update_load_balancer_hosts(&service.load_balancer_name, nodes)?;
+        self.push().await
     }
 
     async fn ensure_load_balancer_deleted(&self, service: &pb::LoadBalancerService) -> Result<()> {
         self.cloud.api_call_on("EnsureLoadBalancerDeleted", &service.load_balancer_name).await?;
         self.cloud.delete_load_balancer(&service.load_balancer_name);
-        Ok(())
+        self.push().await
     }
 
     async fn list_load_balancers(&self, cluster_name: &str, page: &PageRequest) -> Result<Page<pb::LoadBalancerSummary>> {
@@ -224,13 +244,17 @@ impl ccm_provider_sdk::LoadBalancers for SimProvider {
         const METHOD: &str = "BatchUpdateLoadBalancerHosts";
         self.cloud.api_call(METHOD).await?;
         let hosts = self.cloud.hosts_list(nodes);
-        Ok(services
+        let results: Vec<Result<()>> = services
             .iter()
             .map(|s| match self.cloud.item_fault(METHOD, &s.load_balancer_name) {
                 Some(e) => Err(e),
                 None => self.cloud.set_load_balancer_hosts(&s.load_balancer_name, hosts.clone()),
             })
-            .collect())
+            .collect();
+        if results.iter().any(Result::is_ok) {
+            self.push().await?;
+        }
+        Ok(results)
     }
 }
 

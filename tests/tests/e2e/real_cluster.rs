@@ -133,7 +133,7 @@ async fn check_install(cluster: &KubeletCluster, what: &str, begin: Instant) -> 
         services.get("web").await.ok()?.status?.load_balancer?.ingress?.first()?.ip.clone()
     })
     .await;
-    assert!(address.starts_with("203.0.113."), "{what}: {address}");
+    assert!(address.starts_with("10.252."), "{what}: {address} is not of the edge's pool");
 
     let leader_ip = leader_ip(cluster, &client, what).await;
     let cidrs: Vec<String> = nodes
