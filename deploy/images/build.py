@@ -10,10 +10,12 @@ provides it, and they are reported as skipped), and a final stage `FROM scratch`
 LABEL, ENV, USER, WORKDIR, ENTRYPOINT and CMD. Anything else is an error, not a guess.
 
     build.py CONTAINERFILE --tag NAME:TAG --out IMAGE.tar [--build-arg K=V ...]
-    build.py --file SRC:DEST [--file ...] --entrypoint DEST --tag NAME:TAG --out IMAGE.tar
+    build.py --file SRC:DEST [--file ...] [--symlink LINK:TARGET ...] [--dir DEST ...]
+             --entrypoint DEST [--cmd ARG ...] --tag NAME:TAG --out IMAGE.tar
 
-The second form packs given static files (the test cluster's pause image). The archive is
-reproducible: fixed timestamps and ownership, sorted entries.
+The second form packs given files (the test cluster's pause image; the upstream e2e suite's
+agnhost with the tools its tests run, harness/src/e2e_images.rs), symbolic links and empty
+directories. The archive is reproducible: fixed timestamps and ownership, sorted entries.
 """
 
 import argparse
@@ -194,14 +196,18 @@ def from_containerfile(path, given, work):
     return final["files"], final["config"]
 
 
-def layer(files):
-    """A gzip'd tar of files (dest -> local path), with parent directories; (blob, diff_id)."""
+def layer(files, symlinks=None, dirs=()):
+    """A gzip'd tar of files (dest -> local path), symbolic links (link -> target) and empty
+    directories, with parent directories; (blob, diff_id)."""
     entries = {}
-    for dest in files:
+    items = [(d, None) for d in dirs]
+    items += [(link, ("symlink", target)) for link, target in (symlinks or {}).items()]
+    items += list(files.items())
+    for dest, source in items:
         parts = dest.strip("/").split("/")
         for i in range(1, len(parts)):
-            entries["/".join(parts[:i])] = None
-        entries["/".join(parts)] = files[dest]
+            entries.setdefault("/".join(parts[:i]), None)
+        entries["/".join(parts)] = source
     entries.setdefault("tmp", None)
     raw = io.BytesIO()
     with tarfile.open(fileobj=raw, mode="w", format=tarfile.PAX_FORMAT) as tar:
@@ -213,6 +219,10 @@ def layer(files):
                 info.type, info.mode = tarfile.DIRTYPE, 0o1777 if name == "tmp" else 0o755
                 tar.addfile(info)
                 continue
+            if isinstance(source, tuple):
+                info.type, info.mode, info.linkname = tarfile.SYMTYPE, 0o777, source[1]
+                tar.addfile(info)
+                continue
             with open(source, "rb") as f:
                 data = f.read()
             info.size, info.mode = len(data), 0o755 if os.access(source, os.X_OK) else 0o644
@@ -222,8 +232,8 @@ def layer(files):
     return blob, "sha256:" + hashlib.sha256(plain).hexdigest()
 
 
-def write_archive(out, tag, files, config):
-    blob, diff_id = layer(files)
+def write_archive(out, tag, files, config, symlinks=None, dirs=()):
+    blob, diff_id = layer(files, symlinks, dirs)
     arch = go_arch()
     image_config = {
         "architecture": arch,
@@ -293,7 +303,11 @@ def main():
     parser.add_argument("--out", required=True)
     parser.add_argument("--build-arg", action="append", default=[], metavar="K=V")
     parser.add_argument("--file", action="append", default=[], metavar="SRC:DEST")
+    parser.add_argument("--symlink", action="append", default=[], metavar="LINK:TARGET")
+    parser.add_argument("--dir", action="append", default=[], metavar="DEST")
     parser.add_argument("--entrypoint")
+    parser.add_argument("--cmd", action="append", default=[], metavar="ARG", help="the image's CMD, one --cmd per word")
+    parser.add_argument("--env", action="append", default=[], metavar="K=V", help="set in the image's environment (PATH included)")
     opts = parser.parse_args()
     try:
         if opts.containerfile:
@@ -310,8 +324,25 @@ def main():
             if not opts.file or not opts.entrypoint:
                 raise BuildError("give a CONTAINERFILE, or --file SRC:DEST and --entrypoint")
             files = dict(reversed(f.split(":", 1)) for f in opts.file)
-            config = {"Entrypoint": [opts.entrypoint], "Env": ["PATH=/usr/local/bin:/usr/bin:/bin"]}
-            write_archive(opts.out, opts.tag, files, config)
+            symlinks = {}
+            for pair in opts.symlink:
+                link, sep, target = pair.partition(":")
+                if not sep or not link or not target:
+                    raise BuildError(f"--symlink {pair}: expected LINK:TARGET")
+                symlinks[link] = target
+            clash = sorted(set(d.strip("/") for d in files) & set(link.strip("/") for link in symlinks))
+            if clash:
+                raise BuildError(f"both a --file and a --symlink: {', '.join(clash)}")
+            env = {"PATH": "/usr/local/bin:/usr/bin:/bin"}
+            for pair in opts.env:
+                key, eq, value = pair.partition("=")
+                if not eq:
+                    raise BuildError(f"--env {pair}: expected K=V")
+                env[key] = value
+            config = {"Entrypoint": [opts.entrypoint], "Env": [f"{k}={v}" for k, v in env.items()]}
+            if opts.cmd:
+                config["Cmd"] = opts.cmd
+            write_archive(opts.out, opts.tag, files, config, symlinks, opts.dir)
     except (BuildError, OSError, subprocess.CalledProcessError) as e:
         print(f"build.py: {e}", file=sys.stderr)
         sys.exit(1)

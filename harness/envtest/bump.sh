@@ -13,7 +13,8 @@ staging=$(awk '$2 == "=>" && $3 ~ /^\.\/staging\// { print $1 }' "$modfile")
 goversion=$(awk '$1 == "go" { print $2; exit }' "$modfile")
 {
   echo "// Wrapper module that builds the test control plane (kube-apiserver, etcd, kubectl, kubelet-check)"
-  echo "// from the Go module proxy. The Kubernetes release is pinned here and nowhere else:"
+  echo "// and the upstream e2e suite (e2e.test, ginkgo, agnhost) from the Go module proxy. The"
+  echo "// Kubernetes release is pinned here and nowhere else:"
   echo "// bump it with ./bump.sh vX.Y.Z, which rewrites the staging replace lines to match."
   echo "module github.com/ccm-rs/envtest"
   echo
@@ -24,6 +25,9 @@ goversion=$(awk '$1 == "go" { print $2; exit }' "$modfile")
   echo "replace ("
   for m in $staging; do echo "	$m => $m v0${version#v1}"; done
   echo ")"
+  echo
+  echo "// The e2e suite's runner, at the version the release requires (setup.sh e2e builds it)."
+  echo "tool github.com/onsi/ginkgo/v2/ginkgo"
 } > "$here/go.mod"
 rm -f "$here/go.sum"
 (cd "$here" && go mod tidy)

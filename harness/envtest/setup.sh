@@ -10,7 +10,10 @@
 # cloudprovider.v1 endpoint), built into .../peer-<hash of its sources>/. `setup.sh cluster`
 # builds what the real kubelet cluster adds (kubelet, kube-scheduler, kube-controller-manager,
 # kube-proxy and the static pause program) into the control plane's directory and prints it;
-# `setup.sh pause` builds only the pause program and prints its path.
+# `setup.sh pause` builds only the pause program and prints its path. `setup.sh e2e` builds
+# what running Kubernetes' own e2e suite takes into the same directory and prints it: e2e.test
+# (`go test -c k8s.io/kubernetes/test/e2e`), ginkgo (the `tool` line in go.mod) and agnhost
+# (k8s.io/kubernetes/test/images/agnhost, static, stamped with its image's VERSION).
 # `setup.sh aws` prints the path of ccm-provider-aws (../../providers/aws: the AWS provider of
 # k8s.io/cloud-provider-aws behind the go-adapter), built into .../aws-<hash of its sources>/;
 # `setup.sh aws-upstream` prints the path of upstream's aws-cloud-controller-manager of the same
@@ -36,7 +39,7 @@ set -euo pipefail
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 
 mode=${1:-control-plane}
-case "$mode" in control-plane|kubelet-check|cluster|pause|helm|peer|aws|aws-upstream|fake-provider|moto) ;; *) echo "usage: setup.sh [kubelet-check|cluster|pause|helm|peer|aws|aws-upstream|fake-provider|moto]" >&2; exit 2 ;; esac
+case "$mode" in control-plane|kubelet-check|cluster|pause|e2e|helm|peer|aws|aws-upstream|fake-provider|moto) ;; *) echo "usage: setup.sh [kubelet-check|cluster|pause|e2e|helm|peer|aws|aws-upstream|fake-provider|moto]" >&2; exit 2 ;; esac
 cache="${CCM_ENVTEST_CACHE:-$HOME/.cache/ccm-rs}"
 
 # Partial files of this process, removed however it exits.
@@ -80,10 +83,12 @@ if [ "$mode" = moto ]; then
   exit 0
 fi
 
-# go_build OUT_DIR BINARY MODULE_DIR PACKAGE [LDFLAGS]: builds PACKAGE of the Go module in
-# MODULE_DIR into OUT_DIR/BINARY unless it is there, and prints its path.
+# go_build OUT_DIR BINARY MODULE_DIR PACKAGE [LDFLAGS [test]]: builds PACKAGE of the Go module
+# in MODULE_DIR into OUT_DIR/BINARY unless it is there, and prints its path. With `test`, the
+# binary is PACKAGE's test binary (`go test -c`).
 go_build() {
-  local out=$1 binary=$2 module=$3 package=$4 ldflags=${5:--s -w} start tmp
+  local out=$1 binary=$2 module=$3 package=$4 ldflags=${5:--s -w} verb=(build) start tmp
+  [ "${6:-}" != test ] || verb=(test -c)
   if [ ! -x "$out/$binary" ]; then
     command -v go >/dev/null || { echo "setup.sh: Go is required to build $binary" >&2; exit 1; }
     lock "$out"
@@ -94,7 +99,7 @@ go_build() {
       partials+=("$tmp")
       echo "setup.sh: building $binary into $out (minutes on a cold Go cache)" >&2
       start=$(date +%s)
-      (cd "$module" && GOTOOLCHAIN=local CGO_ENABLED=0 GOFLAGS=-mod=mod go build -trimpath -ldflags="$ldflags" \
+      (cd "$module" && GOTOOLCHAIN=local CGO_ENABLED=0 GOFLAGS=-mod=mod go "${verb[@]}" -trimpath -ldflags="$ldflags" \
         -o "$tmp" "$package")
       mv -f "$tmp" "$out/$binary"
       echo "setup.sh: built $binary in $(( $(date +%s) - start ))s" >&2
@@ -172,6 +177,19 @@ if [ "$mode" = pause ]; then  # the static pause program alone (seconds to build
 fi
 if [ "$mode" = cluster ]; then
   build kubelet kube-scheduler kube-controller-manager kube-proxy pause
+  echo "$out"
+  exit 0
+fi
+if [ "$mode" = e2e ]; then
+  go_build "$out" e2e.test "$here" k8s.io/kubernetes/test/e2e "$(version_ldflags "$version")" test >/dev/null
+  go_build "$out" ginkgo "$here" github.com/onsi/ginkgo/v2/ginkgo >/dev/null
+  if [ ! -x "$out/agnhost" ]; then
+    # agnhost reports the version of its image (test/images/agnhost/VERSION of the release).
+    k8s_dir=$(cd "$here" && GOTOOLCHAIN=local go mod download -json "k8s.io/kubernetes@$version" | sed -n 's/.*"Dir": "\(.*\)".*/\1/p')
+    agnhost_version=$(cat "$k8s_dir/test/images/agnhost/VERSION" 2>/dev/null) ||
+      { echo "setup.sh: no test/images/agnhost/VERSION in k8s.io/kubernetes@$version" >&2; exit 1; }
+    go_build "$out" agnhost "$here" k8s.io/kubernetes/test/images/agnhost "-s -w -X main.Version=$agnhost_version" >/dev/null
+  fi
   echo "$out"
   exit 0
 fi

@@ -47,7 +47,8 @@ impl Assets {
     }
 
     /// The directory `envtest/setup.sh <mode>` prints, building on first use: `cluster` for
-    /// kubelet, kube-scheduler, kube-controller-manager, kube-proxy and pause.
+    /// kubelet, kube-scheduler, kube-controller-manager, kube-proxy and pause, `e2e` for
+    /// upstream's e2e.test, ginkgo and agnhost ([`crate::e2e_images`]).
     pub fn tool_dir(mode: &str) -> anyhow::Result<PathBuf> {
         let dir = Self::setup(mode)?;
         if !dir.is_dir() {

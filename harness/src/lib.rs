@@ -12,6 +12,7 @@ pub mod assets;
 pub mod aws;
 pub mod cluster;
 pub mod control_plane;
+pub mod e2e_images;
 pub mod images;
 pub mod kubelet_cluster;
 pub mod machine;
