@@ -84,7 +84,7 @@ pub(crate) fn free_port() -> anyhow::Result<u16> {
 
 /// The log's error and fatal lines (klog's `E`/`F` prefixes, or etcd's `"level":"error"`),
 /// else its last lines: what a reader needs to see why a process died.
-pub(crate) fn tail(path: &Path, lines: usize) -> String {
+pub fn tail(path: &Path, lines: usize) -> String {
     let text = std::fs::read_to_string(path).unwrap_or_default();
     let all: Vec<&str> = text.lines().collect();
     let errors: Vec<&str> = all

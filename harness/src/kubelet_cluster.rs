@@ -249,7 +249,7 @@ fn start_edge(dir: &Path, bridge: &str, k: u8) -> anyhow::Result<(Edge, Child)> 
             "ip link add {bridge}e type veth peer name vpc0 netns {pid} && ip link set {bridge}e master {bridge} up && \
              ip link add {bridge}x type veth peer name outside0 netns {pid} && ip addr add {client}/30 dev {bridge}x && ip link set {bridge}x up && \
              nsenter --target {pid} --net sh -c 'ip link set lo up && ip addr add {vpc}/24 dev vpc0 && ip link set vpc0 up && \
-               ip addr add {outside}/30 dev outside0 && ip link set outside0 up && ip link add lb0 type dummy && ip link set lb0 up && \
+               ip addr add {outside}/30 dev outside0 && ip link set outside0 up && \
                sysctl -qw net.ipv4.ip_forward=1 && sysctl -qw net.ipv4.conf.all.send_redirects=0 && sysctl -qw net.ipv4.conf.vpc0.send_redirects=0' && \
              ip route add {pool} via {outside} dev {bridge}x",
             client = edge.client_ip,

@@ -15,6 +15,7 @@ pub mod control_plane;
 pub mod e2e_images;
 pub mod images;
 pub mod kubelet_cluster;
+pub mod lb_suite;
 pub mod machine;
 pub mod pki;
 

@@ -1,5 +1,6 @@
 //! The controllers, and what they share.
 
+pub mod endpoints;
 pub mod ipam;
 pub mod node;
 pub mod node_addresses;

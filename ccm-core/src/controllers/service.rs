@@ -333,6 +333,10 @@ pub struct ServiceController {
     last_backends: Mutex<Arc<HostSet>>,
     /// Services told that their load balancer keeps its name (once per process).
     kept_names: Mutex<std::collections::HashSet<String>>,
+    /// The Services' ready pod endpoints, watched when the provider forwards to pods.
+    endpoints: Arc<super::endpoints::EndpointIndex>,
+    /// Whether the provider forwards to pods (read once, when it is first known).
+    pod_endpoints: std::sync::atomic::AtomicBool,
 }
 
 impl ServiceController {
@@ -352,7 +356,66 @@ impl ServiceController {
             host_set: Default::default(),
             last_backends: Default::default(),
             kept_names: Default::default(),
+            endpoints: Default::default(),
+            pod_endpoints: Default::default(),
         }
+    }
+
+    /// Whether `svc`'s load balancer is given pod endpoints: the provider forwards to pods and
+    /// a port of the Service has no node port.
+    fn sends_endpoints(&self, svc: &Service) -> bool {
+        self.pod_endpoints.load(Ordering::Acquire)
+            && svc.spec.as_ref().is_some_and(|s| s.ports.iter().flatten().any(|p| p.node_port.unwrap_or(0) == 0))
+    }
+
+    /// What was ensured of a Service: what the provider sees of its spec and, when it is
+    /// given pod endpoints, of those.
+    fn ensured_spec(&self, svc: &Service) -> u64 {
+        if !self.sends_endpoints(svc) {
+            return provider_fingerprint(svc);
+        }
+        let mut h = std::collections::hash_map::DefaultHasher::new();
+        provider_fingerprint(svc).hash(&mut h);
+        self.endpoints.fingerprint(&key(svc)).hash(&mut h);
+        h.finish()
+    }
+
+    /// Once the provider is known: when it forwards to pods, watches EndpointSlices and
+    /// queues each Service given endpoints whose endpoints changed (a plain trigger: a Service
+    /// in backoff waits its turn).
+    async fn endpoint_feed(self: Arc<Self>, stop: CancellationToken) {
+        let mut changes = self.ctx.provider.changes();
+        let identity = loop {
+            if let Some(identity) = self.ctx.provider.identity() {
+                break identity;
+            }
+            tokio::select! {
+                _ = changes.changed() => {}
+                _ = tokio::time::sleep(Duration::from_secs(1)) => {}
+                _ = stop.cancelled() => return,
+            }
+        };
+        if !identity.pod_endpoints() {
+            return;
+        }
+        self.pod_endpoints.store(true, Ordering::Release);
+        tracing::info!("the provider forwards to pods: watching EndpointSlices for Services without node ports");
+        let api = match &self.ctx.options.service_namespace {
+            Some(ns) => Api::namespaced(self.ctx.client.clone(), ns),
+            None => Api::all(self.ctx.client.clone()),
+        };
+        let config = kube::runtime::watcher::Config::default().page_size(500);
+        let this = self.clone();
+        let changed = move |service: &str| {
+            let (ns, name) = service.split_once('/').unwrap_or(("", service));
+            if let Some(svc) = this.ctx.services.store().get(&ObjectRef::new(name).within(ns))
+                && this.wants_lb(&svc)
+                && this.sends_endpoints(&svc)
+            {
+                this.queue.add(service.to_string());
+            }
+        };
+        self.endpoints.watch(api, config, changed, stop).await;
     }
 
     fn handled(&self, svc: &Service) -> bool {
@@ -379,6 +442,7 @@ impl ServiceController {
         tasks.spawn(this.clone().feed(stop.clone()));
         tasks.spawn(this.clone().node_feed(node_changes, stop.clone()));
         tasks.spawn(this.clone().sweep_loop(stop.clone()));
+        tasks.spawn(this.clone().endpoint_feed(stop.clone()));
         for _ in 0..this.ctx.options.concurrent_service_syncs.max(1) {
             tasks.spawn(this.clone().worker());
         }
@@ -831,6 +895,15 @@ impl ServiceController {
             "SCTP" => pb::Protocol::Sctp,
             _ => pb::Protocol::Tcp,
         } as i32;
+        let sends_endpoints = self.sends_endpoints(svc);
+        let service_key = key(svc);
+        let endpoints = |p: &k8s_openapi::api::core::v1::ServicePort| {
+            if !sends_endpoints || p.node_port.unwrap_or(0) != 0 {
+                return Vec::new();
+            }
+            let name = p.name.as_deref().unwrap_or_default();
+            self.endpoints.port_endpoints(&service_key, name, p.protocol.as_deref().unwrap_or("TCP"))
+        };
         pb::LoadBalancerService {
             cluster_name: self.ctx.options.cluster_name.clone(),
             load_balancer_name,
@@ -848,6 +921,7 @@ impl ServiceController {
                     node_port: p.node_port.unwrap_or(0).max(0) as u32,
                     app_protocol: p.app_protocol.clone().unwrap_or_default(),
                     target_port: target_port(p),
+                    endpoints: endpoints(p),
                 })
                 .collect(),
             session_affinity: if spec.session_affinity.as_deref() == Some("ClientIP") {
@@ -956,7 +1030,7 @@ impl ServiceController {
         // A rename waiting is a full Ensure under the new name.
         let last = self.ensured.lock().unwrap_or_else(|p| p.into_inner()).get(&k).copied().filter(|_| old_name.is_none());
         let Some(backends) = self.backends_for(svc, last).await else { return Ok(()) };
-        let ensured = Ensured { spec: provider_fingerprint(svc), hosts: backends.hosts, count: backends.count };
+        let ensured = Ensured { spec: self.ensured_spec(svc), hosts: backends.hosts, count: backends.count };
         match last {
             Some(e) if e.spec == ensured.spec && e.hosts == ensured.hosts => Ok(()),
             Some(e) if e.spec == ensured.spec => {

@@ -95,6 +95,12 @@ impl Identity {
     pub fn bulk_hosts(&self) -> bool {
         self.capabilities.load_balancers.as_ref().is_some_and(|c| c.bulk_update_hosts)
     }
+
+    /// Whether the load balancers forward to pods where a Service has no node ports (the core
+    /// then sends each such port's endpoints).
+    pub fn pod_endpoints(&self) -> bool {
+        self.capabilities.load_balancers.as_ref().is_some_and(|c| c.pod_endpoints)
+    }
 }
 
 /// The provider client; cheap to clone.

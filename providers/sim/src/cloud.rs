@@ -214,6 +214,9 @@ pub struct Cloud {
     allowed_name_characters: String,
     /// The ipMode of every ingress point (`[dataplane] ip_mode`; VIP without a data plane).
     ip_mode: pb::IpMode,
+    /// Whether pod endpoints are advertised (a data plane forwards to pods where a Service
+    /// has no node port).
+    dataplane: bool,
     node_metadata_instance: Mutex<Option<String>>,
     registry_credentials: Vec<crate::config::RegistryCredentialSpec>,
     world: Mutex<World>,
@@ -315,6 +318,9 @@ pub struct LoadBalancerView {
     /// The Service's external IPs.
     #[serde(default)]
     pub external_ips: Vec<String>,
+    /// The pods each port without a node port was given, as `port:address:podPort`.
+    #[serde(default)]
+    pub port_endpoints: Vec<String>,
 }
 
 impl Cloud {
@@ -341,6 +347,7 @@ impl Cloud {
             cache_ttl: (config.cache_ttl_seconds > 0).then(|| Duration::from_secs(config.cache_ttl_seconds)),
             max_name_length: config.load_balancers.max_name_length,
             allowed_name_characters: config.load_balancers.allowed_name_characters.clone(),
+            dataplane: config.dataplane.is_some() || config.load_balancers.pod_endpoints,
             ip_mode: match config.dataplane.as_ref().map(|d| d.ip_mode) {
                 Some(crate::dataplane::IpMode::Proxy) => pb::IpMode::Proxy,
                 _ => pb::IpMode::Vip,
@@ -835,6 +842,7 @@ impl Cloud {
             allowed_name_characters: self.allowed_name_characters.clone(),
             list: true,
             bulk_update_hosts: self.bulk_hosts,
+            pod_endpoints: self.dataplane,
         }
     }
 
@@ -1029,6 +1037,11 @@ impl Cloud {
                                 protocol,
                                 port: u16::try_from(p.port).ok()?,
                                 node_port: u16::try_from(p.node_port).unwrap_or(0),
+                                targets: p
+                                    .endpoints
+                                    .iter()
+                                    .filter_map(|e| Some((e.address.parse().ok()?, u16::try_from(e.port).ok()?)))
+                                    .collect(),
                             })
                         })
                         .collect(),
@@ -1125,6 +1138,12 @@ impl Cloud {
                         .map(|p| format!("{}:{}:{}", p.port, p.app_protocol, p.target_port))
                         .collect(),
                     external_ips: lb.service.external_ips.clone(),
+                    port_endpoints: lb
+                        .service
+                        .ports
+                        .iter()
+                        .flat_map(|p| p.endpoints.iter().map(move |e| format!("{}:{}:{}", p.port, e.address, e.port)))
+                        .collect(),
                 })
                 .collect(),
         }

@@ -312,6 +312,10 @@ pub struct LoadBalancerConfig {
     /// (`LoadBalancersCapabilities.bulk_update_hosts`): many load balancers' hosts in one cloud
     /// call, as clouds whose load balancers share a backend pool do.
     pub bulk_hosts: bool,
+    /// Whether `LoadBalancersCapabilities.pod_endpoints` is advertised without a data plane
+    /// (with one it always is): the core then sends the pods of ports without a node port,
+    /// which the admin state shows.
+    pub pod_endpoints: bool,
 }
 
 impl Default for LoadBalancerConfig {
@@ -321,6 +325,7 @@ impl Default for LoadBalancerConfig {
             max_name_length: 32,
             allowed_name_characters: String::new(),
             bulk_hosts: false,
+            pod_endpoints: false,
         }
     }
 }

@@ -14,7 +14,8 @@
 //!
 //! The agent forwards with the kernel (nftables), as a cloud's passthrough (layer-4) load
 //! balancer does:
-//! - each load balancer's address is put on a dummy interface (`lb0`), and packets to a
+//! - each load balancer's address is put on an interface of the agent's namespace (`lo` by
+//!   default, as /32s: the namespace answers for it, whatever routes it there), and packets to a
 //!   listener (protocol and port) are DNATed to a healthy backend's node port (random per
 //!   connection, or by a hash of the client address for `ClientIP` session affinity), so the
 //!   client's address reaches the node (what `externalTrafficPolicy: Local` needs);
@@ -103,15 +104,32 @@ impl Protocol {
     }
 }
 
-/// One listener: traffic to `port` goes to each backend's `node_port`.
+/// One listener: traffic to `port` goes to each backend's `node_port`, or, for a Service
+/// port without a node port, straight to its pods (`targets`).
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq, PartialOrd, Ord)]
 pub struct Listener {
     /// The protocol.
     pub protocol: Protocol,
     /// The load balancer's port.
     pub port: u16,
-    /// The backends' port.
+    /// The backends' port; 0 when the Service port has none.
     pub node_port: u16,
+    /// The pods (address and port) when `node_port` is 0.
+    #[serde(default)]
+    pub targets: Vec<(IpAddr, u16)>,
+}
+
+impl Listener {
+    /// Where this listener forwards, given the load balancer's serving backends.
+    fn destinations(&self, backends: &[IpAddr]) -> Vec<(IpAddr, u16)> {
+        if self.node_port != 0 {
+            return backends.iter().map(|b| (*b, self.node_port)).collect();
+        }
+        let mut targets: Vec<(IpAddr, u16)> = self.targets.iter().copied().filter(|(ip, _)| ip.is_ipv4()).collect();
+        targets.sort();
+        targets.dedup();
+        targets
+    }
 }
 
 /// One load balancer as the data plane needs it.
@@ -192,7 +210,8 @@ impl Pusher {
 pub struct AgentOptions {
     /// Where to serve `PUT /state` and `GET /state`.
     pub listen: SocketAddr,
-    /// The dummy interface the load balancers' addresses go on (made when missing).
+    /// The interface the load balancers' addresses go on (a dummy one is made when it is
+    /// missing and the kernel has the dummy driver).
     pub interface: String,
     /// Client CIDRs inside the nodes' network, masqueraded so that answers come back through
     /// the load balancer.
@@ -428,18 +447,17 @@ pub fn ruleset(
             }
         }
         let backends = health_of(lb);
-        if backends.is_empty() {
-            continue;
-        }
         for l in &lb.listeners {
-            if l.node_port == 0 {
+            let destinations = l.destinations(&backends);
+            if destinations.is_empty() {
                 continue;
             }
-            let map: Vec<String> = backends.iter().enumerate().map(|(i, b)| format!("{i} : {b} . {}", l.node_port)).collect();
+            let map: Vec<String> =
+                destinations.iter().enumerate().map(|(i, (ip, port))| format!("{i} : {ip} . {port}")).collect();
             let pick = if lb.client_ip_affinity {
-                format!("jhash ip saddr mod {} seed 0x5eed", backends.len())
+                format!("jhash ip saddr mod {} seed 0x5eed", destinations.len())
             } else {
-                format!("numgen random mod {}", backends.len())
+                format!("numgen random mod {}", destinations.len())
             };
             nat.push_str(&format!(
                 "    ip daddr {a} {} dport {} dnat ip to {pick} map {{ {} }}\n",
@@ -474,9 +492,10 @@ async fn apply(options: &AgentOptions, state: &Shared) -> anyhow::Result<()> {
         }
         let mut forwarding = BTreeSet::new();
         for lb in &s.desired.load_balancers {
-            for b in serve(lb) {
-                for l in lb.listeners.iter().filter(|l| l.node_port != 0) {
-                    forwarding.insert((lb.address, l.protocol, l.port, b));
+            let backends = serve(lb);
+            for l in &lb.listeners {
+                for (ip, _) in l.destinations(&backends) {
+                    forwarding.insert((lb.address, l.protocol, l.port, ip));
                 }
             }
         }
@@ -539,9 +558,11 @@ async fn ensure_interface(name: &str) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// Makes `interface` carry exactly `addresses` (as /32s).
+/// Makes `interface` carry exactly `addresses` as /32s of the agent's label
+/// (`<interface>:lb`): the interface's other addresses are not the agent's to touch.
 async fn set_addresses(interface: &str, addresses: &BTreeSet<IpAddr>) -> anyhow::Result<()> {
-    let listed = run_with_input("ip", &["-4", "-o", "addr", "show", "dev", interface], "").await?;
+    let label = format!("{interface}:lb");
+    let listed = run_with_input("ip", &["-4", "-o", "addr", "show", "dev", interface, "label", &label], "").await?;
     let present: BTreeSet<IpAddr> = listed
         .lines()
         .filter_map(|l| {
@@ -556,7 +577,7 @@ async fn set_addresses(interface: &str, addresses: &BTreeSet<IpAddr>) -> anyhow:
     }
     for new in addresses.difference(&present) {
         let cidr = format!("{new}/32");
-        run_with_input("ip", &["addr", "add", &cidr, "dev", interface], "").await?;
+        run_with_input("ip", &["addr", "add", &cidr, "dev", interface, "label", &label], "").await?;
     }
     Ok(())
 }
@@ -570,8 +591,8 @@ mod tests {
             name: name.into(),
             address: address.parse().expect("ip"),
             listeners: vec![
-                Listener { protocol: Protocol::Tcp, port: 80, node_port: 30080 },
-                Listener { protocol: Protocol::Udp, port: 53, node_port: 30053 },
+                Listener { protocol: Protocol::Tcp, port: 80, node_port: 30080, targets: Vec::new() },
+                Listener { protocol: Protocol::Udp, port: 53, node_port: 30053, targets: Vec::new() },
             ],
             backends: backends.iter().map(|b| b.parse().expect("ip")).collect(),
             source_ranges: Vec::new(),
@@ -603,6 +624,20 @@ mod tests {
         assert!(!rules.contains("ip daddr 10.252.1.1 ip saddr"), "no ranges, no filter: {rules}");
         assert!(rules.contains("ct status dnat ip saddr { 10.250.1.0/24 } masquerade"), "{rules}");
         assert!(rules.starts_with("table ip t\ndelete table ip t\n"), "replaced whole: {rules}");
+
+        // A port without a node port goes to its pods.
+        let mut d = lb("d", "10.252.1.4", &["10.250.1.10"]);
+        d.listeners = vec![Listener {
+            protocol: Protocol::Tcp,
+            port: 80,
+            node_port: 0,
+            targets: vec![("10.244.2.7".parse().expect("ip"), 8080), ("10.244.1.3".parse().expect("ip"), 8080)],
+        }];
+        let rules = ruleset("t", &DesiredState { load_balancers: vec![d] }, &|lb| serving(lb, &none), &[]);
+        assert!(
+            rules.contains("ip daddr 10.252.1.4 tcp dport 80 dnat ip to numgen random mod 2 map { 0 : 10.244.1.3 . 8080, 1 : 10.244.2.7 . 8080 }"),
+            "{rules}"
+        );
 
         // Only an IPv6 range: nobody IPv4 is allowed.
         let mut c = lb("c", "10.252.1.3", &["10.250.1.10"]);

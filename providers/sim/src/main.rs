@@ -64,8 +64,9 @@ struct DataplaneArgs {
     /// Where the sim pushes its load balancers (`PUT /state`): host:port.
     #[arg(long, value_name = "ADDRESS")]
     listen: std::net::SocketAddr,
-    /// The dummy interface the load balancers' addresses go on (made when missing).
-    #[arg(long, value_name = "NAME", default_value = "lb0")]
+    /// The interface the load balancers' addresses go on, as /32s (a dummy interface is made
+    /// when one of this name is missing).
+    #[arg(long, value_name = "NAME", default_value = "lo")]
     interface: String,
     /// A client CIDR inside the nodes' network, masqueraded so that answers come back
     /// through the load balancer (repeat for several).

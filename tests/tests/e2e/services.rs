@@ -618,3 +618,72 @@ async fn a_load_balancer_failing_transiently_does_not_hold_back_the_others_node_
     core.stop().await.expect("stop");
     env.cleanup().await.expect("cleanup");
 }
+
+/// An EndpointSlice of `service` with `ready` (address, ready) endpoints on port 8080.
+fn endpoint_slice(name: &str, service: &str, ready: &[(&str, bool)]) -> k8s_openapi::api::discovery::v1::EndpointSlice {
+    serde_json::from_value(serde_json::json!({
+        "metadata": {"name": name, "labels": {"kubernetes.io/service-name": service}},
+        "addressType": "IPv4",
+        "ports": [{"name": "", "protocol": "TCP", "port": 8080}],
+        "endpoints": ready.iter().map(|(a, r)| serde_json::json!({
+            "addresses": [a], "nodeName": "n1", "conditions": {"ready": r}
+        })).collect::<Vec<_>>(),
+    }))
+    .expect("slice")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_load_balancer_without_node_ports_gets_the_ready_pods_and_follows_them() {
+    use k8s_openapi::api::discovery::v1::EndpointSlice;
+    let cp = ccm_harness::shared().expect("control plane");
+    let env = TestEnv::new(cp.client().await.expect("client"), "eps").await.expect("env");
+    let node = env.node_name("n1");
+    let mut config = Config::default();
+    config.load_balancers.pod_endpoints = true;
+    config.instances.push(instance("i-1", &node, "sim-region-1a"));
+    let sim = Sim::start(config).await;
+    backend_node(&env, &node, "i-1").await;
+    let slices: Api<EndpointSlice> = Api::namespaced(env.client.clone(), &env.namespace);
+    // Its pods exist before the core starts: the first listing brings them.
+    slices
+        .create(&PostParams::default(), &endpoint_slice("web-a", "web", &[("10.244.1.5", true), ("10.244.1.6", false)]))
+        .await
+        .expect("slice");
+    let svc: Service = serde_json::from_value(serde_json::json!({
+        "metadata": {"name": "web"},
+        "spec": {"type": "LoadBalancer", "allocateLoadBalancerNodePorts": false, "selector": {"app": "web"},
+                 "ports": [{"port": 80, "targetPort": 8080, "protocol": "TCP"}]}
+    }))
+    .expect("service");
+    env.services().create(&PostParams::default(), &svc).await.expect("service");
+    let core = start(cp, &env, &sim, &service_flags(&env));
+
+    let endpoints = async |want: &[&str]| {
+        let want: Vec<String> = want.iter().map(|e| format!("80:{e}:8080")).collect();
+        eventually(&format!("the load balancer's pods {want:?}"), Duration::from_secs(20), async || {
+            (lb_of(&sim, "web").await?.port_endpoints == want).then_some(())
+        })
+        .await
+    };
+    endpoints(&["10.244.1.5"]).await;
+    // A pod more (another slice), one ready now: a new Ensure with every ready pod.
+    slices.create(&PostParams::default(), &endpoint_slice("web-b", "web", &[("10.244.2.7", true)])).await.expect("slice");
+    slices
+        .replace("web-a", &PostParams::default(), &{
+            let mut s = slices.get("web-a").await.expect("get");
+            s.endpoints = endpoint_slice("web-a", "web", &[("10.244.1.5", true), ("10.244.1.6", true)]).endpoints;
+            s
+        })
+        .await
+        .expect("ready");
+    endpoints(&["10.244.1.5", "10.244.1.6", "10.244.2.7"]).await;
+    // A slice deleted: its pods leave.
+    slices.delete("web-a", &DeleteParams::default()).await.expect("delete slice");
+    endpoints(&["10.244.2.7"]).await;
+    // Another Service's slices are not this one's.
+    slices.create(&PostParams::default(), &endpoint_slice("db-a", "db", &[("10.244.3.3", true)])).await.expect("slice");
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert_eq!(lb_of(&sim, "web").await.expect("lb").port_endpoints, vec!["80:10.244.2.7:8080".to_string()]);
+    core.stop().await.expect("stop");
+    env.cleanup().await.expect("cleanup");
+}

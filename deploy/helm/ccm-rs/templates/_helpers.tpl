@@ -65,6 +65,9 @@ route-controller:
 service-controller:
   - {apiGroups: [""], resources: [services], verbs: [get, patch]}
   - {apiGroups: [""], resources: [services/status], verbs: [patch]}
+  # The Services' pod endpoints, watched only when the provider forwards to pods
+  # (LoadBalancersCapabilities.pod_endpoints).
+  - {apiGroups: [discovery.k8s.io], resources: [endpointslices], verbs: [list, watch]}
 {{- end -}}
 
 {{/* Every Lease the core may hold: the main one, one per controller
