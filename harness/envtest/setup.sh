@@ -20,7 +20,9 @@
 # release (for ccm-bench's side-by-side run), `setup.sh fake-provider` that of
 # ccm-provider-fake (upstream's fake cloud behind the adapter, for the conformance test);
 # `setup.sh moto` prints the python of a virtualenv with moto[server] and boto3 (versions
-# below), made in .../moto-<version>/ from PyPI.
+# below), made in .../moto-<version>/ from PyPI. `setup.sh coredns` prints the path of coredns
+# (../coredns: CoreDNS with only the plugins a cluster DNS needs, for the kubelet cluster's
+# kube-dns), built static into .../coredns-<hash of its sources>/.
 #
 # - If KUBEBUILDER_ASSETS is set, or all of TEST_ASSET_KUBE_APISERVER / TEST_ASSET_ETCD /
 #   TEST_ASSET_KUBECTL are, those binaries are used and nothing is built.
@@ -39,7 +41,7 @@ set -euo pipefail
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 
 mode=${1:-control-plane}
-case "$mode" in control-plane|kubelet-check|cluster|pause|e2e|helm|peer|aws|aws-upstream|fake-provider|moto) ;; *) echo "usage: setup.sh [kubelet-check|cluster|pause|e2e|helm|peer|aws|aws-upstream|fake-provider|moto]" >&2; exit 2 ;; esac
+case "$mode" in control-plane|kubelet-check|cluster|pause|e2e|helm|peer|aws|aws-upstream|fake-provider|moto|coredns) ;; *) echo "usage: setup.sh [kubelet-check|cluster|pause|e2e|helm|peer|aws|aws-upstream|fake-provider|moto|coredns]" >&2; exit 2 ;; esac
 cache="${CCM_ENVTEST_CACHE:-$HOME/.cache/ccm-rs}"
 
 # Partial files of this process, removed however it exits.
@@ -148,6 +150,10 @@ case "$mode" in
     k8s=$(awk '$1 == "k8s.io/cloud-provider" { print $2 }' "$peer_dir/go.mod" | head -n 1)
     go_build "$cache/peer-$sum" grpc-cloud-controller-manager "$peer_dir" ./cmd/grpc-cloud-controller-manager \
       "$(version_ldflags "v1${k8s#v0}")"; exit 0 ;;
+  coredns)  # coredns: the kubelet cluster's DNS server (../coredns: the plugins it compiles in).
+    coredns_dir=$(cd "$here/../coredns" && pwd)
+    sum=$(go_sources "$coredns_dir" | sha256sum | cut -c1-16)
+    go_build "$cache/coredns-$sum" coredns "$coredns_dir" . ; exit 0 ;;
   helm)  # helm, pinned in ../helm/go.mod (the deploy tests render the chart with it).
     helm_dir="$here/../helm"
     helm_version=$(awk '$1 == "helm.sh/helm/v3" { print $2 } $1 == "require" && $2 == "helm.sh/helm/v3" { print $3 }' "$helm_dir/go.mod" | head -n 1)

@@ -11,6 +11,7 @@
 pub mod assets;
 pub mod aws;
 pub mod cluster;
+pub mod cluster_dns;
 pub mod control_plane;
 pub mod e2e_images;
 pub mod images;
