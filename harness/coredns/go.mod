@@ -1,7 +1,7 @@
 // Wrapper module that builds the test kubelet cluster's DNS server: CoreDNS with only the plugins
 // a cluster DNS needs (main.go). The release is the one kubeadm of the Kubernetes release pinned
-// in ../envtest/go.mod deploys (cmd/kubeadm/app/constants.CoreDNSVersion); the image tag in
-// harness/src/cluster_dns.rs is read from this file.
+// in ../envtest/go.mod deploys (cmd/kubeadm/app/constants.CoreDNSVersion); bump it together with
+// cluster_dns::VERSION in harness/src/cluster_dns.rs (the image tag), which checks they agree.
 module github.com/ccm-rs/coredns
 
 go 1.25.0
