@@ -748,10 +748,12 @@ impl KubeletCluster {
         Ok(())
     }
 
-    /// Starts the sim's data plane agent (`sim_binary dataplane`, see the sim's
+    /// Starts the sim's data plane agent (`ccm-provider-sim dataplane`, see the sim's
     /// `dataplane` module) in the edge, serving at [`DATAPLANE_PORT`] on the edge's bridge
     /// address, and waits until it answers; its endpoint for the sim's `[dataplane]`.
-    pub fn start_dataplane(&self, sim_binary: &Path) -> anyhow::Result<String> {
+    /// `agent` is the program and the arguments that run the agent (`["dataplane"]` after the
+    /// sim's binary, or any binary that runs it the same way).
+    pub fn start_dataplane(&self, agent: &Path, agent_args: &[&str]) -> anyhow::Result<String> {
         let endpoint = format!("http://{}:{DATAPLANE_PORT}", self.edge.vpc_ip);
         let mut slot = self.dataplane.lock().map_err(|_| anyhow::anyhow!("data plane lock poisoned"))?;
         if slot.is_some() {
@@ -761,8 +763,9 @@ impl KubeletCluster {
         cmd.arg("--target")
             .arg(self.edge.ns_pid.to_string())
             .args(["--net", "--"])
-            .arg(sim_binary)
-            .args(["dataplane", "--listen", &format!("{}:{DATAPLANE_PORT}", self.edge.vpc_ip)])
+            .arg(agent)
+            .args(agent_args)
+            .args(["--listen", &format!("{}:{DATAPLANE_PORT}", self.edge.vpc_ip)])
             .args(["--masquerade", &format!("10.250.{}.0/24", self.gateway.octets()[2])])
             .args(["--masquerade", CLUSTER_CIDR])
             .args(["--log", "info"]);

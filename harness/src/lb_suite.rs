@@ -7,7 +7,8 @@
 //! [`run`] starts a three-node [`KubeletCluster`] (`lb-0` is the control plane the core runs
 //! on, `lb-1` and `lb-2` are workers), starts the sim's data plane agent in the cluster's
 //! edge, installs the chart (one replica: one sim is one cloud), waits until every Node is
-//! initialised, runs the focused suite with ginkgo's JUnit and JSON reports, and returns each
+//! initialised, installs the cluster DNS ([`crate::cluster_dns`]: some tests reach Services
+//! by name), runs the focused suite with ginkgo's JUnit and JSON reports, and returns each
 //! test's outcome. The client side of the tests (the `e2e.test` process) runs on the host,
 //! outside the nodes' network, as a user on the internet would.
 
@@ -106,6 +107,7 @@ pub fn check_machine() -> Result<(), crate::machine::Unavailable> {
     crate::kubelet_cluster::check_machine()?;
     images::check_machine()?;
     e2e_images::check_machine()?;
+    crate::cluster_dns::check_machine()?;
     crate::machine::require(
         "the data plane agent",
         &[("nft", "Debian: nftables; .ci/run installs it"), ("conntrack", "Debian: conntrack; .ci/run installs it")],
@@ -176,12 +178,14 @@ pub fn run(options: &Options) -> anyhow::Result<Report> {
     let mut archives = images::project()?.archives();
     archives.extend(e2e_images::upstream_test_images()?);
     let cluster = KubeletCluster::start(3, "lb", &archives)?;
-    cluster.start_dataplane(&options.sim_binary)?;
+    cluster.start_dataplane(&options.sim_binary, &["dataplane"])?;
     run_cmd(
         &mut cluster.kubectl(&["label", "--overwrite", "node", &cluster.nodes[0].name, "node-role.kubernetes.io/control-plane="]),
         "labelling the control-plane node",
     )?;
     install_chart(&cluster, &options.out_dir)?;
+    // Some tests reach Services by name from their pods.
+    crate::cluster_dns::install(&cluster)?;
     let setup_time = begin.elapsed();
 
     let junit = options.out_dir.join("junit.xml");

@@ -47,8 +47,28 @@ fn step(n: u8, text: &str) {
     eprintln!("[{n}/5] {text}");
 }
 
+/// `ccm-quickstart dataplane ...`: the sim's data plane agent, which `--real-nodes` runs in
+/// the cluster's edge by starting this binary again (the same as `ccm-provider-sim dataplane`).
+#[derive(Debug, Parser)]
+#[command(name = "ccm-quickstart dataplane")]
+struct AgentCli {
+    #[command(flatten)]
+    agent: ccm_provider_sim::dataplane::AgentArgs,
+    /// Log filter (as RUST_LOG).
+    #[arg(long, default_value = "info")]
+    log: String,
+}
+
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
+    if std::env::args().nth(1).as_deref() == Some("dataplane") {
+        let cli = AgentCli::parse_from(std::env::args().skip(1));
+        tracing_subscriber::fmt()
+            .with_env_filter(tracing_subscriber::EnvFilter::new(&cli.log))
+            .with_writer(std::io::stderr)
+            .init();
+        return ccm_provider_sim::dataplane::run_agent(cli.agent.options(), ccm_provider_sdk::server::shutdown_signal()).await;
+    }
     let args = Args::parse();
     tracing_subscriber::fmt().with_env_filter(tracing_subscriber::EnvFilter::new(&args.log)).with_writer(std::io::stderr).init();
     if args.real_nodes {
@@ -254,6 +274,52 @@ fn free_port() -> anyhow::Result<u16> {
 /// The sim's admin API on each provider sidecar's node (hostNetwork), for the report.
 const ADMIN_PORT: u16 = 8170;
 
+/// Service default/web: a load balancer on port 80 for the pods of Deployment default/web.
+fn web_service() -> anyhow::Result<Service> {
+    serde_json::from_value(serde_json::json!({
+        "metadata": {"name": "web", "namespace": "default"},
+        "spec": {"type": "LoadBalancer", "selector": {"app": "web"},
+                 "ports": [{"name": "http", "port": 80, "targetPort": 8080, "protocol": "TCP"}]}
+    }))
+    .context("the web Service")
+}
+
+/// Deployment default/web: two pods of the sim's image answering HTTP on 8080 with their
+/// name and the client's address (`ccm-provider-sim echo`).
+fn web_deployment() -> anyhow::Result<k8s_openapi::api::apps::v1::Deployment> {
+    let image = format!("{}:{}", ccm_harness::images::PROVIDER_SIM, ccm_harness::images::TAG);
+    serde_json::from_value(serde_json::json!({
+        "metadata": {"name": "web", "namespace": "default"},
+        "spec": {"replicas": 2, "selector": {"matchLabels": {"app": "web"}},
+                 "template": {"metadata": {"labels": {"app": "web"}}, "spec": {"containers": [{
+                     "name": "echo", "image": image, "imagePullPolicy": "Never",
+                     "args": ["echo", "--listen", "0.0.0.0:8080"],
+                     "env": [{"name": "POD_NAME", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}}],
+                     "ports": [{"containerPort": 8080}],
+                     "readinessProbe": {"httpGet": {"path": "/", "port": 8080}, "periodSeconds": 2}
+                 }]}}}
+    }))
+    .context("the web Deployment")
+}
+
+/// `curl`s the load balancer from this host until a pod answers; the command and the answer.
+async fn curl_until_answered(ip: &str, timeout: Duration) -> anyhow::Result<(String, String)> {
+    let url = format!("http://{ip}/");
+    let deadline = tokio::time::Instant::now() + timeout;
+    loop {
+        let out =
+            tokio::process::Command::new("curl").args(["-s", "--max-time", "2", &url]).output().await.context("running curl")?;
+        let answer = String::from_utf8_lossy(&out.stdout).trim().to_string();
+        if out.status.success() && !answer.is_empty() {
+            return Ok((format!("curl {url}"), answer));
+        }
+        if tokio::time::Instant::now() >= deadline {
+            bail!("curl {url} got no answer within {timeout:?} ({})", out.status);
+        }
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+}
+
 /// `--real-nodes`: kubelets, the images, the chart.
 async fn real_nodes(args: &Args) -> anyhow::Result<()> {
     use ccm_harness::kubelet_cluster::{self, KubeletCluster};
@@ -275,6 +341,11 @@ async fn real_nodes(args: &Args) -> anyhow::Result<()> {
         .context("starting the cluster")??;
     eprintln!("      {nodes} kubelets Ready in {:.1} s, their Nodes tainted uninitialized", cluster.startup.as_secs_f64());
     cluster.label_control_plane()?;
+    // The cloud's load balancers carry traffic: the sim pushes them to its data plane agent,
+    // this binary again, in the cluster's edge (between this host and the nodes).
+    let me = std::env::current_exe().context("finding this binary")?;
+    let dataplane = cluster.start_dataplane(&me, &["dataplane"])?;
+    eprintln!("      the load balancers' data plane at {dataplane}, addresses from {}", cluster.edge.pool);
     step(3, "helm install: the chart with the simulated cloud (sim.enabled=true) and its inventory of these nodes");
     let work = tempfile::Builder::new().prefix("ccm-quickstart-").tempdir().context("creating a work directory")?;
     let values = work.path().join("values.yaml");
@@ -294,12 +365,11 @@ async fn real_nodes(args: &Args) -> anyhow::Result<()> {
         bail!("helm install failed: {}", String::from_utf8_lossy(&out.stderr));
     }
     let client = cluster.client().await?;
-    step(4, "creating a LoadBalancer Service");
+    step(4, "creating a Deployment (two pods answering HTTP) behind a LoadBalancer Service");
     let services: Api<Service> = Api::namespaced(client.clone(), "default");
-    services
-        .create(&PostParams::default(), &load_balancer_service("default", "web", &[80]))
-        .await
-        .context("creating Service default/web")?;
+    services.create(&PostParams::default(), &web_service()?).await.context("creating Service default/web")?;
+    let deployments: Api<k8s_openapi::api::apps::v1::Deployment> = Api::namespaced(client.clone(), "default");
+    deployments.create(&PostParams::default(), &web_deployment()?).await.context("creating Deployment default/web")?;
     step(5, "waiting for the installed core (at most 120 s)");
     let leases: Api<k8s_openapi::api::coordination::v1::Lease> = Api::namespaced(client.clone(), "kube-system");
     let report = wait_and_report(&client, nodes, Duration::from_secs(120), async || {
@@ -314,6 +384,19 @@ async fn real_nodes(args: &Args) -> anyhow::Result<()> {
         Ok(text) => println!("{text}"),
         Err(e) => eprintln!("the core did not finish in time: {e:#}"),
     }
+    let answered = match (&report, load_balancer_ip(&services.get("web").await?)) {
+        (Ok(_), Some(ip)) => Some(curl_until_answered(ip, Duration::from_secs(90)).await),
+        _ => None,
+    };
+    match &answered {
+        Some(Ok((command, answer))) => println!("The load balancer carries traffic:\n  $ {command}\n  {answer}"),
+        Some(Err(e)) => eprintln!("the load balancer did not answer: {e:#}"),
+        None => {}
+    }
+    let report = match answered {
+        Some(Err(e)) => Err(e),
+        _ => report,
+    };
     let cp = cluster.control_plane();
     let kubectl = cp.kubectl(&[]).get_program().to_string_lossy().into_owned();
     println!("kubeconfig: {}", cp.kubeconfig_path().display());

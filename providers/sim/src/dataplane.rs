@@ -205,6 +205,66 @@ impl Pusher {
     }
 }
 
+/// The agent's command line (`ccm-provider-sim dataplane`).
+#[derive(Debug, Clone, clap::Args)]
+pub struct AgentArgs {
+    /// Where the sim pushes its load balancers (`PUT /state`): host:port.
+    #[arg(long, value_name = "ADDRESS")]
+    pub listen: SocketAddr,
+    /// The interface the load balancers' addresses go on, as /32s (a dummy interface is made
+    /// when one of this name is missing).
+    #[arg(long, value_name = "NAME", default_value = "lo")]
+    pub interface: String,
+    /// A client CIDR inside the nodes' network, masqueraded so that answers come back
+    /// through the load balancer (repeat for several).
+    #[arg(long, value_name = "CIDR")]
+    pub masquerade: Vec<ipnet::Ipv4Net>,
+    /// The nftables table the agent owns.
+    #[arg(long, value_name = "NAME", default_value = "ccm_sim_lb")]
+    pub table: String,
+    /// How often backends are health-checked, in milliseconds.
+    #[arg(long, value_name = "MS", default_value_t = 1000)]
+    pub check_interval_ms: u64,
+}
+
+impl AgentArgs {
+    /// The options these arguments give.
+    pub fn options(&self) -> AgentOptions {
+        AgentOptions {
+            listen: self.listen,
+            interface: self.interface.clone(),
+            masquerade: self.masquerade.iter().map(ToString::to_string).collect(),
+            table: self.table.clone(),
+            check_interval: Duration::from_millis(self.check_interval_ms.max(100)),
+            check_timeout: Duration::from_millis(self.check_interval_ms.clamp(100, 1000)),
+        }
+    }
+}
+
+/// `ccm-provider-sim echo`'s command line.
+#[derive(Debug, Clone, clap::Args)]
+pub struct EchoArgs {
+    /// Where to answer HTTP: host:port.
+    #[arg(long, value_name = "ADDRESS", default_value = "0.0.0.0:8080")]
+    pub listen: SocketAddr,
+}
+
+/// A backend to try load balancers with: every HTTP request is answered with the host it
+/// runs on (`$POD_NAME`, else `$HOSTNAME`) and the client's address, as `<host> <client>`.
+pub async fn echo(listen: SocketAddr, shutdown: impl Future<Output = ()> + Send + 'static) -> anyhow::Result<()> {
+    let host = std::env::var("POD_NAME").or_else(|_| std::env::var("HOSTNAME")).unwrap_or_else(|_| "unknown".into());
+    let listener = tokio::net::TcpListener::bind(listen).await.with_context(|| format!("binding {listen}"))?;
+    let app = axum::Router::new().fallback(move |axum::extract::ConnectInfo(client): axum::extract::ConnectInfo<SocketAddr>| {
+        let host = host.clone();
+        async move { format!("{host} {client}\n") }
+    });
+    tracing::info!(%listen, "echoing");
+    axum::serve(listener, app.into_make_service_with_connect_info::<SocketAddr>())
+        .with_graceful_shutdown(shutdown)
+        .await
+        .context("serving echo")
+}
+
 /// How the agent runs.
 #[derive(Debug, Clone)]
 pub struct AgentOptions {

@@ -56,28 +56,10 @@ enum Command {
     /// The load balancers' data plane agent (see the sim's `[dataplane]`): forwards each
     /// load balancer's traffic to its backends with nftables, in the network namespace it
     /// runs in. Needs CAP_NET_ADMIN, nft, ip and conntrack.
-    Dataplane(DataplaneArgs),
-}
-
-#[derive(Debug, clap::Args)]
-struct DataplaneArgs {
-    /// Where the sim pushes its load balancers (`PUT /state`): host:port.
-    #[arg(long, value_name = "ADDRESS")]
-    listen: std::net::SocketAddr,
-    /// The interface the load balancers' addresses go on, as /32s (a dummy interface is made
-    /// when one of this name is missing).
-    #[arg(long, value_name = "NAME", default_value = "lo")]
-    interface: String,
-    /// A client CIDR inside the nodes' network, masqueraded so that answers come back
-    /// through the load balancer (repeat for several).
-    #[arg(long, value_name = "CIDR")]
-    masquerade: Vec<ipnet::Ipv4Net>,
-    /// The nftables table the agent owns.
-    #[arg(long, value_name = "NAME", default_value = "ccm_sim_lb")]
-    table: String,
-    /// How often backends are health-checked, in milliseconds.
-    #[arg(long, value_name = "MS", default_value_t = 1000)]
-    check_interval_ms: u64,
+    Dataplane(ccm_provider_sim::dataplane::AgentArgs),
+    /// A tiny HTTP backend for trying load balancers: answers every request with the host
+    /// it runs on (`$POD_NAME` or the host name) and the client's address.
+    Echo(ccm_provider_sim::dataplane::EchoArgs),
 }
 
 #[derive(Debug, clap::Args)]
@@ -106,19 +88,19 @@ async fn main() -> anyhow::Result<()> {
     let check_only = std::env::var_os("CCM_CHECK_ARGS").is_some_and(|v| !v.is_empty());
     tracing_subscriber::fmt().with_env_filter(tracing_subscriber::EnvFilter::new(&args.log)).with_writer(std::io::stderr).init();
     if let Some(Command::Dataplane(a)) = args.command {
-        let options = ccm_provider_sim::dataplane::AgentOptions {
-            listen: a.listen,
-            interface: a.interface,
-            masquerade: a.masquerade.iter().map(ToString::to_string).collect(),
-            table: a.table,
-            check_interval: std::time::Duration::from_millis(a.check_interval_ms.max(100)),
-            check_timeout: std::time::Duration::from_millis(a.check_interval_ms.clamp(100, 1000)),
-        };
+        let options = a.options();
         if check_only {
             println!("ccm-provider-sim dataplane: arguments ok");
             return Ok(());
         }
         return ccm_provider_sim::dataplane::run_agent(options, ccm_provider_sdk::server::shutdown_signal()).await;
+    }
+    if let Some(Command::Echo(a)) = args.command {
+        if check_only {
+            println!("ccm-provider-sim echo: arguments ok");
+            return Ok(());
+        }
+        return ccm_provider_sim::dataplane::echo(a.listen, ccm_provider_sdk::server::shutdown_signal()).await;
     }
     if let Some(Command::NodeMetadata(a)) = args.command {
         let listen: Listen = a.listen.parse().context("--listen")?;
