@@ -27,6 +27,9 @@ fn main() -> anyhow::Result<()> {
         }
     }
     let report = ccm_harness::lb_suite::run(&options)?;
+    if let Some(figures) = &report.dataplane {
+        println!("{figures}\n");
+    }
     print!("{}", report.table());
     for o in report.outcomes.iter().filter(|o| o.state != "passed" && o.state != "skipped") {
         println!("\n{} {}:\n  {}", o.state.to_uppercase(), o.name, o.message.replace('\n', "\n  "));

@@ -41,12 +41,22 @@ pub struct Options {
     pub out_dir: PathBuf,
     /// ginkgo's `--timeout` for the whole suite.
     pub timeout: Duration,
+    /// Rounds of the data plane's measurement after the suite (0: none).
+    pub measure_rounds: usize,
 }
 
 impl Options {
     /// The whole suite, two ginkgo processes, reports under `out_dir`.
     pub fn new(sim_binary: PathBuf, out_dir: PathBuf) -> Self {
-        Self { sim_binary, focus: FOCUS.into(), skip: None, procs: 2, out_dir, timeout: Duration::from_secs(60 * 60) }
+        Self {
+            sim_binary,
+            focus: FOCUS.into(),
+            skip: None,
+            procs: 2,
+            out_dir,
+            timeout: Duration::from_secs(60 * 60),
+            measure_rounds: 5,
+        }
     }
 }
 
@@ -74,6 +84,8 @@ pub struct Report {
     pub setup_time: Duration,
     /// The JUnit report.
     pub junit: PathBuf,
+    /// The data plane's figures, measured after the suite on the same cluster (when asked).
+    pub dataplane: Option<DataplaneFigures>,
 }
 
 impl Report {
@@ -225,7 +237,11 @@ pub fn run(options: &Options) -> anyhow::Result<Report> {
             crate::control_plane::tail(&log, 40)
         ),
     };
-    Ok(Report { outcomes, suite_time, setup_time, junit })
+    let dataplane = match options.measure_rounds {
+        0 => None,
+        rounds => Some(measure_dataplane(&cluster, rounds).context("measuring the data plane")?),
+    };
+    Ok(Report { outcomes, suite_time, setup_time, junit, dataplane })
 }
 
 /// The outcomes in ginkgo's JSON report (`--json-report`): every `It`, not the suite's
@@ -291,8 +307,266 @@ mod tests {
             suite_time: Duration::from_secs(60),
             setup_time: Duration::from_secs(30),
             junit: "j.xml".into(),
+            dataplane: None,
         };
         let table = report.table();
         assert!(table.contains("1 passed, 1 failed, 0 skipped"), "{table}");
     }
+}
+
+/// What [`measure_dataplane`] found.
+#[derive(Debug, Clone)]
+pub struct DataplaneFigures {
+    /// HTTP connections a second through one load balancer (connect, request, answer, close).
+    pub lb_connections_per_second: f64,
+    /// The same straight to a node's node port: the floor without the load balancer's hop.
+    pub node_port_connections_per_second: f64,
+    /// From a Node's exclusion label to the data plane forwarding without it, each time.
+    pub hosts_update_to_forwarding: Vec<Duration>,
+    /// The same for the Node's return.
+    pub hosts_return_to_forwarding: Vec<Duration>,
+    /// Requests answered on one kept-alive connection after its Node left the load balancer
+    /// (it drains: open connections finish on the backend they have).
+    pub drained_requests: usize,
+}
+
+impl std::fmt::Display for DataplaneFigures {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let ms = |d: &[Duration]| d.iter().map(|d| format!("{:.0}", d.as_secs_f64() * 1000.0)).collect::<Vec<_>>().join(", ");
+        writeln!(
+            f,
+            "data plane: {:.0} connections/s through one load balancer, {:.0}/s straight to a node port (ratio {:.2})",
+            self.lb_connections_per_second,
+            self.node_port_connections_per_second,
+            self.lb_connections_per_second / self.node_port_connections_per_second.max(1.0)
+        )?;
+        writeln!(f, "a Node excluded → the data plane forwards without it: {} ms", ms(&self.hosts_update_to_forwarding))?;
+        writeln!(f, "the Node back → the data plane forwards to it: {} ms", ms(&self.hosts_return_to_forwarding))?;
+        write!(
+            f,
+            "an open connection through a Node that left: {} requests answered after it left (drained)",
+            self.drained_requests
+        )
+    }
+}
+
+/// HTTP/1.0 requests to `addr` from `workers` threads for `period`, each a connection of its
+/// own; answered requests a second.
+fn connection_rate(addr: std::net::SocketAddr, workers: usize, period: Duration) -> f64 {
+    use std::io::{Read, Write};
+    let deadline = Instant::now() + period;
+    let threads: Vec<_> = (0..workers)
+        .map(|_| {
+            std::thread::spawn(move || {
+                let mut ok = 0u64;
+                while Instant::now() < deadline {
+                    let Ok(mut stream) = std::net::TcpStream::connect_timeout(&addr, Duration::from_secs(1)) else { continue };
+                    let _ = stream.set_read_timeout(Some(Duration::from_secs(2)));
+                    let mut answer = Vec::new();
+                    if stream.write_all(b"GET /hostname HTTP/1.0\r\n\r\n").is_ok()
+                        && stream.read_to_end(&mut answer).is_ok()
+                        && answer.starts_with(b"HTTP/1.")
+                    {
+                        ok += 1;
+                    }
+                }
+                ok
+            })
+        })
+        .collect();
+    let total: u64 = threads.into_iter().map(|t| t.join().unwrap_or(0)).sum();
+    total as f64 / period.as_secs_f64()
+}
+
+/// Measures the sim's data plane on `cluster` (the chart installed with it): connections a
+/// second through one load balancer beside straight to a node port, and the time from a
+/// Node's exclusion (and return) to the agent forwarding without (with) it. Leaves nothing
+/// behind (its Deployment, Service and label are removed).
+pub fn measure_dataplane(cluster: &KubeletCluster, rounds: usize) -> anyhow::Result<DataplaneFigures> {
+    let agent = format!("http://{}:{}", cluster.edge.vpc_ip, crate::kubelet_cluster::DATAPLANE_PORT);
+    let yaml = format!(
+        "apiVersion: apps/v1\nkind: Deployment\nmetadata: {{name: dp-bench, namespace: default}}\nspec:\n  replicas: 2\n  \
+         selector: {{matchLabels: {{app: dp-bench}}}}\n  template:\n    metadata: {{labels: {{app: dp-bench}}}}\n    spec:\n      \
+         containers: [{{name: netexec, image: '{}', args: [netexec, --http-port=8080], readinessProbe: {{httpGet: {{path: /healthz, port: 8080}}, periodSeconds: 1}}}}]\n\
+         ---\napiVersion: v1\nkind: Service\nmetadata: {{name: dp-bench, namespace: default}}\nspec:\n  type: LoadBalancer\n  selector: {{app: dp-bench}}\n  \
+         ports: [{{port: 80, targetPort: 8080, protocol: TCP}}]\n",
+        e2e_images::AGNHOST
+    );
+    let mut apply = cluster.kubectl(&["apply", "-f", "-"]);
+    apply.stdin(Stdio::piped()).stdout(Stdio::null()).stderr(Stdio::piped());
+    let mut child = apply.spawn().context("kubectl apply")?;
+    {
+        use std::io::Write;
+        child.stdin.take().context("kubectl's stdin")?.write_all(yaml.as_bytes()).context("writing the manifests")?;
+    }
+    let out = child.wait_with_output().context("kubectl apply")?;
+    if !out.status.success() {
+        bail!("kubectl apply failed: {}", String::from_utf8_lossy(&out.stderr));
+    }
+    let result = measure_with(cluster, &agent, rounds);
+    let _ = cluster.kubectl(&["delete", "--wait=false", "deployment/dp-bench", "service/dp-bench"]).output();
+    for node in &cluster.nodes {
+        let _ = cluster.kubectl(&["label", "node", &node.name, &format!("{EXCLUDE}-")]).output();
+    }
+    result
+}
+
+fn measure_with(cluster: &KubeletCluster, agent: &str, rounds: usize) -> anyhow::Result<DataplaneFigures> {
+    let deadline = Instant::now() + Duration::from_secs(120);
+    let (ip, node_port) = loop {
+        let svc = run_cmd(&mut cluster.kubectl(&["get", "service", "dp-bench", "-o", "json"]), "kubectl get service")?;
+        let svc: serde_json::Value = serde_json::from_str(&svc).context("decoding the Service")?;
+        let ip = svc["status"]["loadBalancer"]["ingress"][0]["ip"].as_str().map(str::to_string);
+        let node_port = svc["spec"]["ports"][0]["nodePort"].as_u64();
+        if let (Some(ip), Some(port)) = (ip, node_port) {
+            let addr: std::net::SocketAddr = format!("{ip}:80").parse().context("the load balancer's address")?;
+            if connection_rate(addr, 1, Duration::from_millis(200)) > 0.0 {
+                break (addr, port);
+            }
+        }
+        if Instant::now() > deadline {
+            bail!("the load balancer of Service dp-bench did not answer within 120 s");
+        }
+        std::thread::sleep(Duration::from_millis(250));
+    };
+    let node = cluster.nodes.first().context("no node")?;
+    let direct: std::net::SocketAddr = format!("{}:{node_port}", node.ip).parse().context("the node port's address")?;
+    let period = Duration::from_secs(5);
+    let node_port_rate = connection_rate(direct, 4, period);
+    let lb_rate = connection_rate(ip, 4, period);
+
+    // A Node leaves the load balancers (the exclusion label) and comes back: from the label
+    // write to the agent's rules without (with) its address.
+    let last = cluster.nodes.last().context("no node")?;
+    let has_forwarding = |backend: &str, want: bool| -> anyhow::Result<bool> {
+        let (status, body) = http_get(agent, "/state")?;
+        if status != 200 {
+            bail!("GET {agent}/state answered {status}");
+        }
+        let view: serde_json::Value = serde_json::from_str(&body).context("decoding the agent's state")?;
+        // What the written rules forward to, not what was asked for.
+        let forwarding = &view["forwarding"][ip.ip().to_string()];
+        let present = forwarding.as_array().is_some_and(|b| b.iter().any(|b| b == backend));
+        Ok(present == want)
+    };
+    let mut away = Vec::new();
+    let mut back = Vec::new();
+    for _ in 0..rounds {
+        for (label, want, out) in [(format!("{EXCLUDE}=true"), false, &mut away), (format!("{EXCLUDE}-"), true, &mut back)] {
+            let start = Instant::now();
+            run_cmd(&mut cluster.kubectl(&["label", "--overwrite", "node", &last.name, &label]), "labelling the Node")?;
+            loop {
+                if has_forwarding(&last.ip.to_string(), want)? {
+                    out.push(start.elapsed());
+                    break;
+                }
+                if start.elapsed() > Duration::from_secs(30) {
+                    bail!("the data plane did not follow the Node's label within 30 s");
+                }
+                std::thread::sleep(Duration::from_millis(5));
+            }
+            std::thread::sleep(Duration::from_millis(500));
+        }
+    }
+    let drained_requests = drain(cluster, ip, &has_forwarding)?;
+    Ok(DataplaneFigures {
+        lb_connections_per_second: lb_rate,
+        node_port_connections_per_second: node_port_rate,
+        hosts_update_to_forwarding: away,
+        hosts_return_to_forwarding: back,
+        drained_requests,
+    })
+}
+
+const EXCLUDE: &str = "node.kubernetes.io/exclude-from-external-load-balancers";
+
+/// Draining: with every Node but the first excluded, a kept-alive connection is opened (so it
+/// goes through the first); then the others come back and the first is excluded. The
+/// connection must go on answering (conntrack keeps its backend), while the data plane no
+/// longer forwards new ones to that Node. How many requests it answered after.
+fn drain(
+    cluster: &KubeletCluster,
+    ip: std::net::SocketAddr,
+    has_forwarding: &dyn Fn(&str, bool) -> anyhow::Result<bool>,
+) -> anyhow::Result<usize> {
+    use std::io::Write;
+    let label = |node: &str, on: bool| {
+        let arg = if on { format!("{EXCLUDE}=true") } else { format!("{EXCLUDE}-") };
+        run_cmd(&mut cluster.kubectl(&["label", "--overwrite", "node", node, &arg]), "labelling a Node").map(|_| ())
+    };
+    let wait = |node: &crate::kubelet_cluster::KubeletNode, want: bool| -> anyhow::Result<()> {
+        let start = Instant::now();
+        while !has_forwarding(&node.ip.to_string(), want)? {
+            if start.elapsed() > Duration::from_secs(30) {
+                bail!("the data plane did not follow {}'s label within 30 s", node.name);
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        Ok(())
+    };
+    let (first, others) = cluster.nodes.split_first().context("no node")?;
+    for n in others {
+        label(&n.name, true)?;
+        wait(n, false)?;
+    }
+    let mut conn =
+        std::net::TcpStream::connect_timeout(&ip, Duration::from_secs(2)).context("connecting to the load balancer")?;
+    conn.set_read_timeout(Some(Duration::from_secs(3)))?;
+    let ask = |conn: &mut std::net::TcpStream| -> anyhow::Result<String> {
+        conn.write_all(b"GET /hostname HTTP/1.1\r\nHost: lb\r\n\r\n").context("writing a request")?;
+        read_http_response(conn)
+    };
+    ask(&mut conn).context("the first request on the kept-alive connection")?;
+    for n in others {
+        label(&n.name, false)?;
+        wait(n, true)?;
+    }
+    label(&first.name, true)?;
+    wait(first, false)?;
+    let mut answered = 0;
+    for _ in 0..5 {
+        ask(&mut conn).context("a request on the kept-alive connection after its Node left the load balancer")?;
+        answered += 1;
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    label(&first.name, false)?;
+    wait(first, true)?;
+    Ok(answered)
+}
+
+/// Reads one HTTP/1.1 response with a Content-Length; its body.
+fn read_http_response(conn: &mut std::net::TcpStream) -> anyhow::Result<String> {
+    use std::io::Read;
+    let mut buf = Vec::new();
+    let mut byte = [0u8; 1];
+    while !buf.ends_with(b"\r\n\r\n") {
+        let n = conn.read(&mut byte).context("reading the answer's head")?;
+        if n == 0 {
+            bail!("the connection was closed");
+        }
+        buf.push(byte[0]);
+    }
+    let head = String::from_utf8_lossy(&buf).to_string();
+    let length: usize = head
+        .lines()
+        .find_map(|l| l.to_ascii_lowercase().strip_prefix("content-length:").map(|v| v.trim().to_string()))
+        .and_then(|v| v.parse().ok())
+        .context("an answer without Content-Length")?;
+    let mut body = vec![0u8; length];
+    conn.read_exact(&mut body).context("reading the answer's body")?;
+    Ok(String::from_utf8_lossy(&body).into_owned())
+}
+
+/// A plain HTTP GET of `path` at `base` (`http://host:port`): status and body.
+fn http_get(base: &str, path: &str) -> anyhow::Result<(u16, String)> {
+    use std::io::{Read, Write};
+    let host = base.trim_start_matches("http://");
+    let mut stream = std::net::TcpStream::connect(host).with_context(|| format!("connecting to {base}"))?;
+    stream.set_read_timeout(Some(Duration::from_secs(5)))?;
+    stream.write_all(format!("GET {path} HTTP/1.0\r\nHost: {host}\r\n\r\n").as_bytes())?;
+    let mut text = String::new();
+    stream.read_to_string(&mut text).with_context(|| format!("reading {base}{path}"))?;
+    let status = text.split_whitespace().nth(1).and_then(|s| s.parse().ok()).unwrap_or(0);
+    let body = text.split_once("\r\n\r\n").map(|(_, b)| b.to_string()).unwrap_or_default();
+    Ok((status, body))
 }

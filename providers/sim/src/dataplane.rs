@@ -167,6 +167,10 @@ pub struct AgentView {
     pub health: BTreeMap<String, bool>,
     /// How many times the rules were written.
     pub applies: u64,
+    /// What the rules written forward now: each load balancer address with the backend
+    /// addresses it sends to.
+    #[serde(default)]
+    pub forwarding: BTreeMap<String, BTreeSet<String>>,
 }
 
 /// The sim's side: pushes the desired state to the agent, one push at a time, each carrying
@@ -367,6 +371,10 @@ fn view(state: &Shared) -> AgentView {
         desired: s.desired.clone(),
         health: s.health.iter().map(|((ip, port), h)| (SocketAddr::new(*ip, *port).to_string(), h.healthy())).collect(),
         applies: s.applies,
+        forwarding: s.forwarding.iter().fold(BTreeMap::new(), |mut m, (address, _, _, backend)| {
+            m.entry(address.to_string()).or_insert_with(BTreeSet::new).insert(backend.to_string());
+            m
+        }),
     }
 }
 
