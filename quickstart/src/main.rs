@@ -274,11 +274,13 @@ fn free_port() -> anyhow::Result<u16> {
 /// The sim's admin API on each provider sidecar's node (hostNetwork), for the report.
 const ADMIN_PORT: u16 = 8170;
 
-/// Service default/web: a load balancer on port 80 for the pods of Deployment default/web.
+/// Service default/web: a load balancer on port 80 for the pods of Deployment default/web,
+/// `externalTrafficPolicy: Local` (only Nodes with a pod pass the load balancer's health
+/// check, and the pods see the client's own address).
 fn web_service() -> anyhow::Result<Service> {
     serde_json::from_value(serde_json::json!({
         "metadata": {"name": "web", "namespace": "default"},
-        "spec": {"type": "LoadBalancer", "selector": {"app": "web"},
+        "spec": {"type": "LoadBalancer", "selector": {"app": "web"}, "externalTrafficPolicy": "Local",
                  "ports": [{"name": "http", "port": 80, "targetPort": 8080, "protocol": "TCP"}]}
     }))
     .context("the web Service")

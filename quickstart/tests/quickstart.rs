@@ -58,3 +58,39 @@ async fn the_quick_start_reports_keeps_running_and_cleans_up_on_interrupt() {
     let dir = std::path::Path::new(kubeconfig).parent().expect("dir");
     assert!(!dir.exists(), "the control plane's directory {} is removed on exit", dir.display());
 }
+
+/// `--real-nodes`: real kubelets, the images, the chart, and a load balancer that answers the
+/// printed `curl` (the sim's data plane).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_real_nodes_quick_start_prints_a_curl_of_the_load_balancer_that_answers() {
+    let machine = ccm_harness::kubelet_cluster::check_machine().and_then(|()| ccm_harness::images::check_machine());
+    if let Err(why) = machine {
+        if std::env::var_os(ccm_harness::kubelet_cluster::REQUIRE).is_some() {
+            panic!("{} is set: {why}", ccm_harness::kubelet_cluster::REQUIRE);
+        }
+        eprintln!("skipped: {why}");
+        return;
+    }
+    let out = tokio::time::timeout(
+        Duration::from_secs(900),
+        tokio::process::Command::new(env!("CARGO_BIN_EXE_ccm-quickstart"))
+            .args(["--real-nodes", "--once", "--nodes", "2"])
+            .kill_on_drop(true)
+            .output(),
+    )
+    .await
+    .expect("the quick start finishes within 15 minutes")
+    .expect("run");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{}\n{stdout}\n{stderr}", out.status);
+    let mut lines = stdout.lines().skip_while(|l| !l.starts_with("The load balancer carries traffic"));
+    assert!(lines.next().is_some(), "{stdout}");
+    let command = lines.next().and_then(|l| l.trim().strip_prefix("$ ")).expect("the curl line");
+    let answer = lines.next().unwrap_or_default().trim();
+    assert!(command.starts_with("curl http://10.252."), "{command}");
+    assert!(answer.starts_with("web-"), "a pod of Deployment web answered: {answer:?}");
+    // The pod saw this host's address on the edge's link (10.251.<k>.1): the load balancer
+    // kept the client's source.
+    assert!(answer.split_whitespace().nth(1).is_some_and(|c| c.starts_with("10.251.")), "{answer}");
+}
