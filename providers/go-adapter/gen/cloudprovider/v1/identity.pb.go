@@ -430,8 +430,13 @@ type LoadBalancersCapabilities struct {
 	// the hosts of up to 500 load balancers a call instead of one call each. Additive:
 	// UpdateLoadBalancerHosts must still be served.
 	BulkUpdateHosts bool `protobuf:"varint,4,opt,name=bulk_update_hosts,json=bulkUpdateHosts,proto3" json:"bulk_update_hosts,omitempty"`
-	unknownFields   protoimpl.UnknownFields
-	sizeCache       protoimpl.SizeCache
+	// The load balancers forward to pods directly where a Service allocates no node ports
+	// (spec.allocateLoadBalancerNodePorts: false): the core sends, for each port without a
+	// node port, the Service's ready endpoints (ServicePort.endpoints), and calls
+	// EnsureLoadBalancer again when they change. Without it such ports get no endpoints.
+	PodEndpoints  bool `protobuf:"varint,5,opt,name=pod_endpoints,json=podEndpoints,proto3" json:"pod_endpoints,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *LoadBalancersCapabilities) Reset() {
@@ -488,6 +493,13 @@ func (x *LoadBalancersCapabilities) GetList() bool {
 func (x *LoadBalancersCapabilities) GetBulkUpdateHosts() bool {
 	if x != nil {
 		return x.BulkUpdateHosts
+	}
+	return false
+}
+
+func (x *LoadBalancersCapabilities) GetPodEndpoints() bool {
+	if x != nil {
+		return x.PodEndpoints
 	}
 	return false
 }
@@ -693,12 +705,13 @@ const file_cloudprovider_v1_identity_proto_rawDesc = "" +
 	"\x10target_addresses\x18\x04 \x01(\bR\x0ftargetAddresses\x12%\n" +
 	"\x0eprovider_names\x18\x05 \x01(\bR\rproviderNames\x12\x1d\n" +
 	"\n" +
-	"bulk_apply\x18\x06 \x01(\bR\tbulkApply\"\xbb\x01\n" +
+	"bulk_apply\x18\x06 \x01(\bR\tbulkApply\"\xe0\x01\n" +
 	"\x19LoadBalancersCapabilities\x12&\n" +
 	"\x0fmax_name_length\x18\x01 \x01(\rR\rmaxNameLength\x126\n" +
 	"\x17allowed_name_characters\x18\x02 \x01(\tR\x15allowedNameCharacters\x12\x12\n" +
 	"\x04list\x18\x03 \x01(\bR\x04list\x12*\n" +
-	"\x11bulk_update_hosts\x18\x04 \x01(\bR\x0fbulkUpdateHosts\"\xb3\x02\n" +
+	"\x11bulk_update_hosts\x18\x04 \x01(\bR\x0fbulkUpdateHosts\x12#\n" +
+	"\rpod_endpoints\x18\x05 \x01(\bR\fpodEndpoints\"\xb3\x02\n" +
 	"\x1dGetPluginCapabilitiesResponse\x129\n" +
 	"\bservices\x18\x01 \x03(\x0e2\x1d.cloudprovider.v1.ServiceTypeR\bservices\x12E\n" +
 	"\tinstances\x18\x02 \x01(\v2'.cloudprovider.v1.InstancesCapabilitiesR\tinstances\x12<\n" +

@@ -362,7 +362,11 @@ type ServicePort struct {
 	// Providers choose listener types by it.
 	AppProtocol string `protobuf:"bytes,5,opt,name=app_protocol,json=appProtocol,proto3" json:"app_protocol,omitempty"`
 	// spec.ports[].targetPort: a number or a port name, as text; empty when unset.
-	TargetPort    string `protobuf:"bytes,6,opt,name=target_port,json=targetPort,proto3" json:"target_port,omitempty"`
+	TargetPort string `protobuf:"bytes,6,opt,name=target_port,json=targetPort,proto3" json:"target_port,omitempty"`
+	// The ready pods behind this port, when the port has no node port and the provider
+	// advertises LoadBalancersCapabilities.pod_endpoints; empty otherwise. From the Service's
+	// EndpointSlices: each ready address with the slice port of this port's name and protocol.
+	Endpoints     []*PortEndpoint `protobuf:"bytes,7,rep,name=endpoints,proto3" json:"endpoints,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -439,6 +443,77 @@ func (x *ServicePort) GetTargetPort() string {
 	return ""
 }
 
+func (x *ServicePort) GetEndpoints() []*PortEndpoint {
+	if x != nil {
+		return x.Endpoints
+	}
+	return nil
+}
+
+// One pod address behind a Service port.
+type PortEndpoint struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The pod's IP address.
+	Address string `protobuf:"bytes,1,opt,name=address,proto3" json:"address,omitempty"`
+	// The pod's port for this Service port.
+	Port uint32 `protobuf:"varint,2,opt,name=port,proto3" json:"port,omitempty"`
+	// The Node the pod runs on; empty when the EndpointSlice does not say.
+	NodeName      string `protobuf:"bytes,3,opt,name=node_name,json=nodeName,proto3" json:"node_name,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *PortEndpoint) Reset() {
+	*x = PortEndpoint{}
+	mi := &file_cloudprovider_v1_load_balancers_proto_msgTypes[1]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *PortEndpoint) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*PortEndpoint) ProtoMessage() {}
+
+func (x *PortEndpoint) ProtoReflect() protoreflect.Message {
+	mi := &file_cloudprovider_v1_load_balancers_proto_msgTypes[1]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use PortEndpoint.ProtoReflect.Descriptor instead.
+func (*PortEndpoint) Descriptor() ([]byte, []int) {
+	return file_cloudprovider_v1_load_balancers_proto_rawDescGZIP(), []int{1}
+}
+
+func (x *PortEndpoint) GetAddress() string {
+	if x != nil {
+		return x.Address
+	}
+	return ""
+}
+
+func (x *PortEndpoint) GetPort() uint32 {
+	if x != nil {
+		return x.Port
+	}
+	return 0
+}
+
+func (x *PortEndpoint) GetNodeName() string {
+	if x != nil {
+		return x.NodeName
+	}
+	return ""
+}
+
 // What a provider needs of a Service. Copied from the Service; never a Kubernetes type.
 type LoadBalancerService struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -489,7 +564,7 @@ type LoadBalancerService struct {
 
 func (x *LoadBalancerService) Reset() {
 	*x = LoadBalancerService{}
-	mi := &file_cloudprovider_v1_load_balancers_proto_msgTypes[1]
+	mi := &file_cloudprovider_v1_load_balancers_proto_msgTypes[2]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -501,7 +576,7 @@ func (x *LoadBalancerService) String() string {
 func (*LoadBalancerService) ProtoMessage() {}
 
 func (x *LoadBalancerService) ProtoReflect() protoreflect.Message {
-	mi := &file_cloudprovider_v1_load_balancers_proto_msgTypes[1]
+	mi := &file_cloudprovider_v1_load_balancers_proto_msgTypes[2]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -514,7 +589,7 @@ func (x *LoadBalancerService) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LoadBalancerService.ProtoReflect.Descriptor instead.
 func (*LoadBalancerService) Descriptor() ([]byte, []int) {
-	return file_cloudprovider_v1_load_balancers_proto_rawDescGZIP(), []int{1}
+	return file_cloudprovider_v1_load_balancers_proto_rawDescGZIP(), []int{2}
 }
 
 func (x *LoadBalancerService) GetClusterName() string {
@@ -674,7 +749,7 @@ type LoadBalancerNode struct {
 
 func (x *LoadBalancerNode) Reset() {
 	*x = LoadBalancerNode{}
-	mi := &file_cloudprovider_v1_load_balancers_proto_msgTypes[2]
+	mi := &file_cloudprovider_v1_load_balancers_proto_msgTypes[3]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -686,7 +761,7 @@ func (x *LoadBalancerNode) String() string {
 func (*LoadBalancerNode) ProtoMessage() {}
 
 func (x *LoadBalancerNode) ProtoReflect() protoreflect.Message {
-	mi := &file_cloudprovider_v1_load_balancers_proto_msgTypes[2]
+	mi := &file_cloudprovider_v1_load_balancers_proto_msgTypes[3]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -699,7 +774,7 @@ func (x *LoadBalancerNode) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LoadBalancerNode.ProtoReflect.Descriptor instead.
 func (*LoadBalancerNode) Descriptor() ([]byte, []int) {
-	return file_cloudprovider_v1_load_balancers_proto_rawDescGZIP(), []int{2}
+	return file_cloudprovider_v1_load_balancers_proto_rawDescGZIP(), []int{3}
 }
 
 func (x *LoadBalancerNode) GetName() string {
@@ -745,7 +820,7 @@ type PortStatus struct {
 
 func (x *PortStatus) Reset() {
 	*x = PortStatus{}
-	mi := &file_cloudprovider_v1_load_balancers_proto_msgTypes[3]
+	mi := &file_cloudprovider_v1_load_balancers_proto_msgTypes[4]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -757,7 +832,7 @@ func (x *PortStatus) String() string {
 func (*PortStatus) ProtoMessage() {}
 
 func (x *PortStatus) ProtoReflect() protoreflect.Message {
-	mi := &file_cloudprovider_v1_load_balancers_proto_msgTypes[3]
+	mi := &file_cloudprovider_v1_load_balancers_proto_msgTypes[4]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -770,7 +845,7 @@ func (x *PortStatus) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PortStatus.ProtoReflect.Descriptor instead.
 func (*PortStatus) Descriptor() ([]byte, []int) {
-	return file_cloudprovider_v1_load_balancers_proto_rawDescGZIP(), []int{3}
+	return file_cloudprovider_v1_load_balancers_proto_rawDescGZIP(), []int{4}
 }
 
 func (x *PortStatus) GetPort() uint32 {
@@ -811,7 +886,7 @@ type LoadBalancerIngress struct {
 
 func (x *LoadBalancerIngress) Reset() {
 	*x = LoadBalancerIngress{}
-	mi := &file_cloudprovider_v1_load_balancers_proto_msgTypes[4]
+	mi := &file_cloudprovider_v1_load_balancers_proto_msgTypes[5]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -823,7 +898,7 @@ func (x *LoadBalancerIngress) String() string {
 func (*LoadBalancerIngress) ProtoMessage() {}
 
 func (x *LoadBalancerIngress) ProtoReflect() protoreflect.Message {
-	mi := &file_cloudprovider_v1_load_balancers_proto_msgTypes[4]
+	mi := &file_cloudprovider_v1_load_balancers_proto_msgTypes[5]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -836,7 +911,7 @@ func (x *LoadBalancerIngress) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LoadBalancerIngress.ProtoReflect.Descriptor instead.
 func (*LoadBalancerIngress) Descriptor() ([]byte, []int) {
-	return file_cloudprovider_v1_load_balancers_proto_rawDescGZIP(), []int{4}
+	return file_cloudprovider_v1_load_balancers_proto_rawDescGZIP(), []int{5}
 }
 
 func (x *LoadBalancerIngress) GetIp() string {
@@ -878,7 +953,7 @@ type LoadBalancerStatus struct {
 
 func (x *LoadBalancerStatus) Reset() {
 	*x = LoadBalancerStatus{}
-	mi := &file_cloudprovider_v1_load_balancers_proto_msgTypes[5]
+	mi := &file_cloudprovider_v1_load_balancers_proto_msgTypes[6]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -890,7 +965,7 @@ func (x *LoadBalancerStatus) String() string {
 func (*LoadBalancerStatus) ProtoMessage() {}
 
 func (x *LoadBalancerStatus) ProtoReflect() protoreflect.Message {
-	mi := &file_cloudprovider_v1_load_balancers_proto_msgTypes[5]
+	mi := &file_cloudprovider_v1_load_balancers_proto_msgTypes[6]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -903,7 +978,7 @@ func (x *LoadBalancerStatus) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LoadBalancerStatus.ProtoReflect.Descriptor instead.
 func (*LoadBalancerStatus) Descriptor() ([]byte, []int) {
-	return file_cloudprovider_v1_load_balancers_proto_rawDescGZIP(), []int{5}
+	return file_cloudprovider_v1_load_balancers_proto_rawDescGZIP(), []int{6}
 }
 
 func (x *LoadBalancerStatus) GetIngress() []*LoadBalancerIngress {
@@ -924,7 +999,7 @@ type GetLoadBalancerRequest struct {
 
 func (x *GetLoadBalancerRequest) Reset() {
 	*x = GetLoadBalancerRequest{}
-	mi := &file_cloudprovider_v1_load_balancers_proto_msgTypes[6]
+	mi := &file_cloudprovider_v1_load_balancers_proto_msgTypes[7]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -936,7 +1011,7 @@ func (x *GetLoadBalancerRequest) String() string {
 func (*GetLoadBalancerRequest) ProtoMessage() {}
 
 func (x *GetLoadBalancerRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_cloudprovider_v1_load_balancers_proto_msgTypes[6]
+	mi := &file_cloudprovider_v1_load_balancers_proto_msgTypes[7]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -949,7 +1024,7 @@ func (x *GetLoadBalancerRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetLoadBalancerRequest.ProtoReflect.Descriptor instead.
 func (*GetLoadBalancerRequest) Descriptor() ([]byte, []int) {
-	return file_cloudprovider_v1_load_balancers_proto_rawDescGZIP(), []int{6}
+	return file_cloudprovider_v1_load_balancers_proto_rawDescGZIP(), []int{7}
 }
 
 func (x *GetLoadBalancerRequest) GetService() *LoadBalancerService {
@@ -972,7 +1047,7 @@ type GetLoadBalancerResponse struct {
 
 func (x *GetLoadBalancerResponse) Reset() {
 	*x = GetLoadBalancerResponse{}
-	mi := &file_cloudprovider_v1_load_balancers_proto_msgTypes[7]
+	mi := &file_cloudprovider_v1_load_balancers_proto_msgTypes[8]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -984,7 +1059,7 @@ func (x *GetLoadBalancerResponse) String() string {
 func (*GetLoadBalancerResponse) ProtoMessage() {}
 
 func (x *GetLoadBalancerResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_cloudprovider_v1_load_balancers_proto_msgTypes[7]
+	mi := &file_cloudprovider_v1_load_balancers_proto_msgTypes[8]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -997,7 +1072,7 @@ func (x *GetLoadBalancerResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetLoadBalancerResponse.ProtoReflect.Descriptor instead.
 func (*GetLoadBalancerResponse) Descriptor() ([]byte, []int) {
-	return file_cloudprovider_v1_load_balancers_proto_rawDescGZIP(), []int{7}
+	return file_cloudprovider_v1_load_balancers_proto_rawDescGZIP(), []int{8}
 }
 
 func (x *GetLoadBalancerResponse) GetExists() bool {
@@ -1027,7 +1102,7 @@ type EnsureLoadBalancerRequest struct {
 
 func (x *EnsureLoadBalancerRequest) Reset() {
 	*x = EnsureLoadBalancerRequest{}
-	mi := &file_cloudprovider_v1_load_balancers_proto_msgTypes[8]
+	mi := &file_cloudprovider_v1_load_balancers_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1039,7 +1114,7 @@ func (x *EnsureLoadBalancerRequest) String() string {
 func (*EnsureLoadBalancerRequest) ProtoMessage() {}
 
 func (x *EnsureLoadBalancerRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_cloudprovider_v1_load_balancers_proto_msgTypes[8]
+	mi := &file_cloudprovider_v1_load_balancers_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1052,7 +1127,7 @@ func (x *EnsureLoadBalancerRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use EnsureLoadBalancerRequest.ProtoReflect.Descriptor instead.
 func (*EnsureLoadBalancerRequest) Descriptor() ([]byte, []int) {
-	return file_cloudprovider_v1_load_balancers_proto_rawDescGZIP(), []int{8}
+	return file_cloudprovider_v1_load_balancers_proto_rawDescGZIP(), []int{9}
 }
 
 func (x *EnsureLoadBalancerRequest) GetService() *LoadBalancerService {
@@ -1080,7 +1155,7 @@ type EnsureLoadBalancerResponse struct {
 
 func (x *EnsureLoadBalancerResponse) Reset() {
 	*x = EnsureLoadBalancerResponse{}
-	mi := &file_cloudprovider_v1_load_balancers_proto_msgTypes[9]
+	mi := &file_cloudprovider_v1_load_balancers_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1092,7 +1167,7 @@ func (x *EnsureLoadBalancerResponse) String() string {
 func (*EnsureLoadBalancerResponse) ProtoMessage() {}
 
 func (x *EnsureLoadBalancerResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_cloudprovider_v1_load_balancers_proto_msgTypes[9]
+	mi := &file_cloudprovider_v1_load_balancers_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1105,7 +1180,7 @@ func (x *EnsureLoadBalancerResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use EnsureLoadBalancerResponse.ProtoReflect.Descriptor instead.
 func (*EnsureLoadBalancerResponse) Descriptor() ([]byte, []int) {
-	return file_cloudprovider_v1_load_balancers_proto_rawDescGZIP(), []int{9}
+	return file_cloudprovider_v1_load_balancers_proto_rawDescGZIP(), []int{10}
 }
 
 func (x *EnsureLoadBalancerResponse) GetStatus() *LoadBalancerStatus {
@@ -1128,7 +1203,7 @@ type UpdateLoadBalancerHostsRequest struct {
 
 func (x *UpdateLoadBalancerHostsRequest) Reset() {
 	*x = UpdateLoadBalancerHostsRequest{}
-	mi := &file_cloudprovider_v1_load_balancers_proto_msgTypes[10]
+	mi := &file_cloudprovider_v1_load_balancers_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1140,7 +1215,7 @@ func (x *UpdateLoadBalancerHostsRequest) String() string {
 func (*UpdateLoadBalancerHostsRequest) ProtoMessage() {}
 
 func (x *UpdateLoadBalancerHostsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_cloudprovider_v1_load_balancers_proto_msgTypes[10]
+	mi := &file_cloudprovider_v1_load_balancers_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1153,7 +1228,7 @@ func (x *UpdateLoadBalancerHostsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use UpdateLoadBalancerHostsRequest.ProtoReflect.Descriptor instead.
 func (*UpdateLoadBalancerHostsRequest) Descriptor() ([]byte, []int) {
-	return file_cloudprovider_v1_load_balancers_proto_rawDescGZIP(), []int{10}
+	return file_cloudprovider_v1_load_balancers_proto_rawDescGZIP(), []int{11}
 }
 
 func (x *UpdateLoadBalancerHostsRequest) GetService() *LoadBalancerService {
@@ -1179,7 +1254,7 @@ type UpdateLoadBalancerHostsResponse struct {
 
 func (x *UpdateLoadBalancerHostsResponse) Reset() {
 	*x = UpdateLoadBalancerHostsResponse{}
-	mi := &file_cloudprovider_v1_load_balancers_proto_msgTypes[11]
+	mi := &file_cloudprovider_v1_load_balancers_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1191,7 +1266,7 @@ func (x *UpdateLoadBalancerHostsResponse) String() string {
 func (*UpdateLoadBalancerHostsResponse) ProtoMessage() {}
 
 func (x *UpdateLoadBalancerHostsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_cloudprovider_v1_load_balancers_proto_msgTypes[11]
+	mi := &file_cloudprovider_v1_load_balancers_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1204,7 +1279,7 @@ func (x *UpdateLoadBalancerHostsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use UpdateLoadBalancerHostsResponse.ProtoReflect.Descriptor instead.
 func (*UpdateLoadBalancerHostsResponse) Descriptor() ([]byte, []int) {
-	return file_cloudprovider_v1_load_balancers_proto_rawDescGZIP(), []int{11}
+	return file_cloudprovider_v1_load_balancers_proto_rawDescGZIP(), []int{12}
 }
 
 // Request of EnsureLoadBalancerDeleted.
@@ -1218,7 +1293,7 @@ type EnsureLoadBalancerDeletedRequest struct {
 
 func (x *EnsureLoadBalancerDeletedRequest) Reset() {
 	*x = EnsureLoadBalancerDeletedRequest{}
-	mi := &file_cloudprovider_v1_load_balancers_proto_msgTypes[12]
+	mi := &file_cloudprovider_v1_load_balancers_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1230,7 +1305,7 @@ func (x *EnsureLoadBalancerDeletedRequest) String() string {
 func (*EnsureLoadBalancerDeletedRequest) ProtoMessage() {}
 
 func (x *EnsureLoadBalancerDeletedRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_cloudprovider_v1_load_balancers_proto_msgTypes[12]
+	mi := &file_cloudprovider_v1_load_balancers_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1243,7 +1318,7 @@ func (x *EnsureLoadBalancerDeletedRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use EnsureLoadBalancerDeletedRequest.ProtoReflect.Descriptor instead.
 func (*EnsureLoadBalancerDeletedRequest) Descriptor() ([]byte, []int) {
-	return file_cloudprovider_v1_load_balancers_proto_rawDescGZIP(), []int{12}
+	return file_cloudprovider_v1_load_balancers_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *EnsureLoadBalancerDeletedRequest) GetService() *LoadBalancerService {
@@ -1262,7 +1337,7 @@ type EnsureLoadBalancerDeletedResponse struct {
 
 func (x *EnsureLoadBalancerDeletedResponse) Reset() {
 	*x = EnsureLoadBalancerDeletedResponse{}
-	mi := &file_cloudprovider_v1_load_balancers_proto_msgTypes[13]
+	mi := &file_cloudprovider_v1_load_balancers_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1274,7 +1349,7 @@ func (x *EnsureLoadBalancerDeletedResponse) String() string {
 func (*EnsureLoadBalancerDeletedResponse) ProtoMessage() {}
 
 func (x *EnsureLoadBalancerDeletedResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_cloudprovider_v1_load_balancers_proto_msgTypes[13]
+	mi := &file_cloudprovider_v1_load_balancers_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1287,7 +1362,7 @@ func (x *EnsureLoadBalancerDeletedResponse) ProtoReflect() protoreflect.Message 
 
 // Deprecated: Use EnsureLoadBalancerDeletedResponse.ProtoReflect.Descriptor instead.
 func (*EnsureLoadBalancerDeletedResponse) Descriptor() ([]byte, []int) {
-	return file_cloudprovider_v1_load_balancers_proto_rawDescGZIP(), []int{13}
+	return file_cloudprovider_v1_load_balancers_proto_rawDescGZIP(), []int{14}
 }
 
 // Request of ListLoadBalancers.
@@ -1305,7 +1380,7 @@ type ListLoadBalancersRequest struct {
 
 func (x *ListLoadBalancersRequest) Reset() {
 	*x = ListLoadBalancersRequest{}
-	mi := &file_cloudprovider_v1_load_balancers_proto_msgTypes[14]
+	mi := &file_cloudprovider_v1_load_balancers_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1317,7 +1392,7 @@ func (x *ListLoadBalancersRequest) String() string {
 func (*ListLoadBalancersRequest) ProtoMessage() {}
 
 func (x *ListLoadBalancersRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_cloudprovider_v1_load_balancers_proto_msgTypes[14]
+	mi := &file_cloudprovider_v1_load_balancers_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1330,7 +1405,7 @@ func (x *ListLoadBalancersRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListLoadBalancersRequest.ProtoReflect.Descriptor instead.
 func (*ListLoadBalancersRequest) Descriptor() ([]byte, []int) {
-	return file_cloudprovider_v1_load_balancers_proto_rawDescGZIP(), []int{14}
+	return file_cloudprovider_v1_load_balancers_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *ListLoadBalancersRequest) GetClusterName() string {
@@ -1379,7 +1454,7 @@ type LoadBalancerSummary struct {
 
 func (x *LoadBalancerSummary) Reset() {
 	*x = LoadBalancerSummary{}
-	mi := &file_cloudprovider_v1_load_balancers_proto_msgTypes[15]
+	mi := &file_cloudprovider_v1_load_balancers_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1391,7 +1466,7 @@ func (x *LoadBalancerSummary) String() string {
 func (*LoadBalancerSummary) ProtoMessage() {}
 
 func (x *LoadBalancerSummary) ProtoReflect() protoreflect.Message {
-	mi := &file_cloudprovider_v1_load_balancers_proto_msgTypes[15]
+	mi := &file_cloudprovider_v1_load_balancers_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1404,7 +1479,7 @@ func (x *LoadBalancerSummary) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LoadBalancerSummary.ProtoReflect.Descriptor instead.
 func (*LoadBalancerSummary) Descriptor() ([]byte, []int) {
-	return file_cloudprovider_v1_load_balancers_proto_rawDescGZIP(), []int{15}
+	return file_cloudprovider_v1_load_balancers_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *LoadBalancerSummary) GetLoadBalancerName() string {
@@ -1462,7 +1537,7 @@ type ListLoadBalancersResponse struct {
 
 func (x *ListLoadBalancersResponse) Reset() {
 	*x = ListLoadBalancersResponse{}
-	mi := &file_cloudprovider_v1_load_balancers_proto_msgTypes[16]
+	mi := &file_cloudprovider_v1_load_balancers_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1474,7 +1549,7 @@ func (x *ListLoadBalancersResponse) String() string {
 func (*ListLoadBalancersResponse) ProtoMessage() {}
 
 func (x *ListLoadBalancersResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_cloudprovider_v1_load_balancers_proto_msgTypes[16]
+	mi := &file_cloudprovider_v1_load_balancers_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1487,7 +1562,7 @@ func (x *ListLoadBalancersResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListLoadBalancersResponse.ProtoReflect.Descriptor instead.
 func (*ListLoadBalancersResponse) Descriptor() ([]byte, []int) {
-	return file_cloudprovider_v1_load_balancers_proto_rawDescGZIP(), []int{16}
+	return file_cloudprovider_v1_load_balancers_proto_rawDescGZIP(), []int{17}
 }
 
 func (x *ListLoadBalancersResponse) GetLoadBalancers() []*LoadBalancerSummary {
@@ -1518,7 +1593,7 @@ type BatchUpdateLoadBalancerHostsRequest struct {
 
 func (x *BatchUpdateLoadBalancerHostsRequest) Reset() {
 	*x = BatchUpdateLoadBalancerHostsRequest{}
-	mi := &file_cloudprovider_v1_load_balancers_proto_msgTypes[17]
+	mi := &file_cloudprovider_v1_load_balancers_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1530,7 +1605,7 @@ func (x *BatchUpdateLoadBalancerHostsRequest) String() string {
 func (*BatchUpdateLoadBalancerHostsRequest) ProtoMessage() {}
 
 func (x *BatchUpdateLoadBalancerHostsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_cloudprovider_v1_load_balancers_proto_msgTypes[17]
+	mi := &file_cloudprovider_v1_load_balancers_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1543,7 +1618,7 @@ func (x *BatchUpdateLoadBalancerHostsRequest) ProtoReflect() protoreflect.Messag
 
 // Deprecated: Use BatchUpdateLoadBalancerHostsRequest.ProtoReflect.Descriptor instead.
 func (*BatchUpdateLoadBalancerHostsRequest) Descriptor() ([]byte, []int) {
-	return file_cloudprovider_v1_load_balancers_proto_rawDescGZIP(), []int{17}
+	return file_cloudprovider_v1_load_balancers_proto_rawDescGZIP(), []int{18}
 }
 
 func (x *BatchUpdateLoadBalancerHostsRequest) GetNodes() []*LoadBalancerNode {
@@ -1571,7 +1646,7 @@ type HostsUpdateResult struct {
 
 func (x *HostsUpdateResult) Reset() {
 	*x = HostsUpdateResult{}
-	mi := &file_cloudprovider_v1_load_balancers_proto_msgTypes[18]
+	mi := &file_cloudprovider_v1_load_balancers_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1583,7 +1658,7 @@ func (x *HostsUpdateResult) String() string {
 func (*HostsUpdateResult) ProtoMessage() {}
 
 func (x *HostsUpdateResult) ProtoReflect() protoreflect.Message {
-	mi := &file_cloudprovider_v1_load_balancers_proto_msgTypes[18]
+	mi := &file_cloudprovider_v1_load_balancers_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1596,7 +1671,7 @@ func (x *HostsUpdateResult) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use HostsUpdateResult.ProtoReflect.Descriptor instead.
 func (*HostsUpdateResult) Descriptor() ([]byte, []int) {
-	return file_cloudprovider_v1_load_balancers_proto_rawDescGZIP(), []int{18}
+	return file_cloudprovider_v1_load_balancers_proto_rawDescGZIP(), []int{19}
 }
 
 func (x *HostsUpdateResult) GetError() *ItemError {
@@ -1617,7 +1692,7 @@ type BatchUpdateLoadBalancerHostsResponse struct {
 
 func (x *BatchUpdateLoadBalancerHostsResponse) Reset() {
 	*x = BatchUpdateLoadBalancerHostsResponse{}
-	mi := &file_cloudprovider_v1_load_balancers_proto_msgTypes[19]
+	mi := &file_cloudprovider_v1_load_balancers_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1629,7 +1704,7 @@ func (x *BatchUpdateLoadBalancerHostsResponse) String() string {
 func (*BatchUpdateLoadBalancerHostsResponse) ProtoMessage() {}
 
 func (x *BatchUpdateLoadBalancerHostsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_cloudprovider_v1_load_balancers_proto_msgTypes[19]
+	mi := &file_cloudprovider_v1_load_balancers_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1642,7 +1717,7 @@ func (x *BatchUpdateLoadBalancerHostsResponse) ProtoReflect() protoreflect.Messa
 
 // Deprecated: Use BatchUpdateLoadBalancerHostsResponse.ProtoReflect.Descriptor instead.
 func (*BatchUpdateLoadBalancerHostsResponse) Descriptor() ([]byte, []int) {
-	return file_cloudprovider_v1_load_balancers_proto_rawDescGZIP(), []int{19}
+	return file_cloudprovider_v1_load_balancers_proto_rawDescGZIP(), []int{20}
 }
 
 func (x *BatchUpdateLoadBalancerHostsResponse) GetResults() []*HostsUpdateResult {
@@ -1656,7 +1731,7 @@ var File_cloudprovider_v1_load_balancers_proto protoreflect.FileDescriptor
 
 const file_cloudprovider_v1_load_balancers_proto_rawDesc = "" +
 	"\n" +
-	"%cloudprovider/v1/load_balancers.proto\x12\x10cloudprovider.v1\x1a\x1ccloudprovider/v1/types.proto\"\xce\x01\n" +
+	"%cloudprovider/v1/load_balancers.proto\x12\x10cloudprovider.v1\x1a\x1ccloudprovider/v1/types.proto\"\x8c\x02\n" +
 	"\vServicePort\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x126\n" +
 	"\bprotocol\x18\x02 \x01(\x0e2\x1a.cloudprovider.v1.ProtocolR\bprotocol\x12\x12\n" +
@@ -1664,7 +1739,12 @@ const file_cloudprovider_v1_load_balancers_proto_rawDesc = "" +
 	"\tnode_port\x18\x04 \x01(\rR\bnodePort\x12!\n" +
 	"\fapp_protocol\x18\x05 \x01(\tR\vappProtocol\x12\x1f\n" +
 	"\vtarget_port\x18\x06 \x01(\tR\n" +
-	"targetPort\"\x92\n" +
+	"targetPort\x12<\n" +
+	"\tendpoints\x18\a \x03(\v2\x1e.cloudprovider.v1.PortEndpointR\tendpoints\"Y\n" +
+	"\fPortEndpoint\x12\x18\n" +
+	"\aaddress\x18\x01 \x01(\tR\aaddress\x12\x12\n" +
+	"\x04port\x18\x02 \x01(\rR\x04port\x12\x1b\n" +
+	"\tnode_name\x18\x03 \x01(\tR\bnodeName\"\x92\n" +
 	"\n" +
 	"\x13LoadBalancerService\x12!\n" +
 	"\fcluster_name\x18\x01 \x01(\tR\vclusterName\x12\x1c\n" +
@@ -1804,7 +1884,7 @@ func file_cloudprovider_v1_load_balancers_proto_rawDescGZIP() []byte {
 }
 
 var file_cloudprovider_v1_load_balancers_proto_enumTypes = make([]protoimpl.EnumInfo, 6)
-var file_cloudprovider_v1_load_balancers_proto_msgTypes = make([]protoimpl.MessageInfo, 23)
+var file_cloudprovider_v1_load_balancers_proto_msgTypes = make([]protoimpl.MessageInfo, 24)
 var file_cloudprovider_v1_load_balancers_proto_goTypes = []any{
 	(Protocol)(0),                                // 0: cloudprovider.v1.Protocol
 	(SessionAffinity)(0),                         // 1: cloudprovider.v1.SessionAffinity
@@ -1813,78 +1893,80 @@ var file_cloudprovider_v1_load_balancers_proto_goTypes = []any{
 	(ExternalTrafficPolicy)(0),                   // 4: cloudprovider.v1.ExternalTrafficPolicy
 	(IpMode)(0),                                  // 5: cloudprovider.v1.IpMode
 	(*ServicePort)(nil),                          // 6: cloudprovider.v1.ServicePort
-	(*LoadBalancerService)(nil),                  // 7: cloudprovider.v1.LoadBalancerService
-	(*LoadBalancerNode)(nil),                     // 8: cloudprovider.v1.LoadBalancerNode
-	(*PortStatus)(nil),                           // 9: cloudprovider.v1.PortStatus
-	(*LoadBalancerIngress)(nil),                  // 10: cloudprovider.v1.LoadBalancerIngress
-	(*LoadBalancerStatus)(nil),                   // 11: cloudprovider.v1.LoadBalancerStatus
-	(*GetLoadBalancerRequest)(nil),               // 12: cloudprovider.v1.GetLoadBalancerRequest
-	(*GetLoadBalancerResponse)(nil),              // 13: cloudprovider.v1.GetLoadBalancerResponse
-	(*EnsureLoadBalancerRequest)(nil),            // 14: cloudprovider.v1.EnsureLoadBalancerRequest
-	(*EnsureLoadBalancerResponse)(nil),           // 15: cloudprovider.v1.EnsureLoadBalancerResponse
-	(*UpdateLoadBalancerHostsRequest)(nil),       // 16: cloudprovider.v1.UpdateLoadBalancerHostsRequest
-	(*UpdateLoadBalancerHostsResponse)(nil),      // 17: cloudprovider.v1.UpdateLoadBalancerHostsResponse
-	(*EnsureLoadBalancerDeletedRequest)(nil),     // 18: cloudprovider.v1.EnsureLoadBalancerDeletedRequest
-	(*EnsureLoadBalancerDeletedResponse)(nil),    // 19: cloudprovider.v1.EnsureLoadBalancerDeletedResponse
-	(*ListLoadBalancersRequest)(nil),             // 20: cloudprovider.v1.ListLoadBalancersRequest
-	(*LoadBalancerSummary)(nil),                  // 21: cloudprovider.v1.LoadBalancerSummary
-	(*ListLoadBalancersResponse)(nil),            // 22: cloudprovider.v1.ListLoadBalancersResponse
-	(*BatchUpdateLoadBalancerHostsRequest)(nil),  // 23: cloudprovider.v1.BatchUpdateLoadBalancerHostsRequest
-	(*HostsUpdateResult)(nil),                    // 24: cloudprovider.v1.HostsUpdateResult
-	(*BatchUpdateLoadBalancerHostsResponse)(nil), // 25: cloudprovider.v1.BatchUpdateLoadBalancerHostsResponse
-	nil,                 // 26: cloudprovider.v1.LoadBalancerService.AnnotationsEntry
-	nil,                 // 27: cloudprovider.v1.LoadBalancerService.LabelsEntry
-	nil,                 // 28: cloudprovider.v1.LoadBalancerNode.LabelsEntry
-	(*NodeAddress)(nil), // 29: cloudprovider.v1.NodeAddress
-	(*ItemError)(nil),   // 30: cloudprovider.v1.ItemError
+	(*PortEndpoint)(nil),                         // 7: cloudprovider.v1.PortEndpoint
+	(*LoadBalancerService)(nil),                  // 8: cloudprovider.v1.LoadBalancerService
+	(*LoadBalancerNode)(nil),                     // 9: cloudprovider.v1.LoadBalancerNode
+	(*PortStatus)(nil),                           // 10: cloudprovider.v1.PortStatus
+	(*LoadBalancerIngress)(nil),                  // 11: cloudprovider.v1.LoadBalancerIngress
+	(*LoadBalancerStatus)(nil),                   // 12: cloudprovider.v1.LoadBalancerStatus
+	(*GetLoadBalancerRequest)(nil),               // 13: cloudprovider.v1.GetLoadBalancerRequest
+	(*GetLoadBalancerResponse)(nil),              // 14: cloudprovider.v1.GetLoadBalancerResponse
+	(*EnsureLoadBalancerRequest)(nil),            // 15: cloudprovider.v1.EnsureLoadBalancerRequest
+	(*EnsureLoadBalancerResponse)(nil),           // 16: cloudprovider.v1.EnsureLoadBalancerResponse
+	(*UpdateLoadBalancerHostsRequest)(nil),       // 17: cloudprovider.v1.UpdateLoadBalancerHostsRequest
+	(*UpdateLoadBalancerHostsResponse)(nil),      // 18: cloudprovider.v1.UpdateLoadBalancerHostsResponse
+	(*EnsureLoadBalancerDeletedRequest)(nil),     // 19: cloudprovider.v1.EnsureLoadBalancerDeletedRequest
+	(*EnsureLoadBalancerDeletedResponse)(nil),    // 20: cloudprovider.v1.EnsureLoadBalancerDeletedResponse
+	(*ListLoadBalancersRequest)(nil),             // 21: cloudprovider.v1.ListLoadBalancersRequest
+	(*LoadBalancerSummary)(nil),                  // 22: cloudprovider.v1.LoadBalancerSummary
+	(*ListLoadBalancersResponse)(nil),            // 23: cloudprovider.v1.ListLoadBalancersResponse
+	(*BatchUpdateLoadBalancerHostsRequest)(nil),  // 24: cloudprovider.v1.BatchUpdateLoadBalancerHostsRequest
+	(*HostsUpdateResult)(nil),                    // 25: cloudprovider.v1.HostsUpdateResult
+	(*BatchUpdateLoadBalancerHostsResponse)(nil), // 26: cloudprovider.v1.BatchUpdateLoadBalancerHostsResponse
+	nil,                 // 27: cloudprovider.v1.LoadBalancerService.AnnotationsEntry
+	nil,                 // 28: cloudprovider.v1.LoadBalancerService.LabelsEntry
+	nil,                 // 29: cloudprovider.v1.LoadBalancerNode.LabelsEntry
+	(*NodeAddress)(nil), // 30: cloudprovider.v1.NodeAddress
+	(*ItemError)(nil),   // 31: cloudprovider.v1.ItemError
 }
 var file_cloudprovider_v1_load_balancers_proto_depIdxs = []int32{
 	0,  // 0: cloudprovider.v1.ServicePort.protocol:type_name -> cloudprovider.v1.Protocol
-	6,  // 1: cloudprovider.v1.LoadBalancerService.ports:type_name -> cloudprovider.v1.ServicePort
-	1,  // 2: cloudprovider.v1.LoadBalancerService.session_affinity:type_name -> cloudprovider.v1.SessionAffinity
-	2,  // 3: cloudprovider.v1.LoadBalancerService.ip_families:type_name -> cloudprovider.v1.IpFamily
-	4,  // 4: cloudprovider.v1.LoadBalancerService.external_traffic_policy:type_name -> cloudprovider.v1.ExternalTrafficPolicy
-	26, // 5: cloudprovider.v1.LoadBalancerService.annotations:type_name -> cloudprovider.v1.LoadBalancerService.AnnotationsEntry
-	3,  // 6: cloudprovider.v1.LoadBalancerService.ip_family_policy:type_name -> cloudprovider.v1.IpFamilyPolicy
-	27, // 7: cloudprovider.v1.LoadBalancerService.labels:type_name -> cloudprovider.v1.LoadBalancerService.LabelsEntry
-	11, // 8: cloudprovider.v1.LoadBalancerService.current_status:type_name -> cloudprovider.v1.LoadBalancerStatus
-	29, // 9: cloudprovider.v1.LoadBalancerNode.addresses:type_name -> cloudprovider.v1.NodeAddress
-	28, // 10: cloudprovider.v1.LoadBalancerNode.labels:type_name -> cloudprovider.v1.LoadBalancerNode.LabelsEntry
-	0,  // 11: cloudprovider.v1.PortStatus.protocol:type_name -> cloudprovider.v1.Protocol
-	5,  // 12: cloudprovider.v1.LoadBalancerIngress.ip_mode:type_name -> cloudprovider.v1.IpMode
-	9,  // 13: cloudprovider.v1.LoadBalancerIngress.ports:type_name -> cloudprovider.v1.PortStatus
-	10, // 14: cloudprovider.v1.LoadBalancerStatus.ingress:type_name -> cloudprovider.v1.LoadBalancerIngress
-	7,  // 15: cloudprovider.v1.GetLoadBalancerRequest.service:type_name -> cloudprovider.v1.LoadBalancerService
-	11, // 16: cloudprovider.v1.GetLoadBalancerResponse.status:type_name -> cloudprovider.v1.LoadBalancerStatus
-	7,  // 17: cloudprovider.v1.EnsureLoadBalancerRequest.service:type_name -> cloudprovider.v1.LoadBalancerService
-	8,  // 18: cloudprovider.v1.EnsureLoadBalancerRequest.nodes:type_name -> cloudprovider.v1.LoadBalancerNode
-	11, // 19: cloudprovider.v1.EnsureLoadBalancerResponse.status:type_name -> cloudprovider.v1.LoadBalancerStatus
-	7,  // 20: cloudprovider.v1.UpdateLoadBalancerHostsRequest.service:type_name -> cloudprovider.v1.LoadBalancerService
-	8,  // 21: cloudprovider.v1.UpdateLoadBalancerHostsRequest.nodes:type_name -> cloudprovider.v1.LoadBalancerNode
-	7,  // 22: cloudprovider.v1.EnsureLoadBalancerDeletedRequest.service:type_name -> cloudprovider.v1.LoadBalancerService
-	11, // 23: cloudprovider.v1.LoadBalancerSummary.status:type_name -> cloudprovider.v1.LoadBalancerStatus
-	21, // 24: cloudprovider.v1.ListLoadBalancersResponse.load_balancers:type_name -> cloudprovider.v1.LoadBalancerSummary
-	8,  // 25: cloudprovider.v1.BatchUpdateLoadBalancerHostsRequest.nodes:type_name -> cloudprovider.v1.LoadBalancerNode
-	7,  // 26: cloudprovider.v1.BatchUpdateLoadBalancerHostsRequest.services:type_name -> cloudprovider.v1.LoadBalancerService
-	30, // 27: cloudprovider.v1.HostsUpdateResult.error:type_name -> cloudprovider.v1.ItemError
-	24, // 28: cloudprovider.v1.BatchUpdateLoadBalancerHostsResponse.results:type_name -> cloudprovider.v1.HostsUpdateResult
-	12, // 29: cloudprovider.v1.LoadBalancersService.GetLoadBalancer:input_type -> cloudprovider.v1.GetLoadBalancerRequest
-	14, // 30: cloudprovider.v1.LoadBalancersService.EnsureLoadBalancer:input_type -> cloudprovider.v1.EnsureLoadBalancerRequest
-	16, // 31: cloudprovider.v1.LoadBalancersService.UpdateLoadBalancerHosts:input_type -> cloudprovider.v1.UpdateLoadBalancerHostsRequest
-	18, // 32: cloudprovider.v1.LoadBalancersService.EnsureLoadBalancerDeleted:input_type -> cloudprovider.v1.EnsureLoadBalancerDeletedRequest
-	20, // 33: cloudprovider.v1.LoadBalancersService.ListLoadBalancers:input_type -> cloudprovider.v1.ListLoadBalancersRequest
-	23, // 34: cloudprovider.v1.LoadBalancersService.BatchUpdateLoadBalancerHosts:input_type -> cloudprovider.v1.BatchUpdateLoadBalancerHostsRequest
-	13, // 35: cloudprovider.v1.LoadBalancersService.GetLoadBalancer:output_type -> cloudprovider.v1.GetLoadBalancerResponse
-	15, // 36: cloudprovider.v1.LoadBalancersService.EnsureLoadBalancer:output_type -> cloudprovider.v1.EnsureLoadBalancerResponse
-	17, // 37: cloudprovider.v1.LoadBalancersService.UpdateLoadBalancerHosts:output_type -> cloudprovider.v1.UpdateLoadBalancerHostsResponse
-	19, // 38: cloudprovider.v1.LoadBalancersService.EnsureLoadBalancerDeleted:output_type -> cloudprovider.v1.EnsureLoadBalancerDeletedResponse
-	22, // 39: cloudprovider.v1.LoadBalancersService.ListLoadBalancers:output_type -> cloudprovider.v1.ListLoadBalancersResponse
-	25, // 40: cloudprovider.v1.LoadBalancersService.BatchUpdateLoadBalancerHosts:output_type -> cloudprovider.v1.BatchUpdateLoadBalancerHostsResponse
-	35, // [35:41] is the sub-list for method output_type
-	29, // [29:35] is the sub-list for method input_type
-	29, // [29:29] is the sub-list for extension type_name
-	29, // [29:29] is the sub-list for extension extendee
-	0,  // [0:29] is the sub-list for field type_name
+	7,  // 1: cloudprovider.v1.ServicePort.endpoints:type_name -> cloudprovider.v1.PortEndpoint
+	6,  // 2: cloudprovider.v1.LoadBalancerService.ports:type_name -> cloudprovider.v1.ServicePort
+	1,  // 3: cloudprovider.v1.LoadBalancerService.session_affinity:type_name -> cloudprovider.v1.SessionAffinity
+	2,  // 4: cloudprovider.v1.LoadBalancerService.ip_families:type_name -> cloudprovider.v1.IpFamily
+	4,  // 5: cloudprovider.v1.LoadBalancerService.external_traffic_policy:type_name -> cloudprovider.v1.ExternalTrafficPolicy
+	27, // 6: cloudprovider.v1.LoadBalancerService.annotations:type_name -> cloudprovider.v1.LoadBalancerService.AnnotationsEntry
+	3,  // 7: cloudprovider.v1.LoadBalancerService.ip_family_policy:type_name -> cloudprovider.v1.IpFamilyPolicy
+	28, // 8: cloudprovider.v1.LoadBalancerService.labels:type_name -> cloudprovider.v1.LoadBalancerService.LabelsEntry
+	12, // 9: cloudprovider.v1.LoadBalancerService.current_status:type_name -> cloudprovider.v1.LoadBalancerStatus
+	30, // 10: cloudprovider.v1.LoadBalancerNode.addresses:type_name -> cloudprovider.v1.NodeAddress
+	29, // 11: cloudprovider.v1.LoadBalancerNode.labels:type_name -> cloudprovider.v1.LoadBalancerNode.LabelsEntry
+	0,  // 12: cloudprovider.v1.PortStatus.protocol:type_name -> cloudprovider.v1.Protocol
+	5,  // 13: cloudprovider.v1.LoadBalancerIngress.ip_mode:type_name -> cloudprovider.v1.IpMode
+	10, // 14: cloudprovider.v1.LoadBalancerIngress.ports:type_name -> cloudprovider.v1.PortStatus
+	11, // 15: cloudprovider.v1.LoadBalancerStatus.ingress:type_name -> cloudprovider.v1.LoadBalancerIngress
+	8,  // 16: cloudprovider.v1.GetLoadBalancerRequest.service:type_name -> cloudprovider.v1.LoadBalancerService
+	12, // 17: cloudprovider.v1.GetLoadBalancerResponse.status:type_name -> cloudprovider.v1.LoadBalancerStatus
+	8,  // 18: cloudprovider.v1.EnsureLoadBalancerRequest.service:type_name -> cloudprovider.v1.LoadBalancerService
+	9,  // 19: cloudprovider.v1.EnsureLoadBalancerRequest.nodes:type_name -> cloudprovider.v1.LoadBalancerNode
+	12, // 20: cloudprovider.v1.EnsureLoadBalancerResponse.status:type_name -> cloudprovider.v1.LoadBalancerStatus
+	8,  // 21: cloudprovider.v1.UpdateLoadBalancerHostsRequest.service:type_name -> cloudprovider.v1.LoadBalancerService
+	9,  // 22: cloudprovider.v1.UpdateLoadBalancerHostsRequest.nodes:type_name -> cloudprovider.v1.LoadBalancerNode
+	8,  // 23: cloudprovider.v1.EnsureLoadBalancerDeletedRequest.service:type_name -> cloudprovider.v1.LoadBalancerService
+	12, // 24: cloudprovider.v1.LoadBalancerSummary.status:type_name -> cloudprovider.v1.LoadBalancerStatus
+	22, // 25: cloudprovider.v1.ListLoadBalancersResponse.load_balancers:type_name -> cloudprovider.v1.LoadBalancerSummary
+	9,  // 26: cloudprovider.v1.BatchUpdateLoadBalancerHostsRequest.nodes:type_name -> cloudprovider.v1.LoadBalancerNode
+	8,  // 27: cloudprovider.v1.BatchUpdateLoadBalancerHostsRequest.services:type_name -> cloudprovider.v1.LoadBalancerService
+	31, // 28: cloudprovider.v1.HostsUpdateResult.error:type_name -> cloudprovider.v1.ItemError
+	25, // 29: cloudprovider.v1.BatchUpdateLoadBalancerHostsResponse.results:type_name -> cloudprovider.v1.HostsUpdateResult
+	13, // 30: cloudprovider.v1.LoadBalancersService.GetLoadBalancer:input_type -> cloudprovider.v1.GetLoadBalancerRequest
+	15, // 31: cloudprovider.v1.LoadBalancersService.EnsureLoadBalancer:input_type -> cloudprovider.v1.EnsureLoadBalancerRequest
+	17, // 32: cloudprovider.v1.LoadBalancersService.UpdateLoadBalancerHosts:input_type -> cloudprovider.v1.UpdateLoadBalancerHostsRequest
+	19, // 33: cloudprovider.v1.LoadBalancersService.EnsureLoadBalancerDeleted:input_type -> cloudprovider.v1.EnsureLoadBalancerDeletedRequest
+	21, // 34: cloudprovider.v1.LoadBalancersService.ListLoadBalancers:input_type -> cloudprovider.v1.ListLoadBalancersRequest
+	24, // 35: cloudprovider.v1.LoadBalancersService.BatchUpdateLoadBalancerHosts:input_type -> cloudprovider.v1.BatchUpdateLoadBalancerHostsRequest
+	14, // 36: cloudprovider.v1.LoadBalancersService.GetLoadBalancer:output_type -> cloudprovider.v1.GetLoadBalancerResponse
+	16, // 37: cloudprovider.v1.LoadBalancersService.EnsureLoadBalancer:output_type -> cloudprovider.v1.EnsureLoadBalancerResponse
+	18, // 38: cloudprovider.v1.LoadBalancersService.UpdateLoadBalancerHosts:output_type -> cloudprovider.v1.UpdateLoadBalancerHostsResponse
+	20, // 39: cloudprovider.v1.LoadBalancersService.EnsureLoadBalancerDeleted:output_type -> cloudprovider.v1.EnsureLoadBalancerDeletedResponse
+	23, // 40: cloudprovider.v1.LoadBalancersService.ListLoadBalancers:output_type -> cloudprovider.v1.ListLoadBalancersResponse
+	26, // 41: cloudprovider.v1.LoadBalancersService.BatchUpdateLoadBalancerHosts:output_type -> cloudprovider.v1.BatchUpdateLoadBalancerHostsResponse
+	36, // [36:42] is the sub-list for method output_type
+	30, // [30:36] is the sub-list for method input_type
+	30, // [30:30] is the sub-list for extension type_name
+	30, // [30:30] is the sub-list for extension extendee
+	0,  // [0:30] is the sub-list for field type_name
 }
 
 func init() { file_cloudprovider_v1_load_balancers_proto_init() }
@@ -1893,14 +1975,14 @@ func file_cloudprovider_v1_load_balancers_proto_init() {
 		return
 	}
 	file_cloudprovider_v1_types_proto_init()
-	file_cloudprovider_v1_load_balancers_proto_msgTypes[1].OneofWrappers = []any{}
+	file_cloudprovider_v1_load_balancers_proto_msgTypes[2].OneofWrappers = []any{}
 	type x struct{}
 	out := protoimpl.TypeBuilder{
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_cloudprovider_v1_load_balancers_proto_rawDesc), len(file_cloudprovider_v1_load_balancers_proto_rawDesc)),
 			NumEnums:      6,
-			NumMessages:   23,
+			NumMessages:   24,
 			NumExtensions: 0,
 			NumServices:   1,
 		},
