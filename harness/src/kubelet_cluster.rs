@@ -382,11 +382,14 @@ fn kube_proxy_config(name: &str, kubeconfig: &Path) -> String {
 }
 
 /// The bridge CNI configuration for a node's podCIDR (what a network DaemonSet such as
-/// kindnet writes once kube-controller-manager has allocated the CIDR).
+/// kindnet writes once kube-controller-manager has allocated the CIDR). No masquerade of its
+/// own: the bridge plugin's would hide a pod's address from pods on other nodes (it spares
+/// only the node's own /24); [`KubeletCluster::route_pod_networks`] masquerades what leaves
+/// the cluster's pod network, as kindnet does.
 fn cni_config(pod_cidr: &str) -> String {
     format!(
         r#"{{"cniVersion": "1.0.0", "name": "ccm-e2e", "plugins": [
-  {{"type": "bridge", "bridge": "cni0", "isGateway": true, "ipMasq": true, "hairpinMode": true,
+  {{"type": "bridge", "bridge": "cni0", "isGateway": true, "ipMasq": false, "hairpinMode": true,
     "ipam": {{"type": "host-local", "ranges": [[{{"subnet": "{pod_cidr}"}}]], "routes": [{{"dst": "0.0.0.0/0"}}]}}}},
   {{"type": "portmap", "capabilities": {{"portMappings": true}}}}
 ]}}
@@ -726,7 +729,8 @@ impl KubeletCluster {
 
     /// Routes every node's podCIDR to it from the other nodes and from the edge, as a network
     /// DaemonSet (kindnet) and a cloud's routes would: pods on different nodes reach each
-    /// other, and the edge reaches every pod.
+    /// other, and the edge reaches every pod; and masquerades what pods send out of the pod
+    /// network.
     fn route_pod_networks(&self, items: &[serde_json::Value]) -> anyhow::Result<()> {
         let cidrs: Vec<(Ipv4Addr, String)> = self
             .nodes
@@ -743,7 +747,17 @@ impl KubeletCluster {
                 .filter(|(ip, _)| Some(*ip) != own)
                 .map(|(ip, cidr)| format!("ip route replace {cidr} via {ip} && "))
                 .collect();
-            sh(&format!("nsenter --target {pid} --net sh -c '{routes}true'"), "routing the pod networks")?;
+            // Pods keep their address towards pods anywhere in the cluster; what leaves the
+            // pod network (the API server, the edge) is masqueraded to the node's address.
+            let masquerade = if own.is_some() {
+                format!(
+                    "iptables -t nat -C POSTROUTING -s {CLUSTER_CIDR} ! -d {CLUSTER_CIDR} -j MASQUERADE 2>/dev/null || \
+                     iptables -t nat -A POSTROUTING -s {CLUSTER_CIDR} ! -d {CLUSTER_CIDR} -j MASQUERADE"
+                )
+            } else {
+                "true".to_string()
+            };
+            sh(&format!("nsenter --target {pid} --net sh -c '{routes}{masquerade}'"), "routing the pod networks")?;
         }
         Ok(())
     }

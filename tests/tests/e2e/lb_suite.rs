@@ -15,7 +15,6 @@ use crate::support::workspace_binary;
 const SUITE_SIZE: usize = 17;
 
 #[test]
-#[ignore = "work in progress: enabled once the 17 pass here"]
 fn kubernetes_own_load_balancer_tests_pass_against_the_core() {
     if let Err(why) = lb_suite::check_machine() {
         if std::env::var_os(kubelet_cluster::REQUIRE).is_some() {
@@ -25,9 +24,7 @@ fn kubernetes_own_load_balancer_tests_pass_against_the_core() {
         return;
     }
     let out = Path::new(env!("CARGO_MANIFEST_DIR")).join("../target/lb-suite");
-    let mut options = Options::new(workspace_binary("ccm-provider-sim"), out);
-    // The tests mostly wait (grace periods, rollouts): three at a time fit 2 cores.
-    options.procs = 3;
+    let options = Options::new(workspace_binary("ccm-provider-sim"), out);
     let report = lb_suite::run(&options).expect("the suite ran");
     eprintln!("{}", report.table());
     if let Some(figures) = &report.dataplane {
