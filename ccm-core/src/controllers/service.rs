@@ -396,6 +396,9 @@ impl ServiceController {
             }
         };
         if !identity.pod_endpoints() {
+            // Nothing to watch; a task of the controller that ends is its failure, so this
+            // one waits for the stop like the others.
+            stop.cancelled().await;
             return;
         }
         self.pod_endpoints.store(true, Ordering::Release);
@@ -415,7 +418,11 @@ impl ServiceController {
                 this.queue.add(service.to_string());
             }
         };
-        self.endpoints.watch(api, config, changed, stop).await;
+        self.endpoints.watch(api, config, changed, stop.clone()).await;
+        // The watch ends only at the stop (or when its stream does, which is a failure).
+        if !stop.is_cancelled() {
+            tracing::error!("the EndpointSlice watch ended");
+        }
     }
 
     fn handled(&self, svc: &Service) -> bool {
