@@ -26,13 +26,11 @@ const RENEW_EVERY: Duration = Duration::from_secs(20 * 60);
 /// built with `node-controller`'s client), `route-controller`, `service-controller`.
 /// `controller`: the controller's own name (`route-controller` for the route controller).
 pub fn service_account(controller: &str, names: crate::options::ServiceAccountNames) -> &str {
-    use crate::controllers::{ipam, node, node_lifecycle, route, service};
     use crate::options::ServiceAccountNames;
-    match (names, controller) {
-        (_, route::NAME) => "route-controller",
-        (ServiceAccountNames::Upstream, node::NAME | node_lifecycle::NAME | ipam::NAME) => "node-controller",
-        (ServiceAccountNames::Upstream, service::NAME) => "service-controller",
-        (_, other) => other,
+    match (crate::controllers::registry::named(controller), names) {
+        (Some(c), ServiceAccountNames::Upstream) => c.upstream_account,
+        (Some(c), ServiceAccountNames::Controller) => c.own_account,
+        (None, _) => controller,
     }
 }
 

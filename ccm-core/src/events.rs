@@ -11,6 +11,7 @@
 //! (kube-runtime's `Recorder` keeps every Event it sent, whole, for six minutes and scans them
 //! all on every publish: at 5000 Nodes and 5000 Services that was 80 MiB of the core's peak.)
 
+use ccm_protocol::lock::Lock;
 use std::hash::{Hash, Hasher};
 use std::num::NonZeroUsize;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -129,7 +130,7 @@ impl Recorder {
     /// and remembers it.
     fn occur(&self, note: &Note, now: Timestamp) -> Write {
         let key = note.key();
-        let mut series = self.series.lock().unwrap_or_else(|p| p.into_inner());
+        let mut series = self.series.locked();
         if let Some(sent) = series.get_mut(&key)
             && now.duration_since(sent.last) < SERIES_WINDOW
         {
@@ -145,7 +146,7 @@ impl Recorder {
 
     /// Forgets `note`'s series (its Event could not be written, or is gone).
     fn forget(&self, note: &Note) {
-        self.series.lock().unwrap_or_else(|p| p.into_inner()).pop(&note.key());
+        self.series.locked().pop(&note.key());
     }
 
     /// Writes one occurrence of `note`: a new Event, or the count of the recent one. `fence`,

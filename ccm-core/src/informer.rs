@@ -5,6 +5,7 @@
 //! Objects are slimmed before they are stored: managed fields and other bulk no controller
 //! reads are dropped, so memory grows with what the controllers use, not with object size.
 
+use ccm_protocol::lock::Lock;
 use std::collections::HashSet;
 use std::fmt::Debug;
 use std::hash::Hash;
@@ -130,7 +131,7 @@ where
                 let Some(event) = event else { return };
                 match event {
                     Ok(mut event) => {
-                        *failing.lock().unwrap_or_else(|p| p.into_inner()) = Failures::default();
+                        *failing.locked() = Failures::default();
                         match &mut event {
                             Event::Apply(obj) | Event::InitApply(obj) | Event::Delete(obj) => slim(obj),
                             Event::Init | Event::InitDone => {}
@@ -140,7 +141,7 @@ where
                     Err(error) => {
                         tracing::warn!(%error, kind = %K::kind(&Default::default()), "watch failed; retrying with backoff");
                         let now = tokio::time::Instant::now();
-                        let mut f = failing.lock().unwrap_or_else(|p| p.into_inner());
+                        let mut f = failing.locked();
                         let ongoing = f.last.as_ref().is_some_and(|(at, _)| now.duration_since(*at) < FAILURE_RUN_GAP);
                         if !ongoing {
                             f.since = Some(now);
@@ -156,7 +157,7 @@ where
     /// How long the watch has been failing, with its last error: `None` while it works (or
     /// since no failure came for 40 s).
     pub fn failing(&self) -> Option<(std::time::Duration, String)> {
-        let f = self.failures.lock().unwrap_or_else(|p| p.into_inner());
+        let f = self.failures.locked();
         let (at, error) = f.last.as_ref()?;
         if at.elapsed() >= FAILURE_RUN_GAP {
             return None;

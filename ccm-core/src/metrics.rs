@@ -1,5 +1,6 @@
 //! Prometheus metrics of the core: provider calls, work queues, reconciles, leadership.
 
+use ccm_protocol::lock::Lock;
 use std::sync::Arc;
 use std::sync::atomic::AtomicI64;
 use std::time::Duration;
@@ -76,10 +77,7 @@ pub struct Metrics {
 
 /// Upstream's work queue name for a controller's queue.
 fn queue_name(controller: &str) -> &str {
-    match controller {
-        "service-lb-controller" => "service",
-        other => other,
-    }
+    crate::controllers::registry::named(controller).map_or(controller, |c| c.queue)
 }
 
 impl Default for Metrics {
@@ -196,12 +194,12 @@ impl Metrics {
 
     /// Marks the process as failing (/readyz says why until it exits).
     pub fn set_failed(&self, why: String) {
-        *self.failure.lock().unwrap_or_else(|p| p.into_inner()) = Some(why);
+        *self.failure.locked() = Some(why);
     }
 
     /// Why the process is failing, if it is.
     pub fn failure(&self) -> Option<String> {
-        self.failure.lock().unwrap_or_else(|p| p.into_inner()).clone()
+        self.failure.locked().clone()
     }
 
     /// An Event dropped because too many waited for the write budget.
@@ -289,7 +287,7 @@ impl Metrics {
     pub fn lease_held(&self, lease: &str, held: bool) {
         self.leases.get_or_create(&LeaseLabels { lease: lease.to_string() }).set(i64::from(held));
         self.upstream.lease_held(lease, held);
-        let mut set = self.held.lock().unwrap_or_else(|p| p.into_inner());
+        let mut set = self.held.locked();
         if held {
             set.insert(lease.to_string());
         } else {
@@ -302,14 +300,14 @@ impl Metrics {
     /// (`rest_client_requests_total`, `rest_client_request_duration_seconds`).
     pub fn kube_client(&self, config: kube::Config) -> Result<kube::Client, kube::Error> {
         let host = config.cluster_url.authority().map(|a| a.to_string()).unwrap_or_default();
-        host.clone_into(&mut self.api_host.lock().unwrap_or_else(|p| p.into_inner()));
+        host.clone_into(&mut self.api_host.locked());
         let builder = kube::client::ClientBuilder::try_from(config)?;
         Ok(builder.with_layer(&crate::upstream_metrics::RestClientLayer::new(self.upstream.clone(), host)).build())
     }
 
     /// How long a write waited for the client-side budget (`rest_client_rate_limiter_duration_seconds`).
     pub fn rate_limited(&self, waited: Duration) {
-        let host = self.api_host.lock().unwrap_or_else(|p| p.into_inner()).clone();
+        let host = self.api_host.locked().clone();
         self.upstream.rate_limited(&host, "write", waited);
     }
 

@@ -12,34 +12,11 @@ use std::time::Duration;
 
 use clap::Parser;
 
-/// Controller names, with the aliases upstream accepts.
-pub const CONTROLLERS: &[(&str, &str)] = &[
-    ("cloud-node-controller", "cloud-node"),
-    ("cloud-node-lifecycle-controller", "cloud-node-lifecycle"),
-    ("node-route-controller", "route"),
-    ("service-lb-controller", "service"),
-    ("node-ipam-controller", "nodeipam"),
-];
-
-/// The controllers this build implements (the others are accepted and reported as missing).
-pub const IMPLEMENTED: &[&str] = &[
-    "cloud-node-controller",
-    "cloud-node-lifecycle-controller",
-    "node-route-controller",
-    "service-lb-controller",
-    "node-ipam-controller",
-];
-
 /// The canonical name of a controller from any of its spellings: the canonical name, the
 /// alias upstream accepts in `--controllers`, or the name kube-controller-manager used
 /// (`route-controller`, `service-controller`) in leader migration configurations.
 pub fn canonical_controller(name: &str) -> Option<&'static str> {
-    let legacy = match name {
-        "route-controller" => "node-route-controller",
-        "service-controller" => "service-lb-controller",
-        other => other,
-    };
-    CONTROLLERS.iter().find(|(full, short)| *full == legacy || *short == legacy).map(|(full, _)| *full)
+    crate::controllers::registry::find(name).map(|c| c.name)
 }
 
 /// The controllers' ServiceAccounts (`--service-account-names`).
@@ -504,7 +481,7 @@ impl Options {
     pub fn enabled_controllers(&self) -> Result<BTreeSet<&'static str>, InvalidFlags> {
         let resolve = |name: &str| {
             canonical_controller(name).ok_or_else(|| {
-                let known: Vec<&str> = CONTROLLERS.iter().map(|(f, _)| *f).collect();
+                let known: Vec<&str> = crate::controllers::registry::names().collect();
                 format!("unknown controller {name:?} in --controllers (known: {})", known.join(", "))
             })
         };
@@ -521,12 +498,10 @@ impl Options {
             }
         }
         if star {
-            enabled.extend(CONTROLLERS.iter().map(|(full, _)| *full));
+            enabled.extend(crate::controllers::registry::names());
         }
         // Node IPAM runs only when asked for with --allocate-node-cidrs, as upstream's.
-        if !self.allocate_node_cidrs() {
-            enabled.remove(crate::controllers::ipam::NAME);
-        }
+        enabled.retain(|name| crate::controllers::registry::named(name).is_some_and(|c| (c.starts)(self)));
         Ok(enabled.difference(&disabled).copied().collect())
     }
 

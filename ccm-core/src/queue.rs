@@ -19,6 +19,7 @@
 //! The delay after the n-th consecutive failure is `base * 2^(n-1)`, capped at `max`, and
 //! never shorter than a `RetryInfo` delay the provider asked for.
 
+use ccm_protocol::lock::Lock;
 use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
 use std::hash::Hash;
 use std::sync::Mutex;
@@ -159,7 +160,7 @@ impl<K: Clone + Eq + Hash> WorkQueue<K> {
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, State<K>> {
-        self.state.lock().unwrap_or_else(|p| p.into_inner())
+        self.state.locked()
     }
 
     /// The delay after `count` consecutive failures.

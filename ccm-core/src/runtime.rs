@@ -13,15 +13,13 @@ use kube::runtime::watcher;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
-use crate::controllers::Context;
-use crate::controllers::node::NodeController;
-use crate::controllers::node_lifecycle::NodeLifecycleController;
+use crate::controllers::{Context, registry};
 use crate::credentials::Credentials;
 use crate::http::{self, Readiness};
 use crate::informer::{Informer, slim_node, slim_service};
 use crate::leader::{self, Election, Leading};
 use crate::metrics::Metrics;
-use crate::options::{IMPLEMENTED, Options};
+use crate::options::Options;
 use crate::provider::Provider;
 
 /// How often the provider is probed (Probe is answered by the sidecar, not the cloud API).
@@ -269,9 +267,6 @@ pub async fn run_with(options: Options, parts: Parts, shutdown: impl Future<Outp
     options.validate()?;
     let options = Arc::new(options);
     let enabled = options.enabled_controllers()?;
-    for name in enabled.iter().filter(|n| !IMPLEMENTED.contains(n)) {
-        tracing::warn!(controller = name, "controller is not available in this build; skipped");
-    }
     let Parts { client, lease_client, provider, metrics, identity, config } = parts;
 
     // One cancellation tree: `root` ends the process's background work (watches, the health
@@ -384,29 +379,9 @@ async fn run_controllers(
         }
     };
     let mut tasks: Vec<(&'static str, tokio::task::JoinHandle<()>)> = Vec::new();
-    if enabled.contains(crate::controllers::node::NAME) {
-        let ctx = ctx_for(crate::controllers::node::NAME).await?;
-        tasks.push((crate::controllers::node::NAME, tokio::spawn(NodeController::new(ctx).run(ctl_stop.clone()))));
-    }
-    if enabled.contains(crate::controllers::node_lifecycle::NAME) {
-        let ctx = ctx_for(crate::controllers::node_lifecycle::NAME).await?;
-        let task = tokio::spawn(NodeLifecycleController::new(ctx).run(ctl_stop.clone()));
-        tasks.push((crate::controllers::node_lifecycle::NAME, task));
-    }
-    if enabled.contains(crate::controllers::service::NAME) {
-        let ctx = ctx_for(crate::controllers::service::NAME).await?;
-        let task = tokio::spawn(crate::controllers::service::ServiceController::new(ctx).run(ctl_stop.clone()));
-        tasks.push((crate::controllers::service::NAME, task));
-    }
-    if enabled.contains(crate::controllers::route::NAME) {
-        let ctx = ctx_for(crate::controllers::route::NAME).await?;
-        let task = tokio::spawn(crate::controllers::route::RouteController::new(ctx)?.run(ctl_stop.clone()));
-        tasks.push((crate::controllers::route::NAME, task));
-    }
-    if enabled.contains(crate::controllers::ipam::NAME) {
-        let ctx = ctx_for(crate::controllers::ipam::NAME).await?;
-        let task = tokio::spawn(crate::controllers::ipam::IpamController::new(ctx)?.run(ctl_stop.clone()));
-        tasks.push((crate::controllers::ipam::NAME, task));
+    for controller in registry::CONTROLLERS.iter().filter(|c| enabled.contains(c.name)) {
+        let run = (controller.start)(ctx_for(controller.name).await?, ctl_stop.clone())?;
+        tasks.push((controller.name, tokio::spawn(run)));
     }
     for (name, _) in &tasks {
         ctx.metrics.controller_running(name, true);

@@ -4,6 +4,7 @@
 //! leaving it running on a cache that no longer follows the cluster or a token about to
 //! expire. A restart then starts everything afresh, as for a controller that ends.
 
+use ccm_protocol::lock::Lock;
 use std::future::Future;
 use std::panic::AssertUnwindSafe;
 use std::sync::{Arc, Mutex};
@@ -53,14 +54,14 @@ impl Supervisor {
             };
             tracing::error!("{why}; exiting so that the process is restarted");
             this.metrics.set_failed(why.clone());
-            this.failure.lock().unwrap_or_else(|p| p.into_inner()).get_or_insert(why);
+            this.failure.locked().get_or_insert(why);
             this.fail.cancel();
         });
     }
 
     /// Why a task failed, if one did.
     pub fn failure(&self) -> Option<String> {
-        self.failure.lock().unwrap_or_else(|p| p.into_inner()).clone()
+        self.failure.locked().clone()
     }
 }
 

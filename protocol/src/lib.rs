@@ -10,6 +10,7 @@
 //! - [`labels`] and [`names`]: Kubernetes' label rules and load balancer naming;
 //! - [`answer`] and [`registry`]: the checks a provider's answers pass before anyone acts on
 //!   them, and image references and registry patterns;
+//! - [`lock`]: the one way either side takes a mutex;
 //! - [`ratelimit`]: the token bucket that answers "retry after" (a provider's throttle, the
 //!   core's queue);
 //! - [`client`] and [`tls`]: endpoint addresses (`unix://`, `tcp://`, `https://`) and the
@@ -22,6 +23,7 @@ pub mod client;
 pub mod error;
 pub mod labels;
 pub mod limits;
+pub mod lock;
 pub mod names;
 pub mod ratelimit;
 pub mod registry;

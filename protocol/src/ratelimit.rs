@@ -4,6 +4,7 @@
 //! with paused time are deterministic, and because it hands back the exact delay that goes
 //! into `google.rpc.RetryInfo`.
 
+use crate::lock::Lock;
 use std::sync::Mutex;
 use std::time::Duration;
 
@@ -40,7 +41,7 @@ impl TokenBucket {
 
     /// Takes one token, or says how long until one is there.
     pub fn try_acquire(&self) -> std::result::Result<(), Duration> {
-        let mut state = self.state.lock().unwrap_or_else(|p| p.into_inner());
+        let mut state = self.state.locked();
         let now = Instant::now();
         let (tokens, last) = *state;
         let tokens = (tokens + now.duration_since(last).as_secs_f64() * self.rate).min(self.burst);

@@ -5,6 +5,7 @@
 //! or route wait for the one before it to end. A waiting call whose caller gives up is
 //! dropped with its wait.
 
+use ccm_protocol::lock::Lock;
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
@@ -31,7 +32,7 @@ impl ObjectLocks {
         keys.dedup();
         let mut guards = Vec::with_capacity(keys.len());
         for key in keys {
-            let lock = self.held.lock().unwrap_or_else(|p| p.into_inner()).entry(key.clone()).or_default().clone();
+            let lock = self.held.locked().entry(key.clone()).or_default().clone();
             guards.push((key, lock.lock_owned().await));
         }
         Held { locks: self, guards }
@@ -40,7 +41,7 @@ impl ObjectLocks {
 
 impl Drop for Held<'_> {
     fn drop(&mut self) {
-        let mut held = self.locks.held.lock().unwrap_or_else(|p| p.into_inner());
+        let mut held = self.locks.held.locked();
         for (key, guard) in self.guards.drain(..) {
             drop(guard);
             // Nobody else holds or awaits it: only the map's reference is left.

@@ -8,6 +8,7 @@
 //! change of a Service's endpoints is handed to the controller as a plain trigger (never one
 //! that cuts a failing Service's backoff short: a retry reads the newest endpoints anyway).
 
+use ccm_protocol::lock::Lock;
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::hash::{Hash, Hasher};
 use std::sync::Mutex;
@@ -67,7 +68,7 @@ pub struct EndpointIndex {
 
 impl EndpointIndex {
     fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<String, Slice>> {
-        self.slices.lock().unwrap_or_else(|p| p.into_inner())
+        self.slices.locked()
     }
 
     /// Whether the first listing is in.

@@ -5,6 +5,7 @@ pub mod ipam;
 pub mod node;
 pub mod node_addresses;
 pub mod node_lifecycle;
+pub mod registry;
 pub mod route;
 pub mod service;
 pub mod tag_labels;

@@ -15,6 +15,7 @@
 //!   same batch read as any other; a claimed zone, region or instance type that differs from
 //!   the cloud's answer is corrected and recorded as a `NodeMetadataCorrected` Event.
 
+use ccm_protocol::lock::Lock;
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::hash::{Hash, Hasher};
 use std::sync::{Arc, Mutex};
@@ -125,7 +126,7 @@ impl NodeController {
                 Ok(Change::Deleted(node)) => {
                     let name = node_util::name(&node).to_string();
                     self.queue.forget(&name);
-                    self.written.lock().unwrap_or_else(|p| p.into_inner()).remove(&name);
+                    self.written.locked().remove(&name);
                 }
                 Err(RecvError::Lagged(n)) => {
                     tracing::warn!(missed = n, "node events lagged; re-reading the cache");
@@ -177,8 +178,7 @@ impl NodeController {
             if !needs_init(&self.ctx, &node) {
                 continue;
             }
-            let stale =
-                self.written.lock().unwrap_or_else(|p| p.into_inner()).get(key).is_some_and(|rv| resource_version(&node) < *rv);
+            let stale = self.written.locked().get(key).is_some_and(|rv| resource_version(&node) < *rv);
             if stale {
                 continue;
             }
@@ -255,7 +255,7 @@ impl NodeController {
         };
         match self.apply(&node, &meta, tags).await {
             Ok(rv) => {
-                self.written.lock().unwrap_or_else(|p| p.into_inner()).insert(name.clone(), rv);
+                self.written.locked().insert(name.clone(), rv);
                 tracing::info!(node = %name, provider_id = %meta.provider_id, "node initialised");
                 if let Some(created) = node.metadata.creation_timestamp.as_ref() {
                     let since = crate::clock::now().duration_since(created.0);

@@ -32,6 +32,7 @@
 //! Node so tainted is asked about once Ready, and loses the taint and the annotation when its
 //! instance runs; an out-of-service taint this controller did not add is never removed.
 
+use ccm_protocol::lock::Lock;
 use std::collections::{BTreeMap, HashMap};
 use std::hash::{Hash, Hasher};
 use std::sync::{Arc, Mutex};
@@ -363,11 +364,11 @@ impl NodeLifecycleController {
             Act::Delete => &self.deletions,
             Act::OutOfService => &self.outs_of_service,
         };
-        budget.lock().unwrap_or_else(|p| p.into_inner())
+        budget.locked()
     }
 
     fn rechecks(&self) -> std::sync::MutexGuard<'_, Rechecks> {
-        self.rechecks.lock().unwrap_or_else(|p| p.into_inner())
+        self.rechecks.locked()
     }
 
     /// Runs a pass every `--node-monitor-period` until `stop`.

@@ -16,6 +16,7 @@
 //!   table is full; Nodes left without a route get `NetworkUnavailable=True` and one
 //!   `FailedToCreateRoute` Event, and the controller does not retry them in a loop.
 
+use ccm_protocol::lock::Lock;
 use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::sync::Arc;
 use std::time::Duration;
@@ -95,7 +96,7 @@ impl Known {
 
 /// What one reconcile did.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct Sync {
+pub struct RouteSync {
     /// Routes created.
     pub created: u64,
     /// Routes deleted.
@@ -441,7 +442,7 @@ impl RouteController {
     /// gone or has another podCIDR, and a cache can be stale (a watch that was cut, a replica that just took the
     /// lead after a partition). Each such Node is read from the API server; one that is
     /// there with the route's destination, or a read that fails, keeps the route.
-    async fn confirm_deletions(&self, changes: &mut Changes, known: &Known, sync: &mut Sync) {
+    async fn confirm_deletions(&self, changes: &mut Changes, known: &Known, sync: &mut RouteSync) {
         let api: Api<Node> = Api::all(self.ctx.client.clone());
         let mut confirmed = Vec::with_capacity(changes.deletes.len());
         for (table, name) in std::mem::take(&mut changes.deletes) {
@@ -516,13 +517,13 @@ impl RouteController {
 
     /// One full reconcile: what the cloud has, what the Nodes want, the plan between them,
     /// then the plan applied. `Ok(None)` when there is nothing to do (provider without Routes).
-    pub async fn reconcile(&mut self) -> Result<Option<Sync>, Error> {
+    pub async fn reconcile(&mut self) -> Result<Option<RouteSync>, Error> {
         let Some(identity) = self.ctx.provider.identity() else { return Err(Error::unavailable("provider not ready")) };
         if !identity.serves(ServiceType::Routes) {
             return Ok(None);
         }
         let caps = identity.capabilities.routes.unwrap_or_default();
-        let mut sync = Sync::default();
+        let mut sync = RouteSync::default();
         let mut known = self.known_routes(&caps, &mut sync).await?;
         let nodes: Vec<Arc<Node>> = self.ctx.managed_nodes().collect();
         let (desired, tables) = self.desired(&nodes, &known, &caps).await?;
@@ -549,7 +550,7 @@ impl RouteController {
 
     /// The cloud's routes: as last known, or listed afresh after a resync (counting, and
     /// reporting, what changed behind the controller's back since the previous listing).
-    async fn known_routes(&mut self, caps: &pb::RoutesCapabilities, sync: &mut Sync) -> Result<Known, Error> {
+    async fn known_routes(&mut self, caps: &pb::RoutesCapabilities, sync: &mut RouteSync) -> Result<Known, Error> {
         if self.known.is_none() {
             let fresh = self.list(caps).await?;
             if let Some(before) = self.previous.take() {
@@ -622,7 +623,7 @@ impl RouteController {
         desired: &Desired,
         tables: &Tables,
         caps: &pb::RoutesCapabilities,
-        sync: &mut Sync,
+        sync: &mut RouteSync,
     ) -> Changes {
         let mut changes = Changes::default();
         for table in &known.tables {
@@ -685,7 +686,7 @@ impl RouteController {
     /// provider advertises bulk_apply, one ApplyRoutes per table and 500 items), keeping
     /// `known` as the cloud now is; the first error, if any (a full table is not one: its Node
     /// is counted without a route).
-    async fn apply(&self, changes: Changes, known: &mut Known, sync: &mut Sync) -> Option<Error> {
+    async fn apply(&self, changes: Changes, known: &mut Known, sync: &mut RouteSync) -> Option<Error> {
         let (deleted, created) = if self.ctx.provider.identity().is_some_and(|i| i.bulk_routes()) {
             self.apply_in_bulk(changes).await
         } else {
@@ -809,7 +810,7 @@ impl ConditionWriter {
         };
         let mut todo: Vec<(Arc<Node>, bool, bool)> = Vec::new();
         {
-            let mut written = self.written.lock().unwrap_or_else(|p| p.into_inner());
+            let mut written = self.written.locked();
             // `nodes` are every managed Node: what was written for one no longer here is
             // forgotten (the map grew with every Node the cluster ever had).
             let live: HashSet<&str> = nodes.iter().filter_map(|n| n.metadata.uid.as_deref()).collect();
@@ -869,15 +870,15 @@ impl ConditionWriter {
                 tracing::warn!(node = %name, %error, "updating NetworkUnavailable failed");
                 // Not written after all: the next reconcile tries again.
                 let uid = node.metadata.uid.clone().unwrap_or_default();
-                self.written.lock().unwrap_or_else(|p| p.into_inner()).remove(&uid);
+                self.written.locked().remove(&uid);
             }
-            let first_report = !ok && full && self.reported.lock().unwrap_or_else(|p| p.into_inner()).insert(name.to_string());
+            let first_report = !ok && full && self.reported.locked().insert(name.to_string());
             if first_report {
                 let note = "Could not create a route: the route table is full (provider quota)".to_string();
                 self.ctx.event(NAME, node.as_ref(), true, "FailedToCreateRoute", note).await;
             }
             if ok {
-                self.reported.lock().unwrap_or_else(|p| p.into_inner()).remove(name);
+                self.reported.locked().remove(name);
             }
         }
     }

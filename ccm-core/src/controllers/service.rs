@@ -27,6 +27,7 @@
 //!   cache. The controller's own writes (the finalizer, the status) are not changes: they
 //!   never cut a backoff short.
 
+use ccm_protocol::lock::Lock;
 use std::collections::{BTreeMap, HashMap};
 use std::hash::{Hash, Hasher};
 use std::sync::atomic::Ordering;
@@ -261,7 +262,7 @@ impl HostSet {
     /// The backends as the protocol sends them.
     fn proto(&self) -> &[pb::LoadBalancerNode] {
         self.proto.get_or_init(|| {
-            let nodes = std::mem::take(&mut *self.nodes.lock().unwrap_or_else(|p| p.into_inner()));
+            let nodes = std::mem::take(&mut *self.nodes.locked());
             nodes
                 .iter()
                 .map(|n| pb::LoadBalancerNode {
@@ -488,20 +489,18 @@ impl ServiceController {
                     if self.interesting(&new) {
                         self.ctx.metrics.queue_add(NAME);
                         self.queue.add_changed(key(&new), fingerprint(&new));
-                    } else if self.handled(&new)
-                        && self.ensured.lock().unwrap_or_else(|p| p.into_inner()).contains_key(&key(&new))
-                    {
+                    } else if self.handled(&new) && self.ensured.locked().contains_key(&key(&new)) {
                         // It left type LoadBalancer with its finalizer removed by someone else.
-                        self.ensured.lock().unwrap_or_else(|p| p.into_inner()).remove(&key(&new));
+                        self.ensured.locked().remove(&key(&new));
                         self.orphaned(&new, "no longer wants a load balancer and has no finalizer");
                     }
                 }
                 Ok(Change::Deleted(svc)) => {
                     let k = key(&svc);
                     self.queue.forget(&k);
-                    let knew = self.ensured.lock().unwrap_or_else(|p| p.into_inner()).remove(&k).is_some() || has_ingress(&svc);
+                    let knew = self.ensured.locked().remove(&k).is_some() || has_ingress(&svc);
                     let uid = svc.metadata.uid.clone().unwrap_or_default();
-                    let cleaned = self.cleaned.lock().unwrap_or_else(|p| p.into_inner()).remove(&uid);
+                    let cleaned = self.cleaned.locked().remove(&uid);
                     if knew && !cleaned && self.handled(&svc) && is_load_balancer_type(&svc) {
                         self.orphaned(&svc, "was deleted without the finalizer");
                     }
@@ -522,7 +521,7 @@ impl ServiceController {
     /// The provider may have lost its state (a new epoch): every load balancer gets a full
     /// Ensure at once, not at its next change or resync.
     fn ensure_all_again(&self) {
-        self.ensured.lock().unwrap_or_else(|p| p.into_inner()).clear();
+        self.ensured.locked().clear();
         let mut queued = 0;
         for svc in self.ctx.services.sorted() {
             if self.wants_lb(&svc) {
@@ -538,7 +537,7 @@ impl ServiceController {
     fn orphaned(&self, svc: &Service, why: &str) {
         let Some(uid) = svc.metadata.uid.clone().filter(|u| !u.is_empty()) else { return };
         tracing::info!(service = %key(svc), %uid, "service {why}; deleting its load balancer");
-        self.orphans.lock().unwrap_or_else(|p| p.into_inner()).insert(uid.clone(), svc.clone());
+        self.orphans.locked().insert(uid.clone(), svc.clone());
         self.queue.add(format!("{ORPHAN_KEY}{uid}"));
     }
 
@@ -587,8 +586,7 @@ impl ServiceController {
         let listed = self.ctx.provider.list_load_balancers(&cluster).await?;
         let known: std::collections::HashSet<String> =
             self.ctx.services.store().state().iter().filter_map(|s| s.metadata.uid.clone()).collect();
-        let pending: std::collections::HashSet<String> =
-            self.orphans.lock().unwrap_or_else(|p| p.into_inner()).keys().cloned().collect();
+        let pending: std::collections::HashSet<String> = self.orphans.locked().keys().cloned().collect();
         let scope = self.ctx.options.service_namespace.as_deref();
         let suspects: Vec<pb::LoadBalancerSummary> = listed
             .into_iter()
@@ -647,14 +645,14 @@ impl ServiceController {
 
     /// Deletes the load balancer of a gone Service (queue key `!<uid>`).
     async fn delete_orphan(&self, uid: &str) -> Outcome {
-        let Some(svc) = self.orphans.lock().unwrap_or_else(|p| p.into_inner()).get(uid).cloned() else {
+        let Some(svc) = self.orphans.locked().get(uid).cloned() else {
             return Outcome::Success;
         };
         // Wanted again (same UID: the type changed back): the normal path owns it.
         let back =
             self.ctx.services.store().state().into_iter().any(|s| s.metadata.uid.as_deref() == Some(uid) && self.interesting(&s));
         if back {
-            self.orphans.lock().unwrap_or_else(|p| p.into_inner()).remove(uid);
+            self.orphans.locked().remove(uid);
             return Outcome::Success;
         }
         if self.ctx.provider.identity().is_none() {
@@ -663,7 +661,7 @@ impl ServiceController {
         let name = self.lb_name(&svc);
         match self.delete_every_name(&svc).await {
             Ok(()) => {
-                self.orphans.lock().unwrap_or_else(|p| p.into_inner()).remove(uid);
+                self.orphans.locked().remove(uid);
                 self.ctx.metrics.load_balancer_orphans("deleted", 1);
                 tracing::info!(service = %key(&svc), %uid, load_balancer = %name, "deleted the load balancer of a gone service");
                 let note = format!("Deleted load balancer {name}: its Service is gone or no longer wants one");
@@ -695,7 +693,7 @@ impl ServiceController {
             self.ctx.provider.ensure_load_balancer_deleted(self.ctx.fence(), self.lb_service_named(svc, name)).await?;
         }
         if let Some(uid) = svc.metadata.uid.as_deref() {
-            self.names.lock().unwrap_or_else(|p| p.into_inner()).remove(uid);
+            self.names.locked().remove(uid);
         }
         Ok(())
     }
@@ -727,7 +725,7 @@ impl ServiceController {
                     continue;
                 }
                 last = now;
-                this.node_change_at.lock().unwrap_or_else(|p| p.into_inner()).get_or_insert(Instant::now());
+                this.node_change_at.locked().get_or_insert(Instant::now());
                 if this.ctx.provider.identity().is_some_and(|i| i.bulk_hosts()) {
                     this.queue.add(HOSTS_KEY.to_string());
                     continue;
@@ -770,7 +768,7 @@ impl ServiceController {
         // Read before the store: a change during the build leaves the set stale, and it is
         // built again at the next call.
         let generation = self.host_set.generation.load(Ordering::Acquire);
-        let mut built = self.host_set.built.lock().unwrap_or_else(|p| p.into_inner());
+        let mut built = self.host_set.built.locked();
         if let Some((g, i, set)) = built.as_ref()
             && *g == generation
             && *i == identity_key
@@ -803,7 +801,7 @@ impl ServiceController {
             self.queue.done(&k, outcome);
             self.ctx.metrics.queue_state(NAME, &self.queue);
             let idle = self.queue.stats().depth == 0;
-            if idle && let Some(at) = self.node_change_at.lock().unwrap_or_else(|p| p.into_inner()).take() {
+            if idle && let Some(at) = self.node_change_at.locked().take() {
                 self.ctx.metrics.service_node_sync(at.elapsed());
             }
         }
@@ -841,7 +839,7 @@ impl ServiceController {
     fn lb_name(&self, svc: &Service) -> String {
         if !self.ctx.options.allow_load_balancer_renaming {
             let uid = svc.metadata.uid.as_deref().unwrap_or_default();
-            if let Some(name) = self.names.lock().unwrap_or_else(|p| p.into_inner()).get(uid) {
+            if let Some(name) = self.names.locked().get(uid) {
                 return name.clone();
             }
             if let Some(name) = recorded_name(svc) {
@@ -866,7 +864,7 @@ impl ServiceController {
             if self.ctx.options.allow_load_balancer_renaming {
                 return Ok((configured, Some(recorded)));
             }
-            if self.kept_names.lock().unwrap_or_else(|p| p.into_inner()).insert(key(svc)) {
+            if self.kept_names.locked().insert(key(svc)) {
                 let note = format!(
                     "The load balancer keeps its name {recorded}; --load-balancer-naming would name it {configured} \
                      (--allow-load-balancer-renaming makes it anew under that name, usually with a new address)"
@@ -1032,10 +1030,10 @@ impl ServiceController {
         let (lb_name, old_name) = self.naming(svc).await.map_err(SyncError::Provider)?;
         self.record_finalizer(svc, &lb_name, old_name.is_none()).await?;
         if let Some(uid) = svc.metadata.uid.clone() {
-            self.names.lock().unwrap_or_else(|p| p.into_inner()).insert(uid, lb_name.clone());
+            self.names.locked().insert(uid, lb_name.clone());
         }
         // A rename waiting is a full Ensure under the new name.
-        let last = self.ensured.lock().unwrap_or_else(|p| p.into_inner()).get(&k).copied().filter(|_| old_name.is_none());
+        let last = self.ensured.locked().get(&k).copied().filter(|_| old_name.is_none());
         let Some(backends) = self.backends_for(svc, last).await else { return Ok(()) };
         let ensured = Ensured { spec: self.ensured_spec(svc), hosts: backends.hosts, count: backends.count };
         match last {
@@ -1091,7 +1089,7 @@ impl ServiceController {
                         instead of being emptied, until a Node is one again"
                 .to_string();
             self.ctx.event(NAME, svc, true, "UnAvailableLoadBalancer", note).await;
-            let last = self.last_backends.lock().unwrap_or_else(|p| p.into_inner()).clone();
+            let last = self.last_backends.locked().clone();
             return (!last.is_empty()).then_some(last);
         }
         if backends.is_empty() {
@@ -1105,7 +1103,7 @@ impl ServiceController {
 
     /// Keeps `backends` as the last non-empty set.
     fn remember_backends(&self, backends: &Arc<HostSet>) {
-        *self.last_backends.lock().unwrap_or_else(|p| p.into_inner()) = backends.clone();
+        *self.last_backends.locked() = backends.clone();
     }
 
     /// After the node set changed, with a provider that updates hosts in bulk: one
@@ -1132,9 +1130,9 @@ impl ServiceController {
                 continue;
             }
             let k = key(&svc);
-            let last = self.ensured.lock().unwrap_or_else(|p| p.into_inner()).get(&k).copied();
+            let last = self.ensured.locked().get(&k).copied();
             let uid = svc.metadata.uid.as_deref().unwrap_or_default();
-            let name = self.names.lock().unwrap_or_else(|p| p.into_inner()).get(uid).cloned();
+            let name = self.names.locked().get(uid).cloned();
             let as_ensured = last.is_some_and(|e| e.spec == provider_fingerprint(&svc))
                 && has_finalizer(&svc)
                 && name.is_some()
@@ -1163,7 +1161,7 @@ impl ServiceController {
             let k = key(&svc);
             match result {
                 Ok(()) => {
-                    self.ensured.lock().unwrap_or_else(|p| p.into_inner()).insert(k, ensured);
+                    self.ensured.locked().insert(k, ensured);
                     let note = format!("Updated load balancer with new hosts ({})", ensured.count);
                     self.ctx.event(NAME, svc.as_ref(), false, "UpdatedLoadBalancer", note).await;
                 }
@@ -1180,7 +1178,7 @@ impl ServiceController {
                     self.ctx.event(NAME, svc.as_ref(), true, "UpdateLoadBalancerFailed", note).await;
                     // A load balancer that vanished gets a full Ensure.
                     if matches!(error, Error::NotFound { .. }) {
-                        self.ensured.lock().unwrap_or_else(|p| p.into_inner()).remove(&k);
+                        self.ensured.locked().remove(&k);
                     }
                     self.queue.add(k);
                 }
@@ -1206,7 +1204,7 @@ impl ServiceController {
         self.ctx.metrics.hosts_update(started.elapsed(), r.is_err());
         match r {
             Ok(_) => {
-                self.ensured.lock().unwrap_or_else(|p| p.into_inner()).insert(k, ensured);
+                self.ensured.locked().insert(k, ensured);
                 let note = format!("Updated load balancer with new hosts ({})", ensured.count);
                 self.ctx.event(NAME, svc, false, "UpdatedLoadBalancer", note).await;
                 Ok(())
@@ -1217,7 +1215,7 @@ impl ServiceController {
                 self.ctx.event(NAME, svc, true, "UpdateLoadBalancerFailed", note).await;
                 // A load balancer that vanished gets a full Ensure next time.
                 if matches!(error, Error::NotFound { .. }) {
-                    self.ensured.lock().unwrap_or_else(|p| p.into_inner()).remove(&k);
+                    self.ensured.locked().remove(&k);
                 }
                 Err(SyncError::Provider(error))
             }
@@ -1263,7 +1261,7 @@ impl ServiceController {
         if let Some(old) = old_name {
             self.finish_rename(svc, &old, &lb_name).await?;
         }
-        self.ensured.lock().unwrap_or_else(|p| p.into_inner()).insert(k, ensured);
+        self.ensured.locked().insert(k, ensured);
         self.ctx.event(NAME, svc, false, "EnsuredLoadBalancer", "Ensured load balancer".into()).await;
         Ok(())
     }
@@ -1347,9 +1345,9 @@ impl ServiceController {
             self.ctx.event(NAME, svc, true, "DeleteLoadBalancerFailed", format!("Error deleting load balancer: {error}")).await;
             return Err(SyncError::Provider(error));
         }
-        self.ensured.lock().unwrap_or_else(|p| p.into_inner()).remove(&k);
+        self.ensured.locked().remove(&k);
         if let Some(uid) = svc.metadata.uid.clone() {
-            self.cleaned.lock().unwrap_or_else(|p| p.into_inner()).insert(uid);
+            self.cleaned.locked().insert(uid);
         }
         if svc.metadata.deletion_timestamp.is_none() {
             self.write_status(svc, &pb::LoadBalancerStatus::default()).await.map_err(SyncError::Kube)?;

@@ -43,7 +43,7 @@ pub fn record(owned: &BTreeSet<String>) -> String {
 
 /// What bringing a Node's tag labels to the instance's tags changes.
 #[derive(Debug, Default, PartialEq, Eq)]
-pub struct Sync {
+pub struct LabelSync {
     /// Labels to set (`Some`) or remove (`None`).
     pub labels: BTreeMap<String, Option<String>>,
     /// The labels owned afterwards.
@@ -53,11 +53,11 @@ pub struct Sync {
 /// The changes that bring `node`'s tag labels to `desired` (the tags' labels): owned labels
 /// follow their tag, a new tag's label is added where the Node has no label of that key;
 /// `None` when nothing changes.
-pub fn sync(node: &Node, desired: &BTreeMap<String, String>) -> Option<Sync> {
+pub fn sync(node: &Node, desired: &BTreeMap<String, String>) -> Option<LabelSync> {
     static NO_LABELS: BTreeMap<String, String> = BTreeMap::new();
     let current = node.metadata.labels.as_ref().unwrap_or(&NO_LABELS);
     let before = owned(node);
-    let mut change = Sync::default();
+    let mut change = LabelSync::default();
     for (key, value) in desired {
         let ours = before.contains(key);
         match current.get(key) {

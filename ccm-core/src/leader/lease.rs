@@ -14,6 +14,7 @@
 //! `renewTime` unchanged for a whole lease duration), so a skewed clock cannot make two
 //! leaders. Writes are conditional on the `resourceVersion` read (a conflict is "not ours").
 
+use ccm_protocol::lock::Lock;
 use std::time::Duration;
 
 use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
@@ -71,12 +72,12 @@ pub struct Fence {
 
 impl Fence {
     fn set(&self, until: Option<Instant>) {
-        *self.until.lock().unwrap_or_else(|p| p.into_inner()) = until;
+        *self.until.locked() = until;
     }
 
     /// True while the lead is certain.
     pub fn holds(&self) -> bool {
-        self.until.lock().unwrap_or_else(|p| p.into_inner()).is_some_and(|t| Instant::now() < t)
+        self.until.locked().is_some_and(|t| Instant::now() < t)
     }
 
     /// Returns while the lead is certain; never, once it is not (the caller's task is about

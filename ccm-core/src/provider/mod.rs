@@ -11,6 +11,7 @@ pub mod encoded;
 
 pub use api::PerLookup;
 
+use ccm_protocol::lock::Lock;
 use std::sync::{Arc, RwLock};
 use std::time::Duration;
 
@@ -249,7 +250,7 @@ impl Provider {
     /// Waits while the provider has asked every caller to hold back.
     async fn wait_out_throttle(&self) {
         loop {
-            let until = *self.throttled_until.lock().unwrap_or_else(|p| p.into_inner());
+            let until = *self.throttled_until.locked();
             match until {
                 Some(t) if t > Instant::now() => tokio::time::sleep_until(t).await,
                 _ => return,
@@ -336,7 +337,7 @@ impl Provider {
             let wait = error.retry_after().unwrap_or(Duration::from_millis(100 * u64::from(attempt)));
             if let Some(delay) = error.retry_after() {
                 let until = Instant::now() + delay;
-                let mut gate = self.throttled_until.lock().unwrap_or_else(|p| p.into_inner());
+                let mut gate = self.throttled_until.locked();
                 if gate.is_none_or(|t| t < until) {
                     *gate = Some(until);
                 }

@@ -1,0 +1,134 @@
+//! Every controller of the core, in one table: its names, the ServiceAccounts it acts as, its
+//! work queue's name in upstream's metrics, and how it starts. `--controllers`, leader
+//! migration, `--use-service-account-credentials`, the metrics and the runtime all read this
+//! table; adding a controller is its module and one row here.
+
+use futures::future::BoxFuture;
+use tokio_util::sync::CancellationToken;
+
+use super::{ConfigError, Context, ipam, node, node_lifecycle, route, service};
+
+/// Starts a controller on its context: the future runs it until the token is cancelled.
+/// Flags that do not fit together fail it before anything runs.
+pub type Start = fn(Context, CancellationToken) -> Result<BoxFuture<'static, ()>, ConfigError>;
+
+/// One controller.
+#[derive(Clone, Copy)]
+pub struct Controller {
+    /// Its name: in `--controllers`, Events, logs, metrics and leader migration.
+    pub name: &'static str,
+    /// The shorter name upstream's `--controllers` also accepts (`service`, `route` …).
+    pub alias: &'static str,
+    /// The name kube-controller-manager gave it, when another (`route-controller`), as leader
+    /// migration configurations spell it.
+    pub legacy: Option<&'static str>,
+    /// The ServiceAccount it acts as with `--service-account-names=upstream` (upstream's).
+    pub upstream_account: &'static str,
+    /// The ServiceAccount it acts as with `--service-account-names=controller`.
+    pub own_account: &'static str,
+    /// Its work queue's name in upstream's `workqueue_*` metrics.
+    pub queue: &'static str,
+    /// Whether `*` in `--controllers` runs it without a flag of its own to say so
+    /// (node IPAM runs only with `--allocate-node-cidrs`, as upstream's).
+    pub starts: fn(&crate::options::Options) -> bool,
+    /// How it starts.
+    pub start: Start,
+}
+
+impl std::fmt::Debug for Controller {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Controller").field("name", &self.name).finish_non_exhaustive()
+    }
+}
+
+/// The controllers, in the order they start.
+pub const CONTROLLERS: &[Controller] = &[
+    Controller {
+        name: node::NAME,
+        alias: "cloud-node",
+        legacy: None,
+        upstream_account: "node-controller",
+        own_account: node::NAME,
+        queue: node::NAME,
+        starts: always,
+        start: |ctx, stop| Ok(Box::pin(node::NodeController::new(ctx).run(stop))),
+    },
+    Controller {
+        name: node_lifecycle::NAME,
+        alias: "cloud-node-lifecycle",
+        legacy: None,
+        upstream_account: "node-controller",
+        own_account: node_lifecycle::NAME,
+        queue: node_lifecycle::NAME,
+        starts: always,
+        start: |ctx, stop| Ok(Box::pin(node_lifecycle::NodeLifecycleController::new(ctx).run(stop))),
+    },
+    Controller {
+        name: service::NAME,
+        alias: "service",
+        legacy: Some("service-controller"),
+        upstream_account: "service-controller",
+        own_account: service::NAME,
+        queue: "service",
+        starts: always,
+        start: |ctx, stop| Ok(Box::pin(service::ServiceController::new(ctx).run(stop))),
+    },
+    Controller {
+        name: route::NAME,
+        alias: "route",
+        legacy: Some("route-controller"),
+        upstream_account: "route-controller",
+        own_account: "route-controller",
+        queue: route::NAME,
+        starts: always,
+        start: |ctx, stop| Ok(Box::pin(route::RouteController::new(ctx)?.run(stop))),
+    },
+    Controller {
+        name: ipam::NAME,
+        alias: "nodeipam",
+        legacy: None,
+        // Upstream's nodeipam controller is built with node-controller's client.
+        upstream_account: "node-controller",
+        own_account: ipam::NAME,
+        queue: ipam::NAME,
+        starts: crate::options::Options::allocate_node_cidrs,
+        start: |ctx, stop| Ok(Box::pin(ipam::IpamController::new(ctx)?.run(stop))),
+    },
+];
+
+fn always(_: &crate::options::Options) -> bool {
+    true
+}
+
+/// The controller of any of its spellings: its name, its alias, or its legacy name.
+pub fn find(name: &str) -> Option<&'static Controller> {
+    CONTROLLERS.iter().find(|c| c.name == name || c.alias == name || c.legacy == Some(name))
+}
+
+/// The controller named `name` (its name proper).
+pub fn named(name: &str) -> Option<&'static Controller> {
+    CONTROLLERS.iter().find(|c| c.name == name)
+}
+
+/// Every controller's name.
+pub fn names() -> impl Iterator<Item = &'static str> {
+    CONTROLLERS.iter().map(|c| c.name)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_spelling_is_one_controllers_and_names_are_unique() {
+        let mut spellings = std::collections::HashSet::new();
+        for c in CONTROLLERS {
+            for s in [Some(c.name), Some(c.alias), c.legacy].into_iter().flatten() {
+                assert!(spellings.insert(s), "{s} names two controllers");
+                assert_eq!(find(s).map(|f| f.name), Some(c.name));
+            }
+        }
+        assert_eq!(find("route-controller").map(|c| c.name), Some(route::NAME));
+        assert!(find("cloud-node-controller-x").is_none());
+    }
+}
