@@ -32,6 +32,88 @@ pub const MAX_PENDING: usize = 1000;
 /// How long after its last occurrence an Event is still counted up rather than created anew.
 pub const SERIES_WINDOW: SignedDuration = SignedDuration::from_secs(6 * 60);
 
+/// An Event's type.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum EventType {
+    /// Something went as it should.
+    Normal,
+    /// Something a user may have to act on.
+    Warning,
+}
+
+impl EventType {
+    /// As the API spells it.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Normal => "Normal",
+            Self::Warning => "Warning",
+        }
+    }
+}
+
+/// Every Event reason the controllers record, in one place: users alert on them, and
+/// upstream's are kept as upstream spells them.
+pub mod reason {
+    /// A Node was initialised from the cloud (upstream's).
+    pub const SYNCED: &str = "Synced";
+    /// A Node cannot be initialised from the cloud's answer.
+    pub const NODE_INITIALIZATION_FAILED: &str = "NodeInitializationFailed";
+    /// A Node's claimed zone, region or instance type was corrected from the cloud's.
+    pub const NODE_METADATA_CORRECTED: &str = "NodeMetadataCorrected";
+    /// Instance tags that cannot be labels were not copied.
+    pub const INVALID_INSTANCE_TAGS: &str = "InvalidInstanceTags";
+    /// A provider answer failed the protocol's checks; nothing of it was acted on.
+    pub const INVALID_PROVIDER_ANSWER: &str = "InvalidProviderAnswer";
+    /// Route deletions pause: the provider came back as another provider.
+    pub const ROUTE_DELETIONS_PAUSED: &str = "RouteDeletionsPaused";
+    /// A resync found routes changed behind the controller's back.
+    pub const ROUTES_DRIFTED: &str = "RoutesDrifted";
+    /// A Node's route could not be created (upstream's).
+    pub const FAILED_TO_CREATE_ROUTE: &str = "FailedToCreateRoute";
+    /// No pod CIDR is left for a Node (upstream's).
+    pub const CIDR_NOT_AVAILABLE: &str = "CIDRNotAvailable";
+    /// A Node's pod CIDRs could not be written (upstream's).
+    pub const CIDR_ASSIGNMENT_FAILED: &str = "CIDRAssignmentFailed";
+    /// A Node whose instance is gone is deleted (upstream's).
+    pub const DELETING_NODE: &str = "DeletingNode";
+    /// Deleting a Node failed.
+    pub const DELETING_NODE_FAILED: &str = "DeletingNodeFailed";
+    /// A Node deletion waits for room under the deletion bound.
+    pub const NODE_DELETION_DEFERRED: &str = "NodeDeletionDeferred";
+    /// A Node deletion is refused (the evidence did not hold).
+    pub const NODE_DELETION_REFUSED: &str = "NodeDeletionRefused";
+    /// A shut-down Node is taken out of service.
+    pub const NODE_OUT_OF_SERVICE: &str = "NodeOutOfService";
+    /// Taking a Node out of service waits for room under its bound.
+    pub const NODE_OUT_OF_SERVICE_DEFERRED: &str = "NodeOutOfServiceDeferred";
+    /// Taking a Node out of service is refused.
+    pub const NODE_OUT_OF_SERVICE_REFUSED: &str = "NodeOutOfServiceRefused";
+    /// A Node taken out of service is back.
+    pub const NODE_BACK_IN_SERVICE: &str = "NodeBackInService";
+    /// Ensuring a load balancer starts (upstream's).
+    pub const ENSURING_LOAD_BALANCER: &str = "EnsuringLoadBalancer";
+    /// A load balancer was ensured (upstream's).
+    pub const ENSURED_LOAD_BALANCER: &str = "EnsuredLoadBalancer";
+    /// Ensuring a load balancer failed, or the Service is invalid (upstream's).
+    pub const SYNC_LOAD_BALANCER_FAILED: &str = "SyncLoadBalancerFailed";
+    /// A load balancer's hosts were updated (upstream's).
+    pub const UPDATED_LOAD_BALANCER: &str = "UpdatedLoadBalancer";
+    /// Updating a load balancer's hosts failed (upstream's).
+    pub const UPDATE_LOAD_BALANCER_FAILED: &str = "UpdateLoadBalancerFailed";
+    /// No Node is a load balancer backend (upstream's).
+    pub const UNAVAILABLE_LOAD_BALANCER: &str = "UnAvailableLoadBalancer";
+    /// Deleting a load balancer starts (upstream's).
+    pub const DELETING_LOAD_BALANCER: &str = "DeletingLoadBalancer";
+    /// A load balancer was deleted (upstream's).
+    pub const DELETED_LOAD_BALANCER: &str = "DeletedLoadBalancer";
+    /// Deleting a load balancer failed (upstream's).
+    pub const DELETE_LOAD_BALANCER_FAILED: &str = "DeleteLoadBalancerFailed";
+    /// A load balancer keeps the name it was made under.
+    pub const LOAD_BALANCER_NAME_KEPT: &str = "LoadBalancerNameKept";
+    /// A load balancer was made anew under its new name.
+    pub const RENAMED_LOAD_BALANCER: &str = "RenamedLoadBalancer";
+}
+
 /// One Event to record.
 #[derive(Debug, Clone)]
 pub struct Note {
@@ -39,8 +121,8 @@ pub struct Note {
     pub controller: String,
     /// The object it is about.
     pub regarding: ObjectReference,
-    /// Warning or Normal.
-    pub warning: bool,
+    /// Normal or Warning.
+    pub event_type: EventType,
     /// Why (CamelCase).
     pub reason: String,
     /// What happened, for a human.
@@ -50,7 +132,7 @@ pub struct Note {
 impl Note {
     fn key(&self) -> u64 {
         let mut h = std::collections::hash_map::DefaultHasher::new();
-        (&self.controller, self.warning, &self.reason, &self.note).hash(&mut h);
+        (&self.controller, self.event_type, &self.reason, &self.note).hash(&mut h);
         let r = &self.regarding;
         (&r.api_version, &r.kind, &r.namespace, &r.name, &r.uid).hash(&mut h);
         h.finish()
@@ -201,7 +283,7 @@ fn new_event(note: &Note, name: String, now: Timestamp) -> Event {
         action: Some(note.reason.clone()),
         reason: Some(note.reason.clone()),
         note: Some(note.note.clone()),
-        type_: Some(if note.warning { "Warning" } else { "Normal" }.into()),
+        type_: Some(note.event_type.as_str().into()),
         event_time: Some(MicroTime(now)),
         regarding: Some(note.regarding.clone()),
         reporting_controller: Some(note.controller.clone()),
@@ -241,7 +323,7 @@ mod tests {
                 uid: Some(format!("uid-{name}")),
                 ..Default::default()
             },
-            warning: false,
+            event_type: EventType::Normal,
             reason: reason.into(),
             note: text.into(),
         }

@@ -7,6 +7,8 @@ use std::time::{Duration, Instant};
 
 use ccm_core::metrics::Metrics;
 use ccm_core::provider::Provider;
+use ccm_core::provider::convert::LoadBalancerRequest;
+use ccm_core::provider::encoded::Backends;
 use ccm_provider_sdk::proto as pb;
 use ccm_provider_sdk::{Listen, ProviderServer};
 use ccm_provider_sim::cloud::Cloud;
@@ -63,7 +65,9 @@ async fn more_load_balancers_than_a_call_takes_go_out_at_once_each_answer_on_its
         Provider::new(&format!("unix://{}", sock.display()), Duration::from_secs(10), 8, Metrics::new()).expect("provider");
 
     let started = Instant::now();
-    let (results, failed) = provider.batch_update_load_balancer_hosts(None, &services, &[node("a"), node("b")]).await;
+    let requests: Vec<LoadBalancerRequest> = services.iter().cloned().map(LoadBalancerRequest::from_proto).collect();
+    let backends = Backends::from_proto(vec![node("a"), node("b")]);
+    let (results, failed) = provider.batch_update_load_balancer_hosts(None, &requests, &backends).await;
     assert!(failed.is_none(), "every call answered: {failed:?}");
     let took = started.elapsed();
 

@@ -6,7 +6,8 @@ use std::time::Duration;
 
 use ccm_core::metrics::Metrics;
 use ccm_core::provider::Provider;
-use ccm_core::provider::encoded::EncodedNodes;
+use ccm_core::provider::convert::LoadBalancerRequest;
+use ccm_core::provider::encoded::Backends;
 use ccm_proto::v1 as pb;
 use ccm_provider_sdk::Listen;
 use ccm_provider_sdk::names::{NameLimits, load_balancer_name};
@@ -92,12 +93,15 @@ async fn load_balancer_calls_for_5000_nodes_fit_the_wire() {
     let size = request.encoded_len();
     assert!(size > 4 << 20, "the test means something only above gRPC's default limit: {size} bytes");
 
-    let encoded = EncodedNodes::new(&nodes);
-    let status = provider.ensure_load_balancer(None, service.clone(), &encoded).await.expect("ensure for 5000 nodes");
-    assert!(!status.ingress.is_empty(), "the load balancer has an address");
+    let service = LoadBalancerRequest::from_proto(service);
+    let ingress = provider
+        .ensure_load_balancer(None, service.clone(), &Backends::from_proto(nodes.clone()))
+        .await
+        .expect("ensure for 5000 nodes");
+    assert!(!ingress.is_empty(), "the load balancer has an address");
     let mut fewer = nodes;
     fewer.truncate(NODES - 1);
-    provider.update_load_balancer_hosts(None, service, &EncodedNodes::new(&fewer)).await.expect("update hosts for 4999 nodes");
+    provider.update_load_balancer_hosts(None, service, &Backends::from_proto(fewer)).await.expect("update hosts for 4999 nodes");
     println!("EnsureLoadBalancer for {NODES} Nodes: {:.1} MiB on the wire", size as f64 / (1 << 20) as f64);
     let _ = stop.send(());
     let _ = sim.await;

@@ -15,6 +15,7 @@ use tokio::sync::broadcast::error::RecvError;
 use tokio_util::sync::CancellationToken;
 
 use super::{ConfigError, Context};
+use crate::events::{EventType, reason};
 use crate::informer::Change;
 use crate::node_util;
 
@@ -219,7 +220,7 @@ impl IpamController {
                     }
                     let note = format!("Node {name} status is now: CIDRNotAvailable ({} is full)", self.ranges[i].cluster);
                     tracing::warn!(node = %name, "no pod CIDR left for the node");
-                    self.ctx.event(NAME, node, true, "CIDRNotAvailable", note).await;
+                    self.ctx.event(NAME, node, EventType::Warning, reason::CIDR_NOT_AVAILABLE, note).await;
                     return;
                 }
             }
@@ -246,7 +247,7 @@ impl IpamController {
                 }
                 tracing::warn!(node = %name, %error, "setting the node's pod CIDRs failed");
                 let note = format!("Node {name} status is now: CIDRAssignmentFailed ({error})");
-                self.ctx.event(NAME, node, true, "CIDRAssignmentFailed", note).await;
+                self.ctx.event(NAME, node, EventType::Warning, reason::CIDR_ASSIGNMENT_FAILED, note).await;
             }
         }
     }

@@ -1,6 +1,5 @@
 //! The controllers, and what they share.
 
-pub mod endpoints;
 pub mod ipam;
 pub mod node;
 pub mod node_addresses;
@@ -18,7 +17,8 @@ use crate::events::{Note, Recorder};
 use ccm_protocol::Error;
 use ccm_protocol::ratelimit::TokenBucket;
 use k8s_openapi::api::core::v1::{Node, Service};
-use kube::Resource;
+use kube::api::{Patch, PatchParams};
+use kube::{Api, Resource};
 use tokio_util::sync::CancellationToken;
 
 use crate::informer::Informer;
@@ -144,6 +144,24 @@ impl Context {
         self.lead_permit().await;
     }
 
+    /// Merge-patches `svc` (its metadata or spec) under the write budget and the lead.
+    pub async fn patch_service(&self, svc: &Service, patch: &serde_json::Value) -> Result<(), kube::Error> {
+        let api: Api<Service> = Api::namespaced(self.client.clone(), svc.metadata.namespace.as_deref().unwrap_or_default());
+        self.kube_write_permit().await;
+        api.patch(svc.metadata.name.as_deref().unwrap_or_default(), &PatchParams::default(), &Patch::Merge(patch))
+            .await
+            .map(|_| ())
+    }
+
+    /// Merge-patches `svc`'s status under the write budget and the lead.
+    pub async fn patch_service_status(&self, svc: &Service, patch: &serde_json::Value) -> Result<(), kube::Error> {
+        let api: Api<Service> = Api::namespaced(self.client.clone(), svc.metadata.namespace.as_deref().unwrap_or_default());
+        self.kube_write_permit().await;
+        api.patch_status(svc.metadata.name.as_deref().unwrap_or_default(), &PatchParams::default(), &Patch::Merge(patch))
+            .await
+            .map(|_| ())
+    }
+
     /// Returns while this context may act as the leader (always without leader election);
     /// never once the lead is lost.
     pub async fn lead_permit(&self) {
@@ -185,7 +203,7 @@ impl Context {
         &self,
         controller: &str,
         object: &K,
-        warning: bool,
+        event_type: crate::events::EventType,
         reason: &str,
         note: String,
     ) {
@@ -200,7 +218,7 @@ impl Context {
         let note = Note {
             controller: controller.to_string(),
             regarding: object.object_ref(&()),
-            warning,
+            event_type,
             reason: reason.to_string(),
             note: bounded_note(note),
         };
@@ -226,7 +244,14 @@ impl Context {
     /// invalid provider answer (other errors are the caller's to report).
     pub async fn report_invalid<K: Resource<DynamicType = ()>>(&self, controller: &str, object: &K, error: &Error) {
         if crate::provider::check::is_invalid(error) {
-            self.event(controller, object, true, crate::provider::check::REASON, error.to_string()).await;
+            self.event(
+                controller,
+                object,
+                crate::events::EventType::Warning,
+                crate::events::reason::INVALID_PROVIDER_ANSWER,
+                error.to_string(),
+            )
+            .await;
         }
     }
 

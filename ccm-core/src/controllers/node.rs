@@ -35,6 +35,7 @@ use tokio_util::sync::CancellationToken;
 
 use super::{Context, sleep_or_stop};
 use super::{node_addresses, tag_labels};
+use crate::events::{EventType, reason};
 use crate::informer::Change;
 use crate::labels;
 use crate::node_util;
@@ -261,12 +262,12 @@ impl NodeController {
                     let since = crate::clock::now().duration_since(created.0);
                     self.ctx.metrics.node_initialised(Duration::try_from(since).unwrap_or_default());
                 }
-                self.ctx.event(NAME, node.as_ref(), false, "Synced", "Node synced successfully".into()).await;
+                self.ctx.event(NAME, node.as_ref(), EventType::Normal, reason::SYNCED, "Node synced successfully".into()).await;
                 Outcome::Success
             }
             Err(InitError::Invalid(why)) => {
                 tracing::warn!(node = %name, %why, "node cannot be initialised");
-                self.ctx.event(NAME, node.as_ref(), true, "NodeInitializationFailed", why).await;
+                self.ctx.event(NAME, node.as_ref(), EventType::Warning, reason::NODE_INITIALIZATION_FAILED, why).await;
                 Outcome::Retry { fingerprint: Some(fingerprint(&node)), retry_after: None }
             }
             Err(InitError::Provider(error)) => {
@@ -350,11 +351,11 @@ impl NodeController {
         if !corrected.is_empty() {
             let note = format!("the Node's claims differ from the cloud's; corrected: {}", corrected.join("; "));
             tracing::warn!(node = %name, corrections = %corrected.join("; "), "node metadata corrected from the cloud");
-            self.ctx.event(NAME, &node, true, REASON_CORRECTED, note).await;
+            self.ctx.event(NAME, &node, EventType::Warning, reason::NODE_METADATA_CORRECTED, note).await;
         }
         if !skipped.is_empty() {
             let note = format!("instance tags that are not valid label keys or values were not copied: {}", skipped.join(", "));
-            self.ctx.event(NAME, &node, true, "InvalidInstanceTags", note).await;
+            self.ctx.event(NAME, &node, EventType::Warning, reason::INVALID_INSTANCE_TAGS, note).await;
         }
         Ok(written.parse().unwrap_or(0))
     }
@@ -545,9 +546,6 @@ enum TagSource {
     /// TagsService.
     Tags,
 }
-
-/// The Event reason of a Node whose claimed zone, region or instance type was corrected.
-pub const REASON_CORRECTED: &str = "NodeMetadataCorrected";
 
 /// The labels initialisation sets: the cloud's own (corrected when a Node claims otherwise)
 /// and offered ones (added only where the Node has none).

@@ -46,6 +46,7 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 use super::{Context, sleep_or_stop};
+use crate::events::{EventType, reason};
 use crate::node_util;
 use crate::provider::convert;
 use crate::wellknown::{
@@ -264,8 +265,8 @@ impl Act {
     /// The Event reason of an action waiting for room in the window.
     fn deferred_reason(self) -> &'static str {
         match self {
-            Act::Delete => "NodeDeletionDeferred",
-            Act::OutOfService => "NodeOutOfServiceDeferred",
+            Act::Delete => reason::NODE_DELETION_DEFERRED,
+            Act::OutOfService => reason::NODE_OUT_OF_SERVICE_DEFERRED,
         }
     }
 
@@ -313,13 +314,6 @@ fn disrupted_zones(ready: &[Arc<Node>], not_ready: &[Arc<Node>], threshold: f64)
     zones.retain(|_, (down, all)| everything_down || (*down < *all && *down > 2 && *down as f64 >= threshold * *all as f64));
     zones
 }
-
-/// The Event reason of a Node given the out-of-service taint.
-pub const REASON_OUT_OF_SERVICE: &str = "NodeOutOfService";
-/// The Event reason of a Node whose out-of-service taint was removed.
-pub const REASON_BACK_IN_SERVICE: &str = "NodeBackInService";
-/// The Event reason of a Node shut down long enough but not given the out-of-service taint.
-pub const REASON_OUT_OF_SERVICE_REFUSED: &str = "NodeOutOfServiceRefused";
 
 fn has_annotation(node: &Node, key: &str) -> bool {
     node.metadata.annotations.as_ref().is_some_and(|a| a.contains_key(key))
@@ -544,7 +538,15 @@ impl NodeLifecycleController {
                     Act::Delete => self.ctx.metrics.node_deletions("deferred", 1),
                     Act::OutOfService => self.ctx.metrics.out_of_service_taints("deferred", 1),
                 }
-                self.ctx.event(NAME, node.as_ref(), false, act.deferred_reason(), format!("Not yet {}: {why}", act.done())).await;
+                self.ctx
+                    .event(
+                        NAME,
+                        node.as_ref(),
+                        EventType::Normal,
+                        act.deferred_reason(),
+                        format!("Not yet {}: {why}", act.done()),
+                    )
+                    .await;
                 pass.deferred.push(node_util::name(node).to_string());
             }
         }
@@ -567,7 +569,13 @@ impl NodeLifecycleController {
                 Err(error) => {
                     tracing::warn!(node = %name, %error, "deleting the node failed");
                     self.ctx
-                        .event(NAME, node.as_ref(), true, "DeletingNodeFailed", format!("Error deleting node: {error}"))
+                        .event(
+                            NAME,
+                            node.as_ref(),
+                            EventType::Warning,
+                            reason::DELETING_NODE_FAILED,
+                            format!("Error deleting node: {error}"),
+                        )
                         .await;
                     pass.errors += 1;
                 }
@@ -645,13 +653,15 @@ impl NodeLifecycleController {
             Act::Delete => {
                 tracing::warn!(node = %node_util::name(node), "not deleting the node although its instance is reported gone: {why}");
                 self.ctx.metrics.node_deletions("refused", 1);
-                self.ctx.event(NAME, node, true, "NodeDeletionRefused", format!("Not deleting the node: {why}")).await;
+                self.ctx
+                    .event(NAME, node, EventType::Warning, reason::NODE_DELETION_REFUSED, format!("Not deleting the node: {why}"))
+                    .await;
             }
             Act::OutOfService => {
                 tracing::warn!(node = %node_util::name(node), "not tainting the node out of service although its instance is reported shut down: {why}");
                 self.ctx.metrics.out_of_service_taints("refused", 1);
                 let note = format!("Not adding the {TAINT_OUT_OF_SERVICE} taint: {why}");
-                self.ctx.event(NAME, node, true, REASON_OUT_OF_SERVICE_REFUSED, note).await;
+                self.ctx.event(NAME, node, EventType::Warning, reason::NODE_OUT_OF_SERVICE_REFUSED, note).await;
             }
         }
     }
@@ -675,7 +685,7 @@ impl NodeLifecycleController {
                 let note = format!(
                     "Added the taint {TAINT_OUT_OF_SERVICE}={OUT_OF_SERVICE_VALUE}:NoExecute: the provider has reported the instance shut down for {lasted} and the Node is NotReady; its pods are force-deleted and their volumes detached"
                 );
-                self.ctx.event(NAME, node, false, REASON_OUT_OF_SERVICE, note).await;
+                self.ctx.event(NAME, node, EventType::Normal, reason::NODE_OUT_OF_SERVICE, note).await;
                 pass.out_of_service.push(name);
             }
             Err(error) => {
@@ -715,7 +725,7 @@ impl NodeLifecycleController {
                     tracing::info!(node = %name, "node back in service: its instance runs and it is Ready");
                     self.ctx.metrics.out_of_service_taints("removed", 1);
                     let note = format!("Removed the taint {TAINT_OUT_OF_SERVICE}: the instance runs again and the Node is Ready");
-                    self.ctx.event(NAME, node.as_ref(), false, REASON_BACK_IN_SERVICE, note).await;
+                    self.ctx.event(NAME, node.as_ref(), EventType::Normal, reason::NODE_BACK_IN_SERVICE, note).await;
                     pass.back_in_service.push(name);
                 }
                 Ok(()) => {}
@@ -734,8 +744,8 @@ impl NodeLifecycleController {
             .event(
                 NAME,
                 node,
-                false,
-                "DeletingNode",
+                EventType::Normal,
+                reason::DELETING_NODE,
                 format!("Deleting node {name} because it does not exist in the cloud provider"),
             )
             .await;

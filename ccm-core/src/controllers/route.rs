@@ -35,6 +35,7 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 use super::Context;
+use crate::events::{EventType, reason};
 use crate::informer::Change;
 use crate::node_util::{self, pod_cidrs};
 use crate::provider::convert;
@@ -334,7 +335,7 @@ impl RouteController {
                 let note = "The provider came back as another provider (its name or providerID scheme changed): \
                             route deletions pause until the next full resync confirms it"
                     .to_string();
-                self.ctx.event(NAME, &self.ctx.lease(), true, "RouteDeletionsPaused", note).await;
+                self.ctx.event(NAME, &self.ctx.lease(), EventType::Warning, reason::ROUTE_DELETIONS_PAUSED, note).await;
             }
             if resync || relist {
                 // A resync, or a provider that may have lost its state: list everything again.
@@ -566,7 +567,7 @@ impl RouteController {
                          missing ones are made again, stale ones deleted only on evidence",
                         sync.corrections
                     );
-                    self.ctx.event(NAME, &self.ctx.lease(), true, "RoutesDrifted", note).await;
+                    self.ctx.event(NAME, &self.ctx.lease(), EventType::Warning, reason::ROUTES_DRIFTED, note).await;
                 }
             }
             self.known = Some(fresh);
@@ -718,7 +719,7 @@ impl RouteController {
                     // Upstream's Event on every failed create (aggregated into a series).
                     if let Some(n) = self.ctx.nodes.store().get(&ObjectRef::new(&node)) {
                         let note = format!("Could not create route {} for node {node}: {e}", wanted.destination_cidr);
-                        self.ctx.event(NAME, n.as_ref(), true, "FailedToCreateRoute", note).await;
+                        self.ctx.event(NAME, n.as_ref(), EventType::Warning, reason::FAILED_TO_CREATE_ROUTE, note).await;
                     }
                     first_error.get_or_insert(e);
                 }
@@ -875,7 +876,7 @@ impl ConditionWriter {
             let first_report = !ok && full && self.reported.locked().insert(name.to_string());
             if first_report {
                 let note = "Could not create a route: the route table is full (provider quota)".to_string();
-                self.ctx.event(NAME, node.as_ref(), true, "FailedToCreateRoute", note).await;
+                self.ctx.event(NAME, node.as_ref(), EventType::Warning, reason::FAILED_TO_CREATE_ROUTE, note).await;
             }
             if ok {
                 self.reported.locked().remove(name);

@@ -19,8 +19,10 @@ use tonic::transport::Channel;
 
 use super::Provider;
 use super::check::{self, Pages, invalid};
-use super::encoded::{self, EncodedNodes, WithNodes};
+use super::convert::{self, LoadBalancerRequest};
+use super::encoded::{self, Backends, EncodedNodes, WithNodes};
 use crate::leader::Fence;
+use k8s_openapi::api::core::v1::LoadBalancerIngress;
 
 /// The generated clients, with cloudprovider.v1's message limits (64 MiB each way: a
 /// load balancer's 5000 Nodes with their labels do not fit gRPC's default 4 MiB).
@@ -284,9 +286,9 @@ impl Provider {
 
     /// The status of the load balancer of `service` (its name is what is looked up), `None`
     /// when it does not exist.
-    pub async fn get_load_balancer(&self, service: pb::LoadBalancerService) -> Result<Option<pb::LoadBalancerStatus>, Error> {
+    pub async fn get_load_balancer(&self, service: LoadBalancerRequest) -> Result<Option<Vec<LoadBalancerIngress>>, Error> {
         const METHOD: &str = "LoadBalancersService/GetLoadBalancer";
-        let request = pb::GetLoadBalancerRequest { service: Some(service) };
+        let request = pb::GetLoadBalancerRequest { service: Some(service.into_proto()) };
         let rpc = async |ch, r| load_balancers_client(ch).get_load_balancer(r).await;
         let answer = self.call(METHOD, request, rpc).await?;
         if !answer.exists {
@@ -294,35 +296,37 @@ impl Provider {
         }
         let status = answer.status.unwrap_or_default();
         answer::status(&status).map_err(|why| self.invalid(METHOD, why))?;
-        Ok(Some(status))
+        Ok(Some(convert::ingress(&status)))
     }
 
     /// Ensures the load balancer of `service` over `nodes` (fenced); its status, checked by
-    /// [`answer::status`].
+    /// [`answer::status`], as the Service's `status.loadBalancer.ingress`.
     pub async fn ensure_load_balancer(
         &self,
         fence: Option<&Fence>,
-        service: pb::LoadBalancerService,
-        nodes: &EncodedNodes,
-    ) -> Result<pb::LoadBalancerStatus, Error> {
+        service: LoadBalancerRequest,
+        nodes: &Backends,
+    ) -> Result<Vec<LoadBalancerIngress>, Error> {
         const METHOD: &str = "LoadBalancersService/EnsureLoadBalancer";
-        let request = WithNodes::new(pb::EnsureLoadBalancerRequest { service: Some(service), nodes: Vec::new() }, nodes);
+        let head = pb::EnsureLoadBalancerRequest { service: Some(service.into_proto()), nodes: Vec::new() };
+        let request = WithNodes::new(head, nodes.encoded());
         let rpc = async |ch, r| -> Result<tonic::Response<pb::EnsureLoadBalancerResponse>, tonic::Status> {
             encoded::unary(ch, r, "/cloudprovider.v1.LoadBalancersService/EnsureLoadBalancer").await
         };
         let status = self.call_fenced(fence, METHOD, request, rpc).await?.status.unwrap_or_default();
         answer::status(&status).map_err(|why| self.invalid(METHOD, why))?;
-        Ok(status)
+        Ok(convert::ingress(&status))
     }
 
     /// Points the load balancer of `service` at `nodes` (fenced).
     pub async fn update_load_balancer_hosts(
         &self,
         fence: Option<&Fence>,
-        service: pb::LoadBalancerService,
-        nodes: &EncodedNodes,
+        service: LoadBalancerRequest,
+        nodes: &Backends,
     ) -> Result<(), Error> {
-        let request = WithNodes::new(pb::UpdateLoadBalancerHostsRequest { service: Some(service), nodes: Vec::new() }, nodes);
+        let head = pb::UpdateLoadBalancerHostsRequest { service: Some(service.into_proto()), nodes: Vec::new() };
+        let request = WithNodes::new(head, nodes.encoded());
         let rpc = async |ch, r| -> Result<tonic::Response<pb::UpdateLoadBalancerHostsResponse>, tonic::Status> {
             encoded::unary(ch, r, "/cloudprovider.v1.LoadBalancersService/UpdateLoadBalancerHosts").await
         };
@@ -336,16 +340,16 @@ impl Provider {
     pub async fn batch_update_load_balancer_hosts(
         &self,
         fence: Option<&Fence>,
-        services: &[pb::LoadBalancerService],
-        nodes: &[pb::LoadBalancerNode],
+        services: &[LoadBalancerRequest],
+        nodes: &Backends,
     ) -> (PerLookup<()>, Option<Error>) {
         const METHOD: &str = "LoadBalancersService/BatchUpdateLoadBalancerHosts";
         /// The field number of `nodes` in BatchUpdateLoadBalancerHostsRequest.
         const BATCH_NODES_FIELD: u32 = 1;
-        let encoded = EncodedNodes::in_field(BATCH_NODES_FIELD, nodes);
+        let encoded = EncodedNodes::in_field(BATCH_NODES_FIELD, nodes.proto());
         let calls = services.chunks(MAX_BATCH).map(|chunk| {
-            let request =
-                WithNodes::new(pb::BatchUpdateLoadBalancerHostsRequest { nodes: Vec::new(), services: chunk.to_vec() }, &encoded);
+            let services = chunk.iter().map(|s| s.proto().clone()).collect();
+            let request = WithNodes::new(pb::BatchUpdateLoadBalancerHostsRequest { nodes: Vec::new(), services }, &encoded);
             let rpc = async |ch, r| -> Result<tonic::Response<pb::BatchUpdateLoadBalancerHostsResponse>, tonic::Status> {
                 encoded::unary(ch, r, "/cloudprovider.v1.LoadBalancersService/BatchUpdateLoadBalancerHosts").await
             };
@@ -373,12 +377,8 @@ impl Provider {
     }
 
     /// Deletes the load balancer of `service` if it exists (fenced).
-    pub async fn ensure_load_balancer_deleted(
-        &self,
-        fence: Option<&Fence>,
-        service: pb::LoadBalancerService,
-    ) -> Result<(), Error> {
-        let request = pb::EnsureLoadBalancerDeletedRequest { service: Some(service) };
+    pub async fn ensure_load_balancer_deleted(&self, fence: Option<&Fence>, service: LoadBalancerRequest) -> Result<(), Error> {
+        let request = pb::EnsureLoadBalancerDeletedRequest { service: Some(service.into_proto()) };
         let rpc = async |ch, r| load_balancers_client(ch).ensure_load_balancer_deleted(r).await;
         self.call_fenced(fence, "LoadBalancersService/EnsureLoadBalancerDeleted", request, rpc).await.map(|_| ())
     }
@@ -624,7 +624,7 @@ mod tests {
             }
             tokio::time::sleep(std::time::Duration::from_millis(20)).await;
         }
-        let services: Vec<pb::LoadBalancerService> = ["lb-a", "lb-b"]
+        let services: Vec<LoadBalancerRequest> = ["lb-a", "lb-b"]
             .iter()
             .map(|name| pb::LoadBalancerService {
                 cluster_name: "c".into(),
@@ -640,11 +640,12 @@ mod tests {
                 }],
                 ..Default::default()
             })
+            .map(LoadBalancerRequest::from_proto)
             .collect();
         for service in &services {
-            provider.ensure_load_balancer(None, service.clone(), &EncodedNodes::new(&[])).await.expect("ensure");
+            provider.ensure_load_balancer(None, service.clone(), &Backends::default()).await.expect("ensure");
         }
-        let (answers, failed) = provider.batch_update_load_balancer_hosts(None, &services, &[]).await;
+        let (answers, failed) = provider.batch_update_load_balancer_hosts(None, &services, &Backends::default()).await;
         assert!(failed.is_none(), "the call itself answered: {failed:?}");
         assert!(answers[0].is_ok(), "{:?}", answers[0]);
         let throttled = answers[1].as_ref().expect_err("lb-b is throttled");

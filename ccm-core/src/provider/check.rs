@@ -11,7 +11,7 @@ use ccm_protocol::{Error, reason};
 pub const MAX_PAGES: usize = 10_000;
 
 /// The reason of an invalid provider answer, in its error and in the Warning Event about it.
-pub const REASON: &str = "InvalidProviderAnswer";
+pub const REASON: &str = crate::events::reason::INVALID_PROVIDER_ANSWER;
 
 /// The error of an invalid answer to `method`.
 pub fn invalid(method: &str, why: impl Display) -> Error {

@@ -2,9 +2,10 @@
 //! core talks to the provider.
 
 use ccm_proto::v1 as pb;
-use k8s_openapi::api::core::v1::{Node, NodeAddress};
+use k8s_openapi::api::core::v1::{LoadBalancerIngress, Node, NodeAddress, PortStatus, Service, ServicePort};
 
 use crate::node_util::{addresses, name, provider_id};
+use crate::wellknown::ANNOTATION_LOAD_BALANCER_NAME;
 
 /// What a provider needs to find the instance behind a Node.
 pub fn lookup(node: &Node) -> pb::InstanceLookup {
@@ -44,4 +45,268 @@ pub fn from_proto_address(a: &pb::NodeAddress) -> Option<NodeAddress> {
         T::Unspecified => return None,
     };
     Some(NodeAddress { type_: t.into(), address: a.address.clone() })
+}
+
+/// A Kubernetes protocol name (`TCP`, `UDP`, `SCTP`; TCP when unset, as the API defaults it)
+/// to the protocol's.
+pub fn protocol(name: Option<&str>) -> pb::Protocol {
+    match name.unwrap_or("TCP") {
+        "UDP" => pb::Protocol::Udp,
+        "SCTP" => pb::Protocol::Sctp,
+        _ => pb::Protocol::Tcp,
+    }
+}
+
+/// The protocol's protocol to its Kubernetes name.
+pub fn protocol_name(protocol: pb::Protocol) -> &'static str {
+    match protocol {
+        pb::Protocol::Udp => "UDP",
+        pb::Protocol::Sctp => "SCTP",
+        _ => "TCP",
+    }
+}
+
+/// A port's targetPort as text (a number or a port name); empty when unset.
+pub fn target_port(p: &ServicePort) -> String {
+    use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
+    match &p.target_port {
+        Some(IntOrString::Int(n)) => n.to_string(),
+        Some(IntOrString::String(s)) => s.clone(),
+        None => String::new(),
+    }
+}
+
+/// A pod endpoint a load balancer may forward a port to directly.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PortEndpoint {
+    /// The pod's address.
+    pub address: String,
+    /// The pod's port.
+    pub port: u32,
+    /// The Node the pod runs on.
+    pub node_name: String,
+}
+
+/// What the core sends of a Service to ensure, update or delete its load balancer, made once
+/// per reconcile; [`LoadBalancerRequest::named`] gives it under each name it is asked about.
+#[derive(Debug, Clone)]
+pub struct LoadBalancerRequest(pb::LoadBalancerService);
+
+impl LoadBalancerRequest {
+    /// `svc` as a load balancer of `cluster_name` named `load_balancer_name`. `source_ranges`
+    /// are the Service's, already read and checked (they are read once per reconcile);
+    /// `endpoints` gives the pod endpoints of a port, when its load balancer is given them.
+    pub fn new(
+        svc: &Service,
+        cluster_name: &str,
+        load_balancer_name: String,
+        source_ranges: Vec<String>,
+        endpoints: impl Fn(&ServicePort) -> Vec<PortEndpoint>,
+    ) -> Self {
+        let spec = svc.spec.clone().unwrap_or_default();
+        let ports = spec
+            .ports
+            .iter()
+            .flatten()
+            .map(|p| pb::ServicePort {
+                name: p.name.clone().unwrap_or_default(),
+                protocol: protocol(p.protocol.as_deref()) as i32,
+                port: p.port.max(0) as u32,
+                node_port: p.node_port.unwrap_or(0).max(0) as u32,
+                app_protocol: p.app_protocol.clone().unwrap_or_default(),
+                target_port: target_port(p),
+                endpoints: endpoints(p)
+                    .into_iter()
+                    .map(|e| pb::PortEndpoint { address: e.address, port: e.port, node_name: e.node_name })
+                    .collect(),
+            })
+            .collect();
+        let affinity = if spec.session_affinity.as_deref() == Some("ClientIP") {
+            pb::SessionAffinity::ClientIp
+        } else {
+            pb::SessionAffinity::None
+        };
+        let traffic_policy = if spec.external_traffic_policy.as_deref() == Some("Local") {
+            pb::ExternalTrafficPolicy::Local
+        } else {
+            pb::ExternalTrafficPolicy::Cluster
+        };
+        let family_policy = match spec.ip_family_policy.as_deref() {
+            Some("SingleStack") => pb::IpFamilyPolicy::SingleStack,
+            Some("PreferDualStack") => pb::IpFamilyPolicy::PreferDualStack,
+            Some("RequireDualStack") => pb::IpFamilyPolicy::RequireDualStack,
+            _ => pb::IpFamilyPolicy::Unspecified,
+        };
+        Self(pb::LoadBalancerService {
+            cluster_name: cluster_name.to_string(),
+            load_balancer_name,
+            namespace: svc.metadata.namespace.clone().unwrap_or_default(),
+            name: svc.metadata.name.clone().unwrap_or_default(),
+            uid: svc.metadata.uid.clone().unwrap_or_default(),
+            ports,
+            session_affinity: affinity as i32,
+            session_affinity_timeout_seconds: spec
+                .session_affinity_config
+                .and_then(|c| c.client_ip)
+                .and_then(|c| c.timeout_seconds)
+                .unwrap_or(0)
+                .max(0) as u32,
+            source_ranges,
+            ip_families: spec
+                .ip_families
+                .unwrap_or_default()
+                .iter()
+                .map(|f| if f == "IPv6" { pb::IpFamily::Ipv6 } else { pb::IpFamily::Ipv4 } as i32)
+                .collect(),
+            requested_ip: spec.load_balancer_ip.unwrap_or_default(),
+            external_traffic_policy: traffic_policy as i32,
+            health_check_node_port: spec.health_check_node_port.unwrap_or(0).max(0) as u32,
+            // The core's own record of the name is not the Service's: no provider sees it.
+            annotations: svc
+                .metadata
+                .annotations
+                .clone()
+                .unwrap_or_default()
+                .into_iter()
+                .filter(|(k, _)| k != ANNOTATION_LOAD_BALANCER_NAME)
+                .collect(),
+            load_balancer_class: spec.load_balancer_class.unwrap_or_default(),
+            external_ips: spec.external_ips.unwrap_or_default(),
+            allocate_load_balancer_node_ports: spec.allocate_load_balancer_node_ports,
+            ip_family_policy: family_policy as i32,
+            labels: svc.metadata.labels.clone().unwrap_or_default().into_iter().collect(),
+            current_status: Some(current_status(svc)),
+        })
+    }
+
+    /// The same Service, asked about under `load_balancer_name`.
+    pub fn named(&self, load_balancer_name: &str) -> Self {
+        Self(pb::LoadBalancerService { load_balancer_name: load_balancer_name.to_string(), ..self.0.clone() })
+    }
+
+    /// The load balancer's name.
+    pub fn load_balancer_name(&self) -> &str {
+        &self.0.load_balancer_name
+    }
+
+    /// The message.
+    pub fn proto(&self) -> &pb::LoadBalancerService {
+        &self.0
+    }
+
+    /// A request of a message made by hand (a test's, a tool's).
+    pub fn from_proto(service: pb::LoadBalancerService) -> Self {
+        Self(service)
+    }
+
+    /// The message, taken.
+    pub fn into_proto(self) -> pb::LoadBalancerService {
+        self.0
+    }
+}
+
+/// The Service's status.loadBalancer in the protocol's terms (what the load balancer had).
+fn current_status(svc: &Service) -> pb::LoadBalancerStatus {
+    let ingress = svc.status.as_ref().and_then(|s| s.load_balancer.as_ref()).and_then(|l| l.ingress.as_ref());
+    pb::LoadBalancerStatus {
+        ingress: ingress
+            .into_iter()
+            .flatten()
+            .map(|i| pb::LoadBalancerIngress {
+                ip: i.ip.clone().unwrap_or_default(),
+                hostname: i.hostname.clone().unwrap_or_default(),
+                ip_mode: match i.ip_mode.as_deref() {
+                    Some("Proxy") => pb::IpMode::Proxy,
+                    Some("VIP") => pb::IpMode::Vip,
+                    _ => pb::IpMode::Unspecified,
+                } as i32,
+                ports: i
+                    .ports
+                    .iter()
+                    .flatten()
+                    .map(|p| pb::PortStatus {
+                        port: p.port.max(0) as u32,
+                        protocol: protocol(Some(&p.protocol)) as i32,
+                        error: p.error.clone().unwrap_or_default(),
+                    })
+                    .collect(),
+            })
+            .collect(),
+    }
+}
+
+/// A load balancer's status as the Service's `status.loadBalancer.ingress`: an address's
+/// `ipMode` is `Proxy` when the provider says so, else `VIP`.
+pub fn ingress(status: &pb::LoadBalancerStatus) -> Vec<LoadBalancerIngress> {
+    status
+        .ingress
+        .iter()
+        .map(|i| {
+            let ip = (!i.ip.is_empty()).then(|| i.ip.clone());
+            let ports: Vec<PortStatus> = i
+                .ports
+                .iter()
+                .map(|p| PortStatus {
+                    port: i32::try_from(p.port).unwrap_or(i32::MAX),
+                    protocol: protocol_name(p.protocol()).to_string(),
+                    error: (!p.error.is_empty()).then(|| p.error.clone()),
+                })
+                .collect();
+            LoadBalancerIngress {
+                ip_mode: ip.as_ref().map(|_| if i.ip_mode() == pb::IpMode::Proxy { "Proxy" } else { "VIP" }.to_string()),
+                ip,
+                hostname: (!i.hostname.is_empty()).then(|| i.hostname.clone()),
+                ports: (!ports.is_empty()).then_some(ports),
+            }
+        })
+        .collect()
+}
+
+/// A Node as a load balancer backend.
+pub fn load_balancer_node(node: &Node) -> pb::LoadBalancerNode {
+    pb::LoadBalancerNode {
+        name: name(node).to_string(),
+        provider_id: provider_id(node).unwrap_or_default().to_string(),
+        addresses: addresses(node).iter().map(to_proto_address).collect(),
+        labels: node.metadata.labels.clone().unwrap_or_default().into_iter().collect(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_status_goes_to_the_service_and_comes_back_the_same() {
+        let status = pb::LoadBalancerStatus {
+            ingress: vec![
+                pb::LoadBalancerIngress {
+                    ip: "192.0.2.7".into(),
+                    ip_mode: pb::IpMode::Proxy as i32,
+                    ports: vec![pb::PortStatus { port: 53, protocol: pb::Protocol::Udp as i32, error: "Pending".into() }],
+                    ..Default::default()
+                },
+                pb::LoadBalancerIngress { hostname: "lb.example".into(), ..Default::default() },
+            ],
+        };
+        let ingress = ingress(&status);
+        let json = serde_json::to_value(&ingress).expect("serializes");
+        assert_eq!(
+            json,
+            serde_json::json!([
+                { "ip": "192.0.2.7", "ipMode": "Proxy", "ports": [{ "port": 53, "protocol": "UDP", "error": "Pending" }] },
+                { "hostname": "lb.example" },
+            ])
+        );
+        let svc = Service {
+            status: Some(k8s_openapi::api::core::v1::ServiceStatus {
+                load_balancer: Some(k8s_openapi::api::core::v1::LoadBalancerStatus { ingress: Some(ingress) }),
+                ..Default::default()
+            }),
+            ..Default::default()
+        };
+        let back = current_status(&svc);
+        assert_eq!(back.ingress[0], status.ingress[0]);
+        assert_eq!(back.ingress[1].hostname, "lb.example");
+    }
 }

@@ -43,6 +43,46 @@ impl EncodedNodes {
     }
 }
 
+/// A load balancer's backends, converted from the Nodes once and encoded once for every
+/// EnsureLoadBalancer and UpdateLoadBalancerHosts that sends them.
+#[derive(Debug, Default)]
+pub struct Backends {
+    nodes: Vec<pb::LoadBalancerNode>,
+    encoded: std::sync::OnceLock<EncodedNodes>,
+}
+
+impl Backends {
+    /// `nodes` as backends, in the order given.
+    pub fn new<'a>(nodes: impl IntoIterator<Item = &'a k8s_openapi::api::core::v1::Node>) -> Self {
+        Self { nodes: nodes.into_iter().map(super::convert::load_balancer_node).collect(), encoded: Default::default() }
+    }
+
+    /// Backends made by hand (a test's, a tool's).
+    pub fn from_proto(nodes: Vec<pb::LoadBalancerNode>) -> Self {
+        Self { nodes, encoded: Default::default() }
+    }
+
+    /// How many.
+    pub fn len(&self) -> usize {
+        self.nodes.len()
+    }
+
+    /// Whether there are none.
+    pub fn is_empty(&self) -> bool {
+        self.nodes.is_empty()
+    }
+
+    /// As the protocol sends them.
+    pub(crate) fn proto(&self) -> &[pb::LoadBalancerNode] {
+        &self.nodes
+    }
+
+    /// Encoded as a request's `nodes`.
+    pub(crate) fn encoded(&self) -> &EncodedNodes {
+        self.encoded.get_or_init(|| EncodedNodes::new(&self.nodes))
+    }
+}
+
 /// A request message followed by an encoded node set.
 #[derive(Debug, Clone, Default)]
 pub struct WithNodes<M> {

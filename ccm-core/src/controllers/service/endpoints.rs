@@ -11,9 +11,16 @@
 use ccm_protocol::lock::Lock;
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::hash::{Hash, Hasher};
-use std::sync::Mutex;
+use std::sync::atomic::Ordering;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
 
-use ccm_proto::v1 as pb;
+use k8s_openapi::api::core::v1::Service;
+use kube::runtime::reflector::ObjectRef;
+
+use super::{Key, provider_fingerprint, service_key};
+
+use crate::provider::convert::PortEndpoint;
 use futures::StreamExt;
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 use kube::Api;
@@ -63,7 +70,6 @@ fn compact(slice: &EndpointSlice) -> Option<(String, Slice)> {
 #[derive(Debug, Default)]
 pub struct EndpointIndex {
     slices: Mutex<HashMap<String, Slice>>,
-    synced: std::sync::atomic::AtomicBool,
 }
 
 impl EndpointIndex {
@@ -71,20 +77,15 @@ impl EndpointIndex {
         self.slices.locked()
     }
 
-    /// Whether the first listing is in.
-    pub fn synced(&self) -> bool {
-        self.synced.load(std::sync::atomic::Ordering::Acquire)
-    }
-
     /// The ready endpoints of `service`'s port (`name`, `protocol`), sorted.
-    pub fn port_endpoints(&self, service: &str, name: &str, protocol: &str) -> Vec<pb::PortEndpoint> {
+    pub fn port_endpoints(&self, service: &str, name: &str, protocol: &str) -> Vec<PortEndpoint> {
         let slices = self.lock();
         let mut out: BTreeSet<(String, u32, String)> = BTreeSet::new();
         for slice in slices.values().filter(|s| s.service == service) {
             let Some(&(_, _, port)) = slice.ports.iter().find(|(n, p, _)| n == name && p == protocol) else { continue };
             out.extend(slice.ready.iter().map(|(address, node)| (address.clone(), port, node.clone())));
         }
-        out.into_iter().map(|(address, port, node_name)| pb::PortEndpoint { address, port, node_name }).collect()
+        out.into_iter().map(|(address, port, node_name)| PortEndpoint { address, port, node_name }).collect()
     }
 
     /// A fingerprint of `service`'s endpoints (a change of it means a new Ensure).
@@ -166,11 +167,7 @@ impl EndpointIndex {
                     }
                     Vec::new()
                 }
-                Ok(Event::InitDone) => {
-                    let changed = self.replace(listing.take().unwrap_or_default());
-                    self.synced.store(true, std::sync::atomic::Ordering::Release);
-                    changed
-                }
+                Ok(Event::InitDone) => self.replace(listing.take().unwrap_or_default()),
                 Ok(Event::Apply(slice)) => self.apply(&slice),
                 Ok(Event::Delete(slice)) => self.delete(&slice),
                 Err(error) => {
@@ -181,6 +178,73 @@ impl EndpointIndex {
             for service in services {
                 changed(&service);
             }
+        }
+    }
+}
+
+/// The service controller's side of it.
+impl super::ServiceController {
+    /// Whether `svc`'s load balancer is given pod endpoints: the provider forwards to pods and
+    /// a port of the Service has no node port.
+    pub(super) fn sends_endpoints(&self, svc: &Service) -> bool {
+        self.pod_endpoints.load(Ordering::Acquire)
+            && svc.spec.as_ref().is_some_and(|s| s.ports.iter().flatten().any(|p| p.node_port.unwrap_or(0) == 0))
+    }
+
+    /// What was ensured of a Service: what the provider sees of its spec and, when it is
+    /// given pod endpoints, of those.
+    pub(super) fn ensured_spec(&self, svc: &Service) -> u64 {
+        if !self.sends_endpoints(svc) {
+            return provider_fingerprint(svc);
+        }
+        let mut h = std::collections::hash_map::DefaultHasher::new();
+        provider_fingerprint(svc).hash(&mut h);
+        self.endpoints.fingerprint(&service_key(svc)).hash(&mut h);
+        h.finish()
+    }
+
+    /// Once the provider is known: when it forwards to pods, watches EndpointSlices and
+    /// queues each Service given endpoints whose endpoints changed (a plain trigger: a Service
+    /// in backoff waits its turn).
+    pub(super) async fn endpoint_feed(self: Arc<Self>, stop: CancellationToken) {
+        let mut changes = self.ctx.provider.changes();
+        let identity = loop {
+            if let Some(identity) = self.ctx.provider.identity() {
+                break identity;
+            }
+            tokio::select! {
+                _ = changes.changed() => {}
+                _ = tokio::time::sleep(Duration::from_secs(1)) => {}
+                _ = stop.cancelled() => return,
+            }
+        };
+        if !identity.pod_endpoints() {
+            // Nothing to watch; a task of the controller that ends is its failure, so this
+            // one waits for the stop like the others.
+            stop.cancelled().await;
+            return;
+        }
+        self.pod_endpoints.store(true, Ordering::Release);
+        tracing::info!("the provider forwards to pods: watching EndpointSlices for Services without node ports");
+        let api = match &self.ctx.options.service_namespace {
+            Some(ns) => Api::namespaced(self.ctx.client.clone(), ns),
+            None => Api::all(self.ctx.client.clone()),
+        };
+        let config = kube::runtime::watcher::Config::default().page_size(500);
+        let this = self.clone();
+        let changed = move |service: &str| {
+            let (ns, name) = service.split_once('/').unwrap_or(("", service));
+            if let Some(svc) = this.ctx.services.store().get(&ObjectRef::new(name).within(ns))
+                && this.wants_load_balancer(&svc)
+                && this.sends_endpoints(&svc)
+            {
+                this.queue.add(Key::Service(service.to_string()));
+            }
+        };
+        self.endpoints.watch(api, config, changed, stop.clone()).await;
+        // The watch ends only at the stop (or when its stream does, which is a failure).
+        if !stop.is_cancelled() {
+            tracing::error!("the EndpointSlice watch ended");
         }
     }
 }

@@ -1,0 +1,395 @@
+//! The load balancers' node set: which Nodes are backends, the set built once per change and
+//! shared by every Service, the node feed that updates the hosts of every load balancer whose
+//! set changed (one BatchUpdateLoadBalancerHosts per 500 when the provider offers it), and the
+//! rule that an emptied set never empties a load balancer.
+
+use std::hash::{Hash, Hasher};
+use std::sync::atomic::Ordering;
+use std::sync::{Arc, Mutex, OnceLock};
+use std::time::Duration;
+
+use ccm_proto::v1::ServiceType;
+use ccm_protocol::Error;
+use ccm_protocol::lock::Lock;
+use k8s_openapi::api::core::v1::{Node, Service};
+use tokio::sync::Notify;
+use tokio::sync::broadcast::{self, error::RecvError};
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+
+use super::{
+    Ensured, Key, NAME, ServiceController, SyncError, has_finalizer, has_ingress, provider_fingerprint, service_key,
+    source_ranges,
+};
+use crate::controllers::Context;
+use crate::events::{EventType, reason};
+use crate::informer::Change;
+use crate::node_util;
+use crate::provider::convert::LoadBalancerRequest;
+use crate::provider::encoded::Backends;
+use crate::queue::Outcome;
+use crate::wellknown::{LABEL_EXCLUDE, TAINT_TO_BE_DELETED};
+
+/// How long Node changes are coalesced before the load balancers' hosts follow them.
+const NODE_COALESCE: Duration = Duration::from_millis(50);
+/// Whether the exclusion label keeps a Node out of load balancers: present and not one of
+/// Go's `strconv.ParseBool` false values, as upstream reads it.
+fn excluded_by_label(node: &Node) -> bool {
+    let value = node.metadata.labels.as_ref().and_then(|l| l.get(LABEL_EXCLUDE));
+    value.is_some_and(|v| !matches!(v.as_str(), "0" | "f" | "F" | "false" | "FALSE" | "False"))
+}
+
+/// Whether a Node is a load balancer backend.
+fn is_backend(ctx: &Context, node: &Node) -> bool {
+    node_util::provider_id(node).is_some()
+        && node.metadata.deletion_timestamp.is_none()
+        && !excluded_by_label(node)
+        && !node_util::has_taint(node, TAINT_TO_BE_DELETED)
+        && !ctx.ignores(node)
+}
+
+/// What of a Node a provider may select backends on (name, providerID, labels, addresses),
+/// hashed into `h` without copying it.
+fn hash_node(node: &Node, h: &mut impl Hasher) {
+    node_util::name(node).hash(h);
+    node_util::provider_id(node).hash(h);
+    node.metadata.labels.hash(h);
+    for a in node.status.as_ref().and_then(|s| s.addresses.as_ref()).into_iter().flatten() {
+        (&a.type_, &a.address).hash(h);
+    }
+}
+
+/// A fingerprint of what a load balancer sees of a Node.
+fn node_fingerprint(node: &Node) -> u64 {
+    let mut h = std::collections::hash_map::DefaultHasher::new();
+    hash_node(node, &mut h);
+    h.finish()
+}
+
+/// The load balancers' node set as of one state of the Node cache: built once per change of
+/// what a load balancer sees of the Nodes and shared by every Service's reconcile (at 5000
+/// Services, building it per Service was most of the controller's CPU).
+#[derive(Debug, Default)]
+pub(super) struct HostSet {
+    /// How many backends.
+    pub(super) count: usize,
+    /// Their fingerprint.
+    pub(super) hosts: u64,
+    /// The backends, by name, until the provider's form is made from them; then released, so
+    /// that the set keeps no old version of a Node alive (heartbeats replace every Node every
+    /// 10 s).
+    nodes: Mutex<Vec<Arc<Node>>>,
+    /// As the provider is sent them (made when first needed: the node feed only compares
+    /// fingerprints), converted and encoded once for every EnsureLoadBalancer and
+    /// UpdateLoadBalancerHosts of this set.
+    backends: OnceLock<Backends>,
+}
+
+impl HostSet {
+    fn new(backends: Vec<Arc<Node>>) -> Self {
+        let hosts = hosts_of(&backends);
+        Self { count: backends.len(), hosts, nodes: Mutex::new(backends), backends: Default::default() }
+    }
+
+    /// The backends as the provider is sent them.
+    pub(super) fn provider(&self) -> &Backends {
+        self.backends.get_or_init(|| {
+            let nodes = std::mem::take(&mut *self.nodes.locked());
+            Backends::new(nodes.iter().map(|n| n.as_ref()))
+        })
+    }
+
+    pub(super) fn is_empty(&self) -> bool {
+        self.count == 0
+    }
+}
+
+/// The fingerprint of a node set.
+fn hosts_of(backends: &[Arc<Node>]) -> u64 {
+    let mut h = std::collections::hash_map::DefaultHasher::new();
+    for n in backends {
+        hash_node(n, &mut h);
+    }
+    h.finish()
+}
+
+/// The [`HostSet`] last built, valid while no Node change a load balancer sees came since.
+#[derive(Debug, Default)]
+pub(super) struct HostSetCache {
+    /// Bumped by the node feed on every such change.
+    generation: std::sync::atomic::AtomicU64,
+    /// The set, the generation it was built at and the provider identity it was built under
+    /// (which Nodes are ignored depends on it).
+    built: Mutex<Option<(u64, usize, Arc<HostSet>)>>,
+}
+
+impl ServiceController {
+    /// Watches the node set; on a change (after 50 ms of quiet coalescing) queues every
+    /// load balancer Service. Services in backoff stay there: `add` carries no news.
+    pub(super) async fn node_feed(self: Arc<Self>, mut changes: broadcast::Receiver<Change<Node>>, stop: CancellationToken) {
+        let notify = Arc::new(Notify::new());
+        let waker = notify.clone();
+        let this = self.clone();
+        let stop2 = stop.clone();
+        // Aborted with this task (a Tasks guard), not left running if the feed is aborted.
+        let mut syncer = crate::controllers::Tasks::default();
+        syncer.spawn(async move {
+            let mut last = this.hosts_fingerprint();
+            loop {
+                tokio::select! {
+                    _ = waker.notified() => {}
+                    _ = stop2.cancelled() => return,
+                }
+                tokio::time::sleep(NODE_COALESCE).await;
+                // No load balancer, nothing to update (a cluster's join before its Services).
+                let services = this.ctx.services.sorted();
+                if !services.iter().any(|s| this.wants_load_balancer(s)) {
+                    continue;
+                }
+                let now = this.hosts_fingerprint();
+                if now == last {
+                    continue;
+                }
+                last = now;
+                this.state().node_change_at.get_or_insert(Instant::now());
+                if this.ctx.provider.identity().is_some_and(|i| i.bulk_hosts()) {
+                    this.queue.add(Key::Hosts);
+                    continue;
+                }
+                for svc in services {
+                    if this.wants_load_balancer(&svc) {
+                        this.queue.add(Key::Service(service_key(&svc)));
+                    }
+                }
+            }
+        });
+        loop {
+            let change = tokio::select! {
+                c = changes.recv() => c,
+                _ = stop.cancelled() => break,
+            };
+            match change {
+                Ok(Change::Applied { old, new }) => {
+                    let before = old.as_deref().map(|o| (is_backend(&self.ctx, o), node_fingerprint(o)));
+                    if before != Some((is_backend(&self.ctx, &new), node_fingerprint(&new))) {
+                        self.host_set.generation.fetch_add(1, Ordering::AcqRel);
+                        notify.notify_one();
+                    }
+                }
+                Ok(Change::Deleted(_)) | Err(RecvError::Lagged(_)) => {
+                    self.host_set.generation.fetch_add(1, Ordering::AcqRel);
+                    notify.notify_one();
+                }
+                Err(RecvError::Closed) => break,
+            }
+        }
+        drop(syncer);
+    }
+
+    /// The current node set: the one last built, unless a Node change a load balancer sees
+    /// (or a new provider identity) came since.
+    pub(super) fn backends(&self) -> Arc<HostSet> {
+        let identity = self.ctx.provider.identity();
+        let identity_key = identity.as_ref().map_or(0, |i| Arc::as_ptr(i) as usize);
+        // Read before the store: a change during the build leaves the set stale, and it is
+        // built again at the next call.
+        let generation = self.host_set.generation.load(Ordering::Acquire);
+        let mut built = self.host_set.built.locked();
+        if let Some((g, i, set)) = built.as_ref()
+            && *g == generation
+            && *i == identity_key
+        {
+            return set.clone();
+        }
+        let set = Arc::new(HostSet::new(self.backend_nodes()));
+        *built = Some((generation, identity_key, set.clone()));
+        set
+    }
+
+    /// The backends in the cache, by name.
+    fn backend_nodes(&self) -> Vec<Arc<Node>> {
+        let mut nodes: Vec<Arc<Node>> = self.ctx.nodes.store().state().into_iter().filter(|n| is_backend(&self.ctx, n)).collect();
+        nodes.sort_by(|a, b| node_util::name(a).cmp(node_util::name(b)));
+        nodes
+    }
+
+    /// The node set's fingerprint, as [`ServiceController::backends`] has it (the same set the
+    /// workers will use: a fingerprint read from a cache ahead of the set would be lost).
+    fn hosts_fingerprint(&self) -> u64 {
+        self.backends().hosts
+    }
+
+    /// The Nodes the load balancer should have; `None` when it is to be left as it is. An
+    /// empty set never empties a load balancer that had hosts (`last`, or, unknown since this
+    /// process started, its ingress): it keeps the last hosts it was given.
+    pub(super) async fn backends_for(&self, svc: &Service, last: Option<Ensured>) -> Option<Arc<HostSet>> {
+        let backends = self.backends();
+        let had_hosts = last.map_or_else(|| has_ingress(svc), |e| e.count > 0);
+        if backends.is_empty() && had_hosts {
+            // An empty node set is far likelier a listing glitch (an API server that came back
+            // empty, every Node excluded by a bad label) than a cluster that wants its load
+            // balancers cut off: the load balancer keeps the last hosts it was given (a spec
+            // change is still applied, with them), or, with none known since this process
+            // started, is left as it is.
+            tracing::warn!(service = %service_key(svc), "no Node is a load balancer backend; the load balancer keeps its hosts");
+            let note = "No Node is a load balancer backend now: the load balancer keeps its current hosts \
+                        instead of being emptied, until a Node is one again"
+                .to_string();
+            self.ctx.event(NAME, svc, EventType::Warning, reason::UNAVAILABLE_LOAD_BALANCER, note).await;
+            let last = self.state().last_backends.clone();
+            return (!last.is_empty()).then_some(last);
+        }
+        if backends.is_empty() {
+            let note = "There are no available nodes for LoadBalancer".to_string();
+            self.ctx.event(NAME, svc, EventType::Warning, reason::UNAVAILABLE_LOAD_BALANCER, note).await;
+        } else {
+            self.remember_backends(&backends);
+        }
+        Some(backends)
+    }
+
+    /// Keeps `backends` as the last non-empty set.
+    fn remember_backends(&self, backends: &Arc<HostSet>) {
+        self.state().last_backends = backends.clone();
+    }
+
+    /// After the node set changed, with a provider that updates hosts in bulk: one
+    /// BatchUpdateLoadBalancerHosts per 500 load balancers whose Service is as it was last
+    /// ensured under its recorded name. Every other Service (not ensured yet, changed, being
+    /// renamed, or with no backend left, which keeps its hosts) takes its own reconcile, and
+    /// so does each load balancer whose item failed: at once when it failed for good, after
+    /// the item's RetryInfo (or the first backoff) when transiently, then with its own
+    /// per-key backoff. Only a failure of the whole call retries the pass: one failing load
+    /// balancer must not hold back the others' next node change (the shared key's backoff
+    /// grows to minutes and a node change cannot cut it short).
+    pub(super) async fn update_all_hosts(&self) -> Outcome {
+        let Some(identity) = self.ctx.provider.identity() else {
+            return Outcome::of_provider_error(None, &Error::unavailable("provider not ready"));
+        };
+        if !identity.serves(ServiceType::LoadBalancers) {
+            return Outcome::Success;
+        }
+        let backends = self.backends();
+        let hosts = backends.hosts;
+        let mut todo = Vec::new();
+        for svc in self.ctx.services.sorted() {
+            if !self.wants_load_balancer(&svc) {
+                continue;
+            }
+            let k = service_key(&svc);
+            let uid = svc.metadata.uid.as_deref().unwrap_or_default();
+            let (last, name) = {
+                let state = self.state();
+                (state.ensured.get(&k).copied(), state.names.get(uid).cloned())
+            };
+            let ranges = source_ranges(&svc);
+            let as_ensured = last.is_some_and(|e| e.spec == provider_fingerprint(&svc))
+                && has_finalizer(&svc)
+                && name.is_some()
+                && super::naming::recorded_name(&svc) == name.as_deref()
+                && ranges.is_ok();
+            match (last, name) {
+                (Some(e), Some(name)) if as_ensured && !backends.is_empty() => {
+                    if e.hosts != hosts {
+                        let ensured = Ensured { spec: e.spec, hosts, count: backends.count };
+                        todo.push((svc.clone(), self.request(&svc, name, ranges.unwrap_or_default()), ensured));
+                    }
+                }
+                _ => self.queue.add(Key::Service(k)),
+            }
+        }
+        if todo.is_empty() {
+            return Outcome::Success;
+        }
+        self.remember_backends(&backends);
+        let services: Vec<LoadBalancerRequest> = todo.iter().map(|(_, lb, _)| lb.clone()).collect();
+        let started = Instant::now();
+        let results = self.ctx.provider.batch_update_load_balancer_hosts(self.ctx.fence(), &services, backends.provider()).await;
+        let (results, call_failed) = results;
+        for ((svc, _, ensured), result) in todo.into_iter().zip(results) {
+            self.ctx.metrics.hosts_update(started.elapsed(), result.is_err());
+            let k = service_key(&svc);
+            match result {
+                Ok(()) => {
+                    self.state().ensured.insert(k, ensured);
+                    let note = format!("Updated load balancer with new hosts ({})", ensured.count);
+                    self.ctx.event(NAME, svc.as_ref(), EventType::Normal, reason::UPDATED_LOAD_BALANCER, note).await;
+                }
+                // A call that failed as a whole is the pass's to retry (below): its load
+                // balancers are still not as ensured, the others are.
+                Err(_) if call_failed.as_ref().is_some_and(Error::is_transient) => {}
+                Err(error) if error.is_transient() => {
+                    tracing::debug!(service = %k, %error, "updating the load balancer's hosts failed; retried alone");
+                    self.queue.add_after(Key::Service(k), error.retry_after().unwrap_or_else(|| self.queue.backoff(1)));
+                }
+                Err(error) => {
+                    tracing::warn!(service = %k, %error, "updating the load balancer's hosts failed");
+                    let note = format!("Error updating load balancer with new hosts: {error}");
+                    self.ctx.event(NAME, svc.as_ref(), EventType::Warning, reason::UPDATE_LOAD_BALANCER_FAILED, note).await;
+                    // A load balancer that vanished gets a full Ensure.
+                    if matches!(error, Error::NotFound { .. }) {
+                        self.state().ensured.remove(&k);
+                    }
+                    self.queue.add(Key::Service(k));
+                }
+            }
+        }
+        match call_failed {
+            Some(error) if error.is_transient() => Outcome::of_provider_error(None, &error),
+            _ => Outcome::Success,
+        }
+    }
+
+    /// UpdateLoadBalancerHosts: the spec is what was ensured, only the Nodes changed.
+    pub(super) async fn update_hosts(
+        &self,
+        svc: &Service,
+        lb: LoadBalancerRequest,
+        backends: &HostSet,
+        ensured: Ensured,
+    ) -> Result<(), SyncError> {
+        let k = service_key(svc);
+        let started = Instant::now();
+        let r = self.ctx.provider.update_load_balancer_hosts(self.ctx.fence(), lb, backends.provider()).await;
+        self.ctx.metrics.hosts_update(started.elapsed(), r.is_err());
+        match r {
+            Ok(_) => {
+                self.state().ensured.insert(k, ensured);
+                let note = format!("Updated load balancer with new hosts ({})", ensured.count);
+                self.ctx.event(NAME, svc, EventType::Normal, reason::UPDATED_LOAD_BALANCER, note).await;
+                Ok(())
+            }
+            Err(error @ Error::RateLimited { .. }) => Err(SyncError::Provider(error)),
+            Err(error) => {
+                let note = format!("Error updating load balancer with new hosts: {error}");
+                self.ctx.event(NAME, svc, EventType::Warning, reason::UPDATE_LOAD_BALANCER_FAILED, note).await;
+                // A load balancer that vanished gets a full Ensure next time.
+                if matches!(error, Error::NotFound { .. }) {
+                    self.state().ensured.remove(&k);
+                }
+                Err(SyncError::Provider(error))
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+
+    #[test]
+    fn the_exclusion_label_reads_as_a_go_boolean() {
+        let node = |v: Option<&str>| Node {
+            metadata: ObjectMeta { labels: v.map(|v| [(LABEL_EXCLUDE.to_string(), v.to_string())].into()), ..Default::default() },
+            ..Default::default()
+        };
+        assert!(!excluded_by_label(&node(None)));
+        for keep in ["false", "False", "FALSE", "0", "f", "F"] {
+            assert!(!excluded_by_label(&node(Some(keep))), "{keep:?} keeps the node");
+        }
+        for exclude in ["", "true", "1", "yes", "no", "garbage"] {
+            assert!(excluded_by_label(&node(Some(exclude))), "{exclude:?} excludes the node");
+        }
+    }
+}

@@ -1,0 +1,147 @@
+//! Load balancer names: the name a load balancer was made under is recorded on its Service
+//! (`ANNOTATION_LOAD_BALANCER_NAME`) before it is made, and kept when `--load-balancer-naming`
+//! changes; one made before names were recorded (by upstream, or under the other naming) is
+//! found and adopted; `--allow-load-balancer-renaming` makes it anew under the configured
+//! name and deletes the old one.
+
+use ccm_protocol::Error;
+use ccm_protocol::names::{NameLimits, load_balancer_name, upstream_load_balancer_name};
+use k8s_openapi::api::core::v1::Service;
+
+use super::{NAME, ServiceController, SyncError, has_ingress, service_key, source_ranges};
+use crate::events::{EventType, reason};
+use crate::options::LoadBalancerNaming;
+use crate::provider::convert::LoadBalancerRequest;
+use crate::wellknown::ANNOTATION_LOAD_BALANCER_NAME;
+
+pub(super) fn recorded_name(svc: &Service) -> Option<&str> {
+    svc.metadata.annotations.as_ref()?.get(ANNOTATION_LOAD_BALANCER_NAME).map(String::as_str).filter(|n| !n.is_empty())
+}
+
+impl ServiceController {
+    /// Deletes `svc`'s load balancer under every name it may have: the one it was made under
+    /// (either naming's when that was never recorded) and the configured naming's (a rename
+    /// half done). Each name is the Service's own (it holds its UID), so none can be another
+    /// Service's load balancer.
+    pub(super) async fn delete_every_name(&self, svc: &Service) -> Result<(), Error> {
+        let mut names = vec![self.lb_name(svc)];
+        match recorded_name(svc) {
+            Some(recorded) => names.push(recorded.to_string()),
+            // Never recorded (made by upstream, or by an older core): either naming's.
+            None => names.extend([LoadBalancerNaming::Upstream, LoadBalancerNaming::Readable].map(|n| self.name_under(svc, n))),
+        }
+        names.push(self.name_under(svc, self.ctx.options.load_balancer_naming));
+        names.sort();
+        names.dedup();
+        // Source ranges matter nothing to a delete: a malformed one is left out.
+        let request = self.request(svc, String::new(), source_ranges(svc).unwrap_or_default());
+        for name in names {
+            self.ctx.provider.ensure_load_balancer_deleted(self.ctx.fence(), request.named(&name)).await?;
+        }
+        if let Some(uid) = svc.metadata.uid.as_deref() {
+            self.state().names.remove(uid);
+        }
+        Ok(())
+    }
+
+    /// The provider's limits on names.
+    fn limits(&self) -> NameLimits {
+        self.ctx
+            .provider
+            .identity()
+            .and_then(|i| i.capabilities.load_balancers.clone())
+            .map(|c| NameLimits::from_capabilities(&c))
+            .unwrap_or_default()
+    }
+
+    /// The name of `svc`'s load balancer under `naming`.
+    pub(super) fn name_under(&self, svc: &Service, naming: LoadBalancerNaming) -> String {
+        let uid = svc.metadata.uid.as_deref().unwrap_or_default();
+        match naming {
+            LoadBalancerNaming::Upstream => upstream_load_balancer_name(uid, &self.limits()),
+            LoadBalancerNaming::Readable => load_balancer_name(
+                &self.ctx.options.cluster_name,
+                svc.metadata.namespace.as_deref().unwrap_or_default(),
+                svc.metadata.name.as_deref().unwrap_or_default(),
+                uid,
+                &self.limits(),
+            ),
+        }
+    }
+
+    /// The name `svc`'s load balancer has: the one it was made under (as this controller
+    /// last ensured it, or as recorded on the Service), unless renaming is allowed; else the
+    /// configured naming's.
+    pub(super) fn lb_name(&self, svc: &Service) -> String {
+        if !self.ctx.options.allow_load_balancer_renaming {
+            let uid = svc.metadata.uid.as_deref().unwrap_or_default();
+            if let Some(name) = self.state().names.get(uid) {
+                return name.clone();
+            }
+            if let Some(name) = recorded_name(svc) {
+                return name.to_string();
+            }
+        }
+        self.name_under(svc, self.ctx.options.load_balancer_naming)
+    }
+
+    /// The name to ensure `svc`'s load balancer under, and the old name to delete after (a
+    /// rename the operator allowed). A load balancer made before its name was recorded (by
+    /// upstream's cloud-controller-manager, or by this core under the other naming) is looked
+    /// up under the other naming first, and kept under it when it exists there.
+    pub(super) async fn naming(&self, svc: &Service, ranges: &[String]) -> Result<(String, Option<String>), Error> {
+        let naming = self.ctx.options.load_balancer_naming;
+        let configured = self.name_under(svc, naming);
+        let recorded = recorded_name(svc).map(str::to_string);
+        if let Some(recorded) = recorded {
+            if recorded == configured {
+                return Ok((configured, None));
+            }
+            if self.ctx.options.allow_load_balancer_renaming {
+                return Ok((configured, Some(recorded)));
+            }
+            let first = self.state().kept_names.insert(service_key(svc));
+            if first {
+                let note = format!(
+                    "The load balancer keeps its name {recorded}; --load-balancer-naming would name it {configured} \
+                     (--allow-load-balancer-renaming makes it anew under that name, usually with a new address)"
+                );
+                self.ctx.event(NAME, svc, EventType::Normal, reason::LOAD_BALANCER_NAME_KEPT, note).await;
+            }
+            return Ok((recorded, None));
+        }
+        if !has_ingress(svc) {
+            return Ok((configured, None));
+        }
+        let other = match naming {
+            LoadBalancerNaming::Upstream => LoadBalancerNaming::Readable,
+            LoadBalancerNaming::Readable => LoadBalancerNaming::Upstream,
+        };
+        let other = self.name_under(svc, other);
+        let request = self.request(svc, other.clone(), ranges.to_vec());
+        if self.ctx.provider.get_load_balancer(request).await?.is_some() {
+            tracing::info!(service = %service_key(svc), load_balancer = %other, "adopted a load balancer made under the other naming");
+            return Ok((other, None));
+        }
+        Ok((configured, None))
+    }
+
+    /// After a load balancer was made under its new name (--allow-load-balancer-renaming):
+    /// the old one is deleted, then the new name recorded.
+    pub(super) async fn finish_rename(
+        &self,
+        svc: &Service,
+        old_request: LoadBalancerRequest,
+        new: &str,
+    ) -> Result<(), SyncError> {
+        let old = old_request.load_balancer_name().to_string();
+        self.ctx.provider.ensure_load_balancer_deleted(self.ctx.fence(), old_request).await.map_err(SyncError::Provider)?;
+        let patch = serde_json::json!({ "metadata": { "annotations": { ANNOTATION_LOAD_BALANCER_NAME: new } } });
+        self.ctx.patch_service(svc, &patch).await.map_err(SyncError::Kube)?;
+        tracing::info!(service = %service_key(svc), %old, %new, "load balancer renamed");
+        let note =
+            format!("Renamed load balancer {old} to {new} (--allow-load-balancer-renaming): made anew, the old one deleted");
+        self.ctx.event(NAME, svc, EventType::Normal, reason::RENAMED_LOAD_BALANCER, note).await;
+        Ok(())
+    }
+}
