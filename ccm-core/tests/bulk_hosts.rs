@@ -67,7 +67,7 @@ async fn more_load_balancers_than_a_call_takes_go_out_at_once_each_answer_on_its
     let started = Instant::now();
     let requests: Vec<LoadBalancerRequest> = services.iter().cloned().map(LoadBalancerRequest::from_proto).collect();
     let backends = Backends::from_proto(vec![node("a"), node("b")]);
-    let (results, failed) = provider.batch_update_load_balancer_hosts(None, &requests, &backends).await;
+    let (results, failed) = provider.fenced(None).batch_update_load_balancer_hosts(&requests, &backends).await;
     assert!(failed.is_none(), "every call answered: {failed:?}");
     let took = started.elapsed();
 

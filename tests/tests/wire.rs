@@ -95,13 +95,18 @@ async fn load_balancer_calls_for_5000_nodes_fit_the_wire() {
 
     let service = LoadBalancerRequest::from_proto(service);
     let ingress = provider
-        .ensure_load_balancer(None, service.clone(), &Backends::from_proto(nodes.clone()))
+        .fenced(None)
+        .ensure_load_balancer(service.clone(), &Backends::from_proto(nodes.clone()))
         .await
         .expect("ensure for 5000 nodes");
     assert!(!ingress.is_empty(), "the load balancer has an address");
     let mut fewer = nodes;
     fewer.truncate(NODES - 1);
-    provider.update_load_balancer_hosts(None, service, &Backends::from_proto(fewer)).await.expect("update hosts for 4999 nodes");
+    provider
+        .fenced(None)
+        .update_load_balancer_hosts(service, &Backends::from_proto(fewer))
+        .await
+        .expect("update hosts for 4999 nodes");
     println!("EnsureLoadBalancer for {NODES} Nodes: {:.1} MiB on the wire", size as f64 / (1 << 20) as f64);
     let _ = stop.send(());
     let _ = sim.await;

@@ -9,8 +9,6 @@ use std::collections::{BTreeSet, HashMap};
 
 use ipnet::IpNet;
 use k8s_openapi::api::core::v1::Node;
-use kube::Api;
-use kube::api::{Patch, PatchParams};
 use tokio::sync::broadcast::error::RecvError;
 use tokio_util::sync::CancellationToken;
 
@@ -230,9 +228,7 @@ impl IpamController {
             "metadata": { "resourceVersion": node.metadata.resource_version },
             "spec": { "podCIDR": cidrs.first(), "podCIDRs": cidrs },
         });
-        self.ctx.kube_write_permit().await;
-        let api: Api<Node> = Api::all(self.ctx.client.clone());
-        match api.patch(&name, &PatchParams::default(), &Patch::Merge(&patch)).await {
+        match self.ctx.patch_node(&name, &patch).await {
             Ok(_) => {
                 tracing::info!(node = %name, pod_cidrs = ?cidrs, "pod CIDRs allocated");
                 self.held.insert(name, given);

@@ -137,11 +137,51 @@ impl Context {
 
     /// Waits for a token of `--kube-api-qps`/`--kube-api-burst` before a write to the API;
     /// never returns once the lead it writes under is lost.
-    pub async fn kube_write_permit(&self) {
+    async fn kube_write_permit(&self) {
         let started = tokio::time::Instant::now();
         self.kube_writes.acquire().await;
         self.metrics.rate_limited(started.elapsed());
         self.lead_permit().await;
+    }
+
+    /// Merge-patches the Node `name` (its metadata or spec) under the write budget and the
+    /// lead; the resourceVersion written. Every write of the controllers goes through these
+    /// methods, which take the permit themselves: a new write cannot forget the fence.
+    pub async fn patch_node(&self, name: &str, patch: &serde_json::Value) -> Result<String, kube::Error> {
+        self.kube_write_permit().await;
+        node_util::patch(&self.client, name, false, patch).await
+    }
+
+    /// Merge-patches the Node `name`'s status under the write budget and the lead; the
+    /// resourceVersion written.
+    pub async fn patch_node_status(&self, name: &str, patch: &serde_json::Value) -> Result<String, kube::Error> {
+        self.kube_write_permit().await;
+        node_util::patch(&self.client, name, true, patch).await
+    }
+
+    /// Patches the Node `name`'s conditions (a strategic merge: by condition type) under the
+    /// write budget and the lead.
+    pub async fn patch_node_conditions(&self, name: &str, patch: &serde_json::Value) -> Result<(), kube::Error> {
+        self.kube_write_permit().await;
+        let api: Api<Node> = Api::all(self.client.clone());
+        api.patch_status(name, &PatchParams::default(), &Patch::Strategic(patch)).await.map(|_| ())
+    }
+
+    /// Deletes `node`, only the one looked at (a re-registered Node of the same name has
+    /// another UID), under the write budget and the lead. A Node already gone is no error.
+    pub async fn delete_node(&self, node: &Node) -> Result<(), kube::Error> {
+        use kube::api::{DeleteParams, Preconditions};
+        let params = DeleteParams {
+            preconditions: Some(Preconditions { uid: node.metadata.uid.clone(), resource_version: None }),
+            ..Default::default()
+        };
+        self.kube_write_permit().await;
+        let api: Api<Node> = Api::all(self.client.clone());
+        match api.delete(node_util::name(node), &params).await {
+            Ok(_) => Ok(()),
+            Err(kube::Error::Api(s)) if s.code == 404 => Ok(()),
+            Err(e) => Err(e),
+        }
     }
 
     /// Merge-patches `svc` (its metadata or spec) under the write budget and the lead.
@@ -170,10 +210,9 @@ impl Context {
         }
     }
 
-    /// The lead this context acts under, for provider calls that change the cloud
-    /// ([`crate::provider::Provider::call_fenced`]).
-    pub fn fence(&self) -> Option<&crate::leader::Fence> {
-        self.fence.as_ref()
+    /// The provider's calls that change the cloud, under the lead this context acts under.
+    pub fn cloud(&self) -> crate::provider::fenced::FencedProvider {
+        self.provider.fenced(self.fence.clone())
     }
 
     /// Whether the node controllers leave this Node alone: excluded by the operator's selector,

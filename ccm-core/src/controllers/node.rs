@@ -28,7 +28,6 @@ use ccm_protocol::limits::MAX_BATCH;
 use futures::future::join_all;
 use k8s_openapi::api::core::v1::Node;
 use kube::Api;
-use kube::api::{Patch, PatchParams};
 use kube::runtime::reflector::ObjectRef;
 use tokio::sync::broadcast::error::RecvError;
 use tokio_util::sync::CancellationToken;
@@ -218,9 +217,7 @@ impl NodeController {
         let name = node_util::name(node);
         let labels = node_addresses::missing_ga_labels(node);
         let patch = serde_json::json!({ "metadata": { "labels": labels } });
-        self.ctx.kube_write_permit().await;
-        let api: Api<Node> = Api::all(self.ctx.client.clone());
-        match api.patch(name, &PatchParams::default(), &Patch::Merge(&patch)).await {
+        match self.ctx.patch_node(name, &patch).await {
             Ok(_) => {
                 tracing::info!(node = %name, labels = ?labels, "GA topology labels added from their beta counterparts");
                 Outcome::Success
@@ -290,7 +287,6 @@ impl NodeController {
         tags: Option<Result<BTreeMap<String, String>, Error>>,
     ) -> Result<u64, InitError> {
         let name = node_util::name(node);
-        let api: Api<Node> = Api::all(self.ctx.client.clone());
         let addresses = node_addresses::desired_addresses(node, &meta.addresses).map_err(InitError::Invalid)?;
         if node_util::provider_id(node).is_none() && meta.provider_id.is_empty() {
             return Err(InitError::Invalid(format!(
@@ -340,7 +336,7 @@ impl NodeController {
             match self.write(&node, &addresses, &labels, &meta.provider_id).await {
                 Ok(written) => break written,
                 Err(kube::Error::Api(s)) if s.code == 409 && attempt < 5 => {
-                    node = api.get(name).await.map_err(InitError::Kube)?;
+                    node = Api::<Node>::all(self.ctx.client.clone()).get(name).await.map_err(InitError::Kube)?;
                     if !node_util::has_taint(&node, TAINT_UNINITIALIZED) {
                         return Ok(resource_version(&node));
                     }
@@ -373,9 +369,8 @@ impl NodeController {
         let mut version = node.metadata.resource_version.clone();
         // An instance without addresses (yet) keeps what its kubelet reported, as upstream.
         if !addresses.is_empty() && !node_addresses::same_addresses(&node_util::addresses(node), addresses) {
-            self.ctx.kube_write_permit().await;
             let patch = serde_json::json!({ "metadata": { "resourceVersion": version }, "status": { "addresses": addresses } });
-            version = Some(node_util::patch(&self.ctx.client, name, true, &patch).await?);
+            version = Some(self.ctx.patch_node_status(name, &patch).await?);
         }
         let (changes, corrected) = labels.patch(node);
         let mut spec = serde_json::json!({ "taints": node_util::taints_without(node, TAINT_UNINITIALIZED) });
@@ -389,8 +384,7 @@ impl NodeController {
             let owned = tag_labels::owned(node).into_iter().chain(from_tags.into_iter().cloned()).collect();
             patch["metadata"]["annotations"] = serde_json::json!({ ANNOTATION_TAG_LABELS: tag_labels::record(&owned) });
         }
-        self.ctx.kube_write_permit().await;
-        Ok((node_util::patch(&self.ctx.client, name, false, &patch).await?, corrected))
+        Ok((self.ctx.patch_node(name, &patch).await?, corrected))
     }
 
     async fn refresh_loop(self: Arc<Self>, stop: CancellationToken) {
@@ -473,7 +467,6 @@ impl NodeController {
         nodes: &[Arc<Node>],
         tags: PerLookup<BTreeMap<String, String>>,
     ) -> Result<usize, kube::Error> {
-        let api: Api<Node> = Api::all(self.ctx.client.clone());
         let mut written = 0;
         for (node, answer) in nodes.iter().zip(tags) {
             let name = node_util::name(node);
@@ -493,8 +486,7 @@ impl NodeController {
                 "labels": change.labels,
                 "annotations": { ANNOTATION_TAG_LABELS: (!change.owned.is_empty()).then(|| tag_labels::record(&change.owned)) },
             }});
-            self.ctx.kube_write_permit().await;
-            match api.patch(name, &PatchParams::default(), &Patch::Merge(&patch)).await {
+            match self.ctx.patch_node(name, &patch).await {
                 Ok(_) => {
                     tracing::info!(node = %name, labels = ?change.labels, "tag labels follow the instance's tags");
                     written += 1;
@@ -514,7 +506,6 @@ impl NodeController {
         nodes: &[Arc<Node>],
         metadata: &PerLookup<Option<pb::InstanceMetadata>>,
     ) -> Result<usize, kube::Error> {
-        let api: Api<Node> = Api::all(self.ctx.client.clone());
         let mut patched = 0;
         for (node, result) in nodes.iter().zip(metadata) {
             let meta = match result {
@@ -529,9 +520,8 @@ impl NodeController {
             if addresses.is_empty() || node_addresses::same_addresses(&node_util::addresses(node), &addresses) {
                 continue;
             }
-            self.ctx.kube_write_permit().await;
             let patch = serde_json::json!({ "status": { "addresses": addresses } });
-            api.patch_status(node_util::name(node), &PatchParams::default(), &Patch::Merge(&patch)).await?;
+            self.ctx.patch_node_status(node_util::name(node), &patch).await?;
             patched += 1;
         }
         Ok(patched)

@@ -40,8 +40,6 @@ use std::time::Duration;
 
 use ccm_proto::v1 as pb;
 use k8s_openapi::api::core::v1::{Node, Taint};
-use kube::Api;
-use kube::api::{DeleteParams, Patch, PatchParams, Preconditions};
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
@@ -749,18 +747,8 @@ impl NodeLifecycleController {
                 format!("Deleting node {name} because it does not exist in the cloud provider"),
             )
             .await;
-        self.ctx.kube_write_permit().await;
-        let api: Api<Node> = Api::all(self.ctx.client.clone());
         // Only the Node we looked at: a re-registered Node of the same name has another UID.
-        let params = DeleteParams {
-            preconditions: Some(Preconditions { uid: node.metadata.uid.clone(), resource_version: None }),
-            ..Default::default()
-        };
-        match api.delete(name, &params).await {
-            Ok(_) => Ok(()),
-            Err(kube::Error::Api(s)) if s.code == 404 => Ok(()),
-            Err(e) => Err(e),
-        }
+        self.ctx.delete_node(node).await
     }
 
     async fn set_shutdown_taint(&self, node: &Node, on: bool) -> Result<(), kube::Error> {
@@ -786,9 +774,7 @@ impl NodeLifecycleController {
         if let Some(since) = out_of_service {
             patch["metadata"]["annotations"] = serde_json::json!({ ANNOTATION_OUT_OF_SERVICE: since });
         }
-        self.ctx.kube_write_permit().await;
-        let api: Api<Node> = Api::all(self.ctx.client.clone());
-        api.patch(node_util::name(node), &PatchParams::default(), &Patch::Merge(&patch)).await.map(|_| ())
+        self.ctx.patch_node(node_util::name(node), &patch).await.map(|_| ())
     }
 }
 

@@ -27,7 +27,6 @@ use futures::StreamExt;
 use ipnet::IpNet;
 use k8s_openapi::api::core::v1::Node;
 use kube::Api;
-use kube::api::{Patch, PatchParams};
 use kube::runtime::reflector::ObjectRef;
 use tokio::sync::Notify;
 use tokio::sync::broadcast::error::RecvError;
@@ -444,7 +443,6 @@ impl RouteController {
     /// lead after a partition). Each such Node is read from the API server; one that is
     /// there with the route's destination, or a read that fails, keeps the route.
     async fn confirm_deletions(&self, changes: &mut Changes, known: &Known, sync: &mut RouteSync) {
-        let api: Api<Node> = Api::all(self.ctx.client.clone());
         let mut confirmed = Vec::with_capacity(changes.deletes.len());
         for (table, name) in std::mem::take(&mut changes.deletes) {
             let route = known.routes.get(&table).and_then(|r| r.get(&name));
@@ -457,7 +455,7 @@ impl RouteController {
                 confirmed.push((table, name));
                 continue;
             };
-            let kept = match api.get_opt(&target.node_name).await {
+            let kept = match Api::<Node>::all(self.ctx.client.clone()).get_opt(&target.node_name).await {
                 Ok(Some(node)) => {
                     let instance = node_util::provider_id(&node).unwrap_or_default();
                     let same_instance = target.provider_id.is_empty()
@@ -732,13 +730,12 @@ impl RouteController {
     async fn apply_one_by_one(&self, changes: Changes) -> (Deleted, Created) {
         let concurrency = self.ctx.options.concurrent_route_syncs.max(1);
         let cluster = self.ctx.options.cluster_name.clone();
-        let provider = self.ctx.provider.clone();
-        let ctx = &self.ctx;
+        let provider = self.ctx.cloud();
         let deleted: Deleted = futures::stream::iter(changes.deletes)
             .map(|(table, name)| {
                 let (provider, cluster) = (provider.clone(), cluster.clone());
                 async move {
-                    let r = provider.delete_route(ctx.fence(), &cluster, &table, &name).await;
+                    let r = provider.delete_route(&cluster, &table, &name).await;
                     ((table, name), r)
                 }
             })
@@ -749,7 +746,7 @@ impl RouteController {
             .map(|(node, route)| {
                 let (provider, cluster) = (provider.clone(), cluster.clone());
                 async move {
-                    let r = provider.create_route(ctx.fence(), &cluster, route.clone()).await;
+                    let r = provider.create_route(&cluster, route.clone()).await;
                     (node, route, r)
                 }
             })
@@ -773,7 +770,7 @@ impl RouteController {
         for (table, changes) in by_table {
             let names = changes.deletes.iter().map(|(_, name)| name.clone()).collect();
             let routes = changes.creates.iter().map(|(_, r)| r.clone()).collect();
-            let (d, c) = self.ctx.provider.apply_routes(self.ctx.fence(), cluster, &table, names, routes).await;
+            let (d, c) = self.ctx.cloud().apply_routes(cluster, &table, names, routes).await;
             deleted.extend(changes.deletes.into_iter().zip(d));
             created.extend(changes.creates.into_iter().zip(c).map(|((node, route), r)| (node, route, r)));
         }
@@ -853,7 +850,6 @@ impl ConditionWriter {
     }
 
     async fn write(&self, todo: Vec<(Arc<Node>, bool, bool)>) {
-        let api: Api<Node> = Api::all(self.ctx.client.clone());
         for (node, ok, full) in todo {
             let name = node_util::name(&node);
             let (status, reason, message) = if ok {
@@ -866,8 +862,7 @@ impl ConditionWriter {
                 "type": CONDITION, "status": status, "reason": reason, "message": message,
                 "lastTransitionTime": now, "lastHeartbeatTime": now,
             }]}});
-            self.ctx.kube_write_permit().await;
-            if let Err(error) = api.patch_status(name, &PatchParams::default(), &Patch::Strategic(&patch)).await {
+            if let Err(error) = self.ctx.patch_node_conditions(name, &patch).await {
                 tracing::warn!(node = %name, %error, "updating NetworkUnavailable failed");
                 // Not written after all: the next reconcile tries again.
                 let uid = node.metadata.uid.clone().unwrap_or_default();

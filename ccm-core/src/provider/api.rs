@@ -184,7 +184,7 @@ impl Provider {
     }
 
     /// Creates `route` (fenced); the route as the provider made it.
-    pub async fn create_route(&self, fence: Option<&Fence>, cluster: &str, route: pb::Route) -> Result<pb::Route, Error> {
+    pub(super) async fn create_route(&self, fence: Option<&Fence>, cluster: &str, route: pb::Route) -> Result<pb::Route, Error> {
         const METHOD: &str = "RoutesService/CreateRoute";
         let request = pb::CreateRouteRequest { cluster_name: cluster.to_string(), route: Some(route.clone()) };
         let rpc = async |ch, r| routes_client(ch).create_route(r).await;
@@ -193,7 +193,7 @@ impl Provider {
     }
 
     /// Deletes the route `name` of `table` (fenced).
-    pub async fn delete_route(&self, fence: Option<&Fence>, cluster: &str, table: &str, name: &str) -> Result<(), Error> {
+    pub(super) async fn delete_route(&self, fence: Option<&Fence>, cluster: &str, table: &str, name: &str) -> Result<(), Error> {
         let request =
             pb::DeleteRouteRequest { cluster_name: cluster.to_string(), table_id: table.to_string(), name: name.to_string() };
         let rpc = async |ch, r| routes_client(ch).delete_route(r).await;
@@ -204,7 +204,7 @@ impl Provider {
     /// 500 items a call, every delete before any create: one result per delete and per
     /// create, in order. A failed call, or an answer of the wrong length, fails every item of
     /// its call; a created route is checked as CreateRoute's answer is.
-    pub async fn apply_routes(
+    pub(super) async fn apply_routes(
         &self,
         fence: Option<&Fence>,
         cluster: &str,
@@ -301,7 +301,7 @@ impl Provider {
 
     /// Ensures the load balancer of `service` over `nodes` (fenced); its status, checked by
     /// [`answer::status`], as the Service's `status.loadBalancer.ingress`.
-    pub async fn ensure_load_balancer(
+    pub(super) async fn ensure_load_balancer(
         &self,
         fence: Option<&Fence>,
         service: LoadBalancerRequest,
@@ -319,7 +319,7 @@ impl Provider {
     }
 
     /// Points the load balancer of `service` at `nodes` (fenced).
-    pub async fn update_load_balancer_hosts(
+    pub(super) async fn update_load_balancer_hosts(
         &self,
         fence: Option<&Fence>,
         service: LoadBalancerRequest,
@@ -337,7 +337,7 @@ impl Provider {
     /// (fenced), 500 a call, the calls at once (the node set encoded once for all): one result
     /// per Service, in order, and the error of a call that failed as a whole, if any. A
     /// failed call, or an answer of the wrong length, fails every Service of its call.
-    pub async fn batch_update_load_balancer_hosts(
+    pub(super) async fn batch_update_load_balancer_hosts(
         &self,
         fence: Option<&Fence>,
         services: &[LoadBalancerRequest],
@@ -377,7 +377,11 @@ impl Provider {
     }
 
     /// Deletes the load balancer of `service` if it exists (fenced).
-    pub async fn ensure_load_balancer_deleted(&self, fence: Option<&Fence>, service: LoadBalancerRequest) -> Result<(), Error> {
+    pub(super) async fn ensure_load_balancer_deleted(
+        &self,
+        fence: Option<&Fence>,
+        service: LoadBalancerRequest,
+    ) -> Result<(), Error> {
         let request = pb::EnsureLoadBalancerDeletedRequest { service: Some(service.into_proto()) };
         let rpc = async |ch, r| load_balancers_client(ch).ensure_load_balancer_deleted(r).await;
         self.call_fenced(fence, "LoadBalancersService/EnsureLoadBalancerDeleted", request, rpc).await.map(|_| ())

@@ -8,6 +8,7 @@ mod api;
 pub mod check;
 pub mod convert;
 pub mod encoded;
+pub mod fenced;
 
 pub use api::PerLookup;
 

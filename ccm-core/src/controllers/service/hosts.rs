@@ -304,7 +304,7 @@ impl ServiceController {
         self.remember_backends(&backends);
         let services: Vec<LoadBalancerRequest> = todo.iter().map(|(_, lb, _)| lb.clone()).collect();
         let started = Instant::now();
-        let results = self.ctx.provider.batch_update_load_balancer_hosts(self.ctx.fence(), &services, backends.provider()).await;
+        let results = self.ctx.cloud().batch_update_load_balancer_hosts(&services, backends.provider()).await;
         let (results, call_failed) = results;
         for ((svc, _, ensured), result) in todo.into_iter().zip(results) {
             self.ctx.metrics.hosts_update(started.elapsed(), result.is_err());
@@ -350,7 +350,7 @@ impl ServiceController {
     ) -> Result<(), SyncError> {
         let k = service_key(svc);
         let started = Instant::now();
-        let r = self.ctx.provider.update_load_balancer_hosts(self.ctx.fence(), lb, backends.provider()).await;
+        let r = self.ctx.cloud().update_load_balancer_hosts(lb, backends.provider()).await;
         self.ctx.metrics.hosts_update(started.elapsed(), r.is_err());
         match r {
             Ok(_) => {

@@ -478,7 +478,7 @@ impl ServiceController {
         let lb_name = lb.load_balancer_name().to_string();
         let renamed_from = old_name.map(|old| lb.named(&old));
         self.ctx.event(NAME, svc, EventType::Normal, reason::ENSURING_LOAD_BALANCER, "Ensuring load balancer".into()).await;
-        let ingress = match self.ctx.provider.ensure_load_balancer(self.ctx.fence(), lb, backends.provider()).await {
+        let ingress = match self.ctx.cloud().ensure_load_balancer(lb, backends.provider()).await {
             Ok(ingress) => {
                 self.ctx.metrics.load_balancer_sync();
                 ingress

@@ -36,7 +36,7 @@ impl ServiceController {
         // Source ranges matter nothing to a delete: a malformed one is left out.
         let request = self.request(svc, String::new(), source_ranges(svc).unwrap_or_default());
         for name in names {
-            self.ctx.provider.ensure_load_balancer_deleted(self.ctx.fence(), request.named(&name)).await?;
+            self.ctx.cloud().ensure_load_balancer_deleted(request.named(&name)).await?;
         }
         if let Some(uid) = svc.metadata.uid.as_deref() {
             self.state().names.remove(uid);
@@ -135,7 +135,7 @@ impl ServiceController {
         new: &str,
     ) -> Result<(), SyncError> {
         let old = old_request.load_balancer_name().to_string();
-        self.ctx.provider.ensure_load_balancer_deleted(self.ctx.fence(), old_request).await.map_err(SyncError::Provider)?;
+        self.ctx.cloud().ensure_load_balancer_deleted(old_request).await.map_err(SyncError::Provider)?;
         let patch = serde_json::json!({ "metadata": { "annotations": { ANNOTATION_LOAD_BALANCER_NAME: new } } });
         self.ctx.patch_service(svc, &patch).await.map_err(SyncError::Kube)?;
         tracing::info!(service = %service_key(svc), %old, %new, "load balancer renamed");
