@@ -234,10 +234,15 @@ impl<K: Clone + Eq + Hash> WorkQueue<K> {
         s.started.insert(key.clone(), now);
     }
 
-    /// Adds a key after `delay`, unless it is ready or due sooner already.
+    /// Adds a key after `delay`, unless it is ready or due sooner already. Like a trigger
+    /// without news, it does not cut a backoff short. A key that comes due while it is being
+    /// processed is processed again once it is done.
     pub fn add_after(&self, key: K, delay: Duration) {
         let mut s = self.lock();
         if s.shutdown || s.queued.contains(&key) {
+            return;
+        }
+        if s.failures.contains_key(&key) && s.due.contains_key(&key) {
             return;
         }
         Self::schedule(&mut s, key, Instant::now() + delay, false);
@@ -276,7 +281,10 @@ impl<K: Clone + Eq + Hash> WorkQueue<K> {
                     }
                     if let Some(key) = s.waiting.remove(&(at, seq)) {
                         s.due.remove(&key);
-                        if !s.processing.contains(&key) && s.queued.insert(key.clone()) {
+                        if s.processing.contains(&key) {
+                            // Due while in process: again once done, not lost.
+                            s.dirty.entry(key).or_insert(None);
+                        } else if s.queued.insert(key.clone()) {
                             s.ready_since.insert(key.clone(), now);
                             s.ready.push_back(key);
                         }
@@ -573,6 +581,23 @@ mod tests {
         assert_eq!(q.next_batch(10).await, vec!["c"]);
         q.add("a");
         assert_eq!(next_within(&q, Duration::from_millis(10)).await, None, "a is still in process");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_delayed_add_neither_cuts_a_backoff_short_nor_is_lost_while_in_process() {
+        let q = queue();
+        q.add("a");
+        assert_eq!(q.next().await, Some("a"));
+        q.done(&"a", Outcome::Retry { fingerprint: None, retry_after: None });
+        q.add_after("a", Duration::from_millis(100));
+        assert_eq!(next_within(&q, Duration::from_secs(4)).await, None, "the 5 s backoff holds");
+        assert_eq!(q.next().await, Some("a"));
+        // Due while in process: processed again after, not dropped.
+        q.add_after("a", Duration::from_millis(100));
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        assert_eq!(next_within(&q, Duration::from_millis(10)).await, None, "not twice at once");
+        q.done(&"a", Outcome::Success);
+        assert_eq!(next_within(&q, Duration::from_millis(10)).await, Some("a"));
     }
 
     #[tokio::test(start_paused = true)]

@@ -7,15 +7,19 @@
 
 use std::collections::{BTreeSet, HashMap};
 
+use ccm_protocol::lock::Lock;
 use ipnet::IpNet;
 use k8s_openapi::api::core::v1::Node;
-use tokio::sync::broadcast::error::RecvError;
+use kube::runtime::reflector::ObjectRef;
+use std::sync::Mutex;
 use tokio_util::sync::CancellationToken;
 
+use super::runner::{self, Done, Watches};
 use super::{ConfigError, Context};
 use crate::events::{EventType, reason};
 use crate::informer::Change;
 use crate::node_util;
+use crate::queue::{Outcome, QueueConfig, WorkQueue};
 
 /// The controller's name.
 pub const NAME: &str = "node-ipam-controller";
@@ -105,12 +109,57 @@ impl Range {
     }
 }
 
-/// The node IPAM controller.
-pub struct IpamController {
-    ctx: Context,
+/// What node IPAM keeps: the ranges and the CIDRs each Node holds.
+struct State {
     ranges: Vec<Range>,
     /// The CIDRs given or seen, by Node name, to free when it goes.
     held: HashMap<String, Vec<IpNet>>,
+}
+
+impl State {
+    /// Takes the CIDRs `node` has, whoever set them.
+    fn occupy(&mut self, node: &Node) {
+        let cidrs: Vec<IpNet> = node_util::pod_cidrs(node).iter().filter_map(|c| c.parse().ok()).collect();
+        if cidrs.is_empty() {
+            return;
+        }
+        for cidr in &cidrs {
+            for range in &mut self.ranges {
+                range.occupy(cidr);
+            }
+        }
+        self.held.insert(node_util::name(node).to_string(), cidrs);
+    }
+
+    fn release(&mut self, cidrs: &[IpNet]) {
+        for cidr in cidrs {
+            for range in &mut self.ranges {
+                range.release(cidr);
+            }
+        }
+    }
+
+    /// One CIDR from each range, or the cluster CIDR that is full (none taken then).
+    fn take(&mut self) -> Result<Vec<IpNet>, IpNet> {
+        let mut given = Vec::new();
+        for i in 0..self.ranges.len() {
+            match self.ranges[i].allocate() {
+                Some(cidr) => given.push(cidr),
+                None => {
+                    let full = self.ranges[i].cluster;
+                    self.release(&given);
+                    return Err(full);
+                }
+            }
+        }
+        Ok(given)
+    }
+}
+
+/// The node IPAM controller.
+pub struct IpamController {
+    ctx: Context,
+    state: Mutex<State>,
 }
 
 impl IpamController {
@@ -126,103 +175,47 @@ impl IpamController {
             };
             ranges.push(Range::new(cidr, mask)?);
         }
-        Ok(Self { ctx, ranges, held: HashMap::new() })
+        Ok(Self { ctx, state: Mutex::new(State { ranges, held: HashMap::new() }) })
+    }
+
+    fn state(&self) -> std::sync::MutexGuard<'_, State> {
+        self.state.locked()
     }
 
     /// Runs until `stop`.
-    pub async fn run(mut self, stop: CancellationToken) {
+    pub async fn run(self, stop: CancellationToken) {
         if !self.ctx.options.allocate_node_cidrs() {
             stop.cancelled().await;
             return;
         }
-        if self.ranges.is_empty() {
+        if self.state().ranges.is_empty() {
             tracing::warn!("--allocate-node-cidrs needs --cluster-cidr; node IPAM is off");
             stop.cancelled().await;
             return;
         }
-        let mut changes = self.ctx.nodes.subscribe();
-        self.ctx.nodes.wait_synced().await;
-        // Every CIDR a Node has is taken, whoever set it, before any is given.
-        let nodes = self.ctx.nodes.sorted();
-        for node in &nodes {
-            self.occupy(node);
-        }
-        for node in &nodes {
-            self.allocate(node).await;
-        }
-        loop {
-            let change = tokio::select! {
-                c = changes.recv() => c,
-                _ = stop.cancelled() => return,
-            };
-            match change {
-                Ok(Change::Applied { new, .. }) => {
-                    self.occupy(&new);
-                    self.allocate(&new).await;
-                }
-                Ok(Change::Deleted(node)) => {
-                    let freed = self.held.remove(node_util::name(&node)).unwrap_or_default();
-                    for cidr in &freed {
-                        for range in &mut self.ranges {
-                            range.release(cidr);
-                        }
-                    }
-                    // Nodes that waited for a free CIDR get it now.
-                    if !freed.is_empty() {
-                        for waiting in self.ctx.nodes.sorted() {
-                            self.allocate(&waiting).await;
-                        }
-                    }
-                }
-                Err(RecvError::Lagged(_)) => {
-                    for node in self.ctx.nodes.sorted() {
-                        self.occupy(&node);
-                        self.allocate(&node).await;
-                    }
-                }
-                Err(RecvError::Closed) => return,
-            }
-        }
-    }
-
-    fn occupy(&mut self, node: &Node) {
-        let cidrs: Vec<IpNet> = node_util::pod_cidrs(node).iter().filter_map(|c| c.parse().ok()).collect();
-        if cidrs.is_empty() {
-            return;
-        }
-        for cidr in &cidrs {
-            for range in &mut self.ranges {
-                range.occupy(cidr);
-            }
-        }
-        self.held.insert(node_util::name(node).to_string(), cidrs);
+        runner::run(self, stop).await;
     }
 
     /// Gives `node` its podCIDRs, if it has none and is this process's to manage.
-    async fn allocate(&mut self, node: &Node) {
+    async fn allocate(&self, node: &Node) {
         let name = node_util::name(node).to_string();
         if !node_util::pod_cidrs(node).is_empty()
-            || self.held.contains_key(&name)
+            || self.state().held.contains_key(&name)
             || self.ctx.ignores(node)
             || node.metadata.deletion_timestamp.is_some()
         {
             return;
         }
-        let mut given = Vec::new();
-        for i in 0..self.ranges.len() {
-            match self.ranges[i].allocate() {
-                Some(cidr) => given.push(cidr),
-                None => {
-                    for (range, cidr) in self.ranges.iter_mut().zip(&given) {
-                        range.release(cidr);
-                    }
-                    let note = format!("Node {name} status is now: CIDRNotAvailable ({} is full)", self.ranges[i].cluster);
-                    tracing::warn!(node = %name, "no pod CIDR left for the node");
-                    self.ctx.event(NAME, node, EventType::Warning, reason::CIDR_NOT_AVAILABLE, note).await;
-                    return;
-                }
+        let taken = self.state().take();
+        let given = match taken {
+            Ok(given) => given,
+            Err(full) => {
+                let note = format!("Node {name} status is now: CIDRNotAvailable ({full} is full)");
+                tracing::warn!(node = %name, "no pod CIDR left for the node");
+                self.ctx.event(NAME, node, EventType::Warning, reason::CIDR_NOT_AVAILABLE, note).await;
+                return;
             }
-        }
+        };
         let cidrs: Vec<String> = given.iter().map(IpNet::to_string).collect();
         let patch = serde_json::json!({
             "metadata": { "resourceVersion": node.metadata.resource_version },
@@ -231,21 +224,84 @@ impl IpamController {
         match self.ctx.patch_node(&name, &patch).await {
             Ok(_) => {
                 tracing::info!(node = %name, pod_cidrs = ?cidrs, "pod CIDRs allocated");
-                self.held.insert(name, given);
+                self.state().held.insert(name, given);
             }
             Err(error) => {
                 // A conflict (the Node changed, or someone else set its CIDRs) is read again
                 // from the next event; the CIDRs go back.
-                for cidr in &given {
-                    for range in &mut self.ranges {
-                        range.release(cidr);
-                    }
-                }
+                self.state().release(&given);
                 tracing::warn!(node = %name, %error, "setting the node's pod CIDRs failed");
                 let note = format!("Node {name} status is now: CIDRAssignmentFailed ({error})");
                 self.ctx.event(NAME, node, EventType::Warning, reason::CIDR_ASSIGNMENT_FAILED, note).await;
             }
         }
+    }
+}
+
+impl runner::Controller for IpamController {
+    type Key = String;
+    const NAME: &'static str = NAME;
+    const WATCHES: Watches = Watches { nodes: true, services: false, provider: false };
+
+    fn ctx(&self) -> &Context {
+        &self.ctx
+    }
+
+    /// Node IPAM writes only within the write budget; its queue adds no limit of its own.
+    fn queue_config(&self) -> QueueConfig {
+        let o = &self.ctx.options;
+        QueueConfig { base_delay: o.reconcile_backoff_base, max_delay: o.reconcile_backoff_max, qps: 1e6, burst: 1_000_000 }
+    }
+
+    /// Every CIDR a Node has is taken, whoever set it, before any is given.
+    fn resync(&self, queue: &WorkQueue<String>) {
+        let nodes = self.ctx.nodes.sorted();
+        {
+            let mut state = self.state();
+            for node in &nodes {
+                state.occupy(node);
+            }
+        }
+        for node in &nodes {
+            queue.add(node_util::name(node).to_string());
+        }
+    }
+
+    fn on_node(&self, change: Option<Change<Node>>, queue: &WorkQueue<String>) {
+        match change {
+            Some(Change::Applied { new, .. }) => {
+                self.state().occupy(&new);
+                queue.add(node_util::name(&new).to_string());
+            }
+            Some(Change::Deleted(node)) => {
+                let name = node_util::name(&node).to_string();
+                queue.forget(&name);
+                let freed = {
+                    let mut state = self.state();
+                    let freed = state.held.remove(&name).unwrap_or_default();
+                    state.release(&freed);
+                    freed
+                };
+                // Nodes that waited for a free CIDR get it now.
+                if !freed.is_empty() {
+                    for waiting in self.ctx.nodes.sorted() {
+                        queue.add(node_util::name(&waiting).to_string());
+                    }
+                }
+            }
+            None => self.resync(queue),
+        }
+    }
+
+    async fn reconcile(&self, keys: &[String]) -> Vec<Done> {
+        for name in keys {
+            // The newest Node: one changed since it was queued is judged as it is now.
+            if let Some(node) = self.ctx.nodes.store().get(&ObjectRef::new(name)) {
+                self.allocate(&node).await;
+            }
+        }
+        // A failed write is retried from the Node's next change, as upstream's allocator.
+        keys.iter().map(|_| Outcome::Success.into()).collect()
     }
 }
 

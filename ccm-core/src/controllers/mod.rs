@@ -6,6 +6,7 @@ pub mod node_addresses;
 pub mod node_lifecycle;
 pub mod registry;
 pub mod route;
+pub mod runner;
 pub mod service;
 pub mod tag_labels;
 

@@ -29,9 +29,9 @@ use futures::future::join_all;
 use k8s_openapi::api::core::v1::Node;
 use kube::Api;
 use kube::runtime::reflector::ObjectRef;
-use tokio::sync::broadcast::error::RecvError;
 use tokio_util::sync::CancellationToken;
 
+use super::runner::{self, Done, Watches};
 use super::{Context, sleep_or_stop};
 use super::{node_addresses, tag_labels};
 use crate::events::{EventType, reason};
@@ -39,7 +39,7 @@ use crate::informer::Change;
 use crate::labels;
 use crate::node_util;
 use crate::provider::{PerLookup, convert};
-use crate::queue::{Outcome, QueueConfig, WorkQueue};
+use crate::queue::{Outcome, WorkQueue};
 use crate::wellknown::{self, ANNOTATION_TAG_LABELS, TAINT_UNINITIALIZED};
 
 /// The controller's name, in Events, metrics and logs.
@@ -74,86 +74,26 @@ fn resource_version(node: &Node) -> u64 {
 /// The node controller.
 pub struct NodeController {
     ctx: Context,
-    queue: Arc<WorkQueue<String>>,
     /// Nodes this controller initialised, with the resourceVersion its write produced: until
     /// the cache shows that version, the cached Node is stale and must not be initialised again.
-    written: Arc<Mutex<HashMap<String, u64>>>,
+    written: Mutex<HashMap<String, u64>>,
 }
 
 impl NodeController {
     /// A controller over `ctx`.
     pub fn new(ctx: Context) -> Self {
-        let o = &ctx.options;
-        let config =
-            QueueConfig { base_delay: o.reconcile_backoff_base, max_delay: o.reconcile_backoff_max, ..Default::default() };
-        Self { ctx, queue: Arc::new(WorkQueue::new(config)), written: Default::default() }
+        Self { ctx, written: Default::default() }
     }
 
     /// Runs until `stop`: the event feed, the workers and the periodic address refresh.
     pub async fn run(self, stop: CancellationToken) {
-        let this = Arc::new(self);
-        let mut tasks = super::Tasks::default();
-        tasks.spawn(this.clone().feed(stop.clone()));
-        for _ in 0..this.ctx.options.concurrent_node_syncs {
-            tasks.spawn(this.clone().worker());
-        }
-        tasks.spawn(this.clone().refresh_loop(stop.clone()));
-        tasks.supervise(NAME, &stop).await;
-        this.queue.shutdown();
-        tasks.join(std::time::Duration::from_secs(30)).await;
+        runner::run(self, stop).await;
     }
 
-    fn enqueue(&self, node: &Node) {
+    fn enqueue(&self, node: &Node, queue: &WorkQueue<String>) {
         if needs_init(&self.ctx, node) || needs_labels(&self.ctx, node) {
             self.ctx.metrics.queue_add(NAME);
-            self.queue.add_changed(node_util::name(node).to_string(), fingerprint(node));
-        }
-    }
-
-    async fn feed(self: Arc<Self>, stop: CancellationToken) {
-        let mut changes = self.ctx.nodes.subscribe();
-        self.ctx.nodes.wait_synced().await;
-        for node in self.ctx.nodes.sorted() {
-            self.enqueue(&node);
-        }
-        loop {
-            let change = tokio::select! {
-                c = changes.recv() => c,
-                _ = stop.cancelled() => return,
-            };
-            match change {
-                Ok(Change::Applied { new, .. }) => self.enqueue(&new),
-                Ok(Change::Deleted(node)) => {
-                    let name = node_util::name(&node).to_string();
-                    self.queue.forget(&name);
-                    self.written.locked().remove(&name);
-                }
-                Err(RecvError::Lagged(n)) => {
-                    tracing::warn!(missed = n, "node events lagged; re-reading the cache");
-                    for node in self.ctx.nodes.sorted() {
-                        self.enqueue(&node);
-                    }
-                }
-                Err(RecvError::Closed) => return,
-            }
-            self.ctx.metrics.queue_state(NAME, &self.queue);
-        }
-    }
-
-    async fn worker(self: Arc<Self>) {
-        loop {
-            let keys = self.queue.next_batch(MAX_BATCH).await;
-            if keys.is_empty() {
-                return;
-            }
-            let started = tokio::time::Instant::now();
-            let outcomes = self.initialise(&keys).await;
-            for (key, outcome) in keys.iter().zip(outcomes) {
-                let failed = matches!(outcome, Outcome::Retry { .. });
-                self.ctx.metrics.reconcile(NAME, started.elapsed(), failed);
-                self.queue.done(key, outcome);
-            }
-            self.ctx.metrics.queue_state(NAME, &self.queue);
+            queue.add_changed(node_util::name(node).to_string(), fingerprint(node));
         }
     }
 
@@ -525,6 +465,51 @@ impl NodeController {
             patched += 1;
         }
         Ok(patched)
+    }
+}
+
+impl runner::Controller for NodeController {
+    type Key = String;
+    const NAME: &'static str = NAME;
+    const WATCHES: Watches = Watches { nodes: true, services: false, provider: false };
+
+    fn ctx(&self) -> &Context {
+        &self.ctx
+    }
+
+    fn workers(&self) -> usize {
+        self.ctx.options.concurrent_node_syncs
+    }
+
+    /// Concurrent initialisations share one batch read.
+    fn batch(&self) -> usize {
+        MAX_BATCH
+    }
+
+    fn resync(&self, queue: &WorkQueue<String>) {
+        for node in self.ctx.nodes.sorted() {
+            self.enqueue(&node, queue);
+        }
+    }
+
+    fn on_node(&self, change: Option<Change<Node>>, queue: &WorkQueue<String>) {
+        match change {
+            Some(Change::Applied { new, .. }) => self.enqueue(&new, queue),
+            Some(Change::Deleted(node)) => {
+                let name = node_util::name(&node).to_string();
+                queue.forget(&name);
+                self.written.locked().remove(&name);
+            }
+            None => self.resync(queue),
+        }
+    }
+
+    async fn reconcile(&self, keys: &[String]) -> Vec<Done> {
+        self.initialise(keys).await.into_iter().map(Done::from).collect()
+    }
+
+    fn spawn(self: &Arc<Self>, _queue: &Arc<WorkQueue<String>>, stop: &CancellationToken, tasks: &mut super::Tasks) {
+        tasks.spawn(self.clone().refresh_loop(stop.clone()));
     }
 }
 

@@ -43,10 +43,13 @@ use k8s_openapi::api::core::v1::{Node, Taint};
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
-use super::{Context, sleep_or_stop};
+use super::Context;
+use super::runner::{self, Done, Watches};
 use crate::events::{EventType, reason};
+use crate::informer::Change;
 use crate::node_util;
 use crate::provider::convert;
+use crate::queue::{Outcome, WorkQueue};
 use crate::wellknown::{
     self, ANNOTATION_OUT_OF_SERVICE, OUT_OF_SERVICE_VALUE, TAINT_OUT_OF_SERVICE, TAINT_SHUTDOWN, TAINT_UNINITIALIZED,
 };
@@ -327,50 +330,52 @@ struct Bounds<'a> {
     total: usize,
 }
 
-/// The lifecycle controller.
+/// What the lifecycle controller keeps between passes.
+struct State {
+    /// When each NotReady Node is asked about next.
+    rechecks: Rechecks,
+    /// Deletions in the current window.
+    deletions: Budget,
+    /// Out-of-service taints in the current window.
+    outs_of_service: Budget,
+}
+
+impl State {
+    fn budget(&mut self, act: Act) -> &mut Budget {
+        match act {
+            Act::Delete => &mut self.deletions,
+            Act::OutOfService => &mut self.outs_of_service,
+        }
+    }
+}
+
+/// The lifecycle controller: one pass over the cache every `--node-monitor-period` (one key,
+/// requeued after the period), on the runner like every controller.
 pub struct NodeLifecycleController {
     ctx: Context,
-    /// When each NotReady Node is asked about next.
-    rechecks: Mutex<Rechecks>,
-    /// Deletions in the current window.
-    deletions: Mutex<Budget>,
-    /// Out-of-service taints in the current window.
-    outs_of_service: Mutex<Budget>,
+    state: Mutex<State>,
 }
+
+/// The lifecycle controller's one key: the pass.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct EveryNode;
 
 impl NodeLifecycleController {
     /// A controller over `ctx`.
     pub fn new(ctx: Context) -> Self {
         let period = ctx.options.node_monitor_period.max(Duration::from_millis(100));
         let out_of_service_after = ctx.options.out_of_service_after;
-        Self {
-            ctx,
-            rechecks: Mutex::new(Rechecks { period, out_of_service_after, by_node: HashMap::new() }),
-            deletions: Mutex::default(),
-            outs_of_service: Mutex::default(),
-        }
+        let rechecks = Rechecks { period, out_of_service_after, by_node: HashMap::new() };
+        Self { ctx, state: Mutex::new(State { rechecks, deletions: Budget::default(), outs_of_service: Budget::default() }) }
     }
 
-    fn budget(&self, act: Act) -> std::sync::MutexGuard<'_, Budget> {
-        let budget = match act {
-            Act::Delete => &self.deletions,
-            Act::OutOfService => &self.outs_of_service,
-        };
-        budget.locked()
-    }
-
-    fn rechecks(&self) -> std::sync::MutexGuard<'_, Rechecks> {
-        self.rechecks.locked()
+    fn state(&self) -> std::sync::MutexGuard<'_, State> {
+        self.state.locked()
     }
 
     /// Runs a pass every `--node-monitor-period` until `stop`.
     pub async fn run(self, stop: CancellationToken) {
-        self.ctx.nodes.wait_synced().await;
-        while sleep_or_stop(self.ctx.options.node_monitor_period, &stop).await {
-            let started = tokio::time::Instant::now();
-            let pass = self.pass().await;
-            self.ctx.metrics.reconcile(NAME, started.elapsed(), pass.errors > 0);
-        }
+        runner::run(self, stop).await;
     }
 
     /// One pass over the cache.
@@ -401,7 +406,7 @@ impl NodeLifecycleController {
         let disrupted = disrupted_zones(&ready, &candidates, self.ctx.options.unhealthy_zone_threshold);
         let not_ready = candidates.len();
         let now = Instant::now();
-        let candidates = self.rechecks().due(candidates, now);
+        let candidates = self.state().rechecks.due(candidates, now);
         if candidates.is_empty() {
             return pass;
         }
@@ -415,7 +420,7 @@ impl NodeLifecycleController {
             match result {
                 Err(error) => {
                     // Never read as "gone".
-                    self.rechecks().asked(node, None, now);
+                    self.state().rechecks.asked(node, None, now);
                     tracing::warn!(node = %name, %error, "instance check failed; node left as is");
                     self.ctx.report_invalid(NAME, node.as_ref(), &error).await;
                     pass.errors += 1;
@@ -423,10 +428,10 @@ impl NodeLifecycleController {
                 Ok(meta) => {
                     let exists = meta.as_ref().is_some_and(|m| m.state() != pb::InstanceState::Terminated);
                     let shutdown = meta.as_ref().is_some_and(|m| m.state() == pb::InstanceState::Stopped);
-                    self.rechecks().asked(node, Some((exists, shutdown)), now);
+                    self.state().rechecks.asked(node, Some((exists, shutdown)), now);
                     if shutdown
                         && !node_util::has_taint(node, TAINT_OUT_OF_SERVICE)
-                        && let Some(lasted) = self.rechecks().out_of_service_for(node, now)
+                        && let Some(lasted) = self.state().rechecks.out_of_service_for(node, now)
                     {
                         shut_down.push((node.clone(), lasted));
                     }
@@ -510,7 +515,7 @@ impl NodeLifecycleController {
         let bound = options.max_node_deletions.min(share);
         let window = options.node_deletion_window;
         let now = Instant::now();
-        let (left, frees) = self.budget(act).left(bound, window, now);
+        let (left, frees) = self.state().budget(act).left(bound, window, now);
         nodes.sort_by(|a, b| {
             let created = |n: &Node| n.metadata.creation_timestamp.as_ref().map(|t| t.0);
             (created(a), node_util::name(a)).cmp(&(created(b), node_util::name(b)))
@@ -531,7 +536,7 @@ impl NodeLifecycleController {
             );
             tracing::info!(nodes = held.len(), bound, "pacing ({}): {why}", act.done());
             for node in &held {
-                self.rechecks().ask_by(node, next);
+                self.state().rechecks.ask_by(node, next);
                 match act {
                     Act::Delete => self.ctx.metrics.node_deletions("deferred", 1),
                     Act::OutOfService => self.ctx.metrics.out_of_service_taints("deferred", 1),
@@ -548,9 +553,9 @@ impl NodeLifecycleController {
                 pass.deferred.push(node_util::name(node).to_string());
             }
         }
-        let mut budget = self.budget(act);
+        let mut state = self.state();
         for _ in &nodes {
-            budget.spend(now);
+            state.budget(act).spend(now);
         }
         nodes
     }
@@ -775,6 +780,31 @@ impl NodeLifecycleController {
             patch["metadata"]["annotations"] = serde_json::json!({ ANNOTATION_OUT_OF_SERVICE: since });
         }
         self.ctx.patch_node(node_util::name(node), &patch).await.map(|_| ())
+    }
+}
+
+impl runner::Controller for NodeLifecycleController {
+    type Key = EveryNode;
+    const NAME: &'static str = NAME;
+    const WATCHES: Watches = Watches { nodes: true, services: false, provider: false };
+
+    fn ctx(&self) -> &Context {
+        &self.ctx
+    }
+
+    /// The first pass one period after the Node cache is synced, as every later one.
+    fn resync(&self, queue: &WorkQueue<EveryNode>) {
+        queue.add_after(EveryNode, self.ctx.options.node_monitor_period);
+    }
+
+    /// Nothing but the period starts a pass: a missed change is seen by the next one.
+    fn on_node(&self, _change: Option<Change<Node>>, _queue: &WorkQueue<EveryNode>) {}
+
+    async fn reconcile(&self, _keys: &[EveryNode]) -> Vec<Done> {
+        let pass = self.pass().await;
+        // A pass that met errors is counted as failed, but the next one still comes after
+        // the period: each of its Nodes is asked about again then.
+        vec![Done { outcome: Outcome::RequeueAfter(self.ctx.options.node_monitor_period), failed: pass.errors > 0 }]
     }
 }
 

@@ -28,16 +28,17 @@ use ipnet::IpNet;
 use k8s_openapi::api::core::v1::Node;
 use kube::Api;
 use kube::runtime::reflector::ObjectRef;
-use tokio::sync::Notify;
-use tokio::sync::broadcast::error::RecvError;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 use super::Context;
+use super::runner::{self, Done, Watches};
 use crate::events::{EventType, reason};
 use crate::informer::Change;
 use crate::node_util::{self, pod_cidrs};
+use crate::provider::Changes as ProviderChanges;
 use crate::provider::convert;
+use crate::queue::{Outcome, QueueConfig, WorkQueue};
 use crate::wellknown::CONDITION_NETWORK_UNAVAILABLE as CONDITION;
 
 /// The controller's name.
@@ -201,8 +202,9 @@ fn plan_table(
     plan
 }
 
-/// The route controller.
-pub struct RouteController {
+/// The route controller's tables as it knows them, and the reconcile that brings them to what
+/// the Nodes want; one reconcile at a time (the runner's one worker holds it).
+struct Routes {
     ctx: Context,
     cluster_cidrs: Vec<IpNet>,
     known: Option<Known>,
@@ -233,9 +235,8 @@ struct ConditionWriter {
     reported: Arc<std::sync::Mutex<HashSet<String>>>,
 }
 
-impl RouteController {
-    /// A controller over `ctx`.
-    pub fn new(ctx: Context) -> Result<Self, super::ConfigError> {
+impl Routes {
+    fn new(ctx: Context) -> Result<Self, super::ConfigError> {
         let cluster_cidrs = ctx
             .options
             .cluster_cidr
@@ -259,134 +260,6 @@ impl RouteController {
                 reported: Default::default(),
             },
         })
-    }
-
-    fn resync_delay(&self) -> Duration {
-        // Upstream's period, when asked for: a full listing every period, as upstream does.
-        if let Some(period) = self.ctx.options.route_reconciliation_period {
-            return period;
-        }
-        let base = self.ctx.options.route_resync_period;
-        base + base.mul_f64(crate::clock::jitter())
-    }
-
-    /// Runs until `stop`.
-    pub async fn run(mut self, stop: CancellationToken) {
-        // Off, it still lives until stop: a controller task that ends is a failing process.
-        if !self.ctx.options.configure_cloud_routes {
-            tracing::info!("--configure-cloud-routes=false: the route controller is off");
-            stop.cancelled().await;
-            return;
-        }
-        if self.cluster_cidrs.is_empty() {
-            tracing::warn!("the route controller needs --cluster-cidr; it is off");
-            stop.cancelled().await;
-            return;
-        }
-        let trigger = Arc::new(Notify::new());
-        // Aborted with this task if it is aborted (a lost lead), not left running.
-        let mut feed =
-            tokio_util::task::AbortOnDropHandle::new(tokio::spawn(feed(self.ctx.clone(), trigger.clone(), stop.clone())));
-        self.ctx.nodes.wait_synced().await;
-        trigger.notify_one();
-        let mut resync_at = Instant::now() + self.resync_delay();
-        let mut retry_at: Option<Instant> = None;
-        let mut failures: u32 = 0;
-        let mut last_start: Option<Instant> = None;
-        let mut provider = self.ctx.provider.changes();
-        let mut seen = *provider.borrow_and_update();
-        loop {
-            let wake = retry_at.unwrap_or(resync_at).min(resync_at);
-            let mut relist = false;
-            let resync = tokio::select! {
-                _ = trigger.notified(), if retry_at.is_none() => false,
-                Ok(()) = provider.changed() => {
-                    let now = *provider.borrow_and_update();
-                    relist = now != seen;
-                    if now.identities != seen.identities {
-                        self.paused = Some(now.identities);
-                    }
-                    seen = now;
-                    false
-                }
-                _ = tokio::time::sleep_until(wake) => Instant::now() >= resync_at,
-                _ = stop.cancelled() => break,
-                // The feed runs until stop: one that ends first is the controller's failure.
-                ended = &mut feed => match ended {
-                    Err(e) if e.is_panic() => std::panic::resume_unwind(e.into_panic()),
-                    // Told to stop at the same time, the feed saw it first: no failure.
-                    _ if stop.is_cancelled() => break,
-                    _ => panic!("{NAME}: its feed ended before it was told to stop"),
-                },
-            };
-            if !resync && retry_at.is_none() {
-                // Let the rest of the burst arrive.
-                tokio::time::sleep(self.ctx.options.route_coalesce_delay).await;
-            }
-            if let Some(last) = last_start {
-                let earliest = last + self.ctx.options.route_min_interval;
-                if Instant::now() < earliest {
-                    tokio::time::sleep_until(earliest).await;
-                }
-            }
-            last_start = Some(Instant::now());
-            if relist && self.paused == Some(seen.identities) {
-                let note = "The provider came back as another provider (its name or providerID scheme changed): \
-                            route deletions pause until the next full resync confirms it"
-                    .to_string();
-                self.ctx.event(NAME, &self.ctx.lease(), EventType::Warning, reason::ROUTE_DELETIONS_PAUSED, note).await;
-            }
-            if resync || relist {
-                // A resync, or a provider that may have lost its state: list everything again.
-                self.previous = self.known.take();
-                self.resolved.clear();
-            }
-            if resync {
-                resync_at = Instant::now() + self.resync_delay();
-                if self.paused.take_if(|p| *p == seen.identities).is_some() {
-                    tracing::info!("the resync confirmed the provider's new identity; route deletions resume");
-                }
-            }
-            let started = Instant::now();
-            self.progress = 0;
-            let result = self.reconcile().await;
-            self.ctx.metrics.reconcile(NAME, started.elapsed(), result.is_err());
-            match result {
-                Ok(Some(sync)) => {
-                    failures = 0;
-                    // Deletions left over by the cap: the next reconcile after the period.
-                    retry_at = sync.deletions_left.then(|| Instant::now() + self.ctx.options.route_min_interval);
-                    self.ctx.metrics.route_sync(sync.created, sync.deleted, sync.corrections, sync.without_route.len());
-                }
-                Ok(None) => {
-                    failures = 0;
-                    retry_at = None;
-                }
-                // The provider throttled some of the calls but the rest went through: go on
-                // as soon as it allows, without escalating the backoff (progress is not a
-                // failure), keeping what we know of the tables (our own writes are in it).
-                Err(error) if error.retry_after().is_some() && self.progress > 0 => {
-                    let wait = error.retry_after().unwrap_or_default().max(Duration::from_millis(100));
-                    tracing::debug!(%error, progress = self.progress, retry_in = ?wait, "route reconcile throttled; continuing");
-                    retry_at = Some(Instant::now() + wait);
-                }
-                Err(error) => {
-                    failures += 1;
-                    self.known = None;
-                    let backoff = self
-                        .ctx
-                        .options
-                        .reconcile_backoff_base
-                        .saturating_mul(2u32.saturating_pow(failures.saturating_sub(1).min(20)))
-                        .min(self.ctx.options.reconcile_backoff_max)
-                        .max(error.retry_after().unwrap_or_default());
-                    tracing::warn!(%error, retry_in = ?backoff, "route reconcile failed");
-                    self.ctx.report_invalid_listing(NAME, &error).await;
-                    retry_at = Some(Instant::now() + backoff);
-                }
-            }
-        }
-        feed.abort();
     }
 
     async fn list(&self, caps: &pb::RoutesCapabilities) -> Result<Known, Error> {
@@ -880,22 +753,191 @@ impl ConditionWriter {
     }
 }
 
-async fn feed(ctx: Context, trigger: Arc<Notify>, stop: CancellationToken) {
-    let mut changes = ctx.nodes.subscribe();
-    loop {
-        let change = tokio::select! {
-            c = changes.recv() => c,
-            _ = stop.cancelled() => return,
+/// The time to the next safety resync: upstream's period when asked for (a full listing every
+/// period, as upstream does), else `--route-resync-period` jittered up to twice it.
+fn resync_delay(options: &crate::options::Options) -> Duration {
+    if let Some(period) = options.route_reconciliation_period {
+        return period;
+    }
+    let base = options.route_resync_period;
+    base + base.mul_f64(crate::clock::jitter())
+}
+
+/// The route controller's one key: the cluster's route tables, reconciled as a whole.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct RouteTables;
+
+/// What the triggers leave for the next reconcile.
+struct Pending {
+    /// The provider changed (its state may be lost): list everything again.
+    relist: bool,
+    /// The provider's changes as last seen.
+    seen: ProviderChanges,
+    /// The provider came back as another provider (the count of identity changes then).
+    paused: Option<u64>,
+    /// When the next safety resync is due.
+    resync_at: Instant,
+}
+
+/// The route controller (see the module's documentation), on the runner: one key, coalesced
+/// triggers (`--route-coalesce-delay`), at most one reconcile per `--route-min-interval` (the
+/// queue's rate), the queue's backoff after a failure, a safety resync as a delayed requeue.
+pub struct RouteController {
+    ctx: Context,
+    routes: tokio::sync::Mutex<Routes>,
+    pending: std::sync::Mutex<Pending>,
+}
+
+impl RouteController {
+    /// A controller over `ctx`.
+    pub fn new(ctx: Context) -> Result<Self, super::ConfigError> {
+        let routes = Routes::new(ctx.clone())?;
+        let pending = Pending {
+            relist: false,
+            seen: *ctx.provider.changes().borrow(),
+            paused: None,
+            resync_at: Instant::now() + resync_delay(&ctx.options),
         };
-        match change {
-            Ok(Change::Applied { old, new }) => {
-                if relevant(old.as_deref(), &new) {
-                    trigger.notify_one();
+        Ok(Self { ctx, routes: tokio::sync::Mutex::new(routes), pending: std::sync::Mutex::new(pending) })
+    }
+
+    /// Runs until `stop`.
+    pub async fn run(self, stop: CancellationToken) {
+        // Off, it still lives until stop: a controller task that ends is a failing process.
+        if !self.ctx.options.configure_cloud_routes {
+            tracing::info!("--configure-cloud-routes=false: the route controller is off");
+            stop.cancelled().await;
+            return;
+        }
+        if self.routes.lock().await.cluster_cidrs.is_empty() {
+            tracing::warn!("the route controller needs --cluster-cidr; it is off");
+            stop.cancelled().await;
+            return;
+        }
+        runner::run(self, stop).await;
+    }
+
+    /// One reconcile, on the evidence the triggers left: a full listing at a resync or after
+    /// the provider changed, the kept state otherwise.
+    pub async fn reconcile(&self) -> Done {
+        let mut routes = self.routes.lock().await;
+        let now = Instant::now();
+        let (relist, seen, resync) = {
+            let mut p = self.pending.locked();
+            if let Some(paused) = p.paused.take() {
+                routes.paused = Some(paused);
+            }
+            let resync = now >= p.resync_at;
+            if resync {
+                p.resync_at = now + resync_delay(&self.ctx.options);
+            }
+            (std::mem::take(&mut p.relist), p.seen, resync)
+        };
+        if relist && routes.paused == Some(seen.identities) {
+            let note = "The provider came back as another provider (its name or providerID scheme changed): \
+                        route deletions pause until the next full resync confirms it"
+                .to_string();
+            self.ctx.event(NAME, &self.ctx.lease(), EventType::Warning, reason::ROUTE_DELETIONS_PAUSED, note).await;
+        }
+        if resync || relist {
+            // A resync, or a provider that may have lost its state: list everything again.
+            routes.previous = routes.known.take();
+            routes.resolved.clear();
+        }
+        if resync && routes.paused.take_if(|p| *p == seen.identities).is_some() {
+            tracing::info!("the resync confirmed the provider's new identity; route deletions resume");
+        }
+        routes.progress = 0;
+        let result = routes.reconcile().await;
+        let until_resync = self.pending.locked().resync_at.saturating_duration_since(Instant::now());
+        let outcome = match &result {
+            Ok(Some(sync)) => {
+                self.ctx.metrics.route_sync(sync.created, sync.deleted, sync.corrections, sync.without_route.len());
+                // Deletions left over by the cap: the next reconcile after the interval.
+                if sync.deletions_left {
+                    Outcome::RequeueAfter(self.ctx.options.route_min_interval)
+                } else {
+                    Outcome::RequeueAfter(until_resync)
                 }
             }
-            Ok(Change::Deleted(_)) | Err(RecvError::Lagged(_)) => trigger.notify_one(),
-            Err(RecvError::Closed) => return,
+            Ok(None) => Outcome::RequeueAfter(until_resync),
+            // The provider throttled some of the calls but the rest went through: go on as
+            // soon as it allows, without escalating the backoff (progress is not a failure),
+            // keeping what we know of the tables (our own writes are in it).
+            Err(error) if error.retry_after().is_some() && routes.progress > 0 => {
+                let wait = error.retry_after().unwrap_or_default().max(Duration::from_millis(100));
+                tracing::debug!(%error, progress = routes.progress, retry_in = ?wait, "route reconcile throttled; continuing");
+                Outcome::Throttled { fingerprint: None, retry_after: wait }
+            }
+            Err(error) => {
+                routes.known = None;
+                tracing::warn!(%error, "route reconcile failed; retried with backoff");
+                self.ctx.report_invalid_listing(NAME, error).await;
+                Outcome::Retry { fingerprint: None, retry_after: error.retry_after() }
+            }
+        };
+        Done { outcome, failed: result.is_err() }
+    }
+
+    /// A trigger: the reconcile starts `--route-coalesce-delay` after the first of a burst
+    /// (a key in backoff waits its turn).
+    fn trigger(&self, queue: &WorkQueue<RouteTables>) {
+        queue.add_after(RouteTables, self.ctx.options.route_coalesce_delay);
+    }
+}
+
+impl runner::Controller for RouteController {
+    type Key = RouteTables;
+    const NAME: &'static str = NAME;
+    const WATCHES: Watches = Watches { nodes: true, services: false, provider: true };
+
+    fn ctx(&self) -> &Context {
+        &self.ctx
+    }
+
+    /// At most one reconcile per `--route-min-interval`: the queue's rate, one at a time.
+    fn queue_config(&self) -> QueueConfig {
+        let o = &self.ctx.options;
+        let min = o.route_min_interval.as_secs_f64();
+        let qps = if min > 0.0 { 1.0 / min } else { 1e6 };
+        QueueConfig { base_delay: o.reconcile_backoff_base, max_delay: o.reconcile_backoff_max, qps, burst: 1 }
+    }
+
+    /// Once the Node cache is synced: the first reconcile, the provider as it is now, and the
+    /// first safety resync a period away.
+    fn resync(&self, queue: &WorkQueue<RouteTables>) {
+        {
+            let mut p = self.pending.locked();
+            p.seen = *self.ctx.provider.changes().borrow();
+            p.resync_at = Instant::now() + resync_delay(&self.ctx.options);
         }
+        self.trigger(queue);
+    }
+
+    /// Node additions and deletions, and changes of podCIDRs, addresses or providerID.
+    fn on_node(&self, change: Option<Change<Node>>, queue: &WorkQueue<RouteTables>) {
+        match change {
+            Some(Change::Applied { old, new }) if !relevant(old.as_deref(), &new) => {}
+            _ => self.trigger(queue),
+        }
+    }
+
+    fn on_provider(&self, now: ProviderChanges, queue: &WorkQueue<RouteTables>) {
+        {
+            let mut p = self.pending.locked();
+            if now != p.seen {
+                p.relist = true;
+            }
+            if now.identities != p.seen.identities {
+                p.paused = Some(now.identities);
+            }
+            p.seen = now;
+        }
+        self.trigger(queue);
+    }
+
+    async fn reconcile(&self, _keys: &[RouteTables]) -> Vec<Done> {
+        vec![RouteController::reconcile(self).await]
     }
 }
 

@@ -12,8 +12,6 @@ use ccm_proto::v1::ServiceType;
 use ccm_protocol::Error;
 use ccm_protocol::lock::Lock;
 use k8s_openapi::api::core::v1::{Node, Service};
-use tokio::sync::Notify;
-use tokio::sync::broadcast::{self, error::RecvError};
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
@@ -124,66 +122,51 @@ pub(super) struct HostSetCache {
 }
 
 impl ServiceController {
-    /// Watches the node set; on a change (after 50 ms of quiet coalescing) queues every
-    /// load balancer Service. Services in backoff stay there: `add` carries no news.
-    pub(super) async fn node_feed(self: Arc<Self>, mut changes: broadcast::Receiver<Change<Node>>, stop: CancellationToken) {
-        let notify = Arc::new(Notify::new());
-        let waker = notify.clone();
-        let this = self.clone();
-        let stop2 = stop.clone();
-        // Aborted with this task (a Tasks guard), not left running if the feed is aborted.
-        let mut syncer = crate::controllers::Tasks::default();
-        syncer.spawn(async move {
-            let mut last = this.hosts_fingerprint();
-            loop {
-                tokio::select! {
-                    _ = waker.notified() => {}
-                    _ = stop2.cancelled() => return,
-                }
-                tokio::time::sleep(NODE_COALESCE).await;
-                // No load balancer, nothing to update (a cluster's join before its Services).
-                let services = this.ctx.services.sorted();
-                if !services.iter().any(|s| this.wants_load_balancer(s)) {
-                    continue;
-                }
-                let now = this.hosts_fingerprint();
-                if now == last {
-                    continue;
-                }
-                last = now;
-                this.state().node_change_at.get_or_insert(Instant::now());
-                if this.ctx.provider.identity().is_some_and(|i| i.bulk_hosts()) {
-                    this.queue.add(Key::Hosts);
-                    continue;
-                }
-                for svc in services {
-                    if this.wants_load_balancer(&svc) {
-                        this.queue.add(Key::Service(service_key(&svc)));
-                    }
-                }
-            }
-        });
-        loop {
-            let change = tokio::select! {
-                c = changes.recv() => c,
-                _ = stop.cancelled() => break,
-            };
-            match change {
-                Ok(Change::Applied { old, new }) => {
-                    let before = old.as_deref().map(|o| (is_backend(&self.ctx, o), node_fingerprint(o)));
-                    if before != Some((is_backend(&self.ctx, &new), node_fingerprint(&new))) {
-                        self.host_set.generation.fetch_add(1, Ordering::AcqRel);
-                        notify.notify_one();
-                    }
-                }
-                Ok(Change::Deleted(_)) | Err(RecvError::Lagged(_)) => {
-                    self.host_set.generation.fetch_add(1, Ordering::AcqRel);
-                    notify.notify_one();
-                }
-                Err(RecvError::Closed) => break,
+    /// A Node changed (`None`: changes were missed): when what a load balancer sees of it
+    /// changed, the node set is built anew at its next use and the host syncer is woken.
+    pub(super) fn node_changed(&self, change: Option<Change<Node>>) {
+        if let Some(Change::Applied { old, new }) = &change {
+            let before = old.as_deref().map(|o| (is_backend(&self.ctx, o), node_fingerprint(o)));
+            if before == Some((is_backend(&self.ctx, new), node_fingerprint(new))) {
+                return;
             }
         }
-        drop(syncer);
+        self.host_set.generation.fetch_add(1, Ordering::AcqRel);
+        self.nodes_changed.notify_one();
+    }
+
+    /// After a Node change (and 50 ms of quiet coalescing), queues every load balancer Service
+    /// when the node set changed; one bulk pass when the provider updates hosts in bulk.
+    /// Services in backoff stay there: `add` carries no news.
+    pub(super) async fn host_syncer(self: Arc<Self>, stop: CancellationToken) {
+        let mut last = self.hosts_fingerprint();
+        loop {
+            tokio::select! {
+                _ = self.nodes_changed.notified() => {}
+                _ = stop.cancelled() => return,
+            }
+            tokio::time::sleep(NODE_COALESCE).await;
+            // No load balancer, nothing to update (a cluster's join before its Services).
+            let services = self.ctx.services.sorted();
+            if !services.iter().any(|s| self.wants_load_balancer(s)) {
+                continue;
+            }
+            let now = self.hosts_fingerprint();
+            if now == last {
+                continue;
+            }
+            last = now;
+            self.state().node_change_at.get_or_insert(Instant::now());
+            if self.ctx.provider.identity().is_some_and(|i| i.bulk_hosts()) {
+                self.queue.add(Key::Hosts);
+                continue;
+            }
+            for svc in services {
+                if self.wants_load_balancer(&svc) {
+                    self.queue.add(Key::Service(service_key(&svc)));
+                }
+            }
+        }
     }
 
     /// The current node set: the one last built, unless a Node change a load balancer sees

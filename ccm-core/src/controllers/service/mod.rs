@@ -39,21 +39,23 @@ mod orphans;
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::hash::{Hash, Hasher};
-use std::sync::atomic::AtomicBool;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
 use ccm_proto::v1::ServiceType;
 use ccm_protocol::Error;
 use ccm_protocol::lock::Lock;
-use k8s_openapi::api::core::v1::{LoadBalancerIngress, Service};
+use k8s_openapi::api::core::v1::{LoadBalancerIngress, Node, Service};
 use kube::runtime::reflector::ObjectRef;
-use tokio::sync::broadcast::error::RecvError;
+use tokio::sync::Notify;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
-use super::Context;
+use super::runner::{self, Done, Watches};
+use super::{Context, Tasks};
 use crate::events::{EventType, reason};
 use crate::informer::Change;
+use crate::provider::Changes;
 use crate::provider::convert::{LoadBalancerRequest, target_port};
 use crate::queue::{Outcome, QueueConfig, WorkQueue};
 use crate::wellknown::{ANNOTATION_LOAD_BALANCER_NAME, ANNOTATION_SOURCE_RANGES, FINALIZER};
@@ -65,7 +67,7 @@ pub const NAME: &str = "service-lb-controller";
 
 /// What the controller's queue holds.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
-enum Key {
+pub enum Key {
     /// A Service, by `namespace/name`: its load balancer brought to what it asks for.
     Service(String),
     /// The load balancer of a Service that is gone (or no longer wants one), by Service UID.
@@ -205,6 +207,10 @@ pub struct ServiceController {
     endpoints: Arc<endpoints::EndpointIndex>,
     /// Whether the provider forwards to pods (read once, when it is first known).
     pod_endpoints: AtomicBool,
+    /// Wakes the host syncer: the node set changed.
+    nodes_changed: Notify,
+    /// The provider's epochs as last seen: a new one means its state may be lost.
+    epochs: AtomicU64,
 }
 
 impl ServiceController {
@@ -220,6 +226,8 @@ impl ServiceController {
             host_set: Default::default(),
             endpoints: Default::default(),
             pod_endpoints: Default::default(),
+            nodes_changed: Notify::new(),
+            epochs: AtomicU64::new(0),
         }
     }
 
@@ -249,80 +257,35 @@ impl ServiceController {
 
     /// Runs until `stop`.
     pub async fn run(self, stop: CancellationToken) {
-        let this = Arc::new(self);
-        // Subscribed before any worker builds a node set, so no change is missed.
-        let node_changes = this.ctx.nodes.subscribe();
-        let mut tasks = super::Tasks::default();
-        tasks.spawn(this.clone().feed(stop.clone()));
-        tasks.spawn(this.clone().node_feed(node_changes, stop.clone()));
-        tasks.spawn(this.clone().sweep_loop(stop.clone()));
-        tasks.spawn(this.clone().endpoint_feed(stop.clone()));
-        for _ in 0..this.ctx.options.concurrent_service_syncs.max(1) {
-            tasks.spawn(this.clone().worker());
-        }
-
-        tasks.supervise(NAME, &stop).await;
-        this.queue.shutdown();
-        // Dropped: every task aborted.
+        runner::run(self, stop).await;
     }
 
-    async fn feed(self: Arc<Self>, stop: CancellationToken) {
-        let mut changes = self.ctx.services.subscribe();
-        self.ctx.services.wait_synced().await;
-        self.ctx.nodes.wait_synced().await;
-        for svc in self.ctx.services.sorted() {
-            if self.queued_for(&svc) {
-                self.queue.add_changed(Key::Service(service_key(&svc)), fingerprint(&svc));
+    /// A Service changed: queued when it wants or has a load balancer of ours; one that
+    /// left without the finalizer has its load balancer deleted.
+    fn service_changed(&self, change: Change<Service>) {
+        match change {
+            Change::Applied { new, .. } => {
+                let k = service_key(&new);
+                if self.queued_for(&new) {
+                    self.ctx.metrics.queue_add(NAME);
+                    self.queue.add_changed(Key::Service(k), fingerprint(&new));
+                } else if self.ours(&new) && self.state().ensured.remove(&k).is_some() {
+                    // It left type LoadBalancer with its finalizer removed by someone else.
+                    self.orphaned(&new, "no longer wants a load balancer and has no finalizer");
+                }
             }
-        }
-        let mut provider = self.ctx.provider.changes();
-        let mut epochs = provider.borrow_and_update().epochs;
-        loop {
-            let change = tokio::select! {
-                c = changes.recv() => c,
-                _ = stop.cancelled() => return,
-                Ok(()) = provider.changed() => {
-                    let now = provider.borrow_and_update().epochs;
-                    if now != epochs {
-                        epochs = now;
-                        self.ensure_all_again();
-                    }
-                    continue;
+            Change::Deleted(svc) => {
+                let k = service_key(&svc);
+                self.queue.forget(&Key::Service(k.clone()));
+                let uid = svc.metadata.uid.clone().unwrap_or_default();
+                let (knew, cleaned) = {
+                    let mut state = self.state();
+                    (state.ensured.remove(&k).is_some() || has_ingress(&svc), state.cleaned.remove(&uid))
+                };
+                if knew && !cleaned && self.ours(&svc) && is_type_load_balancer(&svc) {
+                    self.orphaned(&svc, "was deleted without the finalizer");
                 }
-            };
-            match change {
-                Ok(Change::Applied { new, .. }) => {
-                    let k = service_key(&new);
-                    if self.queued_for(&new) {
-                        self.ctx.metrics.queue_add(NAME);
-                        self.queue.add_changed(Key::Service(k), fingerprint(&new));
-                    } else if self.ours(&new) && self.state().ensured.remove(&k).is_some() {
-                        // It left type LoadBalancer with its finalizer removed by someone else.
-                        self.orphaned(&new, "no longer wants a load balancer and has no finalizer");
-                    }
-                }
-                Ok(Change::Deleted(svc)) => {
-                    let k = service_key(&svc);
-                    self.queue.forget(&Key::Service(k.clone()));
-                    let uid = svc.metadata.uid.clone().unwrap_or_default();
-                    let (knew, cleaned) = {
-                        let mut state = self.state();
-                        (state.ensured.remove(&k).is_some() || has_ingress(&svc), state.cleaned.remove(&uid))
-                    };
-                    if knew && !cleaned && self.ours(&svc) && is_type_load_balancer(&svc) {
-                        self.orphaned(&svc, "was deleted without the finalizer");
-                    }
-                }
-                Err(RecvError::Lagged(_)) => {
-                    for svc in self.ctx.services.sorted() {
-                        if self.queued_for(&svc) {
-                            self.queue.add(Key::Service(service_key(&svc)));
-                        }
-                    }
-                }
-                Err(RecvError::Closed) => return,
             }
-            self.ctx.metrics.queue_state(NAME, &self.queue);
         }
     }
 
@@ -340,20 +303,6 @@ impl ServiceController {
         tracing::warn!(services = queued, "the provider's state may be lost (a new epoch); ensuring every load balancer again");
     }
 
-    async fn worker(self: Arc<Self>) {
-        while let Some(k) = self.queue.next().await {
-            let started = Instant::now();
-            let outcome = self.reconcile(&k).await;
-            self.ctx.metrics.reconcile(NAME, started.elapsed(), matches!(outcome, Outcome::Retry { .. }));
-            self.queue.done(&k, outcome);
-            self.ctx.metrics.queue_state(NAME, &self.queue);
-            let idle = self.queue.stats().depth == 0;
-            if idle && let Some(at) = self.state().node_change_at.take() {
-                self.ctx.metrics.service_node_sync(at.elapsed());
-            }
-        }
-    }
-
     /// What the provider is sent of `svc`, under `load_balancer_name`: made once per
     /// reconcile, from source ranges already read ([`source_ranges`]).
     fn request(&self, svc: &Service, load_balancer_name: String, source_ranges: Vec<String>) -> LoadBalancerRequest {
@@ -369,7 +318,7 @@ impl ServiceController {
         LoadBalancerRequest::new(svc, &self.ctx.options.cluster_name, load_balancer_name, source_ranges, endpoints)
     }
 
-    async fn reconcile(&self, key: &Key) -> Outcome {
+    async fn reconcile_one(&self, key: &Key) -> Outcome {
         let k = match key {
             Key::Orphan(uid) => return self.delete_orphan(uid).await,
             Key::Hosts => return self.update_all_hosts().await,
@@ -554,6 +503,77 @@ impl ServiceController {
         }
         self.ctx.event(NAME, svc, EventType::Normal, reason::DELETED_LOAD_BALANCER, "Deleted load balancer".into()).await;
         Ok(())
+    }
+}
+
+impl runner::Controller for ServiceController {
+    type Key = Key;
+    const NAME: &'static str = NAME;
+    const WATCHES: Watches = Watches { nodes: true, services: true, provider: true };
+
+    fn ctx(&self) -> &Context {
+        &self.ctx
+    }
+
+    fn queue(&self) -> Option<Arc<WorkQueue<Key>>> {
+        Some(self.queue.clone())
+    }
+
+    fn workers(&self) -> usize {
+        self.ctx.options.concurrent_service_syncs.max(1)
+    }
+
+    fn resync(&self, queue: &WorkQueue<Key>) {
+        self.epochs.store(self.ctx.provider.changes().borrow().epochs, Ordering::Release);
+        for svc in self.ctx.services.sorted() {
+            if self.queued_for(&svc) {
+                queue.add_changed(Key::Service(service_key(&svc)), fingerprint(&svc));
+            }
+        }
+    }
+
+    fn on_service(&self, change: Option<Change<Service>>, queue: &WorkQueue<Key>) {
+        match change {
+            Some(change) => self.service_changed(change),
+            None => {
+                for svc in self.ctx.services.sorted() {
+                    if self.queued_for(&svc) {
+                        queue.add(Key::Service(service_key(&svc)));
+                    }
+                }
+            }
+        }
+    }
+
+    fn on_node(&self, change: Option<Change<Node>>, _queue: &WorkQueue<Key>) {
+        self.node_changed(change);
+    }
+
+    fn on_provider(&self, now: Changes, _queue: &WorkQueue<Key>) {
+        if self.epochs.swap(now.epochs, Ordering::AcqRel) != now.epochs {
+            self.ensure_all_again();
+        }
+    }
+
+    async fn reconcile(&self, keys: &[Key]) -> Vec<Done> {
+        let mut done = Vec::with_capacity(keys.len());
+        for key in keys {
+            done.push(self.reconcile_one(key).await.into());
+        }
+        done
+    }
+
+    /// The node-sync latency: from a change of the node set to every load balancer following it.
+    fn idle(&self) {
+        if let Some(at) = self.state().node_change_at.take() {
+            self.ctx.metrics.service_node_sync(at.elapsed());
+        }
+    }
+
+    fn spawn(self: &Arc<Self>, _queue: &Arc<WorkQueue<Key>>, stop: &CancellationToken, tasks: &mut Tasks) {
+        tasks.spawn(self.clone().host_syncer(stop.clone()));
+        tasks.spawn(self.clone().sweep_loop(stop.clone()));
+        tasks.spawn(self.clone().endpoint_feed(stop.clone()));
     }
 }
 
