@@ -27,7 +27,8 @@ use serde::Serialize;
 use serde_json::Value;
 
 use crate::Args;
-use crate::scenarios::{CoreProcess, Row, create_all, machine, ready, side_by_side, until};
+use crate::report::{Row, machine, side_by_side};
+use crate::scenarios::{CoreProcess, create_all, ready, until};
 
 const CLUSTER_CIDR: &str = "10.244.0.0/16";
 const EXCLUDE_LABEL: &str = "node.kubernetes.io/exclude-from-external-load-balancers";

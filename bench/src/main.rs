@@ -7,6 +7,7 @@
 //! measured from the API change to the call reaching the sim (its timestamps), not from logs.
 
 mod aws;
+mod report;
 mod scenarios;
 
 use std::collections::BTreeMap;
@@ -113,7 +114,7 @@ async fn run(mut args: Args) -> anyhow::Result<()> {
     };
     eprintln!("starting the control plane");
     let cp = tokio::task::spawn_blocking(ccm_harness::ControlPlane::start).await??;
-    let mut results: BTreeMap<String, scenarios::Figures> = BTreeMap::new();
+    let mut results: BTreeMap<String, report::Figures> = BTreeMap::new();
     for core in &args.cores {
         eprintln!(
             "== {core}: {} Nodes, {} Services, {} churn changes, steady {:?}",
@@ -122,7 +123,7 @@ async fn run(mut args: Args) -> anyhow::Result<()> {
         let figures = scenarios::run_core(&cp, &args, core, peer.as_deref()).await.with_context(|| format!("core {core}"))?;
         results.insert(core.clone(), figures);
     }
-    let report = scenarios::Report::new(&args, results);
+    let report = report::Report::new(&args, results);
     publish(&args, &report.table(), &report, report.missing())
 }
 

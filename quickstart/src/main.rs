@@ -189,7 +189,7 @@ async fn wait_and_report(
     client: &kube::Client,
     nodes: usize,
     timeout: Duration,
-    mut cloud: impl AsyncFnMut() -> Option<(ccm_provider_sim::cloud::Snapshot, String)>,
+    mut cloud: impl AsyncFnMut() -> Option<(ccm_provider_sim::admin::Snapshot, String)>,
 ) -> anyhow::Result<String> {
     let node_api: Api<Node> = Api::all(client.clone());
     let services: Api<Service> = Api::namespaced(client.clone(), "default");
@@ -223,7 +223,7 @@ async fn wait_and_report(
     }
 }
 
-fn describe(nodes: &[Node], ip: &str, routes: &[String], state: &ccm_provider_sim::cloud::Snapshot) -> String {
+fn describe(nodes: &[Node], ip: &str, routes: &[String], state: &ccm_provider_sim::admin::Snapshot) -> String {
     let mut out = String::from("\nNodes, initialised by the cloud-node-controller:\n");
     let mut nodes: Vec<&Node> = nodes.iter().collect();
     nodes.sort_by_key(|n| n.metadata.name.clone());

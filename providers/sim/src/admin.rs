@@ -34,7 +34,7 @@ use prometheus_client::registry::Registry;
 use serde::{Deserialize, Serialize};
 
 use crate::calls::{CallCount, CallRecord, Calls};
-use crate::cloud::{Cloud, HostsView, Snapshot, TableView};
+use crate::cloud::Cloud;
 use crate::config::{Address, ApiConfig, Fault, InstanceSpec, RateLimit, State as InstanceState};
 
 /// What the admin handlers share.
@@ -275,4 +275,106 @@ pub(crate) async fn serve_router(
                 .with_context(|| format!("http server on {listen} failed"))
         }
     }
+}
+
+// What the admin API answers: snapshots of the cloud.
+
+/// A snapshot of the cloud for the admin API.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct Snapshot {
+    /// Every instance with its true state.
+    pub instances: Vec<InstanceView>,
+    /// Every table with its routes.
+    pub route_tables: Vec<TableView>,
+    /// Every load balancer.
+    pub load_balancers: Vec<LoadBalancerView>,
+}
+
+/// An instance in a snapshot.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct InstanceView {
+    /// Id.
+    pub id: String,
+    /// Name.
+    pub name: String,
+    /// providerID.
+    pub provider_id: String,
+    /// True state.
+    pub state: InstanceState,
+    /// Zone.
+    pub zone: String,
+}
+
+/// A route table in a snapshot.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct TableView {
+    /// Id.
+    pub id: String,
+    /// Quota.
+    pub max_routes: u32,
+    /// Routes that exist.
+    pub routes: Vec<RouteView>,
+}
+
+/// A route in a snapshot.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct RouteView {
+    /// Cluster.
+    pub cluster: String,
+    /// Name.
+    pub name: String,
+    /// Destination.
+    pub destination_cidr: String,
+    /// Target node.
+    pub node_name: String,
+    /// Target providerID.
+    pub provider_id: String,
+    /// When it was created, in ms since the Unix epoch.
+    pub created_at_unix_ms: u64,
+    /// The target addresses it records (`Type=address`), when the cloud records them.
+    #[serde(default)]
+    pub target_addresses: Vec<String>,
+}
+
+/// A load balancer's backends in brief (`GET /load-balancers/hosts`).
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct HostsView {
+    /// Name.
+    pub name: String,
+    /// How many backends.
+    pub hosts: usize,
+    /// When its backends last changed, ms since the epoch.
+    pub hosts_changed_at_unix_ms: u64,
+}
+
+/// A load balancer in a snapshot.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct LoadBalancerView {
+    /// Name.
+    pub name: String,
+    /// Service namespace/name.
+    pub service: String,
+    /// Its address.
+    pub ip: String,
+    /// Backend node names, sorted.
+    pub nodes: Vec<String>,
+    /// Ports.
+    pub ports: Vec<u32>,
+    /// When its backends last changed, ms since the epoch.
+    pub hosts_changed_at_unix_ms: u64,
+    /// The source ranges it admits (empty: any).
+    #[serde(default)]
+    pub source_ranges: Vec<String>,
+    /// The UID of the Service it was made for.
+    #[serde(default)]
+    pub service_uid: String,
+    /// Each port's `appProtocol` and `targetPort`, as `port:appProtocol:targetPort`.
+    #[serde(default)]
+    pub port_details: Vec<String>,
+    /// The Service's external IPs.
+    #[serde(default)]
+    pub external_ips: Vec<String>,
+    /// The pods each port without a node port was given, as `port:address:podPort`.
+    #[serde(default)]
+    pub port_endpoints: Vec<String>,
 }

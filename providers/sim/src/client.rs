@@ -7,8 +7,8 @@ use hyper_util::rt::TokioIo;
 use serde::de::DeserializeOwned;
 
 use crate::admin::CallsView;
+use crate::admin::{HostsView, Snapshot, TableView};
 use crate::calls::CallRecord;
-use crate::cloud::{HostsView, Snapshot, TableView};
 use crate::config::{ApiConfig, Fault, InstanceSpec, RateLimit};
 
 /// Talks to a sim's admin API at `unix:///path.sock` or `http://host:port`.

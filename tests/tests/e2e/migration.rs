@@ -13,7 +13,7 @@ use std::time::Duration;
 use ccm_harness::ControlPlane;
 use ccm_harness::cluster::{TestEnv, create_load_balancer_service, set_ready};
 use ccm_provider_sim::Config;
-use ccm_provider_sim::cloud::LoadBalancerView;
+use ccm_provider_sim::admin::LoadBalancerView;
 
 use crate::support::{Core, Sim, eventually, instance};
 

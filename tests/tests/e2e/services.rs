@@ -4,7 +4,7 @@ use std::time::Duration;
 
 use ccm_harness::cluster::{NodeBuilder, TestEnv, create_load_balancer_service, load_balancer_ip, set_ready};
 use ccm_provider_sim::Config;
-use ccm_provider_sim::cloud::LoadBalancerView;
+use ccm_provider_sim::admin::LoadBalancerView;
 use ccm_provider_sim::config::{Fault, FaultCode};
 use k8s_openapi::api::core::v1::{Event, Namespace, Service};
 use kube::Api;

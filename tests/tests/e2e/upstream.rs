@@ -363,7 +363,7 @@ fn start_services(cp: &ccm_harness::ControlPlane, env: &TestEnv, sim: &Sim, extr
     Core::start(cp, env, sim, &flags.iter().map(String::as_str).collect::<Vec<_>>())
 }
 
-async fn lb_of(sim: &Sim, service: &str) -> Option<ccm_provider_sim::cloud::LoadBalancerView> {
+async fn lb_of(sim: &Sim, service: &str) -> Option<ccm_provider_sim::admin::LoadBalancerView> {
     let state = sim.admin.state().await.ok()?;
     state.load_balancers.into_iter().find(|l| l.service.ends_with(&format!("/{service}")))
 }
@@ -503,7 +503,7 @@ async fn network_condition(env: &TestEnv, node: &str) -> Option<(String, String)
     Some((c.status, c.reason.unwrap_or_default()))
 }
 
-async fn cloud_routes(sim: &Sim, cluster: &str) -> Vec<ccm_provider_sim::cloud::RouteView> {
+async fn cloud_routes(sim: &Sim, cluster: &str) -> Vec<ccm_provider_sim::admin::RouteView> {
     let state = sim.admin.state().await.expect("state");
     state.route_tables.into_iter().flat_map(|t| t.routes).filter(|r| r.cluster == cluster).collect()
 }
