@@ -21,7 +21,7 @@ use std::hash::{Hash, Hasher};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use ccm_proto::v1::{self as pb, ServiceType};
+use ccm_proto::v1::ServiceType;
 use ccm_protocol::Error;
 use ccm_protocol::labels::{valid_label_key, valid_label_value};
 use ccm_protocol::limits::MAX_BATCH;
@@ -38,7 +38,8 @@ use crate::events::{EventType, reason};
 use crate::informer::Change;
 use crate::labels;
 use crate::node_util;
-use crate::provider::{PerLookup, convert};
+use crate::provider::PerLookup;
+use crate::provider::convert::{Instance, InstanceLookups};
 use crate::queue::{Outcome, WorkQueue};
 use crate::wellknown::{self, ANNOTATION_TAG_LABELS, TAINT_UNINITIALIZED};
 
@@ -134,7 +135,7 @@ impl NodeController {
             tracing::info!(nodes = todo.len(), "provider not ready; node initialisation waits");
             return outcomes;
         }
-        let lookups: Vec<pb::InstanceLookup> = todo.iter().map(|(_, n)| convert::lookup(n)).collect();
+        let lookups = InstanceLookups::of(todo.iter().map(|(_, n)| n.as_ref()));
         let metadata = self.ctx.provider.instance_metadata(&lookups).await;
         let tags = match self.tag_source() {
             Some(source) => Some(self.tags_of(source, &lookups, &metadata).await),
@@ -172,7 +173,7 @@ impl NodeController {
     async fn initialise_one(
         &self,
         node: Arc<Node>,
-        meta: Result<Option<pb::InstanceMetadata>, Error>,
+        meta: Result<Option<Instance>, Error>,
         tags: Option<Result<BTreeMap<String, String>, Error>>,
     ) -> Outcome {
         let name = node_util::name(&node).to_string();
@@ -223,7 +224,7 @@ impl NodeController {
     async fn apply(
         &self,
         node: &Node,
-        meta: &pb::InstanceMetadata,
+        meta: &Instance,
         tags: Option<Result<BTreeMap<String, String>, Error>>,
     ) -> Result<u64, InitError> {
         let name = node_util::name(node);
@@ -353,15 +354,15 @@ impl NodeController {
     async fn tags_of(
         &self,
         source: TagSource,
-        lookups: &[pb::InstanceLookup],
-        metadata: &PerLookup<Option<pb::InstanceMetadata>>,
+        lookups: &InstanceLookups,
+        metadata: &PerLookup<Option<Instance>>,
     ) -> PerLookup<BTreeMap<String, String>> {
         match source {
             TagSource::Tags => self.ctx.provider.instance_tags(lookups).await,
             TagSource::Metadata => metadata
                 .iter()
                 .map(|m| match m {
-                    Ok(Some(m)) => Ok(m.tags.iter().map(|(k, v)| (k.clone(), v.clone())).collect()),
+                    Ok(Some(m)) => Ok(m.tags.clone()),
                     Ok(None) => Err(Error::not_found("the instance does not exist")),
                     Err(e) => Err(e.clone()),
                 })
@@ -370,13 +371,13 @@ impl NodeController {
     }
 
     /// The initialised Nodes the periodic refresh looks at, and their lookups.
-    fn initialised_nodes(&self) -> (Vec<Arc<Node>>, Vec<pb::InstanceLookup>) {
+    fn initialised_nodes(&self) -> (Vec<Arc<Node>>, InstanceLookups) {
         let nodes: Vec<Arc<Node>> = self
             .ctx
             .managed_nodes()
             .filter(|n| node_util::provider_id(n).is_some() && !node_util::has_taint(n, TAINT_UNINITIALIZED))
             .collect();
-        let lookups = nodes.iter().map(|n| convert::lookup(n)).collect();
+        let lookups = InstanceLookups::of(nodes.iter().map(|n| n.as_ref()));
         (nodes, lookups)
     }
 
@@ -441,11 +442,7 @@ impl NodeController {
 
     /// Writes the Nodes' addresses from `metadata` (one answer per Node), a status patch only
     /// where something changed. Returns the Nodes written.
-    async fn refresh_addresses(
-        &self,
-        nodes: &[Arc<Node>],
-        metadata: &PerLookup<Option<pb::InstanceMetadata>>,
-    ) -> Result<usize, kube::Error> {
+    async fn refresh_addresses(&self, nodes: &[Arc<Node>], metadata: &PerLookup<Option<Instance>>) -> Result<usize, kube::Error> {
         let mut patched = 0;
         for (node, result) in nodes.iter().zip(metadata) {
             let meta = match result {

@@ -5,11 +5,9 @@
 use std::collections::BTreeMap;
 use std::net::IpAddr;
 
-use ccm_proto::v1 as pb;
 use k8s_openapi::api::core::v1::{Node, NodeAddress};
 
 use crate::node_util::addresses;
-use crate::provider::convert::from_proto_address;
 use crate::wellknown::{ANNOTATION_PROVIDED_NODE_IP, BETA_LABELS};
 
 /// The GA topology labels a Node lacks while it carries their beta counterparts, with the
@@ -52,9 +50,9 @@ pub fn parse_provided_node_ip(text: &str) -> Result<Vec<IpAddr>, String> {
 /// each node IP must be among the cloud's addresses, or this fails. The Node's own Hostname
 /// address is kept when the cloud reports none. Empty when the cloud reports no address at
 /// all: the Node keeps the addresses it has.
-pub fn desired_addresses(node: &Node, cloud: &[pb::NodeAddress]) -> Result<Vec<NodeAddress>, String> {
+pub fn desired_addresses(node: &Node, cloud: &[NodeAddress]) -> Result<Vec<NodeAddress>, String> {
     let mut out: Vec<NodeAddress> = Vec::new();
-    for a in cloud.iter().filter_map(from_proto_address) {
+    for a in cloud.iter().cloned() {
         let ip_type = a.type_ == "InternalIP" || a.type_ == "ExternalIP";
         if ip_type && a.address.parse::<IpAddr>().is_err() {
             return Err(format!("the provider reported {:?} as an {}, which is not an IP", a.address, a.type_));
@@ -110,11 +108,11 @@ mod tests {
     use k8s_openapi::api::core::v1::NodeStatus;
     use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 
-    fn cloud() -> Vec<pb::NodeAddress> {
+    fn cloud() -> Vec<NodeAddress> {
         vec![
-            pb::NodeAddress { r#type: pb::NodeAddressType::InternalIp as i32, address: "10.0.0.5".into() },
-            pb::NodeAddress { r#type: pb::NodeAddressType::InternalIp as i32, address: "10.0.1.5".into() },
-            pb::NodeAddress { r#type: pb::NodeAddressType::ExternalIp as i32, address: "198.51.100.5".into() },
+            NodeAddress { type_: "InternalIP".into(), address: "10.0.0.5".into() },
+            NodeAddress { type_: "InternalIP".into(), address: "10.0.1.5".into() },
+            NodeAddress { type_: "ExternalIP".into(), address: "198.51.100.5".into() },
         ]
     }
 
@@ -151,9 +149,9 @@ mod tests {
     #[test]
     fn a_node_ip_of_both_types_and_dual_stack_pairs() {
         let mut cloud = cloud();
-        cloud.push(pb::NodeAddress { r#type: pb::NodeAddressType::ExternalIp as i32, address: "10.0.1.5".into() });
-        cloud.push(pb::NodeAddress { r#type: pb::NodeAddressType::InternalIp as i32, address: "fd00::5".into() });
-        cloud.push(pb::NodeAddress { r#type: pb::NodeAddressType::InternalIp as i32, address: "fd00::6".into() });
+        cloud.push(NodeAddress { type_: "ExternalIP".into(), address: "10.0.1.5".into() });
+        cloud.push(NodeAddress { type_: "InternalIP".into(), address: "fd00::5".into() });
+        cloud.push(NodeAddress { type_: "InternalIP".into(), address: "fd00::6".into() });
         let got = desired_addresses(&node(Some("10.0.1.5")), &cloud).expect("ok");
         assert_eq!(order(&got), vec!["InternalIP=10.0.1.5", "ExternalIP=10.0.1.5", "Hostname=n.local"]);
         let got = desired_addresses(&node(Some("10.0.0.5,fd00::6")), &cloud).expect("ok");

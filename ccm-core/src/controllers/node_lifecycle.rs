@@ -38,7 +38,6 @@ use std::hash::{Hash, Hasher};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use ccm_proto::v1 as pb;
 use k8s_openapi::api::core::v1::{Node, Taint};
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
@@ -48,7 +47,7 @@ use super::runner::{self, Done, Watches};
 use crate::events::{EventType, reason};
 use crate::informer::Change;
 use crate::node_util;
-use crate::provider::convert;
+use crate::provider::convert::{Instance, InstanceLookups, InstanceState};
 use crate::queue::{Outcome, WorkQueue};
 use crate::wellknown::{
     self, ANNOTATION_OUT_OF_SERVICE, OUT_OF_SERVICE_VALUE, TAINT_OUT_OF_SERVICE, TAINT_SHUTDOWN, TAINT_UNINITIALIZED,
@@ -280,10 +279,10 @@ impl Act {
     }
 
     /// Whether a witness's answer (a Ready Node's instance) says what the pass would act on.
-    fn denies(self, answer: Option<&pb::InstanceMetadata>) -> bool {
-        match answer.map(|m| m.state()) {
-            None | Some(pb::InstanceState::Terminated) => true,
-            Some(pb::InstanceState::Stopped) => self == Act::OutOfService,
+    fn denies(self, answer: Option<&Instance>) -> bool {
+        match answer.map(|m| m.state) {
+            None | Some(InstanceState::Terminated) => true,
+            Some(InstanceState::Stopped) => self == Act::OutOfService,
             Some(_) => false,
         }
     }
@@ -411,7 +410,7 @@ impl NodeLifecycleController {
             return pass;
         }
         pass.checked = candidates.len();
-        let lookups: Vec<_> = candidates.iter().map(|n| convert::lookup(n)).collect();
+        let lookups = InstanceLookups::of(candidates.iter().map(|n| n.as_ref()));
         let results = self.ctx.provider.instance_metadata(&lookups).await;
         let mut gone = Vec::new();
         let mut shut_down = Vec::new();
@@ -426,8 +425,8 @@ impl NodeLifecycleController {
                     pass.errors += 1;
                 }
                 Ok(meta) => {
-                    let exists = meta.as_ref().is_some_and(|m| m.state() != pb::InstanceState::Terminated);
-                    let shutdown = meta.as_ref().is_some_and(|m| m.state() == pb::InstanceState::Stopped);
+                    let exists = meta.as_ref().is_some_and(|m| m.state != InstanceState::Terminated);
+                    let shutdown = meta.as_ref().is_some_and(|m| m.state == InstanceState::Stopped);
                     self.state().rechecks.asked(node, Some((exists, shutdown)), now);
                     if shutdown
                         && !node_util::has_taint(node, TAINT_OUT_OF_SERVICE)
@@ -606,8 +605,7 @@ impl NodeLifecycleController {
             let why = "no Ready Node's instance to check the provider's answer against, so it is not trusted".to_string();
             return Err((why, candidates));
         }
-        let lookups: Vec<_> =
-            witnesses.iter().map(|n| convert::lookup(n)).chain(candidates.iter().map(|n| convert::lookup(n))).collect();
+        let lookups = InstanceLookups::of(witnesses.iter().map(|n| n.as_ref()).chain(candidates.iter().map(|n| n.as_ref())));
         let mut answers = self.ctx.provider.instance_metadata(&lookups).await;
         let of_candidates = answers.split_off(witnesses.len().min(answers.len()));
         let mut denied = Vec::new();
@@ -706,12 +704,12 @@ impl NodeLifecycleController {
         if ours.is_empty() {
             return;
         }
-        let lookups: Vec<_> = ours.iter().map(|n| convert::lookup(n)).collect();
+        let lookups = InstanceLookups::of(ours.iter().map(|n| n.as_ref()));
         let answers = self.ctx.provider.instance_metadata(&lookups).await;
         for (node, answer) in ours.into_iter().zip(answers) {
             let name = node_util::name(node).to_string();
             let running = match &answer {
-                Ok(Some(m)) => m.state() == pb::InstanceState::Running,
+                Ok(Some(m)) => m.state == InstanceState::Running,
                 Ok(None) => false,
                 Err(error) => {
                     tracing::warn!(node = %name, %error, "instance check of a node out of service failed; the taint stays");
@@ -947,16 +945,16 @@ mod tests {
 
     #[test]
     fn a_witness_shut_down_denies_only_the_out_of_service_taint() {
-        let meta = |state: pb::InstanceState| {
-            let mut m = pb::InstanceMetadata::default();
+        let meta = |state: ccm_proto::v1::InstanceState| {
+            let mut m = ccm_proto::v1::InstanceMetadata::default();
             m.set_state(state);
-            m
+            Instance::from(m)
         };
         assert!(Act::Delete.denies(None) && Act::OutOfService.denies(None));
-        assert!(Act::Delete.denies(Some(&meta(pb::InstanceState::Terminated))));
-        assert!(!Act::Delete.denies(Some(&meta(pb::InstanceState::Stopped))));
-        assert!(Act::OutOfService.denies(Some(&meta(pb::InstanceState::Stopped))));
-        assert!(!Act::OutOfService.denies(Some(&meta(pb::InstanceState::Running))));
+        assert!(Act::Delete.denies(Some(&meta(ccm_proto::v1::InstanceState::Terminated))));
+        assert!(!Act::Delete.denies(Some(&meta(ccm_proto::v1::InstanceState::Stopped))));
+        assert!(Act::OutOfService.denies(Some(&meta(ccm_proto::v1::InstanceState::Stopped))));
+        assert!(!Act::OutOfService.denies(Some(&meta(ccm_proto::v1::InstanceState::Running))));
     }
 
     #[test]

@@ -7,6 +7,84 @@ use k8s_openapi::api::core::v1::{LoadBalancerIngress, Node, NodeAddress, PortSta
 use crate::node_util::{addresses, name, provider_id};
 use crate::wellknown::ANNOTATION_LOAD_BALANCER_NAME;
 
+/// The instances behind some Nodes, as the provider is asked about them (one lookup per Node,
+/// in order).
+#[derive(Debug, Clone, Default)]
+pub struct InstanceLookups(pub(crate) Vec<pb::InstanceLookup>);
+
+impl InstanceLookups {
+    /// One lookup per Node, in order.
+    pub fn of<'a>(nodes: impl IntoIterator<Item = &'a Node>) -> Self {
+        Self(nodes.into_iter().map(lookup).collect())
+    }
+
+    /// How many.
+    pub fn len(&self) -> usize {
+        self.0.len()
+    }
+
+    /// Whether there are none.
+    pub fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
+}
+
+/// An instance's state, as the cloud reports it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum InstanceState {
+    /// The provider did not say.
+    Unknown,
+    /// Running.
+    Running,
+    /// Stopped (shut down), not gone.
+    Stopped,
+    /// Terminated: gone.
+    Terminated,
+}
+
+/// What the cloud says of one instance, checked ([`ccm_protocol::answer::instance`]) and in
+/// Kubernetes' terms.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Instance {
+    /// Its providerID.
+    pub provider_id: String,
+    /// Its addresses (those of a type Kubernetes has).
+    pub addresses: Vec<NodeAddress>,
+    /// Zone, region and instance type; empty when the cloud has none.
+    pub zone: String,
+    /// The region.
+    pub region: String,
+    /// The instance type.
+    pub instance_type: String,
+    /// Labels the provider offers for its Node.
+    pub additional_labels: std::collections::BTreeMap<String, String>,
+    /// Its tags, when the provider puts them in the metadata.
+    pub tags: std::collections::BTreeMap<String, String>,
+    /// Its state.
+    pub state: InstanceState,
+}
+
+impl From<pb::InstanceMetadata> for Instance {
+    fn from(m: pb::InstanceMetadata) -> Self {
+        let state = match m.state() {
+            pb::InstanceState::Running => InstanceState::Running,
+            pb::InstanceState::Stopped => InstanceState::Stopped,
+            pb::InstanceState::Terminated => InstanceState::Terminated,
+            _ => InstanceState::Unknown,
+        };
+        Self {
+            addresses: m.addresses.iter().filter_map(from_proto_address).collect(),
+            provider_id: m.provider_id,
+            zone: m.zone,
+            region: m.region,
+            instance_type: m.instance_type,
+            additional_labels: m.additional_labels.into_iter().collect(),
+            tags: m.tags.into_iter().collect(),
+            state,
+        }
+    }
+}
+
 /// What a provider needs to find the instance behind a Node.
 pub fn lookup(node: &Node) -> pb::InstanceLookup {
     let labels = node.metadata.labels.clone().unwrap_or_default();
@@ -260,6 +338,33 @@ pub fn ingress(status: &pb::LoadBalancerStatus) -> Vec<LoadBalancerIngress> {
             }
         })
         .collect()
+}
+
+/// A load balancer the provider lists, as recorded at Ensure.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ListedLoadBalancer {
+    /// Its name.
+    pub load_balancer_name: String,
+    /// The cluster it was ensured for; empty when the provider did not record it.
+    pub cluster_name: String,
+    /// Its Service's namespace.
+    pub namespace: String,
+    /// Its Service's name.
+    pub name: String,
+    /// Its Service's UID; empty when the provider did not record it.
+    pub uid: String,
+}
+
+impl From<pb::LoadBalancerSummary> for ListedLoadBalancer {
+    fn from(l: pb::LoadBalancerSummary) -> Self {
+        Self {
+            load_balancer_name: l.load_balancer_name,
+            cluster_name: l.cluster_name,
+            namespace: l.namespace,
+            name: l.name,
+            uid: l.uid,
+        }
+    }
 }
 
 /// A Node as a load balancer backend.

@@ -5,7 +5,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use ccm_proto::v1::{self as pb, ServiceType};
+use ccm_proto::v1::ServiceType;
 use ccm_protocol::Error;
 use ccm_protocol::names::{NameLimits, load_balancer_name, upstream_load_balancer_name};
 use k8s_openapi::api::core::v1::Service;
@@ -14,6 +14,7 @@ use tokio_util::sync::CancellationToken;
 
 use super::{Key, NAME, ServiceController, service_key};
 use crate::events::{EventType, reason};
+use crate::provider::convert::ListedLoadBalancer;
 use crate::queue::Outcome;
 use crate::wellknown::ANNOTATION_LOAD_BALANCER_NAME;
 
@@ -74,7 +75,7 @@ impl ServiceController {
             self.ctx.services.store().state().iter().filter_map(|s| s.metadata.uid.clone()).collect();
         let pending: std::collections::HashSet<String> = self.state().orphans.keys().cloned().collect();
         let scope = self.ctx.options.service_namespace.as_deref();
-        let suspects: Vec<pb::LoadBalancerSummary> = listed
+        let suspects: Vec<ListedLoadBalancer> = listed
             .into_iter()
             .filter(|l| !l.uid.is_empty() && !known.contains(&l.uid) && !pending.contains(&l.uid))
             .filter(|l| scope.is_none_or(|ns| ns == l.namespace))

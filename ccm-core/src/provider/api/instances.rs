@@ -6,6 +6,7 @@ use futures::future::join_all;
 
 use super::{PerLookup, in_batches, instance, instances_client};
 use crate::provider::Provider;
+use crate::provider::convert::{Instance, InstanceLookups};
 
 impl Provider {
     /// What the cloud says of each lookup's instance: `Ok(None)` when it does not exist. One
@@ -13,7 +14,8 @@ impl Provider {
     /// answer of the wrong length fails its lookups; an answer about another instance than
     /// its lookup (a reordered batch), "exists" without metadata, or metadata that fails
     /// [`answer::instance`] fails its own lookup; none of them ever reads as "gone".
-    pub async fn instance_metadata(&self, lookups: &[pb::InstanceLookup]) -> PerLookup<Option<pb::InstanceMetadata>> {
+    pub async fn instance_metadata(&self, lookups: &InstanceLookups) -> PerLookup<Option<Instance>> {
+        let lookups = lookups.0.as_slice();
         let scheme = self.identity().map(|i| i.provider_id_scheme.clone()).unwrap_or_default();
         let (method, answers) = if self.identity().is_some_and(|i| i.batch_reads()) {
             const METHOD: &str = "InstancesService/BatchInstanceMetadata";
@@ -50,6 +52,6 @@ impl Provider {
             .map(|(lookup, answer)| answer.and_then(|(exists, m)| instance(method, lookup, exists, m, &scheme)))
             .collect();
         self.count_invalid(method, &answers);
-        answers
+        answers.into_iter().map(|a| a.map(|m| m.map(Instance::from))).collect()
     }
 }

@@ -12,12 +12,12 @@ use super::{PerLookup, load_balancers_client};
 use crate::leader::Fence;
 use crate::provider::Provider;
 use crate::provider::check::Pages;
-use crate::provider::convert::{self, LoadBalancerRequest};
+use crate::provider::convert::{self, ListedLoadBalancer, LoadBalancerRequest};
 use crate::provider::encoded::{self, Backends, EncodedNodes, WithNodes};
 
 impl Provider {
     /// The cluster's load balancers, all pages.
-    pub async fn list_load_balancers(&self, cluster: &str) -> Result<Vec<pb::LoadBalancerSummary>, Error> {
+    pub async fn list_load_balancers(&self, cluster: &str) -> Result<Vec<ListedLoadBalancer>, Error> {
         const METHOD: &str = "LoadBalancersService/ListLoadBalancers";
         let mut listed = Vec::new();
         let mut pages = Pages::default();
@@ -26,7 +26,7 @@ impl Provider {
             let request = pb::ListLoadBalancersRequest { cluster_name: cluster.to_string(), page_size: 0, page_token: token };
             let rpc = async |ch, r| load_balancers_client(ch).list_load_balancers(r).await;
             let page = self.call(METHOD, request, rpc).await?;
-            listed.extend(page.load_balancers);
+            listed.extend(page.load_balancers.into_iter().map(ListedLoadBalancer::from));
             match pages.next(METHOD, page.next_page_token).map_err(|e| self.counted(METHOD, e))? {
                 Some(next) => token = next,
                 None => return Ok(listed),

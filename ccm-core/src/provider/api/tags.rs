@@ -6,10 +6,12 @@ use ccm_proto::v1 as pb;
 
 use super::{PerLookup, in_batches, tags_client};
 use crate::provider::Provider;
+use crate::provider::convert::InstanceLookups;
 
 impl Provider {
     /// Each lookup's instance tags, 500 lookups a call.
-    pub async fn instance_tags(&self, lookups: &[pb::InstanceLookup]) -> PerLookup<BTreeMap<String, String>> {
+    pub async fn instance_tags(&self, lookups: &InstanceLookups) -> PerLookup<BTreeMap<String, String>> {
+        let lookups = lookups.0.as_slice();
         const METHOD: &str = "TagsService/BatchGetInstanceTags";
         let call = |instances: Vec<pb::InstanceLookup>| async move {
             let request = pb::BatchGetInstanceTagsRequest { instances };
