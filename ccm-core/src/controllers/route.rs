@@ -21,11 +21,11 @@ use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::sync::Arc;
 use std::time::Duration;
 
-use ccm_proto::v1::{self as pb, ServiceType};
+use ccm_proto::v1::ServiceType;
 use ccm_protocol::Error;
 use futures::StreamExt;
 use ipnet::IpNet;
-use k8s_openapi::api::core::v1::Node;
+use k8s_openapi::api::core::v1::{Node, NodeAddress};
 use kube::Api;
 use kube::runtime::reflector::ObjectRef;
 use tokio::time::Instant;
@@ -37,7 +37,7 @@ use crate::events::{EventType, reason};
 use crate::informer::Change;
 use crate::node_util::{self, pod_cidrs};
 use crate::provider::Changes as ProviderChanges;
-use crate::provider::convert;
+use crate::provider::convert::{Route, RouteCapabilities, RouteTable, RouteTarget};
 use crate::queue::{Outcome, QueueConfig, WorkQueue};
 use crate::wellknown::CONDITION_NETWORK_UNAVAILABLE as CONDITION;
 
@@ -81,9 +81,9 @@ fn stable_hash(name: &str) -> u64 {
 
 #[derive(Debug, Clone, Default)]
 struct Known {
-    tables: Vec<pb::RouteTable>,
+    tables: Vec<RouteTable>,
     /// Table id → route name → route.
-    routes: BTreeMap<String, BTreeMap<String, pb::Route>>,
+    routes: BTreeMap<String, BTreeMap<String, Route>>,
 }
 
 impl Known {
@@ -116,7 +116,7 @@ pub struct RouteSync {
 }
 
 /// What the Nodes want: table id → route name → (Node name, route).
-type Desired = BTreeMap<String, BTreeMap<String, (String, pb::Route)>>;
+type Desired = BTreeMap<String, BTreeMap<String, (String, Route)>>;
 
 /// The route tables of each (Node name, providerID), as resolved.
 type Tables = HashMap<(String, String), Vec<String>>;
@@ -125,13 +125,13 @@ type Tables = HashMap<(String, String), Vec<String>>;
 type Deleted = Vec<((String, String), Result<(), Error>)>;
 
 /// What the creates did: Node, the route asked for, and the result.
-type Created = Vec<(String, pb::Route, Result<pb::Route, Error>)>;
+type Created = Vec<(String, Route, Result<Route, Error>)>;
 
 /// What one reconcile will change: (table, route name) to delete, (Node, route) to create.
 #[derive(Debug, Default)]
 struct Changes {
     deletes: Vec<(String, String)>,
-    creates: Vec<(String, pb::Route)>,
+    creates: Vec<(String, Route)>,
 }
 
 /// What one table needs.
@@ -142,10 +142,10 @@ struct TablePlan {
     /// Cloud routes to delete.
     deletes: Vec<String>,
     /// Routes to create, with their Node.
-    missing: Vec<(String, pb::Route)>,
+    missing: Vec<(String, Route)>,
 }
 
-fn same_address_set(a: &[pb::NodeAddress], b: &[pb::NodeAddress]) -> bool {
+fn same_address_set(a: &[NodeAddress], b: &[NodeAddress]) -> bool {
     a.len() == b.len() && a.iter().all(|x| b.contains(x)) && b.iter().all(|x| a.contains(x))
 }
 
@@ -153,8 +153,8 @@ fn same_address_set(a: &[pb::NodeAddress], b: &[pb::NodeAddress]) -> bool {
 /// instance, when both say), not a blackhole, and, when the provider records target
 /// addresses, the same set of them. Names play no part: a route another tool made (upstream's
 /// cloud-controller-manager before a migration, an administrator) is adopted, not replaced.
-fn serves(have: &pb::Route, want: &pb::Route, addresses: bool) -> bool {
-    let default = pb::RouteTarget::default();
+fn serves(have: &Route, want: &Route, addresses: bool) -> bool {
+    let default = RouteTarget::default();
     let (h, w) = (have.target.as_ref().unwrap_or(&default), want.target.as_ref().unwrap_or(&default));
     !have.blackhole
         && have.destination_cidr == want.destination_cidr
@@ -167,12 +167,12 @@ fn serves(have: &pb::Route, want: &pb::Route, addresses: bool) -> bool {
 /// cloud route of its own name if that one serves it, else by any unmatched one that does;
 /// cloud routes inside the cluster CIDRs that serve none are deleted.
 fn plan_table(
-    have: &BTreeMap<String, pb::Route>,
-    want: &BTreeMap<String, (String, pb::Route)>,
+    have: &BTreeMap<String, Route>,
+    want: &BTreeMap<String, (String, Route)>,
     addresses: bool,
     in_cluster: impl Fn(&str) -> bool,
 ) -> TablePlan {
-    let mut by_destination: HashMap<&str, Vec<&pb::Route>> = HashMap::new();
+    let mut by_destination: HashMap<&str, Vec<&Route>> = HashMap::new();
     for route in have.values() {
         by_destination.entry(route.destination_cidr.as_str()).or_default().push(route);
     }
@@ -262,7 +262,7 @@ impl Routes {
         })
     }
 
-    async fn list(&self, caps: &pb::RoutesCapabilities) -> Result<Known, Error> {
+    async fn list(&self, caps: &RouteCapabilities) -> Result<Known, Error> {
         let mut known = Known { tables: self.ctx.provider.list_route_tables().await?, ..Default::default() };
         if known.tables.is_empty() {
             return Err(Error::internal("the provider lists no route table"));
@@ -284,7 +284,7 @@ impl Routes {
     /// excluded from the controllers, being deleted or drained, or left out of a short or
     /// failed ResolveRouteTables answer keeps its routes (a route in a table the Node's
     /// resolved tables no longer name is stale, when they were resolved).
-    fn still_wanted(&self, route: &pb::Route, want: &BTreeMap<String, (String, pb::Route)>, tables: &Tables) -> Option<String> {
+    fn still_wanted(&self, route: &Route, want: &BTreeMap<String, (String, Route)>, tables: &Tables) -> Option<String> {
         if route.blackhole {
             return None; // it serves nothing (its instance is gone)
         }
@@ -321,7 +321,7 @@ impl Routes {
             let route = known.routes.get(&table).and_then(|r| r.get(&name));
             let target = route.filter(|r| !r.blackhole).and_then(|r| r.target.as_ref().map(|t| (r, t)));
             // A route replaced (the Node's new addresses) goes with its replacement created.
-            let replaced = |(route, target): &(&pb::Route, &pb::RouteTarget)| {
+            let replaced = |(route, target): &(&Route, &RouteTarget)| {
                 changes.creates.iter().any(|(node, r)| *node == target.node_name && r.destination_cidr == route.destination_cidr)
             };
             let Some((route, target)) = target.filter(|t| !replaced(t)) else {
@@ -362,19 +362,14 @@ impl Routes {
         cidr.parse::<IpNet>().is_ok_and(|net| self.cluster_cidrs.iter().any(|c| c.contains(&net)))
     }
 
-    async fn tables_for(
-        &mut self,
-        nodes: &[(String, String)],
-        known: &Known,
-        caps: &pb::RoutesCapabilities,
-    ) -> Result<Tables, Error> {
+    async fn tables_for(&mut self, nodes: &[(String, String)], known: &Known, caps: &RouteCapabilities) -> Result<Tables, Error> {
         let default = known.tables.first().map(|t| t.id.clone()).unwrap_or_default();
         if !caps.multiple_tables {
             return Ok(nodes.iter().map(|n| (n.clone(), vec![default.clone()])).collect());
         }
         let missing: Vec<(String, String)> = nodes.iter().filter(|n| !self.resolved.contains_key(*n)).cloned().collect();
-        let targets: Vec<pb::RouteTarget> =
-            missing.iter().map(|(name, id)| pb::RouteTarget { node_name: name.clone(), provider_id: id.clone() }).collect();
+        let targets: Vec<RouteTarget> =
+            missing.iter().map(|(name, id)| RouteTarget { node_name: name.clone(), provider_id: id.clone() }).collect();
         let answers = self.ctx.provider.resolve_route_tables(&targets).await?;
         for (node, answer) in missing.into_iter().zip(answers) {
             match answer {
@@ -394,7 +389,7 @@ impl Routes {
         if !identity.serves(ServiceType::Routes) {
             return Ok(None);
         }
-        let caps = identity.capabilities.routes.unwrap_or_default();
+        let caps = RouteCapabilities::from(identity.capabilities.routes.as_ref());
         let mut sync = RouteSync::default();
         let mut known = self.known_routes(&caps, &mut sync).await?;
         let nodes: Vec<Arc<Node>> = self.ctx.managed_nodes().collect();
@@ -422,7 +417,7 @@ impl Routes {
 
     /// The cloud's routes: as last known, or listed afresh after a resync (counting, and
     /// reporting, what changed behind the controller's back since the previous listing).
-    async fn known_routes(&mut self, caps: &pb::RoutesCapabilities, sync: &mut RouteSync) -> Result<Known, Error> {
+    async fn known_routes(&mut self, caps: &RouteCapabilities, sync: &mut RouteSync) -> Result<Known, Error> {
         if self.known.is_none() {
             let fresh = self.list(caps).await?;
             if let Some(before) = self.previous.take() {
@@ -451,7 +446,7 @@ impl Routes {
         &mut self,
         nodes: &[Arc<Node>],
         known: &Known,
-        caps: &pb::RoutesCapabilities,
+        caps: &RouteCapabilities,
     ) -> Result<(Desired, Tables), Error> {
         let targets: Vec<(String, String)> = nodes
             .iter()
@@ -466,14 +461,10 @@ impl Routes {
             let Some(node_tables) = tables.get(&(name.clone(), provider_id.clone())) else { continue };
             for cidr in pod_cidrs(node).into_iter().filter(|c| self.in_cluster(c)) {
                 for table in node_tables {
-                    let target_addresses = if caps.target_addresses {
-                        node_util::addresses(node).iter().map(convert::to_proto_address).collect()
-                    } else {
-                        Vec::new()
-                    };
-                    let route = pb::Route {
+                    let target_addresses = if caps.target_addresses { node_util::addresses(node) } else { Vec::new() };
+                    let route = Route {
                         name: route_name(&self.ctx.options.cluster_name, &name, &cidr),
-                        target: Some(pb::RouteTarget { node_name: name.clone(), provider_id: provider_id.clone() }),
+                        target: Some(RouteTarget { node_name: name.clone(), provider_id: provider_id.clone() }),
                         destination_cidr: cidr.clone(),
                         table_id: table.clone(),
                         blackhole: false,
@@ -494,7 +485,7 @@ impl Routes {
         known: &Known,
         desired: &Desired,
         tables: &Tables,
-        caps: &pb::RoutesCapabilities,
+        caps: &RouteCapabilities,
         sync: &mut RouteSync,
     ) -> Changes {
         let mut changes = Changes::default();
@@ -662,19 +653,19 @@ impl ConditionWriter {
         targeted: &HashSet<String>,
         addresses: bool,
     ) {
-        let mut wanted: HashMap<&str, Vec<(&String, &pb::Route)>> = HashMap::new();
+        let mut wanted: HashMap<&str, Vec<(&String, &Route)>> = HashMap::new();
         for (table, routes) in desired {
             for (node, route) in routes.values() {
                 wanted.entry(node.as_str()).or_default().push((table, route));
             }
         }
-        let mut by_destination: HashMap<(&str, &str), Vec<&pb::Route>> = HashMap::new();
+        let mut by_destination: HashMap<(&str, &str), Vec<&Route>> = HashMap::new();
         for (table, routes) in &known.routes {
             for route in routes.values() {
                 by_destination.entry((table.as_str(), route.destination_cidr.as_str())).or_default().push(route);
             }
         }
-        let served = |table: &str, want: &pb::Route| {
+        let served = |table: &str, want: &Route| {
             by_destination
                 .get(&(table, want.destination_cidr.as_str()))
                 .is_some_and(|routes| routes.iter().any(|have| serves(have, want, addresses)))
@@ -970,24 +961,24 @@ mod tests {
         assert!(relevant(Some(&a), &node(&["10.244.1.0/24"], "10.0.0.2", "a")));
     }
 
-    fn route(name: &str, node: &str, cidr: &str, ip: &str) -> pb::Route {
-        pb::Route {
+    fn route(name: &str, node: &str, cidr: &str, ip: &str) -> Route {
+        Route {
             name: name.into(),
-            target: Some(pb::RouteTarget { node_name: node.into(), provider_id: String::new() }),
+            target: Some(RouteTarget { node_name: node.into(), provider_id: String::new() }),
             destination_cidr: cidr.into(),
-            target_addresses: vec![pb::NodeAddress { r#type: pb::NodeAddressType::InternalIp as i32, address: ip.into() }],
+            target_addresses: vec![NodeAddress { type_: "InternalIP".into(), address: ip.into() }],
             ..Default::default()
         }
     }
 
-    fn want(routes: &[pb::Route]) -> BTreeMap<String, (String, pb::Route)> {
+    fn want(routes: &[Route]) -> BTreeMap<String, (String, Route)> {
         routes
             .iter()
             .map(|r| (r.name.clone(), (r.target.as_ref().map(|t| t.node_name.clone()).unwrap_or_default(), r.clone())))
             .collect()
     }
 
-    fn have(routes: &[pb::Route]) -> BTreeMap<String, pb::Route> {
+    fn have(routes: &[Route]) -> BTreeMap<String, Route> {
         routes.iter().map(|r| (r.name.clone(), r.clone())).collect()
     }
 

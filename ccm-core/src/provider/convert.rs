@@ -340,6 +340,100 @@ pub fn ingress(status: &pb::LoadBalancerStatus) -> Vec<LoadBalancerIngress> {
         .collect()
 }
 
+/// A route's target: a Node and its instance.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct RouteTarget {
+    /// The Node's name.
+    pub node_name: String,
+    /// Its providerID; empty when not known.
+    pub provider_id: String,
+}
+
+/// A cloud route, as the route controller plans with it.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Route {
+    /// Its name in the cloud.
+    pub name: String,
+    /// The Node it routes to; none when the provider cannot say.
+    pub target: Option<RouteTarget>,
+    /// The destination: a Node's podCIDR.
+    pub destination_cidr: String,
+    /// Its table.
+    pub table_id: String,
+    /// Whether it routes nowhere (its instance is gone).
+    pub blackhole: bool,
+    /// The target's addresses, when the provider records them.
+    pub target_addresses: Vec<NodeAddress>,
+}
+
+impl From<pb::Route> for Route {
+    fn from(r: pb::Route) -> Self {
+        Self {
+            target: r.target.map(|t| RouteTarget { node_name: t.node_name, provider_id: t.provider_id }),
+            target_addresses: r.target_addresses.iter().filter_map(from_proto_address).collect(),
+            name: r.name,
+            destination_cidr: r.destination_cidr,
+            table_id: r.table_id,
+            blackhole: r.blackhole,
+        }
+    }
+}
+
+impl From<&Route> for pb::Route {
+    fn from(r: &Route) -> Self {
+        Self {
+            name: r.name.clone(),
+            target: r.target.as_ref().map(pb::RouteTarget::from),
+            destination_cidr: r.destination_cidr.clone(),
+            table_id: r.table_id.clone(),
+            blackhole: r.blackhole,
+            target_addresses: r.target_addresses.iter().map(to_proto_address).collect(),
+        }
+    }
+}
+
+impl From<&RouteTarget> for pb::RouteTarget {
+    fn from(t: &RouteTarget) -> Self {
+        Self { node_name: t.node_name.clone(), provider_id: t.provider_id.clone() }
+    }
+}
+
+/// A route table.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct RouteTable {
+    /// Its id.
+    pub id: String,
+    /// How many routes it holds at most; 0 when the provider says only per provider.
+    pub max_routes: u32,
+}
+
+impl From<pb::RouteTable> for RouteTable {
+    fn from(t: pb::RouteTable) -> Self {
+        Self { id: t.id, max_routes: t.max_routes }
+    }
+}
+
+/// What a provider's RoutesService can do.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct RouteCapabilities {
+    /// Routes may live in several tables (ResolveRouteTables says which).
+    pub multiple_tables: bool,
+    /// Routes record their target's addresses.
+    pub target_addresses: bool,
+    /// The routes a table holds at most; 0 when unbounded.
+    pub max_routes_per_table: u32,
+}
+
+impl From<Option<&pb::RoutesCapabilities>> for RouteCapabilities {
+    fn from(c: Option<&pb::RoutesCapabilities>) -> Self {
+        c.map_or_else(Self::default, |c| Self {
+            multiple_tables: c.multiple_tables,
+            target_addresses: c.target_addresses,
+            max_routes_per_table: c.max_routes_per_table,
+        })
+    }
+}
+
 /// A load balancer the provider lists, as recorded at Ensure.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ListedLoadBalancer {

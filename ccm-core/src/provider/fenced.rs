@@ -2,11 +2,10 @@
 //! cloud carries the lead the controller acts under ([`Provider::call_fenced`]), taken from the
 //! handle rather than from each call site, so that a new write cannot forget it.
 
-use ccm_proto::v1 as pb;
 use ccm_protocol::Error;
 use k8s_openapi::api::core::v1::LoadBalancerIngress;
 
-use super::convert::LoadBalancerRequest;
+use super::convert::{LoadBalancerRequest, Route};
 use super::encoded::Backends;
 use super::{PerLookup, Provider};
 use crate::leader::Fence;
@@ -28,7 +27,7 @@ impl Provider {
 
 impl FencedProvider {
     /// CreateRoute; the route as the provider made it.
-    pub async fn create_route(&self, cluster: &str, route: pb::Route) -> Result<pb::Route, Error> {
+    pub async fn create_route(&self, cluster: &str, route: Route) -> Result<Route, Error> {
         self.provider.create_route(self.fence.as_ref(), cluster, route).await
     }
 
@@ -43,8 +42,8 @@ impl FencedProvider {
         cluster: &str,
         table: &str,
         deletes: Vec<String>,
-        creates: Vec<pb::Route>,
-    ) -> (PerLookup<()>, PerLookup<pb::Route>) {
+        creates: Vec<Route>,
+    ) -> (PerLookup<()>, PerLookup<Route>) {
         self.provider.apply_routes(self.fence.as_ref(), cluster, table, deletes, creates).await
     }
 

@@ -10,10 +10,11 @@ use super::{PerLookup, matched, routes_client};
 use crate::leader::Fence;
 use crate::provider::Provider;
 use crate::provider::check::Pages;
+use crate::provider::convert::{Route, RouteTable, RouteTarget};
 
 impl Provider {
     /// Every route table, all pages.
-    pub async fn list_route_tables(&self) -> Result<Vec<pb::RouteTable>, Error> {
+    pub async fn list_route_tables(&self) -> Result<Vec<RouteTable>, Error> {
         const METHOD: &str = "RoutesService/ListRouteTables";
         let mut tables = Vec::new();
         let mut pages = Pages::default();
@@ -25,7 +26,7 @@ impl Provider {
             if let Some(t) = page.tables.iter().find(|t| t.id.is_empty()) {
                 return Err(self.invalid(METHOD, format!("a route table without an id (named {:?})", t.name)));
             }
-            tables.extend(page.tables);
+            tables.extend(page.tables.into_iter().map(RouteTable::from));
             match pages.next(METHOD, page.next_page_token).map_err(|e| self.counted(METHOD, e))? {
                 Some(next) => token = next,
                 None => return Ok(tables),
@@ -34,7 +35,7 @@ impl Provider {
     }
 
     /// The cluster's routes in one table, all pages, each checked by [`answer::route`].
-    pub async fn list_routes(&self, cluster: &str, table: &str) -> Result<Vec<pb::Route>, Error> {
+    pub async fn list_routes(&self, cluster: &str, table: &str) -> Result<Vec<Route>, Error> {
         const METHOD: &str = "RoutesService/ListRoutes";
         let mut routes = Vec::new();
         let mut pages = Pages::default();
@@ -51,7 +52,7 @@ impl Provider {
             for route in &page.routes {
                 answer::route(route).map_err(|why| self.invalid(METHOD, why))?;
             }
-            routes.extend(page.routes);
+            routes.extend(page.routes.into_iter().map(Route::from));
             match pages.next(METHOD, page.next_page_token).map_err(|e| self.counted(METHOD, e))? {
                 Some(next) => token = next,
                 None => return Ok(routes),
@@ -62,11 +63,11 @@ impl Provider {
     /// The tables each target's routes belong in, 500 targets a call: one answer per target,
     /// in order, matched by the target each assignment names. An answer of the wrong length is
     /// an error for the whole call; a target no assignment names fails alone.
-    pub async fn resolve_route_tables(&self, targets: &[pb::RouteTarget]) -> Result<PerLookup<Vec<String>>, Error> {
+    pub async fn resolve_route_tables(&self, targets: &[RouteTarget]) -> Result<PerLookup<Vec<String>>, Error> {
         const METHOD: &str = "RoutesService/ResolveRouteTables";
         let mut out = Vec::with_capacity(targets.len());
         for chunk in targets.chunks(MAX_BATCH) {
-            let request = pb::ResolveRouteTablesRequest { targets: chunk.to_vec() };
+            let request = pb::ResolveRouteTablesRequest { targets: chunk.iter().map(pb::RouteTarget::from).collect() };
             let rpc = async |ch, r| routes_client(ch).resolve_route_tables(r).await;
             let answer = self.call(METHOD, request, rpc).await?;
             if answer.assignments.len() != chunk.len() {
@@ -90,9 +91,10 @@ impl Provider {
         &self,
         fence: Option<&Fence>,
         cluster: &str,
-        route: pb::Route,
-    ) -> Result<pb::Route, Error> {
+        route: Route,
+    ) -> Result<Route, Error> {
         const METHOD: &str = "RoutesService/CreateRoute";
+        let route = pb::Route::from(&route);
         let request = pb::CreateRouteRequest { cluster_name: cluster.to_string(), route: Some(route.clone()) };
         let rpc = async |ch, r| routes_client(ch).create_route(r).await;
         let made = self.call_fenced(fence, METHOD, request, rpc).await?.route;
@@ -123,9 +125,10 @@ impl Provider {
         cluster: &str,
         table: &str,
         deletes: Vec<String>,
-        creates: Vec<pb::Route>,
-    ) -> (PerLookup<()>, PerLookup<pb::Route>) {
+        creates: Vec<Route>,
+    ) -> (PerLookup<()>, PerLookup<Route>) {
         const METHOD: &str = "RoutesService/ApplyRoutes";
+        let creates: Vec<pb::Route> = creates.iter().map(pb::Route::from).collect();
         let (mut deleted, mut created) = (Vec::with_capacity(deletes.len()), Vec::with_capacity(creates.len()));
         let (mut deletes, mut creates) = (deletes.into_iter().peekable(), creates.into_iter().peekable());
         while deletes.peek().is_some() || creates.peek().is_some() {
@@ -169,13 +172,13 @@ impl Provider {
     }
 
     /// A created route as the provider answered it (`made`; none means as asked), checked.
-    fn made_route(&self, method: &str, wanted: &pb::Route, made: Option<pb::Route>) -> Result<pb::Route, Error> {
+    fn made_route(&self, method: &str, wanted: &pb::Route, made: Option<pb::Route>) -> Result<Route, Error> {
         let made = made.unwrap_or_else(|| wanted.clone());
         answer::route(&made).map_err(|why| self.invalid(method, why))?;
         if made.destination_cidr != wanted.destination_cidr {
             let why = format!("asked for a route to {}, it made one to {}", wanted.destination_cidr, made.destination_cidr);
             return Err(self.invalid(method, why));
         }
-        Ok(made)
+        Ok(Route::from(made))
     }
 }
