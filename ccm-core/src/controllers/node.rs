@@ -21,7 +21,6 @@ use std::hash::{Hash, Hasher};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use ccm_proto::v1::ServiceType;
 use ccm_protocol::Error;
 use ccm_protocol::labels::{valid_label_key, valid_label_value};
 use ccm_protocol::limits::MAX_BATCH;
@@ -344,7 +343,7 @@ impl NodeController {
     /// (`metadata_tags`), or TagsService.
     fn tag_source(&self) -> Option<TagSource> {
         let identity = self.ctx.provider.identity()?;
-        if !identity.serves(ServiceType::Tags) || self.ctx.options.node_tag_label_prefix.is_empty() {
+        if !identity.serves_tags() || self.ctx.options.node_tag_label_prefix.is_empty() {
             return None;
         }
         Some(if identity.metadata_tags() { TagSource::Metadata } else { TagSource::Tags })

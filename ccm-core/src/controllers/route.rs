@@ -21,7 +21,6 @@ use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::sync::Arc;
 use std::time::Duration;
 
-use ccm_proto::v1::ServiceType;
 use ccm_protocol::Error;
 use futures::StreamExt;
 use ipnet::IpNet;
@@ -386,10 +385,10 @@ impl Routes {
     /// then the plan applied. `Ok(None)` when there is nothing to do (provider without Routes).
     pub async fn reconcile(&mut self) -> Result<Option<RouteSync>, Error> {
         let Some(identity) = self.ctx.provider.identity() else { return Err(Error::unavailable("provider not ready")) };
-        if !identity.serves(ServiceType::Routes) {
+        if !identity.serves_routes() {
             return Ok(None);
         }
-        let caps = RouteCapabilities::from(identity.capabilities.routes.as_ref());
+        let caps = identity.route_capabilities();
         let mut sync = RouteSync::default();
         let mut known = self.known_routes(&caps, &mut sync).await?;
         let nodes: Vec<Arc<Node>> = self.ctx.managed_nodes().collect();

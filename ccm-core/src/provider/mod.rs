@@ -103,6 +103,36 @@ impl Identity {
     pub fn pod_endpoints(&self) -> bool {
         self.capabilities.load_balancers.as_ref().is_some_and(|c| c.pod_endpoints)
     }
+
+    /// Whether LoadBalancersService is advertised.
+    pub fn serves_load_balancers(&self) -> bool {
+        self.serves(ServiceType::LoadBalancers)
+    }
+
+    /// Whether RoutesService is advertised.
+    pub fn serves_routes(&self) -> bool {
+        self.serves(ServiceType::Routes)
+    }
+
+    /// Whether TagsService is advertised.
+    pub fn serves_tags(&self) -> bool {
+        self.serves(ServiceType::Tags)
+    }
+
+    /// Whether the provider lists load balancers (the orphan sweep needs it).
+    pub fn lists_load_balancers(&self) -> bool {
+        self.serves_load_balancers() && self.capabilities.load_balancers.as_ref().is_some_and(|c| c.list)
+    }
+
+    /// The provider's limits on load balancer names.
+    pub fn name_limits(&self) -> ccm_protocol::names::NameLimits {
+        self.capabilities.load_balancers.as_ref().map(ccm_protocol::names::NameLimits::from_capabilities).unwrap_or_default()
+    }
+
+    /// What its RoutesService can do.
+    pub fn route_capabilities(&self) -> convert::RouteCapabilities {
+        convert::RouteCapabilities::from(self.capabilities.routes.as_ref())
+    }
 }
 
 /// The provider client; cheap to clone.

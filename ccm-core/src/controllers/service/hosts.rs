@@ -8,7 +8,6 @@ use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
-use ccm_proto::v1::ServiceType;
 use ccm_protocol::Error;
 use ccm_protocol::lock::Lock;
 use k8s_openapi::api::core::v1::{Node, Service};
@@ -249,7 +248,7 @@ impl ServiceController {
         let Some(identity) = self.ctx.provider.identity() else {
             return Outcome::of_provider_error(None, &Error::unavailable("provider not ready"));
         };
-        if !identity.serves(ServiceType::LoadBalancers) {
+        if !identity.serves_load_balancers() {
             return Outcome::Success;
         }
         let backends = self.backends();

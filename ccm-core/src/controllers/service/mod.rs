@@ -42,7 +42,6 @@ use std::hash::{Hash, Hasher};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
-use ccm_proto::v1::ServiceType;
 use ccm_protocol::Error;
 use ccm_protocol::lock::Lock;
 use k8s_openapi::api::core::v1::{LoadBalancerIngress, Node, Service};
@@ -357,7 +356,7 @@ impl ServiceController {
     /// a full Ensure.
     async fn ensure(&self, svc: &Service) -> Result<(), SyncError> {
         let k = service_key(svc);
-        if self.ctx.provider.identity().is_some_and(|i| !i.serves(ServiceType::LoadBalancers)) {
+        if self.ctx.provider.identity().is_some_and(|i| !i.serves_load_balancers()) {
             return Ok(());
         }
         if self.ctx.provider.identity().is_none() {

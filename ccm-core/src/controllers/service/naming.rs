@@ -46,12 +46,7 @@ impl ServiceController {
 
     /// The provider's limits on names.
     fn limits(&self) -> NameLimits {
-        self.ctx
-            .provider
-            .identity()
-            .and_then(|i| i.capabilities.load_balancers.clone())
-            .map(|c| NameLimits::from_capabilities(&c))
-            .unwrap_or_default()
+        self.ctx.provider.identity().map(|i| i.name_limits()).unwrap_or_default()
     }
 
     /// The name of `svc`'s load balancer under `naming`.

@@ -5,9 +5,8 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use ccm_proto::v1::ServiceType;
 use ccm_protocol::Error;
-use ccm_protocol::names::{NameLimits, load_balancer_name, upstream_load_balancer_name};
+use ccm_protocol::names::{load_balancer_name, upstream_load_balancer_name};
 use k8s_openapi::api::core::v1::Service;
 use kube::Api;
 use tokio_util::sync::CancellationToken;
@@ -64,11 +63,10 @@ impl ServiceController {
     /// Service). Returns how many were queued. A failed page aborts the sweep.
     pub async fn sweep(&self) -> Result<usize, Error> {
         let Some(identity) = self.ctx.provider.identity() else { return Ok(0) };
-        let caps = identity.capabilities.load_balancers.clone().unwrap_or_default();
-        if !identity.serves(ServiceType::LoadBalancers) || !caps.list {
+        if !identity.lists_load_balancers() {
             return Ok(0);
         }
-        let limits = NameLimits::from_capabilities(&caps);
+        let limits = identity.name_limits();
         let cluster = self.ctx.options.cluster_name.clone();
         let listed = self.ctx.provider.list_load_balancers(&cluster).await?;
         let known: std::collections::HashSet<String> =
