@@ -166,8 +166,7 @@ async fn main() -> anyhow::Result<()> {
     println!("  sim: curl --unix-socket {} http://sim/state", admin_sock.display());
 
     if !args.once && report.is_ok() {
-        eprintln!("running; press Ctrl-C to stop and clean up");
-        ccm_provider_sdk::server::shutdown_signal().await;
+        wait_for_interrupt().await?;
     }
     eprintln!("stopping");
     let _ = stop_core.send(());
@@ -407,10 +406,24 @@ async fn real_nodes(args: &Args) -> anyhow::Result<()> {
         println!("  {}: kubelet log {}", node.name, node.kubelet_log().display());
     }
     if !args.once && report.is_ok() {
-        eprintln!("running; press Ctrl-C to stop and clean up");
-        ccm_provider_sdk::server::shutdown_signal().await;
+        wait_for_interrupt().await?;
     }
     eprintln!("stopping: tearing the cluster down");
     tokio::task::spawn_blocking(move || drop(cluster)).await?;
     report.map(|_| ())
+}
+
+/// Says how to stop, then waits for SIGINT or SIGTERM. The handlers are installed before the
+/// line that invites Ctrl-C: a SIGINT between the two would otherwise kill the process with
+/// everything it started still running.
+async fn wait_for_interrupt() -> anyhow::Result<()> {
+    use tokio::signal::unix::{SignalKind, signal};
+    let mut interrupt = signal(SignalKind::interrupt()).context("installing the SIGINT handler")?;
+    let mut terminate = signal(SignalKind::terminate()).context("installing the SIGTERM handler")?;
+    eprintln!("running; press Ctrl-C to stop and clean up");
+    tokio::select! {
+        _ = interrupt.recv() => {}
+        _ = terminate.recv() => {}
+    }
+    Ok(())
 }
