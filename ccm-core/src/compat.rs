@@ -16,8 +16,8 @@ pub struct UpstreamFlags {
     /// plugin that answers.
     #[arg(long, value_name = "NAME")]
     pub cloud_provider: Option<String>,
-    /// Upstream: the cloud's configuration file. It belongs to the provider sidecar now:
-    /// refused here.
+    /// Upstream: the cloud's configuration file. It is the provider sidecar's: accepted and
+    /// logged here; the chart passes it to the sidecar (mounted there at the same path).
     #[arg(long, value_name = "FILE")]
     pub cloud_config: Option<PathBuf>,
     /// klog verbosity: 0–3 log at info, 4 at debug, 5 and above at trace (unless
@@ -248,11 +248,6 @@ impl UpstreamFlags {
     pub fn review(&self) -> Result<Vec<String>, String> {
         let mut notes = Vec::new();
         let mut note = |flag: &str, what: &str| notes.push(format!("{flag}: {what}"));
-        if self.cloud_config.is_some() {
-            return Err("--cloud-config: the cloud's configuration belongs to the provider sidecar now; pass the file to \
-                        the sidecar (its own --cloud-config; in the chart, provider.config) and remove the flag here"
-                .into());
-        }
         match self.cidr_allocator_type.as_deref() {
             None | Some("RangeAllocator") => {}
             Some(other) => {
@@ -295,6 +290,16 @@ impl UpstreamFlags {
                      scrape with a ServiceAccount token and remove the flag"
                 ));
             }
+        }
+        if let Some(file) = &self.cloud_config {
+            note(
+                "--cloud-config",
+                &format!(
+                    "{} is the provider's configuration: the provider sidecar reads it (the chart passes it there), \
+                     this core does not",
+                    file.display()
+                ),
+            );
         }
         if let Some(p) = &self.cloud_provider {
             note("--cloud-provider", &format!("{p:?} noted; the provider is the sidecar at --provider-endpoint"));

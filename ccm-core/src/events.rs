@@ -286,7 +286,11 @@ fn new_event(note: &Note, name: String, now: Timestamp) -> Event {
         type_: Some(note.event_type.as_str().into()),
         event_time: Some(MicroTime(now)),
         regarding: Some(note.regarding.clone()),
-        reporting_controller: Some(note.controller.clone()),
+        // Upstream's component (`service-controller`, `route_controller` …), which
+        // `--field-selector source=…` and alert rules select; ours names the instance.
+        reporting_controller: Some(
+            crate::controllers::registry::named(&note.controller).map_or(note.controller.as_str(), |c| c.component).to_string(),
+        ),
         reporting_instance: Some(note.controller.clone()),
         ..Default::default()
     }

@@ -70,11 +70,19 @@ const MAX_DURATION: Duration = Duration::from_secs(366 * 24 * 3600);
 
 /// The generic cloud-controller-manager.
 #[derive(Debug, Clone, Parser)]
-#[command(name = "cloud-controller-manager", version = env!("CCM_VERSION"), about, long_about = None)]
+// A flag given twice takes its last value, as upstream's (pflag) do: an operator's extra
+// arguments may repeat what a chart or manifest sets.
+#[command(name = "cloud-controller-manager", about, long_about = None, disable_version_flag = true, args_override_self = true)]
 pub struct Options {
     /// Without a command: run the controllers.
     #[command(subcommand)]
     pub command: Option<Command>,
+
+    /// `--version`: print the version as upstream's does (`Kubernetes v1.37.2`, the
+    /// Kubernetes release this core is built against, then ours and the commit) and exit;
+    /// `--version=raw`: every field, as upstream's; `--version=vX.Y.Z`: report that version.
+    #[arg(long, value_name = "true|raw|vX.Y.Z", num_args = 0..=1, require_equals = true, default_missing_value = "true")]
+    pub version: Option<String>,
 
     /// Path to a kubeconfig; in-cluster configuration when unset.
     #[arg(long, value_name = "PATH")]
@@ -149,7 +157,9 @@ pub struct Options {
 
     /// Controllers to run: `*` for all, `name` to enable, `-name` to disable
     /// (cloud-node-controller, cloud-node-lifecycle-controller, node-route-controller,
-    /// service-lb-controller, or their short names cloud-node, cloud-node-lifecycle, route, service).
+    /// service-lb-controller, node-ipam-controller with --allocate-node-cidrs, or their short
+    /// names cloud-node, cloud-node-lifecycle, route, service, nodeipam). A cloud's own
+    /// controller (AWS's `tagging`) is accepted and logged: it is the provider sidecar's.
     #[arg(long, value_delimiter = ',', default_value = "*")]
     pub controllers: Vec<String>,
 
@@ -425,7 +435,9 @@ pub struct Options {
     #[command(flatten)]
     pub upstream: crate::compat::UpstreamFlags,
 
-    /// Log format: text or json.
+    /// Log format: `text`, or `json`: one JSON object a line with klog's keys (`ts`, `caller`,
+    /// `msg`, `v`, `err`, objects as `{"name","namespace"}`), as upstream's
+    /// `--logging-format=json`, which is accepted too.
     #[arg(long, default_value = "text", value_parser = ["text", "json"])]
     pub log_format: String,
 
@@ -457,6 +469,14 @@ impl Options {
     pub fn upstream_notes(&self) -> Vec<String> {
         let mut notes = crate::compat::review_gates(&self.feature_gates).unwrap_or_default();
         notes.extend(self.upstream.review().unwrap_or_default());
+        for entry in &self.controllers {
+            if let Some(what) = crate::controllers::registry::provider_controller(entry.trim().trim_start_matches('-')) {
+                notes.push(format!("--controllers: {}: {what}", entry.trim()));
+            }
+        }
+        if let Ok(crate::version::Request::Report(v)) = crate::version::request(self.version.as_deref()) {
+            notes.push(format!("--version={v}: accepted; this core reports its version only in --version"));
+        }
         notes
     }
 
@@ -489,6 +509,9 @@ impl Options {
         let mut disabled = BTreeSet::new();
         let mut star = false;
         for entry in self.controllers.iter().map(|c| c.trim()).filter(|c| !c.is_empty()) {
+            if crate::controllers::registry::provider_controller(entry.trim_start_matches('-')).is_some() {
+                continue; // a cloud's own controller: see upstream_notes
+            }
             if entry == "*" {
                 star = true;
             } else if let Some(name) = entry.strip_prefix('-') {
@@ -572,6 +595,27 @@ mod tests {
         let o = parse(&["--controllers", "cloud-node"]);
         assert_eq!(o.enabled_controllers().expect("ok").into_iter().collect::<Vec<_>>(), vec!["cloud-node-controller"]);
         assert!(parse(&["--controllers=nodes"]).enabled_controllers().is_err());
+        // AWS's chart: its own tagging controller is accepted, and said to be the provider's.
+        let o = parse(&["--controllers=*,tagging"]);
+        assert_eq!(o.enabled_controllers().expect("ok").len(), 4);
+        assert!(o.upstream_notes().iter().any(|n| n.starts_with("--controllers: tagging: AWS's tagging controller")));
+    }
+
+    #[test]
+    fn a_repeated_flag_takes_its_last_value_as_pflag() {
+        let o = parse(&["--cluster-name=a", "--leader-elect=false", "--cluster-name=b", "--leader-elect"]);
+        assert_eq!(o.cluster_name, "b");
+        assert!(o.leader_elect);
+        let o = parse(&["--log-format=json", "--log-format=text", "--node-monitor-period=1s", "--node-monitor-period=7s"]);
+        assert_eq!((o.log_format.as_str(), o.node_monitor_period), ("text", Duration::from_secs(7)));
+        // Lists add up, as pflag's string slices do.
+        let o = parse(&["--controllers=cloud-node", "--controllers=route"]);
+        assert_eq!(o.enabled_controllers().expect("ok").len(), 2);
+        let o = parse(&["--feature-gates=WatchList=true", "--feature-gates=AllBeta=false"]);
+        assert_eq!(o.feature_gates.len(), 2);
+        // Upstream's flags too.
+        let o = parse(&["--cloud-provider=aws", "--cloud-provider=external", "--v=2", "--v=4"]);
+        assert_eq!((o.upstream.cloud_provider.as_deref(), o.upstream.v), (Some("external"), Some(4)));
     }
 
     #[test]

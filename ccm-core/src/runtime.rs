@@ -143,6 +143,21 @@ pub async fn main_with_args(args: impl IntoIterator<Item = std::ffi::OsString>) 
         Ok(options) => options,
         Err(e) => e.exit(),
     };
+    match crate::version::request(options.version.as_deref()) {
+        Ok(crate::version::Request::Print) => {
+            println!("{}", crate::version::line(None));
+            return std::process::ExitCode::SUCCESS;
+        }
+        Ok(crate::version::Request::Raw) => {
+            println!("{}", crate::version::raw(None));
+            return std::process::ExitCode::SUCCESS;
+        }
+        Ok(crate::version::Request::Report(_) | crate::version::Request::Run) => {}
+        Err(error) => {
+            eprintln!("cloud-controller-manager: {error}");
+            return std::process::ExitCode::from(2);
+        }
+    }
     if std::env::var_os(CHECK_ARGS_ENV).is_some_and(|v| !v.is_empty()) {
         return match options.validate() {
             Ok(()) => {
@@ -155,12 +170,8 @@ pub async fn main_with_args(args: impl IntoIterator<Item = std::ffi::OsString>) 
             }
         };
     }
-    let filter = tracing_subscriber::EnvFilter::new(options.log_filter());
-    if options.log_format() == "json" {
-        tracing_subscriber::fmt().json().with_env_filter(filter).with_writer(std::io::stderr).init();
-    } else {
-        tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).init();
-    }
+    let format = if options.log_format() == "json" { crate::logging::Format::Json } else { crate::logging::Format::Text };
+    crate::logging::init(format, &options.log_filter());
     if let Some(crate::options::Command::ReleaseFinalizers { wait }) = &options.command {
         return match release_finalizers(&options, *wait).await {
             Ok(count) => {

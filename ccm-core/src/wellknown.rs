@@ -41,8 +41,6 @@ pub const FINALIZER: &str = "service.kubernetes.io/load-balancer-cleanup";
 pub const LABEL_EXCLUDE: &str = "node.kubernetes.io/exclude-from-external-load-balancers";
 /// The annotation upstream reads source ranges from when the spec has none.
 pub const ANNOTATION_SOURCE_RANGES: &str = "service.beta.kubernetes.io/load-balancer-source-ranges";
-/// Nodes with this taint are being removed by the cluster autoscaler.
-pub const TAINT_TO_BE_DELETED: &str = "ToBeDeletedByClusterAutoscaler";
 /// The annotation recording the name a Service's load balancer was made under: kept when
 /// `--load-balancer-naming` changes, so that a load balancer is never made anew by surprise.
 pub const ANNOTATION_LOAD_BALANCER_NAME: &str = "ccm-rs.dev/load-balancer-name";

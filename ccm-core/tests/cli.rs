@@ -25,10 +25,18 @@ fn version_and_help_need_no_cluster() {
         .filter(|o| o.status.success())
         .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string())
         .unwrap_or_else(|| "unknown".into());
+    // As upstream's (`Kubernetes v1.37.2`, which scripts cut at the second word), then ours.
     assert_eq!(
         String::from_utf8_lossy(&out.stdout).trim(),
-        format!("cloud-controller-manager {} (commit {head})", env!("CARGO_PKG_VERSION"))
+        format!("Kubernetes v1.37.2 (ccm-rs {} (commit {head}))", env!("CARGO_PKG_VERSION"))
     );
+    let out = ccm(&["--version=raw"]);
+    assert!(out.status.success());
+    let raw = String::from_utf8_lossy(&out.stdout);
+    assert!(raw.starts_with(r#"version.Info{Major:"1", Minor:"37", "#), "{raw}");
+    assert!(raw.contains(&format!(r#"GitCommit:"{head}""#)), "{raw}");
+    let out = ccm(&["--version=sure"]);
+    assert!(!out.status.success() && String::from_utf8_lossy(&out.stderr).contains("--version=sure"));
     let out = ccm(&["--help"]);
     assert!(out.status.success());
     let help = String::from_utf8_lossy(&out.stdout);

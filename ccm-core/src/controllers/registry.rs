@@ -1,5 +1,5 @@
 //! Every controller of the core, in one table: its names, the ServiceAccounts it acts as, its
-//! work queue's name in upstream's metrics, and how it starts. `--controllers`, leader
+//! work queue's name in upstream's metrics, the component its Events carry, and how it starts. `--controllers`, leader
 //! migration, `--use-service-account-credentials`, the metrics and the runtime all read this
 //! table; adding a controller is its module and one row here.
 
@@ -26,8 +26,13 @@ pub struct Controller {
     pub upstream_account: &'static str,
     /// The ServiceAccount it acts as with `--service-account-names=controller`.
     pub own_account: &'static str,
-    /// Its work queue's name in upstream's `workqueue_*` metrics.
+    /// Its work queue's name in the `workqueue_*` metrics: the name upstream's controller
+    /// gives its queue (`k8s.io/cloud-provider` v0.37), so that dashboards and alerts select
+    /// ours; the lifecycle controller, which upstream runs without a queue, keeps its own.
     pub queue: &'static str,
+    /// The component its Events are reported as (`reportingController`, which
+    /// `kubectl get events --field-selector source=…` matches): upstream's controller's.
+    pub component: &'static str,
     /// Whether `*` in `--controllers` runs it without a flag of its own to say so
     /// (node IPAM runs only with `--allocate-node-cidrs`, as upstream's).
     pub starts: fn(&crate::options::Options) -> bool,
@@ -49,7 +54,8 @@ pub const CONTROLLERS: &[Controller] = &[
         legacy: None,
         upstream_account: "node-controller",
         own_account: node::NAME,
-        queue: node::NAME,
+        queue: "Nodes",
+        component: "cloud-node-controller",
         starts: always,
         start: |ctx, stop| Ok(Box::pin(node::NodeController::new(ctx).run(stop))),
     },
@@ -60,6 +66,7 @@ pub const CONTROLLERS: &[Controller] = &[
         upstream_account: "node-controller",
         own_account: node_lifecycle::NAME,
         queue: node_lifecycle::NAME,
+        component: "cloud-node-lifecycle-controller",
         starts: always,
         start: |ctx, stop| Ok(Box::pin(node_lifecycle::NodeLifecycleController::new(ctx).run(stop))),
     },
@@ -70,6 +77,7 @@ pub const CONTROLLERS: &[Controller] = &[
         upstream_account: "service-controller",
         own_account: service::NAME,
         queue: "service",
+        component: "service-controller",
         starts: always,
         start: |ctx, stop| Ok(Box::pin(service::ServiceController::new(ctx).run(stop))),
     },
@@ -79,7 +87,8 @@ pub const CONTROLLERS: &[Controller] = &[
         legacy: Some("route-controller"),
         upstream_account: "route-controller",
         own_account: "route-controller",
-        queue: route::NAME,
+        queue: "Routes",
+        component: "route_controller",
         starts: always,
         start: |ctx, stop| Ok(Box::pin(route::RouteController::new(ctx)?.run(stop))),
     },
@@ -90,11 +99,28 @@ pub const CONTROLLERS: &[Controller] = &[
         // Upstream's nodeipam controller is built with node-controller's client.
         upstream_account: "node-controller",
         own_account: ipam::NAME,
-        queue: ipam::NAME,
+        // kube-controller-manager's range allocator (k8s.io/kubernetes pkg/controller/nodeipam).
+        queue: "cidrallocator_node",
+        component: "cidrAllocator",
         starts: crate::options::Options::allocate_node_cidrs,
         start: |ctx, stop| Ok(Box::pin(ipam::IpamController::new(ctx)?.run(stop))),
     },
 ];
+
+/// Controllers of clouds' own cloud-controller-managers that their charts name in
+/// `--controllers` (`*,tagging` in AWS's): accepted there, with a log line saying where such a
+/// controller runs, since a cloud's own work is its provider sidecar's business.
+pub const PROVIDER_CONTROLLERS: &[(&str, &str)] = &[(
+    "tagging",
+    "AWS's tagging controller (k8s.io/cloud-provider-aws), which tags instances with the cluster's tags; it is not \
+     part of this core and runs only if the provider sidecar runs it (ccm-provider-aws, the go-adapter, serves the \
+     cloud interface and runs no controller)",
+)];
+
+/// What a provider's own controller named in `--controllers` is, if `name` is one.
+pub fn provider_controller(name: &str) -> Option<&'static str> {
+    PROVIDER_CONTROLLERS.iter().find(|(n, _)| *n == name).map(|(_, what)| *what)
+}
 
 fn always(_: &crate::options::Options) -> bool {
     true

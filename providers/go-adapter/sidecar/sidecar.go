@@ -1,7 +1,9 @@
 // Package sidecar is the main of a cloudprovider.v1 sidecar built from an existing Go
 // provider: import the cloud's provider package (its init registers it with
 // k8s.io/cloud-provider), then call Main. Flags are upstream's where they exist
-// (--cloud-provider, --cloud-config, --kubeconfig, -v) plus --listen.
+// (--cloud-provider, --cloud-config, --kubeconfig, -v) plus --listen and --metrics-listen
+// (the provider's own Prometheus metrics: whatever it registers with component-base's
+// legacyregistry, as the AWS provider's cloudprovider_aws_api_* series).
 package sidecar
 
 import (
@@ -10,9 +12,11 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"net"
 	"net/http"
 	"os"
 	"os/signal"
+	"strings"
 	"syscall"
 	"time"
 
@@ -22,6 +26,7 @@ import (
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/clientcmd"
 	cloudprovider "k8s.io/cloud-provider"
+	"k8s.io/component-base/metrics/legacyregistry"
 	"k8s.io/controller-manager/pkg/clientbuilder"
 	"k8s.io/klog/v2"
 )
@@ -69,6 +74,7 @@ func Run(ctx context.Context, defaultProvider string, args []string, stdout io.W
 	tlsKey := fs.String("tls-key-file", "", "the private key of --tls-cert-file (PEM)")
 	tlsClientCA := fs.String("tls-client-ca-file", "", "the CA whose client certificates are accepted (PEM)")
 	insecureTCP := fs.Bool("allow-insecure-tcp", false, "serve a tcp:// --listen without TLS on an address other hosts can reach (refused otherwise: only loopback is served in the clear)")
+	metricsListen := fs.String("metrics-listen", "", "serve the provider's Prometheus metrics (component-base's legacyregistry, e.g. the AWS provider's cloudprovider_aws_api_*) at /metrics on http://host:port; off when empty")
 	version := fs.Bool("version", false, "print the version and exit")
 	klogFlags := flag.NewFlagSet("klog", flag.ContinueOnError)
 	klog.InitFlags(klogFlags)
@@ -88,6 +94,10 @@ func Run(ctx context.Context, defaultProvider string, args []string, stdout io.W
 	}
 	if *name == "" {
 		return usageError{errors.New("--cloud-provider is required")}
+	}
+	metricsAddr, err := metricsAddress(*metricsListen)
+	if err != nil {
+		return usageError{err}
 	}
 	if !cloudprovider.IsCloudProvider(*name) {
 		return usageError{fmt.Errorf("--cloud-provider %q is not built into this sidecar", *name)}
@@ -109,6 +119,13 @@ func Run(ctx context.Context, defaultProvider string, args []string, stdout io.W
 		}
 	} else {
 		klog.Warning("no --kubeconfig and no in-cluster configuration: the provider is not initialised; providers that read the cluster (AWS routes and load balancers) will fail")
+	}
+	if metricsAddr != "" {
+		_, stopMetrics, err := serveMetrics(ctx, metricsAddr)
+		if err != nil {
+			return err
+		}
+		defer stopMetrics()
 	}
 	return adapter.Serve(ctx, cloud, adapter.Options{
 		Listen:           *listen,
@@ -181,4 +198,46 @@ func initialise(ctx context.Context, cloud cloudprovider.Interface, config *rest
 		}
 	}
 	return nil
+}
+
+// metricsAddress is the host:port of --metrics-listen (http://host:port, or host:port), or ""
+// when it is off.
+func metricsAddress(listen string) (string, error) {
+	if listen == "" {
+		return "", nil
+	}
+	addr := strings.TrimPrefix(listen, "http://")
+	if _, _, err := net.SplitHostPort(addr); err != nil || strings.Contains(addr, "/") {
+		return "", fmt.Errorf("--metrics-listen %q: expected http://host:port", listen)
+	}
+	return addr, nil
+}
+
+// serveMetrics serves the provider's metrics (legacyregistry, where k8s.io/cloud-provider
+// implementations register theirs) at /metrics on addr, in plain HTTP, until ctx ends or the
+// returned function is called. It returns the address it listens on.
+func serveMetrics(ctx context.Context, addr string) (string, func(), error) {
+	listener, err := net.Listen("tcp", addr)
+	if err != nil {
+		return "", nil, fmt.Errorf("--metrics-listen: %w", err)
+	}
+	mux := http.NewServeMux()
+	mux.Handle("/metrics", legacyregistry.Handler())
+	server := &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second}
+	go func() {
+		if err := server.Serve(listener); err != nil && !errors.Is(err, http.ErrServerClosed) {
+			klog.ErrorS(err, "serving metrics failed", "address", addr)
+		}
+	}()
+	klog.InfoS("serving the provider's metrics", "address", "http://"+listener.Addr().String()+"/metrics")
+	stop := func() {
+		shutdownCtx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		_ = server.Shutdown(shutdownCtx)
+	}
+	go func() {
+		<-ctx.Done()
+		stop()
+	}()
+	return listener.Addr().String(), stop, nil
 }

@@ -18,6 +18,8 @@ import (
 	"google.golang.org/grpc/credentials/insecure"
 	cloudprovider "k8s.io/cloud-provider"
 	"k8s.io/cloud-provider/fake"
+	"k8s.io/component-base/metrics"
+	"k8s.io/component-base/metrics/legacyregistry"
 )
 
 func init() {
@@ -106,6 +108,37 @@ func TestTheProvidersClientCannotWrite(t *testing.T) {
 		} else if !strings.Contains(err.Error(), "read-only") {
 			t.Errorf("%s: %v", method, err)
 		}
+	}
+}
+
+func TestTheProvidersOwnMetricsAreServed(t *testing.T) {
+	// As the AWS provider registers cloudprovider_aws_api_request_duration_seconds.
+	calls := metrics.NewCounter(&metrics.CounterOpts{Name: "cloudprovider_sidecar_test_api_calls_total", Help: "test", StabilityLevel: metrics.ALPHA})
+	legacyregistry.MustRegister(calls)
+	calls.Inc()
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	addr, stop, err := serveMetrics(ctx, "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer stop()
+	resp, err := http.Get("http://" + addr + "/metrics")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	body, _ := io.ReadAll(resp.Body)
+	if resp.StatusCode != http.StatusOK || !strings.Contains(string(body), "cloudprovider_sidecar_test_api_calls_total 1") {
+		t.Errorf("/metrics: %d\n%s", resp.StatusCode, body)
+	}
+	for _, bad := range []string{"10260", "unix:///x.sock", "http://host:1/metrics"} {
+		if _, err := metricsAddress(bad); err == nil {
+			t.Errorf("--metrics-listen=%s was accepted", bad)
+		}
+	}
+	if addr, err := metricsAddress("http://0.0.0.0:10260"); err != nil || addr != "0.0.0.0:10260" {
+		t.Errorf("http://0.0.0.0:10260: %q %v", addr, err)
 	}
 }
 

@@ -222,6 +222,22 @@ async fn node_set_changes_reach_every_load_balancer_within_a_second() {
     tokio::time::sleep(Duration::from_secs(2)).await;
     assert!(all(without.clone()).await.is_some(), "a NotReady node stays a backend");
 
+    // The cluster autoscaler's taint (KEP-3458): a Node being scaled down stays a backend
+    // while kube-proxy's health check drains it, also when the hosts change for another
+    // reason (here n2 coming back), until it is deleted or excluded.
+    let taint = serde_json::json!({ "spec": { "taints": [
+        { "key": "ToBeDeletedByClusterAutoscaler", "value": "1764844800", "effect": "NoSchedule" }
+    ] } });
+    env.nodes().patch(&n3, &PatchParams::default(), &Patch::Merge(&taint)).await.expect("taint");
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    assert!(all(without.clone()).await.is_some(), "the autoscaler's taint took a node out: {:?}", lbs(&sim).await);
+    let include =
+        serde_json::json!({ "metadata": { "labels": { "node.kubernetes.io/exclude-from-external-load-balancers": null } } });
+    env.nodes().patch(&n2, &PatchParams::default(), &Patch::Merge(&include)).await.expect("include");
+    eventually("n2 back beside the tainted n3", Duration::from_secs(5), async || all(three.clone()).await).await;
+    env.nodes().patch(&n2, &PatchParams::default(), &Patch::Merge(&patch)).await.expect("exclude again");
+    eventually("n2 out again, n3 still in", Duration::from_secs(5), async || all(without.clone()).await).await;
+
     // Every Node excluded (a bad label, a listing that came back empty): the load balancers
     // keep their last hosts (n3, or both when the two patches were coalesced) rather than
     // being emptied, and say so.

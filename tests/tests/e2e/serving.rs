@@ -193,6 +193,9 @@ async fn upstreams_metric_names_are_served_beside_ours() {
         "workqueue_queue_duration_seconds_count{name=\"service\"}",
         "workqueue_unfinished_work_seconds{name=\"service\"}",
         "workqueue_longest_running_processor_seconds{name=\"service\"}",
+        // Upstream's queue names (k8s.io/cloud-provider: "Nodes", "Routes", "service").
+        "workqueue_adds_total{name=\"Nodes\"}",
+        "workqueue_adds_total{name=\"Routes\"}",
         "leader_election_master_status{name=",
         "running_managed_controllers{name=\"service-lb-controller\",manager=\"cloud-controller-manager\"} 1",
         "service_controller_loadbalancer_sync_total",
@@ -223,6 +226,17 @@ async fn upstreams_metric_names_are_served_beside_ours() {
     .await;
     for q in &queries {
         assert!(answers(&text, q), "no series for {q}");
+    }
+    // Events carry upstream's components: `kubectl get events --field-selector
+    // source=cloud-node-controller` (or service-controller) finds them.
+    let events: Api<k8s_openapi::api::core::v1::Event> = Api::all(env.client.clone());
+    for (source, object) in [("cloud-node-controller", name.as_str()), ("service-controller", "web")] {
+        let selector = format!("source={source},involvedObject.name={object}");
+        eventually(&format!("an Event from {source}"), Duration::from_secs(30), async || {
+            let list = events.list(&kube::api::ListParams::default().fields(&selector)).await.ok()?;
+            list.items.into_iter().find(|e| e.reporting_component.as_deref() == Some(source))
+        })
+        .await;
     }
     core.stop().await.expect("core stops");
     env.cleanup().await.expect("cleanup");

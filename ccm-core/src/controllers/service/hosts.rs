@@ -25,7 +25,7 @@ use crate::node_util;
 use crate::provider::convert::LoadBalancerRequest;
 use crate::provider::encoded::Backends;
 use crate::queue::Outcome;
-use crate::wellknown::{LABEL_EXCLUDE, TAINT_TO_BE_DELETED};
+use crate::wellknown::LABEL_EXCLUDE;
 
 /// How long Node changes are coalesced before the load balancers' hosts follow them.
 const NODE_COALESCE: Duration = Duration::from_millis(50);
@@ -36,12 +36,15 @@ fn excluded_by_label(node: &Node) -> bool {
     value.is_some_and(|v| !matches!(v.as_str(), "0" | "f" | "F" | "false" | "FALSE" | "False"))
 }
 
-/// Whether a Node is a load balancer backend.
+/// Whether a Node is a load balancer backend. The cluster autoscaler's
+/// `ToBeDeletedByClusterAutoscaler` taint plays no part (KEP-3458): a Node being scaled down
+/// stays a backend while kube-proxy's health check drains it, and leaves when it is deleted
+/// or excluded. (Upstream ignores the taint's arrival but drops the Node at the next sync for
+/// another reason, cutting its connections then; here the taint never changes the hosts.)
 fn is_backend(ctx: &Context, node: &Node) -> bool {
     node_util::provider_id(node).is_some()
         && node.metadata.deletion_timestamp.is_none()
         && !excluded_by_label(node)
-        && !node_util::has_taint(node, TAINT_TO_BE_DELETED)
         && !ctx.ignores(node)
 }
 

@@ -6,11 +6,11 @@
 //! - Ensure is called only when what the provider sees changed (ports, type, source ranges,
 //!   affinity, requested IP, traffic policy, health-check port, IP families, annotations);
 //!   a change of the node set alone is UpdateLoadBalancerHosts.
-//! - The node set ([`hosts`]): Nodes with a providerID, not being deleted, without the
-//!   `ToBeDeletedByClusterAutoscaler` taint, and whose
+//! - The node set ([`hosts`]): Nodes with a providerID, not being deleted, and whose
 //!   `node.kubernetes.io/exclude-from-external-load-balancers` label, when present, reads as
 //!   false (upstream parses it as a Go boolean: an empty or unparsable value excludes).
-//!   Readiness plays no part. Node changes are coalesced for 50 ms, then every load balancer
+//!   Readiness plays no part, nor does the cluster autoscaler's `ToBeDeletedByClusterAutoscaler`
+//!   taint (KEP-3458: the Node drains through kube-proxy's health check and leaves when deleted). Node changes are coalesced for 50 ms, then every load balancer
 //!   whose set changed is updated.
 //! - Source ranges are upstream's: `spec.loadBalancerSourceRanges`, or when empty the
 //!   `service.beta.kubernetes.io/load-balancer-source-ranges` annotation, each trimmed of
