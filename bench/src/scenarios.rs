@@ -357,8 +357,12 @@ async fn start_sim(
     }
     let (provider, admin_sock) = (dir.join("provider.sock"), dir.join("admin.sock"));
     let (stop_sim, sim_stopped) = tokio::sync::oneshot::channel::<()>();
-    let endpoints =
-        Endpoints { provider: Listen::Unix(provider.clone()), admin: Some(Listen::Unix(admin_sock.clone())), metadata: None };
+    let endpoints = Endpoints {
+        provider: Listen::Unix(provider.clone()),
+        admin: Some(Listen::Unix(admin_sock.clone())),
+        metadata: None,
+        metrics: None,
+    };
     let sim = tokio::spawn(ccm_provider_sim::run(config, endpoints, async move {
         let _ = sim_stopped.await;
     }));

@@ -101,8 +101,12 @@ async fn main() -> anyhow::Result<()> {
     let provider = work.path().join("provider.sock");
     let admin_sock = work.path().join("admin.sock");
     let (stop_sim, sim_stopped) = oneshot::channel::<()>();
-    let endpoints =
-        Endpoints { provider: Listen::Unix(provider.clone()), admin: Some(Listen::Unix(admin_sock.clone())), metadata: None };
+    let endpoints = Endpoints {
+        provider: Listen::Unix(provider.clone()),
+        admin: Some(Listen::Unix(admin_sock.clone())),
+        metadata: None,
+        metrics: None,
+    };
     let sim = tokio::spawn(ccm_provider_sim::run(config, endpoints, async move {
         let _ = sim_stopped.await;
     }));

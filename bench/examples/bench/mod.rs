@@ -33,6 +33,7 @@ impl World {
             provider: ccm_provider_sdk::Listen::Unix(sock.clone()),
             admin: Some(ccm_provider_sdk::Listen::Unix(admin_sock.clone())),
             metadata: None,
+            metrics: None,
         };
         tokio::spawn(ccm_provider_sim::run(config, endpoints, async move {
             let _ = rx.await;

@@ -51,6 +51,7 @@ impl Node {
             provider: Listen::Unix(node.path("provider.sock")),
             admin: None,
             metadata: Some(Listen::Unix(node.path("metadata.sock"))),
+            metrics: None,
         };
         tokio::spawn(ccm_provider_sim::run(config, endpoints, async move {
             let _ = rx.await;

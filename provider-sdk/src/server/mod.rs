@@ -151,6 +151,7 @@ pub struct ProviderServer {
     socket_mode: u32,
     tls: Option<crate::tls::TlsFiles>,
     insecure_tcp: bool,
+    metrics: Option<(Listen, Arc<prometheus_client::registry::Registry>)>,
 }
 
 impl ProviderServer {
@@ -173,7 +174,16 @@ impl ProviderServer {
             socket_mode: 0o600,
             tls: None,
             insecure_tcp: false,
+            metrics: None,
         }
+    }
+
+    /// Serves `registry` (the provider's own metrics, and [`crate::metrics::CallMetrics`] if
+    /// registered there and observed) at `/metrics` on `listen`, beside the gRPC endpoint and
+    /// until it stops (a sidecar's `--metrics-listen`; see [`crate::metrics`]).
+    pub fn metrics(mut self, listen: Listen, registry: Arc<prometheus_client::registry::Registry>) -> Self {
+        self.metrics = Some((listen, registry));
+        self
     }
 
     /// The scheme of the providerIDs this provider issues (`"sim"` for `sim://…`), so the core
@@ -301,7 +311,7 @@ impl ProviderServer {
 
     /// Serves on `listen` until `shutdown` resolves.
     pub async fn serve_with_shutdown(
-        self,
+        mut self,
         listen: &Listen,
         shutdown: impl Future<Output = ()> + Send,
     ) -> std::result::Result<(), ServeError> {
@@ -323,7 +333,32 @@ impl ProviderServer {
             }
             builder = builder.tls_config(files.server_config()?).map_err(|e| ServeError::Tls(e.to_string()))?;
         }
+        let (stop_metrics, metrics_stopped) = tokio::sync::oneshot::channel::<()>();
+        let metrics = self.metrics.take().map(|(listen, registry)| {
+            tokio::spawn(async move {
+                let stopped = async move {
+                    let _ = metrics_stopped.await;
+                };
+                if let Err(error) = crate::metrics::serve(registry, &listen, stopped).await {
+                    tracing::error!(error = %error, endpoint = %listen, "serving the provider's metrics failed");
+                }
+            })
+        });
         let router = self.into_router(builder).await;
+        let result = Self::serve_router(router, listen, mode, shutdown).await;
+        let _ = stop_metrics.send(());
+        if let Some(task) = metrics {
+            let _ = tokio::time::timeout(Duration::from_secs(5), task).await;
+        }
+        result
+    }
+
+    async fn serve_router(
+        router: tonic::transport::server::Router,
+        listen: &Listen,
+        mode: u32,
+        shutdown: impl Future<Output = ()> + Send,
+    ) -> std::result::Result<(), ServeError> {
         match listen {
             Listen::Unix(path) => {
                 let listener = bind_unix(path, mode)?;

@@ -44,7 +44,7 @@ pub struct Admin {
     /// Call counters.
     pub calls: Arc<Calls>,
     /// Prometheus registry.
-    pub registry: Registry,
+    pub registry: std::sync::Arc<Registry>,
 }
 
 /// The answer of `GET /calls`.

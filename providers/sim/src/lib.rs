@@ -40,12 +40,14 @@ pub struct Endpoints {
     pub admin: Option<Listen>,
     /// The instance metadata service, if wanted.
     pub metadata: Option<Listen>,
+    /// The provider's Prometheus metrics at `/metrics` (`--metrics-listen`), if wanted.
+    pub metrics: Option<Listen>,
 }
 
 impl Endpoints {
     /// cloudprovider.v1 on `provider`, nothing else.
     pub fn provider(provider: Listen) -> Self {
-        Self { provider, admin: None, metadata: None }
+        Self { provider, admin: None, metadata: None, metrics: None }
     }
 }
 
@@ -71,6 +73,7 @@ pub async fn serve(
     let calls = Arc::new(calls::Calls::default());
     let mut registry = Registry::default();
     let metrics = Arc::new(CallMetrics::register(&mut registry));
+    let registry = Arc::new(registry);
     let provider = Arc::new(match &config.dataplane {
         Some(dataplane) => provider::SimProvider::with_dataplane(cloud.clone(), dataplane::Pusher::new(dataplane)?),
         None => provider::SimProvider::new(cloud.clone()),
@@ -95,6 +98,9 @@ pub async fn serve(
         server = server.tls(files);
     }
     server = server.allow_insecure_tcp(config.allow_insecure_tcp);
+    if let Some(listen) = endpoints.metrics.clone() {
+        server = server.metrics(listen, registry.clone());
+    }
 
     let (stop_tx, stop_rx) = watch::channel(false);
     tokio::spawn(async move {

@@ -26,6 +26,10 @@ struct Args {
     /// like a cloud's link-local 169.254.169.254: http://127.0.0.1:port or unix:///path.sock.
     #[arg(long, value_name = "ENDPOINT")]
     metadata_listen: Option<String>,
+    /// Where to serve the provider's Prometheus metrics (`cloudprovider_server_*`) at
+    /// /metrics, plain HTTP: http://host:port or unix:///path.sock. Off when unset.
+    #[arg(long, value_name = "ENDPOINT")]
+    metrics_listen: Option<String>,
     /// Serve cloudprovider.v1 (on a TCP --listen) with mutual TLS: this certificate (PEM),
     /// with --tls-key-file and --tls-client-ca-file; clients need a certificate of that CA.
     #[arg(long, value_name = "FILE", requires_all = ["tls_key_file", "tls_client_ca_file"])]
@@ -123,6 +127,7 @@ async fn main() -> anyhow::Result<()> {
         provider: parse("--listen", args.listen.as_deref())?.context("--listen is required")?,
         admin: parse("--admin-listen", args.admin_listen.as_deref())?,
         metadata: parse("--metadata-listen", args.metadata_listen.as_deref())?,
+        metrics: parse("--metrics-listen", args.metrics_listen.as_deref())?,
     };
     if check_only {
         // The config file is the pod's (a mounted ConfigMap): checked where it is mounted.

@@ -55,6 +55,7 @@ async fn start_sim(config: Config) -> Running {
         provider: Listen::Unix(sock.clone()),
         admin: Some(Listen::Unix(admin.clone())),
         metadata: None,
+        metrics: None,
     };
     let task = tokio::spawn(ccm_provider_sim::run(config, endpoints, async move {
         let _ = rx.await;
@@ -422,6 +423,7 @@ async fn the_node_plugin_subcommand_serves_the_instance_it_runs_on() {
         provider: Listen::Unix(dir.path().join("provider.sock")),
         admin: Some(Listen::Unix(dir.path().join("admin.sock"))),
         metadata: Some(Listen::Unix(metadata.clone())),
+        metrics: None,
     };
     let sim = tokio::spawn(ccm_provider_sim::run(config, endpoints, async move {
         let _ = rx.await;

@@ -64,6 +64,7 @@ impl Sim {
             provider: ccm_provider_sdk::Listen::Unix(sock.clone()),
             admin: Some(ccm_provider_sdk::Listen::Unix(admin.clone())),
             metadata: Some(ccm_provider_sdk::Listen::Unix(self.metadata_socket())),
+            metrics: None,
         };
         let task = tokio::spawn(ccm_provider_sim::run(config, endpoints, async move {
             let _ = rx.await;
