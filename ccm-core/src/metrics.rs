@@ -263,12 +263,11 @@ impl Metrics {
         let stats = queue.stats();
         self.queue_depth(controller, stats.depth);
         self.upstream.queue_work(queue_name(controller), &queue.take_waits(), stats.unfinished, stats.longest);
-    }
-
-    /// A key added.
-    pub fn queue_add(&self, controller: &str) {
-        self.queue_adds.get_or_create(&ControllerLabels { controller: controller.into() }).inc();
-        self.upstream.queue_add(queue_name(controller));
+        let adds = queue.take_adds();
+        if adds > 0 {
+            self.queue_adds.get_or_create(&ControllerLabels { controller: controller.into() }).inc_by(adds);
+            self.upstream.queue_adds(queue_name(controller), adds);
+        }
     }
 
     /// One reconcile, and whether it failed.

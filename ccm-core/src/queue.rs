@@ -109,6 +109,9 @@ struct State<K> {
     started: HashMap<K, Instant>,
     /// How long the keys taken since the last [`WorkQueue::take_waits`] had waited.
     waits: Vec<Duration>,
+    /// Keys that became ready (not ready already) since the last [`WorkQueue::take_adds`]:
+    /// upstream's `workqueue_adds_total`.
+    adds: u64,
 }
 
 /// Counters a queue keeps, for metrics.
@@ -154,6 +157,7 @@ impl<K: Clone + Eq + Hash> WorkQueue<K> {
                 ready_since: HashMap::new(),
                 started: HashMap::new(),
                 waits: Vec::new(),
+                adds: 0,
             }),
             notify: Notify::new(),
         }
@@ -214,6 +218,7 @@ impl<K: Clone + Eq + Hash> WorkQueue<K> {
             s.waiting.remove(&at);
         }
         if s.queued.insert(key.clone()) {
+            s.adds += 1;
             s.ready_since.insert(key.clone(), Instant::now());
             s.ready.push_back(key);
         }
@@ -285,6 +290,7 @@ impl<K: Clone + Eq + Hash> WorkQueue<K> {
                             // Due while in process: again once done, not lost.
                             s.dirty.entry(key).or_insert(None);
                         } else if s.queued.insert(key.clone()) {
+                            s.adds += 1;
                             s.ready_since.insert(key.clone(), now);
                             s.ready.push_back(key);
                         }
@@ -390,6 +396,12 @@ impl<K: Clone + Eq + Hash> WorkQueue<K> {
         std::mem::take(&mut self.lock().waits)
     }
 
+    /// How many keys became ready since the last call (a key ready already is not counted
+    /// again, as upstream's work queue counts its adds).
+    pub fn take_adds(&self) -> u64 {
+        std::mem::take(&mut self.lock().adds)
+    }
+
     /// How many consecutive failures a key has.
     pub fn failures(&self, key: &K) -> u32 {
         self.lock().failures.get(key).map_or(0, |f| f.count)
@@ -443,6 +455,19 @@ mod tests {
         assert_eq!(q.next().await, Some("a"));
         assert_eq!(q.next().await, Some("b"));
         assert_eq!(next_within(&q, Duration::from_secs(1)).await, None);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn adds_are_counted_as_upstreams_work_queue_counts_them() {
+        let q = queue();
+        q.add("a");
+        q.add("a"); // ready already: not another add
+        q.add_after("b", Duration::from_secs(1));
+        assert_eq!(q.take_adds(), 1);
+        assert_eq!(q.next().await, Some("a"));
+        assert_eq!(q.next().await, Some("b"), "a delayed key comes due");
+        assert_eq!(q.take_adds(), 1, "and is counted then");
+        assert_eq!(q.take_adds(), 0);
     }
 
     #[tokio::test(start_paused = true)]

@@ -224,8 +224,8 @@ impl UpstreamMetrics {
         self.workqueue_longest.get_or_create(&labels).set(longest.as_secs_f64());
     }
 
-    pub(crate) fn queue_add(&self, name: &str) {
-        self.workqueue_adds.get_or_create(&label(name)).inc();
+    pub(crate) fn queue_adds(&self, name: &str, adds: u64) {
+        self.workqueue_adds.get_or_create(&label(name)).inc_by(adds);
     }
 
     pub(crate) fn reconcile(&self, name: &str, elapsed: Duration, failed: bool) {
@@ -411,7 +411,7 @@ mod tests {
         let mut registry = Registry::default();
         let m = UpstreamMetrics::register(&mut registry);
         m.queue_depth("service", 3);
-        m.queue_add("service");
+        m.queue_adds("service", 1);
         m.reconcile("service", Duration::from_millis(5), true);
         m.lease_held("cloud-controller-manager", true);
         m.controller_running("service-lb-controller", true);

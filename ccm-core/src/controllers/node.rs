@@ -92,7 +92,6 @@ impl NodeController {
 
     fn enqueue(&self, node: &Node, queue: &WorkQueue<String>) {
         if needs_init(&self.ctx, node) || needs_labels(&self.ctx, node) {
-            self.ctx.metrics.queue_add(NAME);
             queue.add_changed(node_util::name(node).to_string(), fingerprint(node));
         }
     }

@@ -9,15 +9,23 @@ use clap::{Parser, Subcommand};
 
 /// A simulated cloud behind cloudprovider.v1, for tests, benchmarks and trying things out.
 #[derive(Debug, Parser)]
-#[command(name = "ccm-provider-sim", version, about, args_conflicts_with_subcommands = true, subcommand_negates_reqs = true)]
+#[command(
+    name = "ccm-provider-sim",
+    version,
+    about,
+    args_conflicts_with_subcommands = true,
+    subcommand_negates_reqs = true,
+    args_override_self = true
+)]
 struct Args {
     #[command(subcommand)]
     command: Option<Command>,
     /// Where to serve cloudprovider.v1: unix:///path/provider.sock or http://host:port.
     #[arg(long, value_name = "ENDPOINT", required = true)]
     listen: Option<String>,
-    /// A TOML file with the initial inventory, API behaviour and faults.
-    #[arg(long, value_name = "FILE")]
+    /// A TOML file with the initial inventory, API behaviour and faults (also
+    /// `--cloud-config`, the name upstream's charts pass a provider's file under).
+    #[arg(long, value_name = "FILE", alias = "cloud-config")]
     config: Option<PathBuf>,
     /// Where to serve the admin API (JSON over HTTP): unix:///path/admin.sock or http://host:port.
     #[arg(long, value_name = "ENDPOINT")]

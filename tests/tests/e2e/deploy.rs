@@ -175,6 +175,113 @@ async fn every_manifest_and_the_rendered_chart_pass_a_server_side_dry_run() {
         objects.iter().any(|o| o["kind"] == "Deployment" && o["metadata"]["name"] == "ccm"),
         "nameOverride names the Deployment"
     );
+
+    // An operator's values, monitors included (validated by prometheus-operator's CRDs).
+    install_monitoring_crds(cp);
+    let mut cmd = std::process::Command::new(&helm);
+    cmd.args(["template", "ccm-rs", &chart.display().to_string(), "--namespace", "kube-system", "--kube-version", "1.37.2"]);
+    cmd.args(OPERATOR_VALUES);
+    let yaml = run(cmd, None, "helm template (an operator's values)");
+    let objects = dry_run(cp, &yaml, "helm (an operator's values)");
+    let of_kind = |kind: &'static str| objects.iter().filter(move |o| o["kind"] == kind);
+    assert_eq!(of_kind("Deployment").count(), 0, "DaemonSet mode has no Deployment");
+    assert_eq!(of_kind("PodDisruptionBudget").count(), 0, "nor a PodDisruptionBudget");
+    let core = of_kind("DaemonSet").find(|o| o["metadata"]["name"] == "cloud-controller-manager").expect("the core's DaemonSet");
+    let pod = &core["spec"]["template"]["spec"];
+    assert_eq!(pod["priorityClassName"], "system-node-critical");
+    assert!(pod["securityContext"]["runAsUser"].is_null() && pod["securityContext"]["runAsNonRoot"] == true, "{pod}");
+    let tolerations = pod["tolerations"].to_string();
+    for key in ["CriticalAddonsOnly", "dedicated", "node.cloudprovider.kubernetes.io/uninitialized"] {
+        assert!(tolerations.contains(key), "{key} not tolerated: {tolerations}");
+    }
+    assert_eq!(pod["topologySpreadConstraints"][0]["topologyKey"], "topology.kubernetes.io/zone");
+    assert_eq!(pod["dnsConfig"]["options"][0]["name"], "ndots");
+    let container =
+        |name: &str| pod["containers"].as_array().into_iter().flatten().find(|c| c["name"] == name).cloned().expect("container");
+    let core_args = container("cloud-controller-manager")["args"].to_string();
+    assert!(core_args.contains("--logging-format=text") && core_args.ends_with("\"--cluster-name=prod-2\"]"), "{core_args}");
+    let provider = container("provider");
+    let provider_args = provider["args"].to_string();
+    assert!(provider_args.contains("--cloud-config=/etc/cloud/cloud.conf"), "the sidecar gets --cloud-config: {provider_args}");
+    assert!(provider_args.contains("--metrics-listen=http://$(POD_IP):10260"), "{provider_args}");
+    assert!(provider["volumeMounts"].to_string().contains("/etc/cloud"), "the sidecar mounts the core's volume: {provider}");
+    let account = of_kind("ServiceAccount").find(|o| o["metadata"]["name"] == "cloud-controller-manager").expect("account");
+    assert_eq!(account["metadata"]["annotations"]["eks.amazonaws.com/role-arn"], "arn:aws:iam::123456789012:role/ccm");
+    for kind in ["ServiceMonitor", "PodMonitor"] {
+        let monitor = of_kind(kind).next().unwrap_or_else(|| panic!("no {kind}")).to_string();
+        assert!(monitor.contains("\"authorization\"") && monitor.contains("prometheus-metrics-token"), "{monitor}");
+        assert!(monitor.contains("\"ca\"") && monitor.contains("ccm-serving"), "the serving CA is verified: {monitor}");
+        assert!(!monitor.contains("bearerTokenFile") && !monitor.contains("insecureSkipVerify"), "{monitor}");
+        assert!(monitor.contains("sidecar-metrics"), "the sidecar's metrics are scraped: {monitor}");
+    }
+
+    // RBAC and accounts made elsewhere: the chart makes none.
+    let mut cmd = std::process::Command::new(&helm);
+    cmd.args(["template", "ccm-rs", &chart.display().to_string(), "--namespace", "kube-system", "--kube-version", "1.37.2"]);
+    cmd.args(["--set", "sim.enabled=true,rbac.create=false,serviceAccount.create=false,serviceAccount.name=platform-ccm"]);
+    let yaml = run(cmd, None, "helm template (RBAC elsewhere)");
+    let objects = dry_run(cp, &yaml, "helm (RBAC elsewhere)");
+    let made: Vec<String> = objects
+        .iter()
+        .filter(|o| o["metadata"]["annotations"]["helm.sh/hook"].is_null())
+        .filter(|o| {
+            matches!(o["kind"].as_str(), Some("ServiceAccount" | "Role" | "ClusterRole" | "RoleBinding" | "ClusterRoleBinding"))
+        })
+        .map(|o| format!("{}/{}", o["kind"], o["metadata"]["name"]))
+        .collect();
+    assert!(made.is_empty(), "made with rbac.create=false and serviceAccount.create=false: {made:?}");
+    let deployment = objects.iter().find(|o| o["kind"] == "Deployment").expect("deployment");
+    assert_eq!(deployment["spec"]["template"]["spec"]["serviceAccountName"], "platform-ccm");
+}
+
+/// What an operator moving from AWS's or hcloud's chart sets: the DaemonSet shape, an IRSA
+/// annotation, a priority class, OpenShift-friendly security contexts, tolerations, spread
+/// and DNS settings, both monitors with a given serving certificate, and extra arguments that
+/// repeat the chart's (the last wins) and pass `--cloud-config` (on to the sidecar, with the
+/// core's volume mounted there too).
+const OPERATOR_VALUES: &[&str] = &[
+    "--set",
+    "sim.enabled=true,kind=DaemonSet,priorityClassName=system-node-critical,logFormat=text",
+    "--set",
+    "serviceAccount.annotations.eks\\.amazonaws\\.com/role-arn=arn:aws:iam::123456789012:role/ccm",
+    "--set",
+    "podSecurityContext.runAsUser=null,podSecurityContext.runAsGroup=null,podSecurityContext.fsGroup=null",
+    "--set",
+    "additionalTolerations[0].key=dedicated,additionalTolerations[0].operator=Equal,additionalTolerations[0].value=infra,additionalTolerations[0].effect=NoSchedule",
+    "--set",
+    "topologySpreadConstraints[0].maxSkew=1,topologySpreadConstraints[0].topologyKey=topology.kubernetes.io/zone,topologySpreadConstraints[0].whenUnsatisfiable=ScheduleAnyway",
+    "--set-string",
+    "dnsConfig.options[0].name=ndots,dnsConfig.options[0].value=2",
+    "--set",
+    "metrics.serviceMonitor.enabled=true,metrics.podMonitor.enabled=true,tls.secretName=ccm-serving",
+    "--set",
+    "extraArgs={--cloud-config=/etc/cloud/cloud.conf,--cluster-name=prod,--controllers=*\\,tagging,--logging-format=json,--cluster-name=prod-2}",
+    "--set",
+    "extraVolumes[0].name=cloud,extraVolumes[0].configMap.name=cloud-config,extraVolumeMounts[0].name=cloud,extraVolumeMounts[0].mountPath=/etc/cloud,extraVolumeMounts[0].readOnly=true",
+];
+
+/// The prometheus-operator CRDs (ServiceMonitor, PodMonitor) of a pinned release, from its Go
+/// module (the module cache is shared and safe for concurrent use), installed in the test
+/// control plane so that the chart's monitors are validated against their schema.
+fn install_monitoring_crds(cp: &ControlPlane) {
+    let out = std::process::Command::new("go")
+        .args(["mod", "download", "-json", "github.com/prometheus-operator/prometheus-operator@v0.86.1"])
+        .env("GOTOOLCHAIN", "local")
+        .env("GOFLAGS", "-mod=mod")
+        .current_dir(std::env::temp_dir())
+        .output()
+        .expect("go mod download (Go is needed for the control plane already)");
+    let info: serde_json::Value = serde_json::from_slice(&out.stdout).expect("go mod download -json");
+    let dir = PathBuf::from(info["Dir"].as_str().unwrap_or_else(|| panic!("prometheus-operator's module: {info}")));
+    for kind in ["servicemonitors", "podmonitors"] {
+        let file = dir.join(format!("example/prometheus-operator-crd/monitoring.coreos.com_{kind}.yaml"));
+        run(cp.kubectl(&["apply", "--server-side", "-f", &file.display().to_string()]), None, &format!("the {kind} CRD"));
+        run(
+            cp.kubectl(&["wait", "--for=condition=Established", "--timeout=60s", &format!("crd/{kind}.monitoring.coreos.com")]),
+            None,
+            &format!("the {kind} CRD established"),
+        );
+    }
 }
 
 async fn token(client: &kube::Client, account: &str) -> String {
@@ -390,7 +497,15 @@ fn containers(objects: &[serde_json::Value]) -> Vec<(String, String, Vec<String>
                 .as_array()
                 .into_iter()
                 .flatten()
-                .filter_map(|e| Some((e["name"].as_str()?.to_string(), e["value"].as_str().unwrap_or("from-field").to_string())))
+                .filter_map(|e| {
+                    // What the kubelet would give a field reference: an address for the pod's IP.
+                    let value = match (e["value"].as_str(), e["valueFrom"]["fieldRef"]["fieldPath"].as_str()) {
+                        (Some(v), _) => v,
+                        (None, Some("status.podIP")) => "10.0.0.7",
+                        (None, _) => "from-field",
+                    };
+                    Some((e["name"].as_str()?.to_string(), value.to_string()))
+                })
                 .collect();
             let expand = |arg: &str| {
                 let mut text = arg.to_string();
@@ -481,7 +596,7 @@ async fn every_rendered_command_line_is_accepted_by_the_real_binaries() {
     let helm = tokio::task::spawn_blocking(|| ccm_harness::Assets::tool("helm")).await.expect("join").expect("helm");
     let assets = tokio::task::spawn_blocking(ccm_harness::Assets::find).await.expect("join").expect("assets");
     let chart = deploy_dir().join("helm/ccm-rs");
-    let variants: [(&str, &[&str]); 7] = [
+    let variants: [(&str, &[&str]); 8] = [
         ("the sim", &["--set", "sim.enabled=true"]),
         ("lease per controller", &["--set", "sim.enabled=true,leaderElection.perController=true"]),
         ("without service account credentials", &["--set", "sim.enabled=true,useServiceAccountCredentials=false"]),
@@ -495,6 +610,7 @@ async fn every_rendered_command_line_is_accepted_by_the_real_binaries() {
             "every controller, node IPAM too",
             &["--set", "sim.enabled=true,configureCloudRoutes=true,clusterCIDR=10.244.0.0/16,allocateNodeCIDRs=true"],
         ),
+        ("an operator's values", OPERATOR_VALUES),
     ];
     let mut checked = 0;
     for (name, set) in variants {

@@ -648,10 +648,24 @@ async fn aws_on_real_kubelets(cluster: &KubeletCluster, helm_bin: &Path, chart: 
     })
     .await;
 
+    // As an operator coming from AWS's chart installs it: a DaemonSet on the control-plane
+    // nodes, an IRSA role on the ServiceAccount, a priority class, and AWS's arguments
+    // (`--cloud-config` to the core, which passes it to the sidecar; `--controllers=*,tagging`;
+    // a repeated flag, the last winning).
     let values = dir.join("aws-test-values.yaml");
     let test_values = serde_json::json!({
         "clusterName": name,
+        "kind": "DaemonSet",
+        "priorityClassName": "system-node-critical",
+        "serviceAccount": { "annotations": { "eks.amazonaws.com/role-arn": "arn:aws:iam::123456789012:role/ccm-real" } },
+        "extraArgs": [
+            "--cloud-config=/etc/ccm-provider/cloud.conf",
+            "--controllers=*,tagging",
+            "--cluster-name=not-this-one",
+            format!("--cluster-name={name}"),
+        ],
         "provider": {
+            "args": ["--cloud-provider=aws", "--batch-reads"],
             "config": { "cloud.conf": moto.cloud_config(name) },
             "env": ccm_harness::aws::AWS_ENV.iter().map(|(k, v)| serde_json::json!({"name": k, "value": v})).collect::<Vec<_>>(),
         },
@@ -668,10 +682,25 @@ async fn aws_on_real_kubelets(cluster: &KubeletCluster, helm_bin: &Path, chart: 
         "helm install (AWS)",
     );
     let client = cluster.client().await.expect("client");
-    eventually("AWS: two Ready core pods", Duration::from_secs(120), async || {
-        (ready_pods(&client, CORE_PODS).await.len() == 2).then_some(())
+    let pods = eventually("AWS: a Ready core pod on each control-plane node", Duration::from_secs(120), async || {
+        let pods = ready_pods(&client, CORE_PODS).await;
+        (pods.len() == cluster.nodes.len()).then_some(pods)
     })
     .await;
+    for pod in &pods {
+        let owner = pod.metadata.owner_references.clone().unwrap_or_default();
+        assert!(owner.iter().any(|o| o.kind == "DaemonSet"), "AWS: the core runs as a DaemonSet: {owner:?}");
+        let spec = pod.spec.clone().unwrap_or_default();
+        assert_eq!(spec.priority_class_name.as_deref(), Some("system-node-critical"));
+        assert_eq!(spec.service_account_name.as_deref(), Some("cloud-controller-manager"));
+    }
+    let accounts: Api<k8s_openapi::api::core::v1::ServiceAccount> = Api::namespaced(client.clone(), "kube-system");
+    let account = accounts.get("cloud-controller-manager").await.expect("the core's ServiceAccount");
+    let annotations = account.metadata.annotations.unwrap_or_default();
+    assert_eq!(
+        annotations.get("eks.amazonaws.com/role-arn").map(String::as_str),
+        Some("arn:aws:iam::123456789012:role/ccm-real")
+    );
     let nodes: Api<Node> = Api::all(client.clone());
     let aws_initialised = |n: &Node| {
         let labels = n.metadata.labels.clone().unwrap_or_default();
@@ -729,12 +758,57 @@ async fn aws_on_real_kubelets(cluster: &KubeletCluster, helm_bin: &Path, chart: 
     })
     .await;
     let ids: Vec<String> = instances.iter().map(|i| i.id.clone()).collect();
-    let elbs = moto.query("elbs").await.expect("moto elbs");
-    let elb = elbs.as_array().and_then(|l| l.iter().find(|lb| lb["dns"].as_str() == Some(hostname.as_str())).cloned());
-    let elb = elb.unwrap_or_else(|| panic!("no ELB {hostname} in moto: {elbs}"));
-    let registered: Vec<String> =
-        elb["instances"].as_array().cloned().unwrap_or_default().iter().filter_map(|v| v.as_str().map(String::from)).collect();
-    assert!(!registered.is_empty() && registered.iter().all(|r| ids.contains(r)), "{elb}");
+    let mut registered = async || {
+        let elbs = moto.query("elbs").await.expect("moto elbs");
+        let elb = elbs.as_array().and_then(|l| l.iter().find(|lb| lb["dns"].as_str() == Some(hostname.as_str())).cloned());
+        let elb = elb.unwrap_or_else(|| panic!("no ELB {hostname} in moto: {elbs}"));
+        let mut list: Vec<String> = elb["instances"]
+            .as_array()
+            .cloned()
+            .unwrap_or_default()
+            .iter()
+            .filter_map(|v| v.as_str().map(String::from))
+            .collect();
+        list.sort();
+        list
+    };
+    let mut every = ids.clone();
+    every.sort();
+    let before = eventually("AWS: every instance registered", Duration::from_secs(60), async || {
+        let list = registered().await;
+        (list == every).then_some(list)
+    })
+    .await;
+
+    // KEP-3458: the cluster autoscaler's taint on a Node does not take its instance out of the
+    // ELB (connections drain through kube-proxy's health check until the Node is deleted).
+    let tainted = &cluster.nodes[0].name;
+    let taint = serde_json::json!({"spec": {"taints": [
+        {"key": "ToBeDeletedByClusterAutoscaler", "value": "1764844800", "effect": "NoSchedule"}
+    ]}});
+    nodes.patch(tainted, &PatchParams::default(), &Patch::Merge(&taint)).await.expect("the autoscaler's taint");
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    assert_eq!(registered().await, before, "AWS: the autoscaler's taint took an instance out of the ELB");
+    let untaint = serde_json::json!({"spec": {"taints": null}});
+    nodes.patch(tainted, &PatchParams::default(), &Patch::Merge(&untaint)).await.expect("taint removed");
+
+    // The AWS provider's own metrics, served by the sidecar (--metrics-listen): its AWS API
+    // calls by request, as upstream's aws-cloud-controller-manager serves them.
+    let leader = leader_ip(cluster, &client, "AWS").await;
+    let metrics = eventually("AWS: the sidecar's cloudprovider_aws_api_* metrics", Duration::from_secs(30), async || {
+        let (status, body) = http_get(&format!("http://{leader}:10260"), "/metrics").await?;
+        (status == 200 && body.contains("cloudprovider_aws_api_request_duration_seconds_count{")).then_some(body)
+    })
+    .await;
+    assert!(metrics.contains("cloudprovider_aws_api_request_duration_seconds_count{request=\""), "{metrics}");
+    let logs = run(
+        cluster.kubectl(&["-n", "kube-system", "logs", "daemonset/cloud-controller-manager", "-c", "cloud-controller-manager"]),
+        "core logs",
+    );
+    assert!(
+        logs.contains("--cloud-config") && logs.contains("tagging"),
+        "AWS: the core says where --cloud-config and tagging go: {logs}"
+    );
     services.delete("web", &DeleteParams::default()).await.expect("delete service");
     eventually("AWS: the Service deleted and its ELB with it", Duration::from_secs(90), async || {
         let gone = services.get_opt("web").await.ok()?.is_none();

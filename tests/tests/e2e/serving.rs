@@ -208,11 +208,16 @@ async fn upstreams_metric_names_are_served_beside_ours() {
         "rest_client_request_duration_seconds_count{host=",
         "rest_client_rate_limiter_duration_seconds_count{host=",
     ];
-    let text = eventually("upstream's series", Duration::from_secs(30), async || {
-        let (_, text) = http_get(&base, "/metrics").await?;
-        wanted.iter().all(|w| text.contains(w)).then_some(text)
-    })
-    .await;
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+    let text = loop {
+        let text = http_get(&base, "/metrics").await.map(|(_, t)| t).unwrap_or_default();
+        let missing: Vec<&&str> = wanted.iter().filter(|w| !text.contains(**w)).collect();
+        if missing.is_empty() {
+            break text;
+        }
+        assert!(tokio::time::Instant::now() < deadline, "upstream's series missing after 30 s: {missing:?}\n{text}");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    };
     assert!(text.contains("ccm_provider_calls_total"), "ours are still there");
     // An upstream dashboard's queries find their series.
     let dashboard = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/data/controller-manager-dashboard.promql"))

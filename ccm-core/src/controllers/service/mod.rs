@@ -266,7 +266,6 @@ impl ServiceController {
             Change::Applied { new, .. } => {
                 let k = service_key(&new);
                 if self.queued_for(&new) {
-                    self.ctx.metrics.queue_add(NAME);
                     self.queue.add_changed(Key::Service(k), fingerprint(&new));
                 } else if self.ours(&new) && self.state().ensured.remove(&k).is_some() {
                     // It left type LoadBalancer with its finalizer removed by someone else.

@@ -15,6 +15,11 @@ helm.sh/chart: {{ .Chart.Name }}-{{ .Chart.Version }}
 {{- end }}
 {{- end -}}
 
+{{/* The Pod's ServiceAccount (the core and the provider sidecar run as it). */}}
+{{- define "ccm-rs.serviceAccountName" -}}
+{{- .Values.serviceAccount.name | default "cloud-controller-manager" -}}
+{{- end -}}
+
 {{/* The provider sidecar: the sim's when sim.enabled, else provider.*, which must be set. */}}
 {{- define "ccm-rs.provider" -}}
 {{- if .Values.sim.enabled -}}
