@@ -79,3 +79,91 @@ fn bad_flags_are_clear_errors() {
         String::from_utf8_lossy(&out.stderr)
     );
 }
+
+/// Every default the documentation quotes for a flag (``--flag` (value)`, ``--flag` (default
+/// value)`, `default `--flag=value``) is the one the binary's `--help` states: docs that
+/// disagree with the code are caught here rather than by an operator.
+#[test]
+fn the_documented_defaults_are_the_binarys() {
+    let out = ccm(&["--help"]);
+    let help = String::from_utf8_lossy(&out.stdout);
+    // `--flag …` on a line of its own, then its `[default: …]` lines later.
+    let mut defaults = std::collections::BTreeMap::new();
+    let mut flag: Option<String> = None;
+    for line in help.lines().map(str::trim) {
+        if let Some(rest) = line.strip_prefix("--").or_else(|| line.split_once(", --").map(|(_, r)| r)) {
+            let name: String = rest.chars().take_while(|c| c.is_ascii_alphanumeric() || *c == '-').collect();
+            flag = Some(format!("--{name}"));
+        } else if let (Some(value), Some(f)) = (line.strip_prefix("[default: ").and_then(|l| l.strip_suffix(']')), &flag) {
+            defaults.insert(f.clone(), value.to_string());
+        }
+    }
+    assert!(defaults.len() > 40, "--help's defaults were not found: {defaults:?}");
+    let root = concat!(env!("CARGO_MANIFEST_DIR"), "/..");
+    let mut checked = Vec::new();
+    for doc in ["ccm-core/README.md", "deploy/README.md", "README.md", "ARCHITECTURE.md"] {
+        let text = std::fs::read_to_string(format!("{root}/{doc}")).expect("doc").replace('\n', " ");
+        for (flag, quoted) in quoted_defaults(&text) {
+            let Some(default) = defaults.get(&flag) else { continue };
+            assert!(
+                same_value(&quoted, default),
+                "{doc} says {flag} defaults to {quoted:?}, but `cloud-controller-manager --help` says {default:?}"
+            );
+            checked.push(format!("{flag}={quoted}"));
+        }
+    }
+    assert!(checked.len() >= 15, "only {} documented defaults found: {checked:?}", checked.len());
+}
+
+/// (flag, value) for each ``--flag` (value)`, ``--flag` (default value)` and
+/// `default `--flag=value`` in `text`, where the value looks like one (a number, a duration,
+/// a boolean or a word without spaces), not a remark.
+fn quoted_defaults(text: &str) -> Vec<(String, String)> {
+    let mut out = Vec::new();
+    let mut rest = text;
+    while let Some(start) = rest.find("`--") {
+        let tail = &rest[start + 1..];
+        let Some(end) = tail.find('`') else { break };
+        let code = &tail[..end];
+        let after = &tail[end + 1..];
+        let before = &rest[..start];
+        rest = after;
+        if let Some((flag, value)) = code.split_once('=') {
+            if before.trim_end().ends_with("default") || after.trim_start().starts_with("by default") {
+                out.push((flag.to_string(), value.to_string()));
+            }
+            continue;
+        }
+        let Some(paren) = after.strip_prefix(" (") else { continue };
+        let Some(close) = paren.find(')') else { continue };
+        let inner = paren[..close].trim();
+        let value = inner.strip_prefix("default ").unwrap_or(inner);
+        if looks_like_a_value(value) {
+            out.push((code.to_string(), value.to_string()));
+        }
+    }
+    out
+}
+
+fn looks_like_a_value(v: &str) -> bool {
+    let compact = v.replace(' ', "");
+    v == "true"
+        || v == "false"
+        || compact.parse::<f64>().is_ok()
+        || (compact.chars().next().is_some_and(|c| c.is_ascii_digit())
+            && humantime::parse_duration(&compact.replace("min", "m")).is_ok())
+}
+
+/// Whether a documented value and a `--help` default are the same (`5 min` is `5m`, `2 s` is
+/// `2s`, `0.10` is `0.1`).
+fn same_value(documented: &str, default: &str) -> bool {
+    let norm = |v: &str| v.replace(' ', "").replace("min", "m");
+    let (d, h) = (norm(documented), norm(default));
+    if d == h {
+        return true;
+    }
+    if let (Ok(a), Ok(b)) = (d.parse::<f64>(), h.parse::<f64>()) {
+        return a == b;
+    }
+    matches!((humantime::parse_duration(&d), humantime::parse_duration(&h)), (Ok(a), Ok(b)) if a == b)
+}

@@ -22,7 +22,9 @@
 # `setup.sh moto` prints the python of a virtualenv with moto[server] and boto3 (versions
 # below), made in .../moto-<version>/ from PyPI. `setup.sh coredns` prints the path of coredns
 # (../coredns: CoreDNS with only the plugins a cluster DNS needs, for the kubelet cluster's
-# kube-dns), built static into .../coredns-<hash of its sources>/.
+# kube-dns), built static into .../coredns-<hash of its sources>/. `setup.sh cargo-deny` prints
+# the path of cargo-deny (the release checks: licenses, bans, sources), built from crates.io
+# into .../cargo-deny-<version>/.
 #
 # - If KUBEBUILDER_ASSETS is set, or all of TEST_ASSET_KUBE_APISERVER / TEST_ASSET_ETCD /
 #   TEST_ASSET_KUBECTL are, those binaries are used and nothing is built.
@@ -41,7 +43,7 @@ set -euo pipefail
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 
 mode=${1:-control-plane}
-case "$mode" in control-plane|kubelet-check|cluster|pause|e2e|helm|peer|aws|aws-upstream|fake-provider|moto|coredns) ;; *) echo "usage: setup.sh [kubelet-check|cluster|pause|e2e|helm|peer|aws|aws-upstream|fake-provider|moto|coredns]" >&2; exit 2 ;; esac
+case "$mode" in control-plane|kubelet-check|cluster|pause|e2e|helm|peer|aws|aws-upstream|fake-provider|moto|coredns|cargo-deny) ;; *) echo "usage: setup.sh [kubelet-check|cluster|pause|e2e|helm|peer|aws|aws-upstream|fake-provider|moto|coredns|cargo-deny]" >&2; exit 2 ;; esac
 cache="${CCM_ENVTEST_CACHE:-$HOME/.cache/ccm-rs}"
 
 # Partial files of this process, removed however it exits.
@@ -82,6 +84,29 @@ if [ "$mode" = moto ]; then
     fi
   fi
   echo "$venv/bin/python"
+  exit 0
+fi
+
+if [ "$mode" = cargo-deny ]; then
+  # cargo-deny (the release checks' license, ban and source checks), from crates.io with its
+  # own lock file, into .../cargo-deny-<version>/bin/.
+  deny_version=0.20.2
+  dir="$cache/cargo-deny-$deny_version"
+  if [ ! -x "$dir/bin/cargo-deny" ]; then
+    command -v cargo >/dev/null || { echo "setup.sh: cargo is required to build cargo-deny" >&2; exit 1; }
+    lock "$dir"
+    if [ ! -x "$dir/bin/cargo-deny" ]; then
+      tmp="$dir.partial.$$"
+      partials+=("$tmp")
+      echo "setup.sh: building cargo-deny $deny_version into $dir (minutes the first time)" >&2
+      start=$(date +%s)
+      CARGO_TARGET_DIR="$tmp/target" cargo install --quiet --locked --root "$tmp" --version "$deny_version" cargo-deny >&2
+      mkdir -p "$dir/bin"
+      mv -f "$tmp/bin/cargo-deny" "$dir/bin/cargo-deny"
+      echo "setup.sh: built cargo-deny in $(( $(date +%s) - start ))s" >&2
+    fi
+  fi
+  echo "$dir/bin/cargo-deny"
   exit 0
 fi
 

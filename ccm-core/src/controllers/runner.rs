@@ -174,6 +174,10 @@ async fn feed<C: Controller>(
     }
     controller.resync(&queue);
     ctx.metrics.queue_state(C::NAME, &queue);
+    // The queue's metrics after a change, at most every FEED_METRICS_INTERVAL: every Node
+    // heartbeat reaches every controller, and a key the change added is reported by the
+    // worker that takes it anyway.
+    let mut reported = tokio::time::Instant::now();
     loop {
         tokio::select! {
             _ = stop.cancelled() => return,
@@ -200,9 +204,15 @@ async fn feed<C: Controller>(
                 }
             } => controller.on_provider(now, &queue),
         }
-        ctx.metrics.queue_state(C::NAME, &queue);
+        if reported.elapsed() >= FEED_METRICS_INTERVAL {
+            ctx.metrics.queue_state(C::NAME, &queue);
+            reported = tokio::time::Instant::now();
+        }
     }
 }
+
+/// How often the feed reports its queue's metrics at most.
+const FEED_METRICS_INTERVAL: Duration = Duration::from_millis(250);
 
 /// Takes keys (up to a batch), reconciles them, reports each outcome to the queue and the
 /// metrics; ends when the queue is shut down.
