@@ -42,10 +42,9 @@ use k8s_openapi::api::core::v1::{Node, Taint};
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
-use super::Context;
 use super::runner::{self, Done, Watches};
+use super::{Context, Tasks};
 use crate::events::{EventType, reason};
-use crate::informer::Change;
 use crate::node_util;
 use crate::provider::convert::{Instance, InstanceLookups, InstanceState};
 use crate::queue::{Outcome, WorkQueue};
@@ -784,19 +783,28 @@ impl NodeLifecycleController {
 impl runner::Controller for NodeLifecycleController {
     type Key = EveryNode;
     const NAME: &'static str = NAME;
-    const WATCHES: Watches = Watches { nodes: true, services: false, provider: false };
+    /// Nothing but the period starts a pass (a missed change is seen by the next one), so no
+    /// change is subscribed to: a subscriber would wake on every heartbeat of every Node.
+    const WATCHES: Watches = Watches { nodes: false, services: false, provider: false };
 
     fn ctx(&self) -> &Context {
         &self.ctx
     }
 
-    /// The first pass one period after the Node cache is synced, as every later one.
-    fn resync(&self, queue: &WorkQueue<EveryNode>) {
-        queue.add_after(EveryNode, self.ctx.options.node_monitor_period);
-    }
+    /// The first pass is scheduled once the Node cache is synced (see `spawn`).
+    fn resync(&self, _queue: &WorkQueue<EveryNode>) {}
 
-    /// Nothing but the period starts a pass: a missed change is seen by the next one.
-    fn on_node(&self, _change: Option<Change<Node>>, _queue: &WorkQueue<EveryNode>) {}
+    /// The first pass one period after the Node cache is synced, as every later one.
+    fn spawn(self: &Arc<Self>, queue: &Arc<WorkQueue<EveryNode>>, stop: &CancellationToken, tasks: &mut Tasks) {
+        let (ctx, queue, stop) = (self.ctx.clone(), queue.clone(), stop.clone());
+        tasks.spawn(async move {
+            tokio::select! {
+                _ = ctx.nodes.wait_synced() => queue.add_after(EveryNode, ctx.options.node_monitor_period),
+                _ = stop.cancelled() => return,
+            }
+            stop.cancelled().await;
+        });
+    }
 
     async fn reconcile(&self, _keys: &[EveryNode]) -> Vec<Done> {
         let pass = self.pass().await;
