@@ -20,8 +20,23 @@ cd "$(dirname "$0")/../.."
 if ! rustup target list --installed 2>/dev/null | grep -qx "$target"; then
   rustup target add "$target" >&2
 fi
-# ring (TLS) compiles C: it needs musl's compiler wrapper (Debian: musl-tools).
-command -v musl-gcc >/dev/null || { echo "build-binaries.sh: musl-gcc not found (apt-get install musl-tools)" >&2; exit 1; }
+# ring (TLS) compiles C for the target. On the target's own architecture that is musl's
+# compiler wrapper (Debian: musl-tools); for the other one, a cross compiler that also links
+# (Debian: gcc-aarch64-linux-gnu or gcc-x86-64-linux-gnu; Rust's musl targets bring their own
+# C library, so a glibc cross toolchain serves).
+host=$(uname -m)
+case "$target" in
+  x86_64-*) cross=x86_64-linux-gnu-gcc; native=x86_64 ;;
+  aarch64-*) cross=aarch64-linux-gnu-gcc; native=aarch64 ;;
+esac
+if [ "$host" = "$native" ] || [ "$host" = "${native/x86_64/amd64}" ] || [ "$host" = "${native/aarch64/arm64}" ]; then
+  command -v musl-gcc >/dev/null || { echo "build-binaries.sh: musl-gcc not found (apt-get install musl-tools)" >&2; exit 1; }
+else
+  command -v "$cross" >/dev/null || {
+    echo "build-binaries.sh: building for $target on $host needs the cross compiler $cross (Debian: apt-get install gcc-${cross%-gcc})" >&2; exit 1; }
+  t=${target//-/_}
+  export "CC_$t=$cross" "CARGO_TARGET_${t^^}_LINKER=$cross"
+fi
 mkdir -p "$out"
 # Go sidecars (the go-adapter's): static, without cgo, from their modules under providers/.
 rust=()

@@ -13,6 +13,16 @@ LABEL, ENV, USER, WORKDIR, ENTRYPOINT and CMD. Anything else is an error, not a 
     build.py --file SRC:DEST [--file ...] [--symlink LINK:TARGET ...] [--dir DEST ...]
              --entrypoint DEST [--cmd ARG ...] --tag NAME:TAG --out IMAGE.tar
 
+`--platform linux/amd64,linux/arm64` builds the image once per platform (TARGETARCH set for
+each: build-binaries.sh cross-compiles with the musl targets) and writes one archive whose
+index.json names a multi-architecture image index; one platform (the default: this machine's)
+gives a plain image. `--sbom` also writes, beside the archive, a CycloneDX SBOM per platform
+(`IMAGE.<arch>.cdx.json`: the components of every binary in the image, from cargo-cyclonedx
+for the Rust ones and cyclonedx-gomod for the Go ones; harness/envtest/setup.sh
+release-tools builds them). The provenance labels come from the repository unless given:
+GIT_COMMIT (its HEAD) and CREATED (HEAD's commit time, also the image config's `created`),
+so the same commit gives the same digests.
+
 The second form packs given files (the test cluster's pause image; the upstream e2e suite's
 agnhost with the tools its tests run, harness/src/e2e_images.rs), symbolic links and empty
 directories. The archive is reproducible: fixed timestamps and ownership, sorted entries.
@@ -44,6 +54,45 @@ class BuildError(Exception):
 def go_arch():
     machine = platform.machine()
     return {"x86_64": "amd64", "amd64": "amd64", "aarch64": "arm64", "arm64": "arm64"}.get(machine, machine)
+
+
+def parse_platforms(value):
+    """`linux/amd64,linux/arm64` -> ["amd64", "arm64"]."""
+    archs = []
+    for item in value.split(","):
+        os_name, sep, arch = item.strip().partition("/")
+        arch = {"x86_64": "amd64", "aarch64": "arm64"}.get(arch, arch)
+        if os_name != "linux" or not sep or arch not in ("amd64", "arm64"):
+            raise BuildError(f"--platform {item!r}: expected linux/amd64 or linux/arm64")
+        if arch not in archs:
+            archs.append(arch)
+    return archs
+
+
+def git(*args):
+    """A git command's output in the repository, or "" outside a git checkout."""
+    try:
+        return subprocess.run(["git", *args], cwd=ROOT, capture_output=True, text=True, check=True).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return ""
+
+
+def provenance_args(given):
+    """GIT_COMMIT and CREATED from the repository's HEAD where not given (for the
+    org.opencontainers.image.revision and .created labels)."""
+    given = dict(given)
+    if not given.get("GIT_COMMIT"):
+        given["GIT_COMMIT"] = git("rev-parse", "HEAD")
+    if not given.get("CREATED"):
+        epoch = git("log", "-1", "--format=%ct")
+        given["CREATED"] = rfc3339(int(epoch)) if epoch else rfc3339(EPOCH)
+    return given
+
+
+def rfc3339(seconds):
+    import datetime
+
+    return datetime.datetime.fromtimestamp(seconds, datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 def instructions(path):
@@ -118,12 +167,13 @@ def run_build_binaries(command, out_dir, args):
     local = os.path.join(out_dir, stage_out.strip("/"))
     print(f"build.py: {BUILD_BINARIES} {' '.join(words[2:])} (static, {env['TARGETARCH']})", file=sys.stderr)
     subprocess.run(["bash", os.path.join(ROOT, BUILD_BINARIES), local] + words[2:], cwd=ROOT, env=env, check=True)
-    return stage_out, local
+    return stage_out, local, words[2:]
 
 
 def from_containerfile(path, given, work):
     """Files (dest -> local path) and the image config from a Containerfile."""
     args = {}
+    binaries = {}  # binary name -> local path, of every build stage
     stages = {}  # name -> {container path prefix: local dir}
     stage = None
     final = None
@@ -144,8 +194,9 @@ def from_containerfile(path, given, work):
             raise BuildError(f"{keyword} before the first FROM")
         if stage["name"]:  # a build stage
             if keyword == "RUN" and BUILD_BINARIES in rest:
-                prefix, local = run_build_binaries(substitute(rest, args), work, args)
+                prefix, local, names = run_build_binaries(substitute(rest, args), work, args)
                 stage["mounts"][prefix] = local
+                binaries.update({name: os.path.join(local, name) for name in names})
             elif keyword in ("RUN", "WORKDIR", "COPY"):
                 print(f"build.py: skipped in stage {stage['name']}: {keyword} {rest} (this machine provides it)", file=sys.stderr)
             elif keyword not in ("LABEL", "ENV"):
@@ -193,7 +244,8 @@ def from_containerfile(path, given, work):
     env = {"PATH": "/usr/local/bin:/usr/bin:/bin"}
     env.update(final["env"])
     final["config"]["Env"] = [f"{k}={v}" for k, v in env.items()]
-    return final["files"], final["config"]
+    shipped = {name: local for name, local in binaries.items() if local in final["files"].values()}
+    return final["files"], final["config"], shipped
 
 
 def layer(files, symlinks=None, dirs=()):
@@ -232,18 +284,18 @@ def layer(files, symlinks=None, dirs=()):
     return blob, "sha256:" + hashlib.sha256(plain).hexdigest()
 
 
-def write_archive(out, tag, files, config, symlinks=None, dirs=()):
+def image_manifest(blobs, files, config, arch, created="1970-01-01T00:00:00Z", symlinks=None, dirs=()):
+    """One platform's image (its layer, config and manifest added to blobs); the manifest's
+    descriptor, with its platform."""
     blob, diff_id = layer(files, symlinks, dirs)
-    arch = go_arch()
     image_config = {
         "architecture": arch,
         "os": "linux",
         "config": config,
         "rootfs": {"type": "layers", "diff_ids": [diff_id]},
-        "history": [{"created_by": "deploy/images/build.py", "created": "1970-01-01T00:00:00Z"}],
-        "created": "1970-01-01T00:00:00Z",
+        "history": [{"created_by": "deploy/images/build.py", "created": created}],
+        "created": created,
     }
-    blobs = {}
 
     def add(data, media_type):
         digest = "sha256:" + hashlib.sha256(data).hexdigest()
@@ -259,13 +311,33 @@ def write_archive(out, tag, files, config, symlinks=None, dirs=()):
         "layers": [layer_desc],
         "annotations": dict(config.get("Labels", {})),
     }
-    manifest_desc = add(json.dumps(manifest, sort_keys=True).encode(), "application/vnd.oci.image.manifest.v1+json")
+    desc = add(json.dumps(manifest, sort_keys=True).encode(), "application/vnd.oci.image.manifest.v1+json")
+    desc["platform"] = {"architecture": arch, "os": "linux"}
+    print(f"build.py: linux/{arch} image {desc['digest']} ({len(blob) / 1048576:.1f} MiB compressed)", file=sys.stderr)
+    return desc
+
+
+def write_archive(out, tag, images, blobs, annotations=None):
+    """An OCI layout archive of one image (images: [manifest descriptor]) or of a
+    multi-architecture index of several; returns the descriptor index.json names."""
     name, _, ref = tag.rpartition(":")
     if not name or "/" in ref:
         raise BuildError(f"--tag {tag}: expected NAME:TAG")
-    manifest_desc["platform"] = {"architecture": arch, "os": "linux"}
-    manifest_desc["annotations"] = {"io.containerd.image.name": tag, "org.opencontainers.image.ref.name": ref}
-    index = {"schemaVersion": 2, "mediaType": "application/vnd.oci.image.index.v1+json", "manifests": [manifest_desc]}
+    if len(images) == 1:
+        top = dict(images[0])
+    else:
+        index = {
+            "schemaVersion": 2,
+            "mediaType": "application/vnd.oci.image.index.v1+json",
+            "manifests": images,
+            "annotations": dict(annotations or {}),
+        }
+        data = json.dumps(index, sort_keys=True).encode()
+        digest = "sha256:" + hashlib.sha256(data).hexdigest()
+        blobs[digest] = data
+        top = {"mediaType": "application/vnd.oci.image.index.v1+json", "digest": digest, "size": len(data)}
+    top["annotations"] = {"io.containerd.image.name": tag, "org.opencontainers.image.ref.name": ref}
+    index = {"schemaVersion": 2, "mediaType": "application/vnd.oci.image.index.v1+json", "manifests": [top]}
     members = {"oci-layout": json.dumps({"imageLayoutVersion": "1.0.0"}).encode(), "index.json": json.dumps(index).encode()}
     for digest, data in blobs.items():
         members["blobs/sha256/" + digest.split(":", 1)[1]] = data
@@ -280,7 +352,9 @@ def write_archive(out, tag, files, config, symlinks=None, dirs=()):
     finally:
         if os.path.exists(partial):
             os.remove(partial)
-    print(f"build.py: {tag} ({arch}, {len(blob) / 1048576:.1f} MiB compressed) -> {out}", file=sys.stderr)
+    archs = ", ".join(i["platform"]["architecture"] for i in images)
+    print(f"build.py: {tag} ({archs}) {top['digest']} -> {out}", file=sys.stderr)
+    return top
 
 
 def write_tar(path, members):
@@ -296,6 +370,128 @@ def write_tar(path, members):
             tar.addfile(info, io.BytesIO(members[member]))
 
 
+RUST_TARGETS = {"amd64": "x86_64-unknown-linux-musl", "arm64": "aarch64-unknown-linux-musl"}
+
+
+def release_tools():
+    """The directory of cargo-cyclonedx and cyclonedx-gomod (built on first use, under a lock,
+    by harness/envtest/setup.sh release-tools)."""
+    tools = os.environ.get("CCM_RELEASE_TOOLS")
+    if not tools:
+        setup = os.path.join(ROOT, "harness/envtest/setup.sh")
+        tools = subprocess.run(["bash", setup, "release-tools"], cwd=ROOT, stdout=subprocess.PIPE, text=True, check=True).stdout.strip()
+    return tools
+
+
+def is_go_binary(path):
+    """Whether PATH is a Go program (its build information names a main module)."""
+    result = subprocess.run(["go", "version", "-m", path], capture_output=True, text=True, env=dict(os.environ, GOTOOLCHAIN="local"))
+    return result.returncode == 0 and "\tmod\t" in result.stdout
+
+
+def binary_sbom(tools, name, path, arch, work):
+    """The CycloneDX BOM (a dict) of one binary: cyclonedx-gomod reads a Go binary's build
+    information; cargo-cyclonedx describes a Rust binary from the lock file for its target."""
+    out = os.path.join(work, f"{name}.{arch}.cdx.json")
+    if is_go_binary(path):
+        subprocess.run([os.path.join(tools, "cyclonedx-gomod"), "bin", "-json", "-output", out, path], check=True, stdout=sys.stderr)
+    else:
+        packages = json.loads(
+            subprocess.run(["cargo", "metadata", "--no-deps", "--format-version=1", "--locked"], cwd=ROOT, capture_output=True, text=True, check=True).stdout
+        )["packages"]
+        manifest = next(
+            (p["manifest_path"] for p in packages for t in p["targets"] if t["name"] == name and "bin" in t["kind"]), None
+        )
+        if manifest is None:
+            raise BuildError(f"--sbom: {name} is neither a Go program nor a binary of this workspace")
+        target = RUST_TARGETS[arch]
+        # cargo-cyclonedx writes beside the package's Cargo.toml: one writer at a time, and
+        # the file moved out at once (two builds of one workspace may run together).
+        import fcntl
+
+        os.makedirs(os.path.join(ROOT, "target"), exist_ok=True)
+        with open(os.path.join(ROOT, "target", ".sbom.lock"), "w") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            subprocess.run(
+                [os.path.join(tools, "cargo-cyclonedx"), "cyclonedx", "--manifest-path", manifest, "--format", "json",
+                 "--describe", "binaries", "--target", target, "--target-in-filename", "--spec-version", "1.5", "--no-build-deps", "-qq"],
+                cwd=ROOT, check=True, stdout=sys.stderr,
+            )
+            written = os.path.join(os.path.dirname(manifest), f"{name}_bin_{target}.cdx.json")
+            if not os.path.exists(written):
+                found = [f for f in os.listdir(os.path.dirname(manifest)) if f.endswith(".cdx.json")]
+                raise BuildError(f"--sbom: cargo-cyclonedx did not write {written} (found {found})")
+            os.replace(written, out)
+            for f in os.listdir(os.path.dirname(manifest)):
+                if f.endswith(".cdx.json"):
+                    os.remove(os.path.join(os.path.dirname(manifest), f))
+    with open(out, encoding="utf-8") as f:
+        text = f.read()
+    # Local packages are named by their path on this machine (`path+file:///…/ccm-core`): by
+    # their path in the repository instead, so the SBOM is the same wherever it is built.
+    for root in {ROOT, os.path.realpath(ROOT)}:
+        text = text.replace(root, "/ccm-rs")
+    return json.loads(text)
+
+
+def image_sbom(tag, arch, manifest_digest, created, boms):
+    """One CycloneDX BOM for an image: the image as its subject, each binary's own component
+    and all their components, de-duplicated, with their dependency graphs merged."""
+    name, _, ref = tag.rpartition(":")
+    components, seen, deps = [], set(), {}
+
+    def add(component):
+        nested = component.get("components", [])
+        flat = {k: v for k, v in component.items() if k != "components"}
+        key = flat.get("bom-ref") or flat.get("purl") or f"{flat.get('name')}@{flat.get('version')}"
+        if key not in seen:
+            seen.add(key)
+            components.append(flat)
+        for child in nested:
+            add(child)
+
+    binaries = []
+    for bom in boms:
+        top = bom.get("metadata", {}).get("component")
+        if top:
+            add(top)
+            binaries.append(top.get("bom-ref") or top.get("purl"))
+        for component in bom.get("components", []):
+            add(component)
+        for dep in bom.get("dependencies", []):
+            deps.setdefault(dep["ref"], set()).update(dep.get("dependsOn", []))
+    image_ref = f"pkg:oci/{name.rsplit('/', 1)[-1]}@{manifest_digest.replace(':', '%3A')}?arch={arch}&repository_url={name}"
+    deps[image_ref] = set(b for b in binaries if b)
+    known = {c.get("bom-ref") for c in components} | {image_ref}
+    return {
+        "bomFormat": "CycloneDX",
+        "specVersion": "1.5",
+        "serialNumber": "urn:uuid:" + str(__import__("uuid").uuid5(__import__("uuid").NAMESPACE_URL, image_ref)),
+        "version": 1,
+        "metadata": {
+            "timestamp": created,
+            "tools": [{"name": "deploy/images/build.py"}, {"name": "cargo-cyclonedx"}, {"name": "cyclonedx-gomod"}],
+            "component": {
+                "type": "container",
+                "bom-ref": image_ref,
+                "name": name,
+                "version": ref,
+                "purl": image_ref,
+                "hashes": [{"alg": "SHA-256", "content": manifest_digest.split(":", 1)[1]}],
+            },
+        },
+        "components": components,
+        "dependencies": [
+            {"ref": ref_, "dependsOn": sorted(d for d in deps[ref_] if d in known)} for ref_ in sorted(deps) if ref_ in known
+        ],
+    }
+
+
+def sbom_path(out, arch):
+    base = out[: -len(".tar")] if out.endswith(".tar") else out
+    return f"{base}.{arch}.cdx.json"
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("containerfile", nargs="?")
@@ -308,6 +504,8 @@ def main():
     parser.add_argument("--entrypoint")
     parser.add_argument("--cmd", action="append", default=[], metavar="ARG", help="the image's CMD, one --cmd per word")
     parser.add_argument("--env", action="append", default=[], metavar="K=V", help="set in the image's environment (PATH included)")
+    parser.add_argument("--platform", help="linux/amd64, linux/arm64 or both, comma-separated (default: this machine's)")
+    parser.add_argument("--sbom", action="store_true", help="also write a CycloneDX SBOM per platform beside --out")
     opts = parser.parse_args()
     try:
         if opts.containerfile:
@@ -317,9 +515,27 @@ def main():
                 if not eq:
                     raise BuildError(f"--build-arg {pair}: expected K=V")
                 given[key] = value
+            given = provenance_args(given)
+            archs = parse_platforms(opts.platform) if opts.platform else [go_arch()]
+            blobs, images, sboms = {}, [], {}
+            tools = release_tools() if opts.sbom else None
             with tempfile.TemporaryDirectory(prefix="ccm-image-") as work:
-                files, config = from_containerfile(opts.containerfile, given, work)
-                write_archive(opts.out, opts.tag, files, config)
+                for arch in archs:
+                    arch_work = os.path.join(work, arch)
+                    files, config, binaries = from_containerfile(opts.containerfile, dict(given, TARGETARCH=arch), arch_work)
+                    desc = image_manifest(blobs, files, config, arch, given["CREATED"])
+                    images.append(desc)
+                    if opts.sbom:
+                        boms = [binary_sbom(tools, n, p, arch, arch_work) for n, p in sorted(binaries.items())]
+                        sboms[arch] = image_sbom(opts.tag, arch, desc["digest"], given["CREATED"], boms)
+                # The index carries the images' labels as its annotations (a registry shows them).
+                write_archive(opts.out, opts.tag, images, blobs, json.loads(blobs[images[0]["digest"]])["annotations"])
+            for arch, bom in sboms.items():
+                path = sbom_path(opts.out, arch)
+                with open(path + ".partial", "w", encoding="utf-8") as f:
+                    json.dump(bom, f, indent=1, sort_keys=True)
+                os.replace(path + ".partial", path)
+                print(f"build.py: SBOM of linux/{arch} ({len(bom['components'])} components) -> {path}", file=sys.stderr)
         else:
             if not opts.file or not opts.entrypoint:
                 raise BuildError("give a CONTAINERFILE, or --file SRC:DEST and --entrypoint")
@@ -342,7 +558,8 @@ def main():
             config = {"Entrypoint": [opts.entrypoint], "Env": [f"{k}={v}" for k, v in env.items()]}
             if opts.cmd:
                 config["Cmd"] = opts.cmd
-            write_archive(opts.out, opts.tag, files, config, symlinks, opts.dir)
+            blobs = {}
+            write_archive(opts.out, opts.tag, [image_manifest(blobs, files, config, go_arch(), symlinks=symlinks, dirs=opts.dir)], blobs)
     except (BuildError, OSError, subprocess.CalledProcessError) as e:
         print(f"build.py: {e}", file=sys.stderr)
         sys.exit(1)

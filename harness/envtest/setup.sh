@@ -24,7 +24,9 @@
 # (../coredns: CoreDNS with only the plugins a cluster DNS needs, for the kubelet cluster's
 # kube-dns), built static into .../coredns-<hash of its sources>/. `setup.sh cargo-deny` prints
 # the path of cargo-deny (the release checks: licenses, bans, sources), built from crates.io
-# into .../cargo-deny-<version>/.
+# into .../cargo-deny-<version>/. `setup.sh release-tools` prints a directory with the release
+# tools (deploy/images/release.sh): cosign, crane and cyclonedx-gomod from ../release/go.mod and
+# cargo-cyclonedx from crates.io.
 #
 # - If KUBEBUILDER_ASSETS is set, or all of TEST_ASSET_KUBE_APISERVER / TEST_ASSET_ETCD /
 #   TEST_ASSET_KUBECTL are, those binaries are used and nothing is built.
@@ -43,7 +45,7 @@ set -euo pipefail
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 
 mode=${1:-control-plane}
-case "$mode" in control-plane|kubelet-check|cluster|pause|e2e|helm|peer|aws|aws-upstream|fake-provider|moto|coredns|cargo-deny) ;; *) echo "usage: setup.sh [kubelet-check|cluster|pause|e2e|helm|peer|aws|aws-upstream|fake-provider|moto|coredns|cargo-deny]" >&2; exit 2 ;; esac
+case "$mode" in control-plane|kubelet-check|cluster|pause|e2e|helm|peer|aws|aws-upstream|fake-provider|moto|coredns|cargo-deny|release-tools) ;; *) echo "usage: setup.sh [kubelet-check|cluster|pause|e2e|helm|peer|aws|aws-upstream|fake-provider|moto|coredns|cargo-deny|release-tools]" >&2; exit 2 ;; esac
 cache="${CCM_ENVTEST_CACHE:-$HOME/.cache/ccm-rs}"
 
 # Partial files of this process, removed however it exits.
@@ -87,28 +89,30 @@ if [ "$mode" = moto ]; then
   exit 0
 fi
 
-if [ "$mode" = cargo-deny ]; then
-  # cargo-deny (the release checks' license, ban and source checks), from crates.io with its
-  # own lock file, into .../cargo-deny-<version>/bin/.
-  deny_version=0.20.2
-  dir="$cache/cargo-deny-$deny_version"
-  if [ ! -x "$dir/bin/cargo-deny" ]; then
-    command -v cargo >/dev/null || { echo "setup.sh: cargo is required to build cargo-deny" >&2; exit 1; }
+# cargo_tool CRATE VERSION: builds a cargo subcommand from crates.io (with its own lock file)
+# into .../CRATE-VERSION/bin/ unless it is there, and prints its path.
+cargo_tool() {
+  local crate=$1 version=$2 dir tmp start
+  dir="$cache/$crate-$version"
+  if [ ! -x "$dir/bin/$crate" ]; then
+    command -v cargo >/dev/null || { echo "setup.sh: cargo is required to build $crate" >&2; exit 1; }
     lock "$dir"
-    if [ ! -x "$dir/bin/cargo-deny" ]; then
+    if [ ! -x "$dir/bin/$crate" ]; then
       tmp="$dir.partial.$$"
       partials+=("$tmp")
-      echo "setup.sh: building cargo-deny $deny_version into $dir (minutes the first time)" >&2
+      echo "setup.sh: building $crate $version into $dir (minutes the first time)" >&2
       start=$(date +%s)
-      CARGO_TARGET_DIR="$tmp/target" cargo install --quiet --locked --root "$tmp" --version "$deny_version" cargo-deny >&2
+      CARGO_TARGET_DIR="$tmp/target" cargo install --quiet --locked --root "$tmp" --version "$version" "$crate" >&2
       mkdir -p "$dir/bin"
-      mv -f "$tmp/bin/cargo-deny" "$dir/bin/cargo-deny"
-      echo "setup.sh: built cargo-deny in $(( $(date +%s) - start ))s" >&2
+      mv -f "$tmp/bin/$crate" "$dir/bin/$crate"
+      echo "setup.sh: built $crate in $(( $(date +%s) - start ))s" >&2
     fi
   fi
-  echo "$dir/bin/cargo-deny"
-  exit 0
-fi
+  echo "$dir/bin/$crate"
+}
+
+# cargo-deny: the release checks' license, ban and source checks.
+if [ "$mode" = cargo-deny ]; then cargo_tool cargo-deny 0.20.2; exit 0; fi
 
 # go_build OUT_DIR BINARY MODULE_DIR PACKAGE [LDFLAGS [test]]: builds PACKAGE of the Go module
 # in MODULE_DIR into OUT_DIR/BINARY unless it is there, and prints its path. With `test`, the
@@ -185,6 +189,17 @@ case "$mode" in
     [ -n "$helm_version" ] || { echo "setup.sh: no helm.sh/helm/v3 version in $helm_dir/go.mod" >&2; exit 1; }
     go_build "$cache/helm-$helm_version" helm "$helm_dir" helm.sh/helm/v3/cmd/helm \
       "-s -w -X helm.sh/helm/v3/internal/version.version=$helm_version"; exit 0 ;;
+  release-tools)  # cosign, crane, cyclonedx-gomod (../release/go.mod) and cargo-cyclonedx.
+    release_dir=$(cd "$here/../release" && pwd)
+    sum=$( (cd "$release_dir" && cat go.mod go.sum tools.go) | sha256sum | cut -c1-16)
+    dir="$cache/release-tools-$sum"
+    cosign_version=$(awk '$1 == "github.com/sigstore/cosign/v2" { print $2 }' "$release_dir/go.mod" | head -n 1)
+    go_build "$dir" cosign "$release_dir" github.com/sigstore/cosign/v2/cmd/cosign \
+      "-s -w -X sigs.k8s.io/release-utils/version.gitVersion=$cosign_version" >/dev/null
+    go_build "$dir" crane "$release_dir" github.com/google/go-containerregistry/cmd/crane >/dev/null
+    go_build "$dir" cyclonedx-gomod "$release_dir" github.com/CycloneDX/cyclonedx-gomod/cmd/cyclonedx-gomod >/dev/null
+    ln -sfn "$(cargo_tool cargo-cyclonedx 0.5.9)" "$dir/cargo-cyclonedx"
+    echo "$dir"; exit 0 ;;
 esac
 
 version=$(awk '$1 == "k8s.io/kubernetes" && $2 ~ /^v/ { print $2 } $1 == "require" && $2 == "k8s.io/kubernetes" { print $3 }' "$here/go.mod" | head -n 1)

@@ -14,6 +14,7 @@ mod mtls;
 mod node_metadata;
 mod nodes;
 mod real_cluster;
+mod release;
 mod routes;
 mod services;
 mod serving;
