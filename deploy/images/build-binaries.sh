@@ -56,5 +56,12 @@ done
 bins=()
 for b in "${rust[@]}"; do bins+=(--bin "$b"); done
 export CCM_GIT_COMMIT=${GIT_COMMIT:-${CCM_GIT_COMMIT:-}}
+# No path of this machine in the binaries (panic locations, log callers, generated code's
+# paths): the repository is /ccm-rs and cargo's home /cargo wherever the build runs, so a
+# rebuild elsewhere gives the same bytes. Target-specific, so build scripts are not rebuilt;
+# it replaces .cargo/config.toml's [build] rustflags, which are repeated here.
+t=${target//-/_}
+cargo_home=${CARGO_HOME:-$HOME/.cargo}
+export "CARGO_TARGET_${t^^}_RUSTFLAGS=--cfg tokio_unstable --remap-path-prefix=$(pwd)=/ccm-rs --remap-path-prefix=$cargo_home=/cargo"
 cargo build --release --locked --target "$target" "${bins[@]}" >&2
 for b in "${rust[@]}"; do install -m 0755 "target/$target/release/$b" "$out/$b"; done

@@ -20,9 +20,11 @@
 #
 # Writes into DIR (default target/release-images): IMAGE-VERSION.tar (the OCI archive: an
 # image index of every platform), IMAGE-VERSION.ARCH.cdx.json (the SBOMs), IMAGE-VERSION.digest
-# (the index digest pushed and signed), IMAGE-VERSION.signed/ (an OCI layout with the image,
-# its signatures and attestations: `cosign save`, verified offline with --local-image),
-# SHA256SUMS and cosign.pub.
+# (the index digest pushed and signed), IMAGE-VERSION.signed/ (an OCI layout of the index and
+# its signature: `cosign save`) and IMAGE-VERSION.ARCH.signed/ (each platform's image with its
+# signature and SBOM attestation), all verified offline with --local-image, SHA256SUMS and
+# cosign.pub. --version must be the workspace's version (Cargo.toml) and the chart's
+# appVersion: the binaries report the first, the chart installs the second.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 
@@ -41,6 +43,13 @@ while [ $# -gt 0 ]; do
   esac
 done
 [ -n "$version" ] || { echo "release.sh: --version is required" >&2; exit 2; }
+# The version is the one the binaries report (the workspace's) and the chart installs.
+crate_version=$(awk -F'"' '/^\[workspace.package\]/ { p = 1 } p && /^version *=/ { print $2; exit }' Cargo.toml)
+app_version=$(awk '$1 == "appVersion:" { gsub(/"/, "", $2); print $2 }' deploy/helm/ccm-rs/Chart.yaml)
+if [ "$version" != "$crate_version" ] || [ "$version" != "$app_version" ]; then
+  echo "release.sh: --version $version, but Cargo.toml says $crate_version and Chart.yaml's appVersion $app_version: set all three in one commit first (deploy/RELEASING.md)" >&2
+  exit 2
+fi
 mkdir -p "$out"
 out=$(cd "$out" && pwd)
 
@@ -131,7 +140,16 @@ for image in "${image_list[@]}"; do
   rm -rf "$out/$image-$version.signed"
   "$cosign" save --dir "$out/$image-$version.signed" "$ref@$digest"
   "$cosign" verify --key "$pub" --insecure-ignore-tlog --local-image "$out/$image-$version.signed" >/dev/null
-  say "signed and verified $ref@$digest (registry and $out/$image-$version.signed)"
+  for sbom in "$out/$image-$version".*.cdx.json; do
+    arch=${sbom%.cdx.json}; arch=${arch##*.}
+    platform_digest=$("$crane" digest --platform "linux/$arch" "$ref")
+    saved="$out/$image-$version.$arch.signed"
+    rm -rf "$saved"
+    "$cosign" save --dir "$saved" "$ref@$platform_digest"
+    "$cosign" verify --key "$pub" --insecure-ignore-tlog --local-image "$saved" >/dev/null
+    "$cosign" verify-attestation --key "$pub" --insecure-ignore-tlog --type cyclonedx --local-image "$saved" >/dev/null
+  done
+  say "signed and verified $ref@$digest (registry, and offline: $out/$image-$version{,.*}.signed)"
   (cd "$out" && sha256sum "$image-$version.tar" "$image-$version".*.cdx.json) >>"$out/SHA256SUMS.partial"
 done
 mv -f "$out/SHA256SUMS.partial" "$out/SHA256SUMS"

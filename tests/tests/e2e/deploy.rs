@@ -205,6 +205,29 @@ async fn every_manifest_and_the_rendered_chart_pass_a_server_side_dry_run() {
     assert!(provider_args.contains("--cloud-config=/etc/cloud/cloud.conf"), "the sidecar gets --cloud-config: {provider_args}");
     assert!(provider_args.contains("--metrics-listen=http://$(POD_IP):10260"), "{provider_args}");
     assert!(provider["volumeMounts"].to_string().contains("/etc/cloud"), "the sidecar mounts the core's volume: {provider}");
+    // The uninstall Job runs where the core runs, as the core does.
+    let job = of_kind("Job").find(|o| o["metadata"]["name"] == "ccm-rs-uninstall").expect("the uninstall Job");
+    let job_pod = &job["spec"]["template"]["spec"];
+    assert_eq!(job_pod["priorityClassName"], "system-node-critical");
+    assert!(job_pod["securityContext"]["runAsUser"].is_null(), "{job_pod}");
+    assert!(job_pod["tolerations"].to_string().contains("dedicated"), "{job_pod}");
+    assert!(job_pod["containers"][0]["args"].to_string().contains("--logging-format=text"), "{job_pod}");
+
+    // AWS's example values with the operator's own --cloud-config: the sidecar's last one, so
+    // it wins over the example's (Go's flag package takes the last).
+    let mut cmd = std::process::Command::new(&helm);
+    cmd.args(["template", "ccm-rs", &chart.display().to_string(), "--namespace", "kube-system", "--kube-version", "1.37.2"])
+        .arg("-f")
+        .arg(deploy_dir().join("examples/aws-values.yaml"))
+        .args(["--set", "extraArgs={--cloud-config=/etc/aws/cloud.conf}"]);
+    let yaml = run(cmd, None, "helm template (AWS values, the operator's --cloud-config)");
+    let sidecar_args: Vec<String> = containers(&dry_run(cp, &yaml, "helm (AWS values)"))
+        .into_iter()
+        .find(|(what, _, _)| what.ends_with("/provider"))
+        .map(|(_, _, args)| args)
+        .expect("the sidecar");
+    let last = sidecar_args.iter().rev().find(|a| a.starts_with("--cloud-config=")).expect("a --cloud-config");
+    assert_eq!(last, "--cloud-config=/etc/aws/cloud.conf", "{sidecar_args:?}");
     let account = of_kind("ServiceAccount").find(|o| o["metadata"]["name"] == "cloud-controller-manager").expect("account");
     assert_eq!(account["metadata"]["annotations"]["eks.amazonaws.com/role-arn"], "arn:aws:iam::123456789012:role/ccm");
     for kind in ["ServiceMonitor", "PodMonitor"] {

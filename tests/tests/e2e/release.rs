@@ -15,7 +15,8 @@ use serde_json::Value;
 /// Set in CI: a missing tool fails the test instead of skipping it.
 const REQUIRE: &str = "CCM_E2E_REQUIRE_RELEASE";
 
-const VERSION: &str = "0.0.0-releasetest";
+/// The release's version: the workspace's (release.sh refuses another).
+const VERSION: &str = env!("CARGO_PKG_VERSION");
 
 fn repo() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("..")
@@ -109,6 +110,16 @@ fn the_release_images_are_multi_arch_signed_and_carry_their_sboms() {
     let repo = repo();
     let dir = tempfile::tempdir().expect("tempdir");
     let out = dir.path().join("release");
+    // A version other than the one the binaries report and the chart installs is refused
+    // before anything is built.
+    let refused = Command::new("bash")
+        .arg(repo.join("deploy/images/release.sh"))
+        .args(["--version", "9.9.9", "--images", "core", "--out"])
+        .arg(&out)
+        .output()
+        .expect("release.sh");
+    assert_eq!(refused.status.code(), Some(2), "{}", String::from_utf8_lossy(&refused.stderr));
+    assert!(String::from_utf8_lossy(&refused.stderr).contains("Cargo.toml says"));
     let t = std::time::Instant::now();
     run(
         Command::new("bash")
@@ -160,6 +171,15 @@ fn the_release_images_are_multi_arch_signed_and_carry_their_sboms() {
         let binary = file_in_layer(layer, "/usr/local/bin/cloud-controller-manager", &scratch);
         let want = if arch == "arm64" { 183 } else { 62 };
         assert_eq!(elf_machine(&binary), want, "{arch} image's binary");
+        // No path of the machine that built it: a rebuild elsewhere gives the same bytes.
+        let bytes = std::fs::read(&binary).expect("binary");
+        let cargo_home = std::env::var("CARGO_HOME")
+            .map(PathBuf::from)
+            .unwrap_or_else(|_| PathBuf::from(std::env::var("HOME").expect("HOME")).join(".cargo"));
+        for path in [repo.canonicalize().expect("repo"), cargo_home] {
+            let path = path.to_string_lossy().into_owned();
+            assert!(!bytes.windows(path.len()).any(|w| w == path.as_bytes()), "{arch} binary names {path}");
+        }
         let runner = match (arch.as_str(), std::env::consts::ARCH) {
             ("amd64", "x86_64") | ("arm64", "aarch64") => Some(None),
             ("arm64", _) if machine::on_path("qemu-aarch64") => Some(Some("qemu-aarch64")),
@@ -224,6 +244,19 @@ fn the_release_images_are_multi_arch_signed_and_carry_their_sboms() {
     run(Command::new(&cosign).arg("generate-key-pair").current_dir(&other).env("COSIGN_PASSWORD", ""), "generate-key-pair");
     let bad = verify(&other.join("cosign.pub"));
     assert!(!bad.status.success(), "another key must not verify the release");
+    // Each platform's SBOM attestation, offline from its saved layout.
+    let attested = |key: &Path| {
+        Command::new(&cosign)
+            .args(["verify-attestation", "--insecure-ignore-tlog", "--type", "cyclonedx", "--key"])
+            .arg(key)
+            .arg("--local-image")
+            .arg(out.join(format!("core-{VERSION}.arm64.signed")))
+            .output()
+            .expect("cosign")
+    };
+    let good = attested(&out.join("cosign.pub"));
+    assert!(good.status.success(), "the arm64 SBOM attestation verifies: {}", String::from_utf8_lossy(&good.stderr));
+    assert!(!attested(&other.join("cosign.pub")).status.success(), "not with another key");
 
     // The checksums hold, and a rebuild gives the same bytes.
     run(Command::new("sha256sum").arg("-c").arg("SHA256SUMS").current_dir(&out), "sha256sum -c");
