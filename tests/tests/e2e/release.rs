@@ -120,6 +120,11 @@ fn the_release_images_are_multi_arch_signed_and_carry_their_sboms() {
         .expect("release.sh");
     assert_eq!(refused.status.code(), Some(2), "{}", String::from_utf8_lossy(&refused.stderr));
     assert!(String::from_utf8_lossy(&refused.stderr).contains("Cargo.toml says"));
+    // The commit the release is made of (read before: a commit during the build is not it).
+    let head = String::from_utf8(run(Command::new("git").arg("-C").arg(&repo).args(["rev-parse", "HEAD"]), "git").stdout)
+        .expect("utf-8")
+        .trim()
+        .to_string();
     let t = std::time::Instant::now();
     run(
         Command::new("bash")
@@ -129,10 +134,6 @@ fn the_release_images_are_multi_arch_signed_and_carry_their_sboms() {
         "release.sh",
     );
     eprintln!("release.sh (core, amd64 and arm64) took {:.0?}", t.elapsed());
-    let head = String::from_utf8(run(Command::new("git").arg("-C").arg(&repo).args(["rev-parse", "HEAD"]), "git").stdout)
-        .expect("utf-8")
-        .trim()
-        .to_string();
 
     // The archive: an index of both platforms, each image labelled with where it comes from.
     let archive = out.join(format!("core-{VERSION}.tar"));
