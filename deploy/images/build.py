@@ -29,6 +29,8 @@ directories. The archive is reproducible: fixed timestamps and ownership, sorted
 """
 
 import argparse
+import datetime
+import fcntl
 import gzip
 import hashlib
 import io
@@ -41,6 +43,7 @@ import subprocess
 import sys
 import tarfile
 import tempfile
+import uuid
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 BUILD_BINARIES = "deploy/images/build-binaries.sh"
@@ -90,8 +93,6 @@ def provenance_args(given):
 
 
 def rfc3339(seconds):
-    import datetime
-
     return datetime.datetime.fromtimestamp(seconds, datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
@@ -284,6 +285,13 @@ def layer(files, symlinks=None, dirs=()):
     return blob, "sha256:" + hashlib.sha256(plain).hexdigest()
 
 
+def add_blob(blobs, data, media_type):
+    """Adds data to the layout's blobs; its descriptor."""
+    digest = "sha256:" + hashlib.sha256(data).hexdigest()
+    blobs[digest] = data
+    return {"mediaType": media_type, "digest": digest, "size": len(data)}
+
+
 def image_manifest(blobs, files, config, arch, created="1970-01-01T00:00:00Z", symlinks=None, dirs=()):
     """One platform's image (its layer, config and manifest added to blobs); the manifest's
     descriptor, with its platform."""
@@ -298,9 +306,7 @@ def image_manifest(blobs, files, config, arch, created="1970-01-01T00:00:00Z", s
     }
 
     def add(data, media_type):
-        digest = "sha256:" + hashlib.sha256(data).hexdigest()
-        blobs[digest] = data
-        return {"mediaType": media_type, "digest": digest, "size": len(data)}
+        return add_blob(blobs, data, media_type)
 
     config_desc = add(json.dumps(image_config, sort_keys=True).encode(), "application/vnd.oci.image.config.v1+json")
     layer_desc = add(blob, "application/vnd.oci.image.layer.v1.tar+gzip")
@@ -332,10 +338,7 @@ def write_archive(out, tag, images, blobs, annotations=None):
             "manifests": images,
             "annotations": dict(annotations or {}),
         }
-        data = json.dumps(index, sort_keys=True).encode()
-        digest = "sha256:" + hashlib.sha256(data).hexdigest()
-        blobs[digest] = data
-        top = {"mediaType": "application/vnd.oci.image.index.v1+json", "digest": digest, "size": len(data)}
+        top = add_blob(blobs, json.dumps(index, sort_keys=True).encode(), "application/vnd.oci.image.index.v1+json")
     top["annotations"] = {"io.containerd.image.name": tag, "org.opencontainers.image.ref.name": ref}
     index = {"schemaVersion": 2, "mediaType": "application/vnd.oci.image.index.v1+json", "manifests": [top]}
     members = {"oci-layout": json.dumps({"imageLayoutVersion": "1.0.0"}).encode(), "index.json": json.dumps(index).encode()}
@@ -383,6 +386,22 @@ def release_tools():
     return tools
 
 
+_WORKSPACE_BINARIES = None
+
+
+def workspace_binaries():
+    """The workspace's binaries: name -> the Cargo.toml of their package (read once)."""
+    global _WORKSPACE_BINARIES
+    if _WORKSPACE_BINARIES is None:
+        metadata = subprocess.run(
+            ["cargo", "metadata", "--no-deps", "--format-version=1", "--locked"], cwd=ROOT, capture_output=True, text=True, check=True
+        ).stdout
+        _WORKSPACE_BINARIES = {
+            t["name"]: p["manifest_path"] for p in json.loads(metadata)["packages"] for t in p["targets"] if "bin" in t["kind"]
+        }
+    return _WORKSPACE_BINARIES
+
+
 def is_go_binary(path):
     """Whether PATH is a Go program (its build information names a main module)."""
     result = subprocess.run(["go", "version", "-m", path], capture_output=True, text=True, env=dict(os.environ, GOTOOLCHAIN="local"))
@@ -396,19 +415,12 @@ def binary_sbom(tools, name, path, arch, work):
     if is_go_binary(path):
         subprocess.run([os.path.join(tools, "cyclonedx-gomod"), "bin", "-json", "-output", out, path], check=True, stdout=sys.stderr)
     else:
-        packages = json.loads(
-            subprocess.run(["cargo", "metadata", "--no-deps", "--format-version=1", "--locked"], cwd=ROOT, capture_output=True, text=True, check=True).stdout
-        )["packages"]
-        manifest = next(
-            (p["manifest_path"] for p in packages for t in p["targets"] if t["name"] == name and "bin" in t["kind"]), None
-        )
+        manifest = workspace_binaries().get(name)
         if manifest is None:
             raise BuildError(f"--sbom: {name} is neither a Go program nor a binary of this workspace")
         target = RUST_TARGETS[arch]
         # cargo-cyclonedx writes beside the package's Cargo.toml: one writer at a time, and
         # the file moved out at once (two builds of one workspace may run together).
-        import fcntl
-
         os.makedirs(os.path.join(ROOT, "target"), exist_ok=True)
         with open(os.path.join(ROOT, "target", ".sbom.lock"), "w") as lock:
             fcntl.flock(lock, fcntl.LOCK_EX)
@@ -466,7 +478,7 @@ def image_sbom(tag, arch, manifest_digest, created, boms):
     return {
         "bomFormat": "CycloneDX",
         "specVersion": "1.5",
-        "serialNumber": "urn:uuid:" + str(__import__("uuid").uuid5(__import__("uuid").NAMESPACE_URL, image_ref)),
+        "serialNumber": "urn:uuid:" + str(uuid.uuid5(uuid.NAMESPACE_URL, image_ref)),
         "version": 1,
         "metadata": {
             "timestamp": created,

@@ -119,33 +119,23 @@ for image in "${image_list[@]}"; do
   echo "$digest" >"$out/$image-$version.digest"
   say "pushed $ref@$digest"
 
-  # Sign the index and every platform's image; attest each platform's SBOM.
+  # Sign the index and every platform's image, then verify as a user would: from the registry,
+  # and offline from OCI layouts saved with the signatures (the index's; each platform's with
+  # its SBOM attestation, which cosign verifies only from a single image's layout).
   "$cosign" sign --yes --key "$key" --tlog-upload=false --recursive "$ref@$digest" >&2
-  for sbom in "$out/$image-$version".*.cdx.json; do
-    arch=${sbom%.cdx.json}; arch=${arch##*.}
-    platform_digest=$("$crane" digest --platform "linux/$arch" "$ref")
-    "$cosign" attest --yes --key "$key" --tlog-upload=false --type cyclonedx --predicate "$sbom" \
-      "$ref@$platform_digest" >&2
-  done
-
-  # Verify as a user would: the signature from the registry, each SBOM attestation, and both
-  # again offline from an OCI layout saved with the signatures.
   "$cosign" verify --key "$pub" --insecure-ignore-tlog "$ref@$digest" >/dev/null
-  for sbom in "$out/$image-$version".*.cdx.json; do
-    arch=${sbom%.cdx.json}; arch=${arch##*.}
-    platform_digest=$("$crane" digest --platform "linux/$arch" "$ref")
-    "$cosign" verify --key "$pub" --insecure-ignore-tlog "$ref@$platform_digest" >/dev/null
-    "$cosign" verify-attestation --key "$pub" --insecure-ignore-tlog --type cyclonedx "$ref@$platform_digest" >/dev/null
-  done
   rm -rf "$out/$image-$version.signed"
   "$cosign" save --dir "$out/$image-$version.signed" "$ref@$digest"
   "$cosign" verify --key "$pub" --insecure-ignore-tlog --local-image "$out/$image-$version.signed" >/dev/null
   for sbom in "$out/$image-$version".*.cdx.json; do
     arch=${sbom%.cdx.json}; arch=${arch##*.}
-    platform_digest=$("$crane" digest --platform "linux/$arch" "$ref")
+    platform="$ref@$("$crane" digest --platform "linux/$arch" "$ref")"
+    "$cosign" attest --yes --key "$key" --tlog-upload=false --type cyclonedx --predicate "$sbom" "$platform" >&2
+    "$cosign" verify --key "$pub" --insecure-ignore-tlog "$platform" >/dev/null
+    "$cosign" verify-attestation --key "$pub" --insecure-ignore-tlog --type cyclonedx "$platform" >/dev/null
     saved="$out/$image-$version.$arch.signed"
     rm -rf "$saved"
-    "$cosign" save --dir "$saved" "$ref@$platform_digest"
+    "$cosign" save --dir "$saved" "$platform"
     "$cosign" verify --key "$pub" --insecure-ignore-tlog --local-image "$saved" >/dev/null
     "$cosign" verify-attestation --key "$pub" --insecure-ignore-tlog --type cyclonedx --local-image "$saved" >/dev/null
   done
