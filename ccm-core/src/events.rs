@@ -62,6 +62,12 @@ pub mod reason {
     pub const NODE_METADATA_CORRECTED: &str = "NodeMetadataCorrected";
     /// Instance tags that cannot be labels were not copied.
     pub const INVALID_INSTANCE_TAGS: &str = "InvalidInstanceTags";
+    /// With several providers: more than one provider knows the instance of a Node that has
+    /// neither providerID nor provider label; it is left uninitialised (never guessed).
+    pub const PROVIDER_CONFLICT: &str = "ProviderConflict";
+    /// With several providers: the one provider that knows a Node's instance was recorded on
+    /// it (the `ccm-rs.dev/provider` label).
+    pub const PROVIDER_ASSIGNED: &str = "ProviderAssigned";
     /// A provider answer failed the protocol's checks; nothing of it was acted on.
     pub const INVALID_PROVIDER_ANSWER: &str = "InvalidProviderAnswer";
     /// Route deletions pause: the provider came back as another provider.

@@ -14,12 +14,14 @@ use prometheus_client::registry::Registry;
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct CallLabels {
+    provider: String,
     method: String,
     code: String,
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct MethodLabels {
+    provider: String,
     method: String,
 }
 
@@ -144,11 +146,19 @@ impl Metrics {
             route_corrections.clone(),
         );
         registry.register("ccm_nodes_without_route", "Nodes with a podCIDR but no route (quota)", nodes_without_route.clone());
-        registry.register("ccm_provider_calls", "Calls to the provider, by method and gRPC code", provider_calls.clone());
-        registry.register("ccm_provider_call_duration_seconds", "Latency of provider calls, by method", provider_latency.clone());
+        registry.register(
+            "ccm_provider_calls",
+            "Calls to the providers, by provider (its --provider-endpoint name), method and gRPC code",
+            provider_calls.clone(),
+        );
+        registry.register(
+            "ccm_provider_call_duration_seconds",
+            "Latency of provider calls, by provider and method",
+            provider_latency.clone(),
+        );
         registry.register(
             "ccm_provider_invalid_answers",
-            "Provider answers refused as invalid (another instance, a foreign providerID scheme, a bad IP, a repeated page token), by method",
+            "Provider answers refused as invalid (another instance, a foreign providerID scheme, a bad IP, a repeated page token), by provider and method",
             invalid_answers.clone(),
         );
         registry.register("ccm_workqueue_depth", "Keys ready or in process, by controller", queue_depth.clone());
@@ -239,15 +249,16 @@ impl Metrics {
     }
 
     /// One provider call attempt.
-    pub fn provider_call(&self, method: &str, code: tonic::Code, elapsed: Duration) {
+    pub fn provider_call(&self, provider: &str, method: &str, code: tonic::Code, elapsed: Duration) {
         let code = ccm_protocol::error::code_name(code).to_string();
-        self.provider_calls.get_or_create(&CallLabels { method: method.to_string(), code }).inc();
-        self.provider_latency.get_or_create(&MethodLabels { method: method.to_string() }).observe(elapsed.as_secs_f64());
+        let (provider, method) = (provider.to_string(), method.to_string());
+        self.provider_calls.get_or_create(&CallLabels { provider: provider.clone(), method: method.clone(), code }).inc();
+        self.provider_latency.get_or_create(&MethodLabels { provider, method }).observe(elapsed.as_secs_f64());
     }
 
     /// A provider answer refused as invalid.
-    pub fn invalid_answer(&self, method: &str) {
-        self.invalid_answers.get_or_create(&MethodLabels { method: method.to_string() }).inc();
+    pub fn invalid_answer(&self, provider: &str, method: &str) {
+        self.invalid_answers.get_or_create(&MethodLabels { provider: provider.to_string(), method: method.to_string() }).inc();
     }
 
     /// A queue's depth.

@@ -89,9 +89,42 @@ pub struct Options {
     pub kubeconfig: Option<PathBuf>,
 
     /// The provider sidecar's endpoint: unix:///path/provider.sock, http://host:port, or
-    /// https://host:port with mutual TLS (the --provider-tls-* files).
-    #[arg(long, value_name = "ENDPOINT", default_value = "unix:///var/run/ccm/provider.sock")]
-    pub provider_endpoint: String,
+    /// https://host:port with mutual TLS (the --provider-tls-* files). Repeat it as
+    /// `NAME=ENDPOINT` for several providers in one cluster (a cloud and bare metal, two
+    /// clouds): each Node goes to the provider of its providerID's scheme (before it has one:
+    /// of its `ccm-rs.dev/provider=NAME` label, else the one provider whose name lookup finds
+    /// it), each LoadBalancer Service to the provider of its loadBalancerClass. NAME is a DNS
+    /// label, used in logs, metrics, /readyz and that Node label.
+    #[arg(long, value_name = "[NAME=]ENDPOINT", default_value = "unix:///var/run/ccm/provider.sock")]
+    pub provider_endpoint: Vec<String>,
+
+    /// With several providers: the one whose load balancers serve Services without a
+    /// loadBalancerClass (and those of --load-balancer-class); the first --provider-endpoint
+    /// by default.
+    #[arg(long, value_name = "NAME", conflicts_with = "ignore_unclassed_services")]
+    pub default_load_balancer_provider: Option<String>,
+
+    /// Leave LoadBalancer Services without a loadBalancerClass to others: only Services of a
+    /// class a provider advertises (or of --load-balancer-class) get a load balancer.
+    #[arg(long, num_args = 0..=1, require_equals = true, default_missing_value = "true", action = clap::ArgAction::Set, default_value_t = false)]
+    pub ignore_unclassed_services: bool,
+
+    /// Providers (names, or `*` for all) whose load balancers get every Node as a backend, not
+    /// only their own Nodes: a cloud load balancer in front of bare-metal Nodes reached by IP.
+    #[arg(long, value_delimiter = ',', value_name = "NAME")]
+    pub load_balancer_backends_all_nodes: Vec<String>,
+
+    /// With several providers: the one that programs the routes of every Node's podCIDR, when
+    /// the pod network spans them all. Unset, each provider programs its own Nodes' routes.
+    #[arg(long, value_name = "NAME")]
+    pub routes_provider: Option<String>,
+
+    /// With several providers: the providers asked, in this order, whether they know the
+    /// instance of a Node that has neither providerID nor `ccm-rs.dev/provider` label (all of
+    /// them, in --provider-endpoint order, by default). Exactly one that knows it takes the
+    /// Node; two are an error (a Warning Event `ProviderConflict`; the Node stays uninitialised).
+    #[arg(long, value_delimiter = ',', value_name = "NAME")]
+    pub node_provider_lookup_order: Vec<String>,
 
     /// Mutual TLS to a provider over TCP: the core's client certificate (PEM). With
     /// --provider-tls-key-file and --provider-tls-ca-file; the endpoint is then https://.
@@ -528,9 +561,78 @@ impl Options {
         Ok(enabled.difference(&disabled).copied().collect())
     }
 
+    /// The providers of `--provider-endpoint`: (name, endpoint) in order; the plain form is
+    /// one provider named `default`.
+    pub fn provider_endpoints(&self) -> Result<Vec<(String, String)>, InvalidFlags> {
+        let mut endpoints: Vec<(String, String)> = Vec::new();
+        let named = |e: &str| {
+            let (name, endpoint) = e.split_once('=')?;
+            (!name.contains(':') && !name.contains('/')).then(|| (name.to_string(), endpoint.to_string()))
+        };
+        for entry in &self.provider_endpoint {
+            let (name, endpoint) = match named(entry) {
+                Some(pair) => pair,
+                None if self.provider_endpoint.len() == 1 => (crate::provider::DEFAULT_NAME.to_string(), entry.clone()),
+                None => {
+                    return Err(format!("--provider-endpoint {entry:?}: with several providers, each is NAME=ENDPOINT").into());
+                }
+            };
+            if !ccm_protocol::labels::valid_label_value(&name) || name.is_empty() || name.contains('.') || name.contains('_') {
+                return Err(format!(
+                    "--provider-endpoint {entry:?}: the name {name:?} is not a DNS label (lowercase letters, digits and '-')"
+                )
+                .into());
+            }
+            if name.chars().any(|c| c.is_ascii_uppercase()) {
+                return Err(format!("--provider-endpoint {entry:?}: the name {name:?} must be lowercase").into());
+            }
+            if endpoints.iter().any(|(n, _)| *n == name) {
+                return Err(format!("--provider-endpoint: the name {name:?} is given twice").into());
+            }
+            if endpoint.is_empty() {
+                return Err(format!("--provider-endpoint {entry:?}: no endpoint after the name").into());
+            }
+            endpoints.push((name, endpoint));
+        }
+        let known = |flag: &str, name: &str| -> Result<(), InvalidFlags> {
+            if endpoints.iter().any(|(n, _)| n == name) {
+                Ok(())
+            } else {
+                let names: Vec<&str> = endpoints.iter().map(|(n, _)| n.as_str()).collect();
+                Err(format!("{flag} {name:?} names no --provider-endpoint (they are: {})", names.join(", ")).into())
+            }
+        };
+        if let Some(name) = &self.default_load_balancer_provider {
+            known("--default-load-balancer-provider", name)?;
+        }
+        if let Some(name) = &self.routes_provider {
+            known("--routes-provider", name)?;
+        }
+        for name in self.node_provider_lookup_order.iter().filter(|n| !n.is_empty()) {
+            known("--node-provider-lookup-order", name)?;
+        }
+        for name in self.load_balancer_backends_all_nodes.iter().filter(|n| *n != "*" && !n.is_empty()) {
+            known("--load-balancer-backends-all-nodes", name)?;
+        }
+        Ok(endpoints)
+    }
+
+    /// The routing rules of several providers, from the flags.
+    pub fn provider_rules(&self) -> crate::provider::set::Rules {
+        crate::provider::set::Rules {
+            default_load_balancer_provider: self.default_load_balancer_provider.clone(),
+            ignore_unclassed: self.ignore_unclassed_services,
+            class_flag: self.load_balancer_class.clone(),
+            all_backends: self.load_balancer_backends_all_nodes.clone(),
+            routes_provider: self.routes_provider.clone(),
+            lookup_order: self.node_provider_lookup_order.iter().filter(|n| !n.is_empty()).cloned().collect(),
+        }
+    }
+
     /// Checks flag combinations that clap cannot.
     pub fn validate(&self) -> Result<(), InvalidFlags> {
         self.enabled_controllers()?;
+        self.provider_endpoints()?;
         crate::compat::review_gates(&self.feature_gates)?;
         self.upstream.review()?;
         if self.leader_elect && self.leader_elect_renew_deadline >= self.leader_elect_lease_duration {
@@ -585,6 +687,39 @@ mod tests {
         assert_eq!(o.leader_elect_resource_namespace, "kube-system");
         assert!(o.leader_elect);
         assert_eq!(o.enabled_controllers().expect("controllers").len(), 4);
+    }
+
+    #[test]
+    fn provider_endpoints_are_one_plain_or_several_named() {
+        let one = parse(&["--provider-endpoint=unix:///run/p.sock"]);
+        assert_eq!(one.provider_endpoints().expect("ok"), vec![("default".into(), "unix:///run/p.sock".into())]);
+        let two = parse(&[
+            "--provider-endpoint=hcloud=unix:///run/hcloud.sock",
+            "--provider-endpoint",
+            "robot=http://127.0.0.1:9000",
+            "--routes-provider=hcloud",
+            "--node-provider-lookup-order=robot,hcloud",
+        ]);
+        let endpoints = two.provider_endpoints().expect("ok");
+        assert_eq!(
+            endpoints,
+            vec![("hcloud".into(), "unix:///run/hcloud.sock".into()), ("robot".into(), "http://127.0.0.1:9000".into())]
+        );
+        assert!(two.validate().is_ok());
+        let refused = |args: &[&str], says: &str| {
+            let error = parse(args).validate().expect_err("refused").to_string();
+            assert!(error.contains(says), "{args:?}: {error}");
+        };
+        refused(&["--provider-endpoint=a=unix:///a", "--provider-endpoint=unix:///b"], "each is NAME=ENDPOINT");
+        refused(&["--provider-endpoint=a=unix:///a", "--provider-endpoint=a=unix:///b"], "given twice");
+        refused(&["--provider-endpoint=A=unix:///a"], "lowercase");
+        refused(&["--provider-endpoint=a.b=unix:///a"], "DNS label");
+        refused(&["--provider-endpoint=a="], "no endpoint");
+        refused(&["--provider-endpoint=a=unix:///a", "--routes-provider=b"], "--routes-provider \"b\" names no");
+        refused(&["--provider-endpoint=a=unix:///a", "--default-load-balancer-provider=b"], "names no --provider-endpoint");
+        refused(&["--provider-endpoint=a=unix:///a", "--node-provider-lookup-order=a,c"], "\"c\"");
+        refused(&["--provider-endpoint=a=unix:///a", "--load-balancer-backends-all-nodes=z"], "\"z\"");
+        assert!(parse(&["--provider-endpoint=a=unix:///a", "--load-balancer-backends-all-nodes=*"]).validate().is_ok());
     }
 
     #[test]

@@ -21,12 +21,13 @@ use crate::leader::{self, Election, Leading};
 use crate::metrics::Metrics;
 use crate::options::Options;
 use crate::provider::Provider;
+use crate::provider::set::Providers;
 
 /// How often the provider is probed (Probe is answered by the sidecar, not the cloud API).
 pub const PROBE_PERIOD: Duration = Duration::from_secs(10);
 
 struct Ready {
-    provider: Provider,
+    providers: Arc<Providers>,
     nodes: Informer<Node>,
     services: Informer<Service>,
     metrics: Metrics,
@@ -39,10 +40,15 @@ impl Readiness for Ready {
         if let Some(why) = self.metrics.failure() {
             reasons.push(format!("failing: {why}"));
         }
-        let (ok, why) = self.provider.readiness();
-        if !ok {
-            reasons.push(format!("provider {}: {why}", self.provider.endpoint()));
+        // Each provider on its own line: one that is down is told by name (its work waits;
+        // the others' goes on).
+        for provider in self.providers.all() {
+            let (ok, why) = provider.readiness();
+            if !ok {
+                reasons.push(format!("provider {} ({}): {why}", provider.name(), provider.endpoint()));
+            }
         }
+        reasons.extend(self.providers.conflicts());
         if !self.nodes.synced() {
             reasons.push("node cache not synced".into());
         }
@@ -238,19 +244,26 @@ pub async fn run_until(options: Options, shutdown: impl Future<Output = ()> + Se
         key: options.provider_tls_key_file.clone().unwrap_or_default(),
         ca: options.provider_tls_ca_file.clone().unwrap_or_default(),
     });
-    let provider = Provider::connect(
-        &options.provider_endpoint,
-        tls.as_ref().map(|files| (files, options.provider_tls_server_name.as_deref())),
-        options.provider_allow_insecure_tcp,
-        options.provider_call_timeout,
-        options.provider_max_concurrency,
-        metrics.clone(),
-    )
-    .with_context(|| format!("--provider-endpoint {}", options.provider_endpoint))?
-    .with_max_retry_after(options.provider_max_retry_after)
-    .with_mutation_timeout(options.provider_mutation_timeout);
+    // One client per provider: each with its own connection, concurrency limit, throttle
+    // gate, identity, epochs and readiness, so that one provider's trouble stays its own.
+    let mut providers = Vec::new();
+    for (name, endpoint) in options.provider_endpoints()? {
+        let provider = Provider::connect(
+            &endpoint,
+            tls.as_ref().map(|files| (files, options.provider_tls_server_name.as_deref())),
+            options.provider_allow_insecure_tcp,
+            options.provider_call_timeout,
+            options.provider_max_concurrency,
+            metrics.clone(),
+        )
+        .with_context(|| format!("--provider-endpoint {name}={endpoint}"))?
+        .named(&name)
+        .with_max_retry_after(options.provider_max_retry_after)
+        .with_mutation_timeout(options.provider_mutation_timeout);
+        providers.push(provider);
+    }
     let lease_client = leader::client(&config, options.leader_elect_renew_deadline, &metrics)?;
-    let parts = Parts { client, lease_client, provider, metrics, identity: None, config: Some(config) };
+    let parts = Parts { client, lease_client, providers, metrics, identity: None, config: Some(config) };
     run_with(options, parts, shutdown).await
 }
 
@@ -262,8 +275,8 @@ pub struct Parts {
     pub client: kube::Client,
     /// The Lease's client (short timeouts of its own).
     pub lease_client: kube::Client,
-    /// The provider.
-    pub provider: Provider,
+    /// The providers, in `--provider-endpoint` order (one, named `default`, for the plain form).
+    pub providers: Vec<Provider>,
     /// The metrics the clients and the provider report to.
     pub metrics: Metrics,
     /// The leader election identity, if not `<hostname>_<pid>_<random>`.
@@ -278,7 +291,14 @@ pub async fn run_with(options: Options, parts: Parts, shutdown: impl Future<Outp
     options.validate()?;
     let options = Arc::new(options);
     let enabled = options.enabled_controllers()?;
-    let Parts { client, lease_client, provider, metrics, identity, config } = parts;
+    let Parts { client, lease_client, providers, metrics, identity, config } = parts;
+    let providers = Arc::new(match <[Provider; 1]>::try_from(providers) {
+        Ok([provider]) => {
+            Providers::single(provider, options.load_balancer_class.clone(), !options.load_balancer_backends_all_nodes.is_empty())
+        }
+        Err(providers) if providers.is_empty() => anyhow::bail!("no provider to run with"),
+        Err(providers) => Providers::new(providers, options.provider_rules()),
+    });
 
     // One cancellation tree: `root` ends the process's background work (watches, the health
     // server, the provider's probe); `shutdown`, its child, is cancelled by the signal and
@@ -306,7 +326,9 @@ pub async fn run_with(options: Options, parts: Parts, shutdown: impl Future<Outp
         }
         _ => None,
     };
-    supervisor.spawn("the provider's probe", &stop, provider.clone().watch(PROBE_PERIOD, stop.clone()));
+    for provider in providers.all() {
+        supervisor.spawn("a provider's probe", &stop, provider.clone().watch(PROBE_PERIOD, stop.clone()));
+    }
     let watcher_config = watcher::Config::default().page_size(500).timeout(watch_timeout(options.kube_api_read_timeout));
     let nodes = Informer::start(Api::<Node>::all(client.clone()), watcher_config.clone(), slim_node, &supervisor, stop.clone());
     let service_api = match &options.service_namespace {
@@ -317,7 +339,7 @@ pub async fn run_with(options: Options, parts: Parts, shutdown: impl Future<Outp
 
     if options.secure_port != 0 {
         let ready = Arc::new(Ready {
-            provider: provider.clone(),
+            providers: providers.clone(),
             nodes: nodes.clone(),
             services: services.clone(),
             metrics: metrics.clone(),
@@ -336,7 +358,7 @@ pub async fn run_with(options: Options, parts: Parts, shutdown: impl Future<Outp
         tracing::info!(address = %bound, tls = !options.insecure_serving, delegated_auth = checked, "serving /healthz, /readyz and /metrics");
     }
 
-    let ctx = Context::new(client.clone(), provider, nodes, services, metrics.clone(), options.clone())?;
+    let ctx = Context::new(client.clone(), providers, nodes, services, metrics.clone(), options.clone())?;
     let groups = leader::plan(&options, &enabled)?;
     let result = if groups.is_empty() {
         run_controllers(ctx, credentials, &enabled, shutdown_token.clone(), None).await.map_err(anyhow::Error::from)

@@ -21,6 +21,12 @@ pub const ANNOTATION_OUT_OF_SERVICE: &str = "ccm-rs.dev/out-of-service-since";
 pub const ANNOTATION_TAG_LABELS: &str = "ccm-rs.dev/tag-labels";
 /// The IP(s) the kubelet was told to use (`--node-ip`), which the cloud's addresses must hold.
 pub const ANNOTATION_PROVIDED_NODE_IP: &str = "alpha.kubernetes.io/provided-node-ip";
+/// On a Node, with several providers (`--provider-endpoint=NAME=…` given more than once): the
+/// name of the provider whose Node it is, until its providerID (whose scheme then decides) is
+/// set. A kubelet sets it with `--node-labels=ccm-rs.dev/provider=NAME`; the node controller
+/// sets it on a Node that has neither, once exactly one provider's name lookup finds its
+/// instance.
+pub const LABEL_PROVIDER: &str = "ccm-rs.dev/provider";
 /// Zone label.
 pub const LABEL_ZONE: &str = "topology.kubernetes.io/zone";
 /// Region label.

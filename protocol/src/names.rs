@@ -18,6 +18,19 @@ pub const DEFAULT_MAX_LENGTH: usize = 63;
 pub const MIN_MAX_LENGTH: usize = 16;
 const HASH_LEN: usize = 8;
 
+/// Whether `scheme` is a URL scheme (RFC 3986: a letter, then letters, digits, `+`, `-` or
+/// `.`), as a providerID scheme must be.
+pub fn valid_scheme(scheme: &str) -> bool {
+    let mut chars = scheme.chars();
+    chars.next().is_some_and(|c| c.is_ascii_alphabetic())
+        && chars.all(|c| c.is_ascii_alphanumeric() || matches!(c, '+' | '-' | '.'))
+}
+
+/// The scheme of a providerID (`aws` of `aws:///us-east-1a/i-1`), if it has one.
+pub fn provider_id_scheme(provider_id: &str) -> Option<&str> {
+    provider_id.split_once("://").map(|(scheme, _)| scheme).filter(|s| valid_scheme(s))
+}
+
 /// The naming rules of a provider's load balancers.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct NameLimits {

@@ -319,7 +319,7 @@ impl World {
         let parts = Parts {
             client: link.clone().client(&controllers),
             lease_client: lease_link.client(&lease),
-            provider,
+            providers: vec![provider],
             metrics: metrics.clone(),
             identity: Some(identity.clone()),
             config: None,

@@ -4,6 +4,7 @@ pub mod ipam;
 pub mod node;
 pub mod node_addresses;
 pub mod node_lifecycle;
+pub mod owners;
 pub mod registry;
 pub mod route;
 pub mod runner;
@@ -28,6 +29,16 @@ use crate::metrics::Metrics;
 use crate::node_util;
 use crate::options::Options;
 use crate::provider::Provider;
+use crate::provider::set::{Owner, Providers};
+
+/// Which Nodes a context's controllers manage.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Scope {
+    /// Every Node a provider of this core owns (or may own, once resolved).
+    All,
+    /// The Nodes of the provider at this index.
+    Provider(usize),
+}
 
 /// A controller that cannot start: flags whose values do not fit together.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -52,8 +63,16 @@ impl ConfigError {
 pub struct Context {
     /// Kubernetes client.
     pub client: kube::Client,
-    /// The provider.
+    /// The provider this context acts for (with several providers, each controller runs once
+    /// per provider, each run on a context of its own provider: [`Context::for_provider`]).
     pub provider: Provider,
+    /// Every provider, and the rules of which Nodes and Services are whose.
+    pub providers: Arc<Providers>,
+    /// Which Nodes this context's controllers manage.
+    scope: Scope,
+    /// Deletions and out-of-service taints of the lifecycle controllers of every provider,
+    /// bounded over all of them as each is bounded over its own Nodes.
+    pub(crate) lifecycle_overall: Arc<node_lifecycle::Overall>,
     /// The shared Node watch.
     pub nodes: Informer<Node>,
     /// The shared Service watch.
@@ -78,7 +97,7 @@ impl Context {
     /// The shared context.
     pub fn new(
         client: kube::Client,
-        provider: Provider,
+        providers: Arc<Providers>,
         nodes: Informer<Node>,
         services: Informer<Service>,
         metrics: Metrics,
@@ -99,9 +118,15 @@ impl Context {
         let kube_writes = Arc::new(TokenBucket::new(f64::from(options.kube_api_qps), options.kube_api_burst));
         let event_writes = Arc::new(TokenBucket::new(f64::from(options.kube_api_qps), options.kube_api_burst));
         let recorder = Arc::new(Recorder::new(client.clone()));
+        let Some(provider) = providers.all().first().cloned() else {
+            return Err(ConfigError::Mismatch("no provider".into()));
+        };
         Ok(Self {
             client,
             provider,
+            providers,
+            scope: Scope::All,
+            lifecycle_overall: Default::default(),
             nodes,
             services,
             metrics,
@@ -128,6 +153,28 @@ impl Context {
             kube_writes: Arc::new(TokenBucket::new(qps, burst)),
             event_writes: Arc::new(TokenBucket::new(qps, burst)),
             ..self.clone()
+        }
+    }
+
+    /// The same context acting for the provider at `index` of [`Providers::all`], on its Nodes
+    /// and Services only.
+    pub fn for_provider(&self, index: usize) -> Self {
+        let provider = self.providers.all().get(index).cloned().unwrap_or_else(|| self.provider.clone());
+        Self { provider, scope: Scope::Provider(index), ..self.clone() }
+    }
+
+    /// The same context managing every Node of every provider (its provider's calls still
+    /// go to its provider alone): the routes of `--routes-provider`, node IPAM.
+    pub fn over_all_nodes(&self) -> Self {
+        Self { scope: Scope::All, ..self.clone() }
+    }
+
+    /// The name a controller instance of this context goes by in logs and metrics:
+    /// `controller`, with the provider's name in brackets when there are several providers.
+    pub fn instance_name(&self, controller: &str) -> String {
+        match self.scope {
+            Scope::Provider(_) if self.providers.several() => format!("{controller}[{}]", self.provider.name()),
+            _ => controller.to_string(),
         }
     }
 
@@ -217,16 +264,38 @@ impl Context {
     }
 
     /// Whether the node controllers leave this Node alone: excluded by the operator's selector,
-    /// or carrying another provider's providerID.
+    /// or not this context's provider's (see [`Providers::owner`]).
     pub fn ignores(&self, node: &Node) -> bool {
-        static NO_LABELS: BTreeMap<String, String> = BTreeMap::new();
-        let labels = node.metadata.labels.as_ref().unwrap_or(&NO_LABELS);
-        if self.exclude.iter().any(|terms| labels::selector_matches(terms, labels)) {
+        if self.excluded(node) {
             return true;
         }
-        match (node_util::provider_id(node), self.provider.identity()) {
-            (Some(id), Some(identity)) => !identity.owns(id),
-            _ => false,
+        match (self.scope, self.providers.owner(node)) {
+            (Scope::Provider(i), owner) => owner != Owner::Provider(i),
+            (Scope::All, owner) => owner == Owner::Nobody,
+        }
+    }
+
+    /// Whether the operator's `--node-exclude-selector` excludes this Node.
+    pub fn excluded(&self, node: &Node) -> bool {
+        static NO_LABELS: BTreeMap<String, String> = BTreeMap::new();
+        let labels = node.metadata.labels.as_ref().unwrap_or(&NO_LABELS);
+        self.exclude.iter().any(|terms| labels::selector_matches(terms, labels))
+    }
+
+    /// Whether a LoadBalancer Service is this context's provider's, by its class.
+    pub fn serves_service(&self, svc: &Service) -> bool {
+        match (self.scope, self.providers.service_owner(svc)) {
+            (Scope::Provider(i), owner) => owner == Some(i),
+            (Scope::All, owner) => owner.is_some(),
+        }
+    }
+
+    /// Whether this context's provider's load balancers get every Node as a backend
+    /// (`--load-balancer-backends-all-nodes`), not only its own Nodes.
+    pub fn all_backends(&self) -> bool {
+        match self.scope {
+            Scope::Provider(i) => self.providers.all_backends(i),
+            Scope::All => self.providers.all_backends(0),
         }
     }
 

@@ -77,12 +77,15 @@ pub struct NodeController {
     /// Nodes this controller initialised, with the resourceVersion its write produced: until
     /// the cache shows that version, the cached Node is stale and must not be initialised again.
     written: Mutex<HashMap<String, u64>>,
+    /// The provider's connections as last seen.
+    connected: std::sync::atomic::AtomicU64,
 }
 
 impl NodeController {
     /// A controller over `ctx`.
     pub fn new(ctx: Context) -> Self {
-        Self { ctx, written: Default::default() }
+        let connected = std::sync::atomic::AtomicU64::new(ctx.provider.changes().borrow().connected);
+        Self { ctx, written: Default::default(), connected }
     }
 
     /// Runs until `stop`: the event feed, the workers and the periodic address refresh.
@@ -466,7 +469,7 @@ impl NodeController {
 impl runner::Controller for NodeController {
     type Key = String;
     const NAME: &'static str = NAME;
-    const WATCHES: Watches = Watches { nodes: true, services: false, provider: false };
+    const WATCHES: Watches = Watches { nodes: true, services: false, provider: true };
 
     fn ctx(&self) -> &Context {
         &self.ctx
@@ -474,6 +477,13 @@ impl runner::Controller for NodeController {
 
     fn workers(&self) -> usize {
         self.ctx.options.concurrent_node_syncs
+    }
+
+    /// Connected: the Nodes of its providerID schemes are known to be its own now.
+    fn on_provider(&self, now: crate::provider::Changes, queue: &WorkQueue<String>) {
+        if self.connected.swap(now.connected, std::sync::atomic::Ordering::AcqRel) != now.connected {
+            self.resync(queue);
+        }
     }
 
     /// Concurrent initialisations share one batch read.

@@ -116,6 +116,24 @@ impl Budget {
     }
 }
 
+/// The lifecycle controllers' actions over every provider (with several providers, each
+/// runs on its own Nodes): `--max-node-deletions` and `--max-node-deletion-share` bound them
+/// over all Nodes too, so that two providers' passes together never do more than one would.
+#[derive(Debug, Default)]
+pub(crate) struct Overall {
+    deletions: Mutex<Budget>,
+    outs_of_service: Mutex<Budget>,
+}
+
+impl Overall {
+    fn budget(&self, act: Act) -> std::sync::MutexGuard<'_, Budget> {
+        match act {
+            Act::Delete => self.deletions.locked(),
+            Act::OutOfService => self.outs_of_service.locked(),
+        }
+    }
+}
+
 /// Which instance a Node stands for: a shutdown count is about one instance only.
 fn instance_of(node: &Node) -> (Option<&str>, Option<&str>) {
     (node.metadata.uid.as_deref(), node_util::provider_id(node))
@@ -513,7 +531,22 @@ impl NodeLifecycleController {
         let bound = options.max_node_deletions.min(share);
         let window = options.node_deletion_window;
         let now = Instant::now();
-        let (left, frees) = self.state().budget(act).left(bound, window, now);
+        let (mut left, mut frees) = self.state().budget(act).left(bound, window, now);
+        // With several providers, the same bounds over every provider's Nodes: the room left
+        // there is taken at once, so that another provider's pass cannot take it too.
+        if self.ctx.providers.several() {
+            let all = self.ctx.over_all_nodes().managed_nodes().count().max(bounds.total);
+            let all_share = (options.max_node_deletion_share * all as f64).ceil().max(1.0) as usize;
+            let mut overall = self.ctx.lifecycle_overall.budget(act);
+            let (all_left, all_frees) = overall.left(options.max_node_deletions.min(all_share), window, now);
+            if all_left < left {
+                left = all_left;
+                frees = all_frees.max(frees);
+            }
+            for _ in 0..left.min(nodes.len()) {
+                overall.spend(now);
+            }
+        }
         nodes.sort_by(|a, b| {
             let created = |n: &Node| n.metadata.creation_timestamp.as_ref().map(|t| t.0);
             (created(a), node_util::name(a)).cmp(&(created(b), node_util::name(b)))

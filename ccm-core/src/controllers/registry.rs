@@ -6,7 +6,7 @@
 use futures::future::BoxFuture;
 use tokio_util::sync::CancellationToken;
 
-use super::{ConfigError, Context, ipam, node, node_lifecycle, route, service};
+use super::{ConfigError, Context, ipam, node, node_lifecycle, owners, route, service};
 
 /// Starts a controller on its context: the future runs it until the token is cancelled.
 /// Flags that do not fit together fail it before anything runs.
@@ -57,7 +57,12 @@ pub const CONTROLLERS: &[Controller] = &[
         queue: "Nodes",
         component: "cloud-node-controller",
         starts: always,
-        start: |ctx, stop| Ok(Box::pin(node::NodeController::new(ctx).run(stop))),
+        start: |ctx, stop| {
+            let resolver = ctx.providers.several().then(|| owners::OwnerResolver::new(ctx.clone()).run(stop.clone()));
+            let mut runs = per_provider(&ctx, |ctx| Ok(Box::pin(node::NodeController::new(ctx).run(stop.clone()))))?;
+            runs.extend(resolver.map(|r| Box::pin(r) as BoxFuture<'static, ()>));
+            Ok(together(runs, stop))
+        },
     },
     Controller {
         name: node_lifecycle::NAME,
@@ -68,7 +73,11 @@ pub const CONTROLLERS: &[Controller] = &[
         queue: node_lifecycle::NAME,
         component: "cloud-node-lifecycle-controller",
         starts: always,
-        start: |ctx, stop| Ok(Box::pin(node_lifecycle::NodeLifecycleController::new(ctx).run(stop))),
+        start: |ctx, stop| {
+            let runs =
+                per_provider(&ctx, |ctx| Ok(Box::pin(node_lifecycle::NodeLifecycleController::new(ctx).run(stop.clone()))))?;
+            Ok(together(runs, stop))
+        },
     },
     Controller {
         name: service::NAME,
@@ -79,7 +88,10 @@ pub const CONTROLLERS: &[Controller] = &[
         queue: "service",
         component: "service-controller",
         starts: always,
-        start: |ctx, stop| Ok(Box::pin(service::ServiceController::new(ctx).run(stop))),
+        start: |ctx, stop| {
+            let runs = per_provider(&ctx, |ctx| Ok(Box::pin(service::ServiceController::new(ctx).run(stop.clone()))))?;
+            Ok(together(runs, stop))
+        },
     },
     Controller {
         name: route::NAME,
@@ -90,7 +102,16 @@ pub const CONTROLLERS: &[Controller] = &[
         queue: "Routes",
         component: "route_controller",
         starts: always,
-        start: |ctx, stop| Ok(Box::pin(route::RouteController::new(ctx)?.run(stop))),
+        start: |ctx, stop| {
+            // One provider may program every Node's routes (`--routes-provider`); else each
+            // provider its own Nodes'.
+            let runs = match ctx.providers.routes_provider() {
+                Some(i) => vec![Box::pin(route::RouteController::new(ctx.for_provider(i).over_all_nodes())?.run(stop.clone()))
+                    as BoxFuture<'static, ()>],
+                None => per_provider(&ctx, |ctx| Ok(Box::pin(route::RouteController::new(ctx)?.run(stop.clone()))))?,
+            };
+            Ok(together(runs, stop))
+        },
     },
     Controller {
         name: ipam::NAME,
@@ -120,6 +141,30 @@ pub const PROVIDER_CONTROLLERS: &[(&str, &str)] = &[(
 /// What a provider's own controller named in `--controllers` is, if `name` is one.
 pub fn provider_controller(name: &str) -> Option<&'static str> {
     PROVIDER_CONTROLLERS.iter().find(|(n, _)| *n == name).map(|(_, what)| *what)
+}
+
+/// One run of a controller per provider, each on its provider's context: its own queue,
+/// workers and calls, so that one provider's trouble never holds another's work.
+fn per_provider(
+    ctx: &Context,
+    start: impl Fn(Context) -> Result<BoxFuture<'static, ()>, ConfigError>,
+) -> Result<Vec<BoxFuture<'static, ()>>, ConfigError> {
+    (0..ctx.providers.all().len()).map(|i| start(ctx.for_provider(i))).collect()
+}
+
+/// The runs of one controller as one: it ends when one of them ends (a run that ends before
+/// the stop is the controller's failure; a panic goes on as the controller's), and, once
+/// stopped, when all of them have finished what they had in hand.
+fn together(runs: Vec<BoxFuture<'static, ()>>, stop: CancellationToken) -> BoxFuture<'static, ()> {
+    Box::pin(async move {
+        if runs.is_empty() {
+            return stop.cancelled().await;
+        }
+        let (_, _, rest) = futures::future::select_all(runs).await;
+        if stop.is_cancelled() {
+            futures::future::join_all(rest).await;
+        }
+    })
 }
 
 fn always(_: &crate::options::Options) -> bool {

@@ -134,7 +134,7 @@ pub async fn run<C: Controller>(controller: C, stop: CancellationToken) {
         tasks.spawn(worker(controller.clone(), queue.clone()));
     }
     controller.spawn(&queue, &stop, &mut tasks);
-    tasks.supervise(C::NAME, &stop).await;
+    tasks.supervise(&controller.ctx().instance_name(C::NAME), &stop).await;
     queue.shutdown();
     tasks.join(STOP_GRACE).await;
 }
@@ -156,6 +156,7 @@ async fn feed<C: Controller>(
     stop: CancellationToken,
 ) {
     let ctx = controller.ctx().clone();
+    let name = ctx.instance_name(C::NAME);
     let synced = async {
         if C::WATCHES.nodes {
             ctx.nodes.wait_synced().await;
@@ -173,7 +174,7 @@ async fn feed<C: Controller>(
         p.borrow_and_update();
     }
     controller.resync(&queue);
-    ctx.metrics.queue_state(C::NAME, &queue);
+    ctx.metrics.queue_state(&name, &queue);
     // The queue's metrics after a change, at most every FEED_METRICS_INTERVAL: every Node
     // heartbeat reaches every controller, and a key the change added is reported by the
     // worker that takes it anyway.
@@ -184,7 +185,7 @@ async fn feed<C: Controller>(
             change = next(&mut nodes) => match change {
                 Ok(change) => controller.on_node(Some(change), &queue),
                 Err(RecvError::Lagged(missed)) => {
-                    tracing::warn!(controller = C::NAME, missed, "node changes were missed; re-reading the cache");
+                    tracing::warn!(controller = %name, missed, "node changes were missed; re-reading the cache");
                     controller.on_node(None, &queue);
                 }
                 Err(RecvError::Closed) => return,
@@ -192,7 +193,7 @@ async fn feed<C: Controller>(
             change = next(&mut services) => match change {
                 Ok(change) => controller.on_service(Some(change), &queue),
                 Err(RecvError::Lagged(missed)) => {
-                    tracing::warn!(controller = C::NAME, missed, "service changes were missed; re-reading the cache");
+                    tracing::warn!(controller = %name, missed, "service changes were missed; re-reading the cache");
                     controller.on_service(None, &queue);
                 }
                 Err(RecvError::Closed) => return,
@@ -205,7 +206,7 @@ async fn feed<C: Controller>(
             } => controller.on_provider(now, &queue),
         }
         if reported.elapsed() >= FEED_METRICS_INTERVAL {
-            ctx.metrics.queue_state(C::NAME, &queue);
+            ctx.metrics.queue_state(&name, &queue);
             reported = tokio::time::Instant::now();
         }
     }
@@ -218,6 +219,7 @@ const FEED_METRICS_INTERVAL: Duration = Duration::from_millis(250);
 /// metrics; ends when the queue is shut down.
 async fn worker<C: Controller>(controller: Arc<C>, queue: Arc<WorkQueue<C::Key>>) {
     let metrics = controller.ctx().metrics.clone();
+    let name = controller.ctx().instance_name(C::NAME);
     loop {
         let keys = queue.next_batch(controller.batch().max(1)).await;
         if keys.is_empty() {
@@ -231,10 +233,10 @@ async fn worker<C: Controller>(controller: Arc<C>, queue: Arc<WorkQueue<C::Key>>
         for key in &keys {
             // A missing outcome (a controller's bug) retries its key rather than losing it.
             let d = done.next().unwrap_or_else(|| Outcome::Retry { fingerprint: None, retry_after: None }.into());
-            metrics.reconcile(C::NAME, elapsed, d.failed);
+            metrics.reconcile(&name, elapsed, d.failed);
             queue.done(key, d.outcome);
         }
-        metrics.queue_state(C::NAME, &queue);
+        metrics.queue_state(&name, &queue);
         if queue.stats().depth == 0 {
             controller.idle();
         }

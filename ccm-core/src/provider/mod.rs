@@ -9,6 +9,7 @@ pub mod check;
 pub mod convert;
 pub mod encoded;
 pub mod fenced;
+pub mod set;
 
 pub use api::PerLookup;
 
@@ -33,6 +34,8 @@ const ATTEMPTS: u32 = 3;
 /// A RetryInfo delay longer than this is not waited out inside a call: the caller's queue
 /// backs off instead, so a worker is not held.
 const MAX_INLINE_WAIT: Duration = Duration::from_secs(2);
+/// The name of the provider of a plain `--provider-endpoint` (no `NAME=`).
+pub const DEFAULT_NAME: &str = "default";
 /// How often an unreachable or unready provider is probed again.
 const RECONNECT_PERIOD: Duration = Duration::from_secs(1);
 /// The longest RetryInfo delay honoured unless `--provider-max-retry-after` says otherwise.
@@ -54,6 +57,8 @@ pub struct Identity {
     pub vendor_version: String,
     /// The scheme of its providerIDs; empty when it does not say.
     pub provider_id_scheme: String,
+    /// More schemes of its providerIDs (GetPluginInfo's `additional_provider_id_schemes`).
+    pub additional_schemes: Vec<String>,
     /// The generation of its state; empty when its state lives in the cloud.
     pub epoch: String,
     /// Capabilities.
@@ -69,13 +74,32 @@ impl Identity {
     /// Whether a providerID is this provider's (always, when it advertises no scheme).
     pub fn owns(&self, provider_id: &str) -> bool {
         self.provider_id_scheme.is_empty()
-            || provider_id.strip_prefix(self.provider_id_scheme.as_str()).is_some_and(|rest| rest.starts_with("://"))
+            || ccm_protocol::names::provider_id_scheme(provider_id).is_some_and(|scheme| self.has_scheme(scheme))
+    }
+
+    /// Whether `scheme` is one of its providerID schemes.
+    pub fn has_scheme(&self, scheme: &str) -> bool {
+        self.schemes().any(|s| s == scheme)
+    }
+
+    /// Its providerID schemes: the main one first, none when it advertises none.
+    pub fn schemes(&self) -> impl Iterator<Item = &str> {
+        std::iter::once(self.provider_id_scheme.as_str())
+            .chain(self.additional_schemes.iter().map(String::as_str))
+            .filter(|s| !s.is_empty())
+    }
+
+    /// The `spec.loadBalancerClass` values its load balancers serve (capability).
+    pub fn load_balancer_classes(&self) -> &[String] {
+        self.capabilities.load_balancers.as_ref().map_or(&[], |c| c.classes.as_slice())
     }
 
     /// Whether `other` is another provider than this one (another name or providerID scheme),
     /// rather than this one at another version.
     pub fn is_other_than(&self, other: &Identity) -> bool {
-        self.name != other.name || self.provider_id_scheme != other.provider_id_scheme
+        self.name != other.name
+            || self.provider_id_scheme != other.provider_id_scheme
+            || self.additional_schemes != other.additional_schemes
     }
 
     /// Whether batch instance reads are advertised.
@@ -139,6 +163,9 @@ impl Identity {
 #[derive(Clone)]
 pub struct Provider {
     channel: Channel,
+    /// Its name in `--provider-endpoint=NAME=…` (`default` for the plain form): in logs,
+    /// metrics, `/readyz` and the Node label that assigns Nodes to it.
+    name: Arc<str>,
     endpoint: String,
     timeout: Duration,
     limit: Arc<Semaphore>,
@@ -166,6 +193,9 @@ pub struct Changes {
     /// Times it came back as another provider (name or providerID scheme): route deletions
     /// pause until a full resync under the new identity.
     pub identities: u64,
+    /// Times its identity was read where there was none (its first connection): what is its
+    /// (Nodes of its schemes, Services of its classes) is known from then on.
+    pub connected: u64,
 }
 
 #[derive(Debug, Default)]
@@ -204,6 +234,7 @@ impl Provider {
     pub fn over(channel: Channel, endpoint: &str, timeout: Duration, concurrency: usize, metrics: Metrics) -> Self {
         Self {
             channel,
+            name: Arc::from(DEFAULT_NAME),
             endpoint: endpoint.to_string(),
             timeout,
             limit: Arc::new(Semaphore::new(concurrency.max(1))),
@@ -215,6 +246,17 @@ impl Provider {
             changes: Arc::new(tokio::sync::watch::channel(Changes::default()).0),
             broken: Default::default(),
         }
+    }
+
+    /// The same client under the name `name` (its `--provider-endpoint=NAME=…`).
+    pub fn named(mut self, name: &str) -> Self {
+        self.name = Arc::from(name);
+        self
+    }
+
+    /// Its name.
+    pub fn name(&self) -> &str {
+        &self.name
     }
 
     /// The same client honouring RetryInfo delays of at most `max` (default 5 minutes).
@@ -274,7 +316,12 @@ impl Provider {
         s.ready = ready;
         s.reason = reason;
         if let Some(identity) = identity {
+            let first = s.identity.is_none() && identity.is_some();
             s.identity = identity.map(Arc::new);
+            drop(s);
+            if first {
+                self.changes.send_modify(|c| c.connected += 1);
+            }
         }
     }
 
@@ -354,7 +401,7 @@ impl Provider {
             let result =
                 result.unwrap_or_else(|_| Err(Status::deadline_exceeded(format!("{method}: no answer within the deadline"))));
             let code = result.as_ref().map_or_else(Status::code, |_| tonic::Code::Ok);
-            self.metrics.provider_call(method, code, started.elapsed());
+            self.metrics.provider_call(&self.name, method, code, started.elapsed());
             let status = match result {
                 Ok(response) => return Ok(response.into_inner()),
                 Err(status) => status,
@@ -405,6 +452,7 @@ impl Provider {
             name: info.name,
             vendor_version: info.vendor_version,
             provider_id_scheme: info.provider_id_scheme,
+            additional_schemes: info.additional_provider_id_schemes,
             epoch: info.epoch,
             capabilities,
         };
@@ -439,6 +487,7 @@ impl Provider {
                         i.name == had.name
                             && i.vendor_version == had.vendor_version
                             && i.provider_id_scheme == had.provider_id_scheme
+                            && i.additional_provider_id_schemes == had.additional_schemes
                             && i.epoch == had.epoch
                     })
                 }
@@ -450,7 +499,9 @@ impl Provider {
                         tracing::info!(plugin = %identity.name, version = %identity.vendor_version, "provider identity read");
                     }
                     Ok(_) => {}
-                    Err(error) => tracing::warn!(endpoint = %self.endpoint, %error, "provider not reachable"),
+                    Err(error) => {
+                        tracing::warn!(provider = %self.name, endpoint = %self.endpoint, %error, "provider not reachable")
+                    }
                 }
             } else {
                 let probe = self

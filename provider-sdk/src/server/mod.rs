@@ -139,6 +139,7 @@ pub struct ProviderServer {
     vendor_version: String,
     manifest: std::collections::HashMap<String, String>,
     provider_id_scheme: String,
+    additional_provider_id_schemes: Vec<String>,
     epoch: String,
     instances: Option<Arc<dyn Instances>>,
     tags: Option<Arc<dyn Tags>>,
@@ -162,6 +163,7 @@ impl ProviderServer {
             vendor_version: vendor_version.into(),
             manifest: Default::default(),
             provider_id_scheme: String::new(),
+            additional_provider_id_schemes: Vec::new(),
             epoch: String::new(),
             instances: None,
             tags: None,
@@ -190,6 +192,15 @@ impl ProviderServer {
     /// can leave other providers' Nodes alone.
     pub fn provider_id_scheme(mut self, scheme: impl Into<String>) -> Self {
         self.provider_id_scheme = scheme.into();
+        self
+    }
+
+    /// More schemes whose providerIDs this provider issues, beside
+    /// [`ProviderServer::provider_id_scheme`] (a provider of two product lines of one cloud,
+    /// each with its own providerID form): a core serving several providers routes Nodes of
+    /// every one of them here.
+    pub fn additional_provider_id_scheme(mut self, scheme: impl Into<String>) -> Self {
+        self.additional_provider_id_schemes.push(scheme.into());
         self
     }
 
@@ -410,6 +421,7 @@ impl ProviderServer {
                 vendor_version: self.vendor_version,
                 manifest: self.manifest,
                 provider_id_scheme: self.provider_id_scheme,
+                additional_provider_id_schemes: self.additional_provider_id_schemes,
                 epoch: self.epoch,
             },
             caps,

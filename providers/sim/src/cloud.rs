@@ -17,8 +17,8 @@ use tokio::time::Instant;
 use crate::admin::{HostsView, InstanceView, LoadBalancerView, RouteView, Snapshot, TableView};
 use crate::config::{Address, Answer, ApiConfig, Config, Fault, FaultCode, InstanceSpec, Lie, RateLimit, RouteTableSpec, State};
 
-/// The providerID scheme of the sim.
-pub const PROVIDER_ID_SCHEME: &str = "sim://";
+/// The providerID scheme of the sim unless its configuration names another.
+pub const DEFAULT_SCHEME: &str = "sim";
 
 /// A value whose changes show in reads only after the consistency delay.
 #[derive(Debug, Clone)]
@@ -59,11 +59,11 @@ struct Instance {
 }
 
 impl Instance {
-    fn provider_id(&self) -> String {
-        format!("{PROVIDER_ID_SCHEME}{}/{}", self.spec.zone, self.spec.id)
+    fn provider_id(&self, scheme: &str) -> String {
+        format!("{scheme}://{}/{}", self.spec.zone, self.spec.id)
     }
 
-    fn metadata(&self, region: &str, state: State, with_tags: bool) -> pb::InstanceMetadata {
+    fn metadata(&self, scheme: &str, region: &str, state: State, with_tags: bool) -> pb::InstanceMetadata {
         let addresses = self
             .spec
             .addresses
@@ -71,7 +71,7 @@ impl Instance {
             .map(|a| pb::NodeAddress { r#type: address_type(&a.kind) as i32, address: a.address.clone() })
             .collect();
         pb::InstanceMetadata {
-            provider_id: self.provider_id(),
+            provider_id: self.provider_id(scheme),
             instance_id: self.spec.id.clone(),
             instance_type: self.spec.instance_type.clone(),
             zone: self.spec.zone.clone(),
@@ -203,6 +203,10 @@ struct Gate {
 #[derive(Debug)]
 pub struct Cloud {
     region: String,
+    /// The providerIDs' scheme.
+    scheme: String,
+    /// The load balancer classes advertised.
+    classes: Vec<String>,
     ipv6_routes: bool,
     route_target_addresses: bool,
     bulk_routes: bool,
@@ -236,8 +240,13 @@ impl Cloud {
             anyhow::bail!("at least one route table is required");
         }
         let limiter = config.api.rate_limit.map(|r| TokenBucket::new(r.rps, r.burst));
+        if !ccm_provider_sdk::names::valid_scheme(&config.provider_id_scheme) {
+            anyhow::bail!("provider_id_scheme {:?} is not a URL scheme", config.provider_id_scheme);
+        }
         let cloud = Self {
             region: config.region.clone(),
+            scheme: config.provider_id_scheme.clone(),
+            classes: config.load_balancers.classes.clone(),
             ipv6_routes: config.ipv6_routes,
             route_target_addresses: config.route_target_addresses,
             bulk_routes: config.bulk_routes,
@@ -389,7 +398,7 @@ impl Cloud {
         }
         let state = spec.state;
         let instance = Instance { spec, state: Lagged::new(Some(state), None, delay) };
-        let metadata = instance.metadata(&self.region, state, self.metadata_tags);
+        let metadata = instance.metadata(&self.scheme, &self.region, state, self.metadata_tags);
         world.instances.insert(instance.spec.id.clone(), instance);
         Ok(metadata)
     }
@@ -445,8 +454,11 @@ impl Cloud {
 
     fn find<'a>(&self, world: &'a World, lookup: &pb::InstanceLookup) -> Result<Option<(&'a Instance, State)>> {
         let found = if !lookup.provider_id.is_empty() {
-            let rest = lookup.provider_id.strip_prefix(PROVIDER_ID_SCHEME).ok_or_else(|| {
-                Error::invalid_argument(format!("providerID {:?} is not a sim providerID (sim://zone/id)", lookup.provider_id))
+            let rest = self.strip_scheme(&lookup.provider_id).ok_or_else(|| {
+                Error::invalid_argument(format!(
+                    "providerID {:?} is not a providerID of this cloud ({}://zone/id)",
+                    lookup.provider_id, self.scheme
+                ))
             })?;
             let id = rest.rsplit('/').next().unwrap_or(rest);
             world.instances.get(id)
@@ -459,7 +471,7 @@ impl Cloud {
     /// What reads say of one instance, terminated ones included.
     pub fn instance(&self, lookup: &pb::InstanceLookup) -> Result<Option<pb::InstanceMetadata>> {
         let world = self.world();
-        Ok(self.find(&world, lookup)?.map(|(i, s)| i.metadata(&self.region, s, self.metadata_tags)))
+        Ok(self.find(&world, lookup)?.map(|(i, s)| i.metadata(&self.scheme, &self.region, s, self.metadata_tags)))
     }
 
     /// What a metadata read answers about one instance: [`Cloud::instance`], shaped by the
@@ -467,7 +479,7 @@ impl Cloud {
     pub fn instance_answer(&self, lookup: &pb::InstanceLookup) -> Result<Option<pb::InstanceMetadata>> {
         let world = self.world();
         let Some((instance, state)) = self.find(&world, lookup)? else { return Ok(None) };
-        let mut metadata = instance.metadata(&self.region, state, self.metadata_tags);
+        let mut metadata = instance.metadata(&self.scheme, &self.region, state, self.metadata_tags);
         match instance.spec.answer {
             Answer::Normal => {}
             Answer::EmptyProviderId => metadata.provider_id.clear(),
@@ -492,7 +504,10 @@ impl Cloud {
             .instances
             .values()
             .filter_map(|i| {
-                i.state.seen().filter(|s| *s != State::Terminated).map(|s| i.metadata(&self.region, s, self.metadata_tags))
+                i.state
+                    .seen()
+                    .filter(|s| *s != State::Terminated)
+                    .map(|s| i.metadata(&self.scheme, &self.region, s, self.metadata_tags))
             })
             .collect()
     }
@@ -510,7 +525,7 @@ impl Cloud {
         let world = self.world();
         let instance = world.instances.get(id).filter(|i| i.state.current.is_some_and(|s| s != State::Terminated));
         let instance = instance.ok_or_else(|| Error::unavailable(format!("instance {id} is not there to answer")))?;
-        Ok(instance.metadata(&self.region, instance.spec.state, self.metadata_tags))
+        Ok(instance.metadata(&self.scheme, &self.region, instance.spec.state, self.metadata_tags))
     }
 
     /// The id of the instance named `name` (its host name), as the metadata service on it
@@ -629,7 +644,7 @@ impl Cloud {
         } else {
             // By instance id, as reads resolve it: a kubelet may have written the providerID
             // with another zone (`sim://its-zone/i-1`); the route records the canonical one.
-            let id = target.provider_id.strip_prefix(PROVIDER_ID_SCHEME).and_then(|r| r.rsplit('/').next()).unwrap_or_default();
+            let id = self.strip_scheme(&target.provider_id).and_then(|r| r.rsplit('/').next()).unwrap_or_default();
             world.instances.get(id)
         };
         let Some(instance) = instance.filter(|i| matches!(i.state.current, Some(s) if s != State::Terminated)) else {
@@ -638,7 +653,7 @@ impl Cloud {
                 format!("route target {} ({}) is not a live instance", target.node_name, target.provider_id),
             ));
         };
-        target.provider_id = instance.provider_id();
+        target.provider_id = instance.provider_id(&self.scheme);
         route.target = Some(target);
         route.blackhole = false;
         if !self.route_target_addresses {
@@ -743,7 +758,18 @@ impl Cloud {
             list: true,
             bulk_update_hosts: self.bulk_hosts,
             pod_endpoints: self.dataplane,
+            classes: self.classes.clone(),
         }
+    }
+
+    /// The providerIDs' scheme.
+    pub fn scheme(&self) -> &str {
+        &self.scheme
+    }
+
+    /// What follows `<scheme>://` in a providerID of this cloud.
+    fn strip_scheme<'a>(&self, provider_id: &'a str) -> Option<&'a str> {
+        provider_id.strip_prefix(self.scheme.as_str())?.strip_prefix("://")
     }
 
     fn status(&self, lb: &LoadBalancer) -> pb::LoadBalancerStatus {
@@ -1011,7 +1037,7 @@ impl Cloud {
                     i.state.current.map(|state| InstanceView {
                         id: i.spec.id.clone(),
                         name: i.spec.name.clone(),
-                        provider_id: i.provider_id(),
+                        provider_id: i.provider_id(&self.scheme),
                         state,
                         zone: i.spec.zone.clone(),
                     })

@@ -12,6 +12,9 @@ use serde::{Deserialize, Serialize};
 pub struct Config {
     /// The plugin name served by Identity.
     pub plugin_name: String,
+    /// The scheme of the instances' providerIDs (`sim` for `sim://zone/i-1`): two sims of
+    /// different schemes stand for two clouds in one cluster.
+    pub provider_id_scheme: String,
     /// The region every instance is in.
     pub region: String,
     /// How the cloud's API behaves.
@@ -57,6 +60,7 @@ impl Default for Config {
     fn default() -> Self {
         Self {
             plugin_name: "sim.cloudprovider.dev".into(),
+            provider_id_scheme: crate::cloud::DEFAULT_SCHEME.into(),
             region: "sim-region-1".into(),
             api: ApiConfig::default(),
             faults: Vec::new(),
@@ -316,6 +320,8 @@ pub struct LoadBalancerConfig {
     /// (with one it always is): the core then sends the pods of ports without a node port,
     /// which the admin state shows.
     pub pod_endpoints: bool,
+    /// The `loadBalancerClass` values advertised (`LoadBalancersCapabilities.classes`).
+    pub classes: Vec<String>,
 }
 
 impl Default for LoadBalancerConfig {
@@ -326,6 +332,7 @@ impl Default for LoadBalancerConfig {
             allowed_name_characters: String::new(),
             bulk_hosts: false,
             pod_endpoints: false,
+            classes: Vec::new(),
         }
     }
 }

@@ -81,7 +81,7 @@ pub async fn serve(
 
     let mut server = ProviderServer::new(config.plugin_name.clone(), VERSION)
         .manifest("cloud", "sim")
-        .provider_id_scheme(cloud::PROVIDER_ID_SCHEME.trim_end_matches("://"))
+        .provider_id_scheme(cloud.scheme())
         // The sim's cloud lives in this process: a restart starts it again from its config.
         .epoch(format!("{:016x}", rand::random::<u64>()))
         .instances(provider.clone())

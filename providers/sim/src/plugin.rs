@@ -145,7 +145,7 @@ pub async fn run(
     ProviderServer::new(plugin_name, crate::VERSION)
         .manifest("cloud", "sim")
         .manifest("role", "node-metadata")
-        .provider_id_scheme(crate::cloud::PROVIDER_ID_SCHEME.trim_end_matches("://"))
+        .provider_id_scheme(crate::cloud::DEFAULT_SCHEME)
         .node_metadata(plugin.clone())
         .image_credentials(plugin.clone())
         .probe(plugin)

@@ -275,7 +275,9 @@ fn lie_about(lie: Option<Lie>, metadata: Option<pb::InstanceMetadata>) -> Option
     let mut m = metadata?;
     match lie {
         Some(Lie::AllGone) => return None,
-        Some(Lie::OtherScheme) => m.provider_id = m.provider_id.replacen(crate::cloud::PROVIDER_ID_SCHEME, "other://", 1),
+        Some(Lie::OtherScheme) => {
+            m.provider_id = m.provider_id.split_once("://").map_or(m.provider_id.clone(), |(_, rest)| format!("other://{rest}"))
+        }
         Some(Lie::InvalidIps) => {
             for a in m.addresses.iter_mut().filter(|a| matches!(a.r#type(), T::InternalIp | T::ExternalIp)) {
                 a.address = NOT_AN_IP.into();

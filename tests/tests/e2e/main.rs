@@ -7,6 +7,7 @@ mod deploy;
 mod faults;
 mod go_adapter;
 mod harness;
+mod hybrid;
 mod lb_suite;
 mod leader;
 mod migration;

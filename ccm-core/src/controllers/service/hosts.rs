@@ -41,11 +41,13 @@ fn excluded_by_label(node: &Node) -> bool {
 /// stays a backend while kube-proxy's health check drains it, and leaves when it is deleted
 /// or excluded. (Upstream ignores the taint's arrival but drops the Node at the next sync for
 /// another reason, cutting its connections then; here the taint never changes the hosts.)
+/// With several providers, a load balancer's backends are its provider's Nodes, or every
+/// Node when `--load-balancer-backends-all-nodes` names its provider.
 fn is_backend(ctx: &Context, node: &Node) -> bool {
     node_util::provider_id(node).is_some()
         && node.metadata.deletion_timestamp.is_none()
         && !excluded_by_label(node)
-        && !ctx.ignores(node)
+        && if ctx.all_backends() { !ctx.excluded(node) } else { !ctx.ignores(node) }
 }
 
 /// What of a Node a provider may select backends on (name, providerID, labels, addresses),

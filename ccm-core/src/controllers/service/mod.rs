@@ -210,6 +210,8 @@ pub struct ServiceController {
     nodes_changed: Notify,
     /// The provider's epochs as last seen: a new one means its state may be lost.
     epochs: AtomicU64,
+    /// The provider's connections as last seen.
+    connected: AtomicU64,
 }
 
 impl ServiceController {
@@ -227,6 +229,7 @@ impl ServiceController {
             pod_endpoints: Default::default(),
             nodes_changed: Notify::new(),
             epochs: AtomicU64::new(0),
+            connected: AtomicU64::new(0),
         }
     }
 
@@ -234,11 +237,11 @@ impl ServiceController {
         self.state.locked()
     }
 
-    /// Whether the Service's load balancer is this controller's: no class, or
-    /// `--load-balancer-class`.
+    /// Whether the Service's load balancer is this controller's provider's, by its class (see
+    /// [`crate::provider::set::Providers::service_owner`]): with one provider, no class, a
+    /// class it advertises, or `--load-balancer-class`.
     fn ours(&self, svc: &Service) -> bool {
-        let class = svc.spec.as_ref().and_then(|s| s.load_balancer_class.as_deref());
-        class.is_none() || class == self.ctx.options.load_balancer_class.as_deref()
+        self.ctx.serves_service(svc)
     }
 
     /// Whether the Service should have a load balancer of this controller's now: ours, of
@@ -522,7 +525,9 @@ impl runner::Controller for ServiceController {
     }
 
     fn resync(&self, queue: &WorkQueue<Key>) {
-        self.epochs.store(self.ctx.provider.changes().borrow().epochs, Ordering::Release);
+        let seen = *self.ctx.provider.changes().borrow();
+        self.epochs.store(seen.epochs, Ordering::Release);
+        self.connected.store(seen.connected, Ordering::Release);
         for svc in self.ctx.services.sorted() {
             if self.queued_for(&svc) {
                 queue.add_changed(Key::Service(service_key(&svc)), fingerprint(&svc));
@@ -547,9 +552,13 @@ impl runner::Controller for ServiceController {
         self.node_changed(change);
     }
 
-    fn on_provider(&self, now: Changes, _queue: &WorkQueue<Key>) {
+    fn on_provider(&self, now: Changes, queue: &WorkQueue<Key>) {
         if self.epochs.swap(now.epochs, Ordering::AcqRel) != now.epochs {
             self.ensure_all_again();
+        }
+        // Connected: the Services of the classes it advertises are known to be its own now.
+        if self.connected.swap(now.connected, Ordering::AcqRel) != now.connected {
+            self.resync(queue);
         }
     }
 

@@ -16,7 +16,7 @@ impl Provider {
     /// [`answer::instance`] fails its own lookup; none of them ever reads as "gone".
     pub async fn instance_metadata(&self, lookups: &InstanceLookups) -> PerLookup<Option<Instance>> {
         let lookups = lookups.0.as_slice();
-        let scheme = self.identity().map(|i| i.provider_id_scheme.clone()).unwrap_or_default();
+        let identity = self.identity();
         let (method, answers) = if self.identity().is_some_and(|i| i.batch_reads()) {
             const METHOD: &str = "InstancesService/BatchInstanceMetadata";
             let call = |instances: Vec<pb::InstanceLookup>| async move {
@@ -49,7 +49,7 @@ impl Provider {
         let answers: PerLookup<_> = lookups
             .iter()
             .zip(answers)
-            .map(|(lookup, answer)| answer.and_then(|(exists, m)| instance(method, lookup, exists, m, &scheme)))
+            .map(|(lookup, answer)| answer.and_then(|(exists, m)| instance(method, lookup, exists, m, identity.as_deref())))
             .collect();
         self.count_invalid(method, &answers);
         answers.into_iter().map(|a| a.map(|m| m.map(Instance::from))).collect()

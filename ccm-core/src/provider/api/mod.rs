@@ -55,8 +55,8 @@ impl Provider {
 
     fn counted(&self, method: &str, error: Error) -> Error {
         if check::is_invalid(&error) {
-            self.metrics.invalid_answer(method);
-            tracing::warn!(method, %error, "invalid provider answer");
+            self.metrics.invalid_answer(self.name(), method);
+            tracing::warn!(provider = %self.name(), method, %error, "invalid provider answer");
         }
         error
     }
@@ -78,7 +78,7 @@ fn instance(
     lookup: &pb::InstanceLookup,
     exists: bool,
     metadata: Option<pb::InstanceMetadata>,
-    scheme: &str,
+    identity: Option<&super::Identity>,
 ) -> Result<Option<pb::InstanceMetadata>, Error> {
     if !exists {
         return Ok(None);
@@ -86,6 +86,10 @@ fn instance(
     let Some(m) = metadata else {
         return Err(invalid(method, format!("instance of node {:?} exists but came without metadata", lookup.node_name)));
     };
+    // The scheme the answer is checked against: the one of the provider's schemes it names,
+    // else the main one (which it then fails).
+    let named = ccm_protocol::names::provider_id_scheme(&m.provider_id);
+    let scheme = identity.map(|i| named.filter(|s| i.has_scheme(s)).unwrap_or(i.provider_id_scheme.as_str())).unwrap_or_default();
     answer::instance(&m, scheme).map_err(|why| invalid(method, format!("node {:?}: {why}", lookup.node_name)))?;
     Ok(Some(m))
 }
@@ -179,19 +183,33 @@ mod tests {
     #[test]
     fn an_instance_answer_is_checked_and_may_name_the_instance_in_the_providers_form() {
         let m = "M";
-        assert_eq!(instance(m, &lookup("a", "sim://z/a"), false, None, "sim").expect("ok"), None);
-        let stray = instance(m, &lookup("a", "sim://z/a"), false, Some(meta("sim://z/a")), "sim").expect("ok");
+        let sim = identity("sim", &["sim-dedicated"]);
+        assert_eq!(instance(m, &lookup("a", "sim://z/a"), false, None, Some(&sim)).expect("ok"), None);
+        let stray = instance(m, &lookup("a", "sim://z/a"), false, Some(meta("sim://z/a")), Some(&sim)).expect("ok");
         assert_eq!(stray, None, "absent wins over stray metadata");
-        assert!(instance(m, &lookup("a", "sim://z/a"), true, Some(meta("sim://z/a")), "sim").expect("ok").is_some());
+        assert!(instance(m, &lookup("a", "sim://z/a"), true, Some(meta("sim://z/a")), Some(&sim)).expect("ok").is_some());
         // A lookup by name takes the instance the provider found.
-        assert!(instance(m, &lookup("a", ""), true, Some(meta("sim://z/a")), "sim").expect("ok").is_some());
+        assert!(instance(m, &lookup("a", ""), true, Some(meta("sim://z/a")), Some(&sim)).expect("ok").is_some());
         // The kubelet said another zone; the cloud answers in its canonical form.
-        let canonical = instance(m, &lookup("a", "sim://kubelet-zone/a"), true, Some(meta("sim://z/a")), "sim").expect("ok");
+        let canonical = instance(m, &lookup("a", "sim://kubelet-zone/a"), true, Some(meta("sim://z/a")), Some(&sim)).expect("ok");
         assert_eq!(canonical.map(|c| c.provider_id), Some("sim://z/a".to_string()));
-        let bare = instance(m, &lookup("a", "sim://z/a"), true, None, "sim").expect_err("an error");
+        let bare = instance(m, &lookup("a", "sim://z/a"), true, None, Some(&sim)).expect_err("an error");
         assert!(bare.to_string().contains("without metadata"), "{bare}");
-        let other = instance(m, &lookup("a", ""), true, Some(meta("other://z/a")), "sim").expect_err("an error");
+        let other = instance(m, &lookup("a", ""), true, Some(meta("other://z/a")), Some(&sim)).expect_err("an error");
         assert!(other.to_string().contains("scheme"), "{other}");
+        // A provider of two schemes: an answer in either is its own.
+        assert!(instance(m, &lookup("a", ""), true, Some(meta("sim-dedicated://z/a")), Some(&sim)).expect("ok").is_some());
+    }
+
+    fn identity(scheme: &str, more: &[&str]) -> crate::provider::Identity {
+        crate::provider::Identity {
+            name: "p".into(),
+            vendor_version: "1".into(),
+            provider_id_scheme: scheme.into(),
+            additional_schemes: more.iter().map(|s| s.to_string()).collect(),
+            epoch: String::new(),
+            capabilities: Default::default(),
+        }
     }
 
     fn result(name: &str, id: &str, exists: bool) -> pb::InstanceMetadataResult {

@@ -148,9 +148,16 @@ type GetPluginInfoResponse struct {
 	// lost (a restart with an empty store): it lists routes and ensures every load balancer
 	// again at once instead of at its next resync. Empty: the provider's state lives in the
 	// cloud and survives its restarts.
-	Epoch         string `protobuf:"bytes,5,opt,name=epoch,proto3" json:"epoch,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	Epoch string `protobuf:"bytes,5,opt,name=epoch,proto3" json:"epoch,omitempty"`
+	// More schemes whose providerIDs are this provider's, beside provider_id_scheme: a provider
+	// serving two product lines of one cloud (cloud servers and dedicated servers, each with
+	// its own providerID form) names both. A core serving several providers routes each Node to
+	// the provider whose schemes include its providerID's; a scheme named by two providers is a
+	// configuration error the core reports. Additive: a core that does not know it reads
+	// provider_id_scheme alone.
+	AdditionalProviderIdSchemes []string `protobuf:"bytes,6,rep,name=additional_provider_id_schemes,json=additionalProviderIdSchemes,proto3" json:"additional_provider_id_schemes,omitempty"`
+	unknownFields               protoimpl.UnknownFields
+	sizeCache                   protoimpl.SizeCache
 }
 
 func (x *GetPluginInfoResponse) Reset() {
@@ -216,6 +223,13 @@ func (x *GetPluginInfoResponse) GetEpoch() string {
 		return x.Epoch
 	}
 	return ""
+}
+
+func (x *GetPluginInfoResponse) GetAdditionalProviderIdSchemes() []string {
+	if x != nil {
+		return x.AdditionalProviderIdSchemes
+	}
+	return nil
 }
 
 // Request of GetPluginCapabilities. Empty.
@@ -434,7 +448,13 @@ type LoadBalancersCapabilities struct {
 	// (spec.allocateLoadBalancerNodePorts: false): the core sends, for each port without a
 	// node port, the Service's ready endpoints (ServicePort.endpoints), and calls
 	// EnsureLoadBalancer again when they change. Without it such ports get no endpoints.
-	PodEndpoints  bool `protobuf:"varint,5,opt,name=pod_endpoints,json=podEndpoints,proto3" json:"pod_endpoints,omitempty"`
+	PodEndpoints bool `protobuf:"varint,5,opt,name=pod_endpoints,json=podEndpoints,proto3" json:"pod_endpoints,omitempty"`
+	// The Service `spec.loadBalancerClass` values this provider's load balancers serve. A core
+	// serving several providers sends each LoadBalancer Service to the provider of its class;
+	// Services without a class go to the provider the operator names (or to none). Empty: the
+	// provider serves Services without a class, and those of the class the operator names for
+	// it. Additive: a single-provider core does not need it.
+	Classes       []string `protobuf:"bytes,6,rep,name=classes,proto3" json:"classes,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -502,6 +522,13 @@ func (x *LoadBalancersCapabilities) GetPodEndpoints() bool {
 		return x.PodEndpoints
 	}
 	return false
+}
+
+func (x *LoadBalancersCapabilities) GetClasses() []string {
+	if x != nil {
+		return x.Classes
+	}
+	return nil
 }
 
 // Response of GetPluginCapabilities.
@@ -683,13 +710,14 @@ var File_cloudprovider_v1_identity_proto protoreflect.FileDescriptor
 const file_cloudprovider_v1_identity_proto_rawDesc = "" +
 	"\n" +
 	"\x1fcloudprovider/v1/identity.proto\x12\x10cloudprovider.v1\x1a\x1egoogle/protobuf/duration.proto\"\x16\n" +
-	"\x14GetPluginInfoRequest\"\xa6\x02\n" +
+	"\x14GetPluginInfoRequest\"\xeb\x02\n" +
 	"\x15GetPluginInfoResponse\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12%\n" +
 	"\x0evendor_version\x18\x02 \x01(\tR\rvendorVersion\x12Q\n" +
 	"\bmanifest\x18\x03 \x03(\v25.cloudprovider.v1.GetPluginInfoResponse.ManifestEntryR\bmanifest\x12,\n" +
 	"\x12provider_id_scheme\x18\x04 \x01(\tR\x10providerIdScheme\x12\x14\n" +
-	"\x05epoch\x18\x05 \x01(\tR\x05epoch\x1a;\n" +
+	"\x05epoch\x18\x05 \x01(\tR\x05epoch\x12C\n" +
+	"\x1eadditional_provider_id_schemes\x18\x06 \x03(\tR\x1badditionalProviderIdSchemes\x1a;\n" +
 	"\rManifestEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\x1e\n" +
@@ -705,13 +733,14 @@ const file_cloudprovider_v1_identity_proto_rawDesc = "" +
 	"\x10target_addresses\x18\x04 \x01(\bR\x0ftargetAddresses\x12%\n" +
 	"\x0eprovider_names\x18\x05 \x01(\bR\rproviderNames\x12\x1d\n" +
 	"\n" +
-	"bulk_apply\x18\x06 \x01(\bR\tbulkApply\"\xe0\x01\n" +
+	"bulk_apply\x18\x06 \x01(\bR\tbulkApply\"\xfa\x01\n" +
 	"\x19LoadBalancersCapabilities\x12&\n" +
 	"\x0fmax_name_length\x18\x01 \x01(\rR\rmaxNameLength\x126\n" +
 	"\x17allowed_name_characters\x18\x02 \x01(\tR\x15allowedNameCharacters\x12\x12\n" +
 	"\x04list\x18\x03 \x01(\bR\x04list\x12*\n" +
 	"\x11bulk_update_hosts\x18\x04 \x01(\bR\x0fbulkUpdateHosts\x12#\n" +
-	"\rpod_endpoints\x18\x05 \x01(\bR\fpodEndpoints\"\xb3\x02\n" +
+	"\rpod_endpoints\x18\x05 \x01(\bR\fpodEndpoints\x12\x18\n" +
+	"\aclasses\x18\x06 \x03(\tR\aclasses\"\xb3\x02\n" +
 	"\x1dGetPluginCapabilitiesResponse\x129\n" +
 	"\bservices\x18\x01 \x03(\x0e2\x1d.cloudprovider.v1.ServiceTypeR\bservices\x12E\n" +
 	"\tinstances\x18\x02 \x01(\v2'.cloudprovider.v1.InstancesCapabilitiesR\tinstances\x12<\n" +

@@ -1,0 +1,186 @@
+//! With several providers: which provider a new Node belongs to when it has neither a
+//! providerID nor the `ccm-rs.dev/provider` label. Each provider of
+//! `--node-provider-lookup-order` is asked, by the Node's name and addresses, whether it knows
+//! the instance (one BatchInstanceMetadata per 500 Nodes and provider when it batches reads).
+//! Exactly one that knows it: the label is written, and that provider's node controller
+//! initialises the Node. Two or more: a Warning Event `ProviderConflict`, and the Node stays
+//! tainted until an operator labels it; none, or a provider that could not answer (down,
+//! throttled, not yet connected): asked again after a backoff. Never a guess.
+//!
+//! The label is the record: it survives restarts and is what an operator sets (on the
+//! kubelet, `--node-labels=ccm-rs.dev/provider=NAME`) to skip the lookups.
+
+use std::hash::{Hash, Hasher};
+use std::sync::Arc;
+
+use ccm_protocol::limits::MAX_BATCH;
+use k8s_openapi::api::core::v1::Node;
+use kube::runtime::reflector::ObjectRef;
+use tokio_util::sync::CancellationToken;
+
+use super::Context;
+use super::runner::{self, Done, Watches};
+use crate::events::{EventType, reason};
+use crate::informer::Change;
+use crate::node_util;
+use crate::provider::convert::InstanceLookups;
+use crate::provider::set::Owner;
+use crate::queue::{Outcome, WorkQueue};
+use crate::wellknown::{LABEL_PROVIDER, TAINT_UNINITIALIZED};
+
+/// Its name in logs and metrics; its Events are the node controller's.
+pub const NAME: &str = "cloud-node-provider-lookup";
+
+/// Whether a Node waits for its provider to be found by lookups.
+fn needs_lookup(ctx: &Context, node: &Node) -> bool {
+    node_util::has_taint(node, TAINT_UNINITIALIZED)
+        && node.metadata.deletion_timestamp.is_none()
+        && node_util::provider_id(node).is_none()
+        && !ctx.excluded(node)
+        && ctx.providers.owner(node) == Owner::Unresolved
+}
+
+/// What the lookups act on: a change of it looks again at once.
+fn fingerprint(node: &Node) -> u64 {
+    let mut h = std::collections::hash_map::DefaultHasher::new();
+    node_util::provider_id(node).hash(&mut h);
+    node.metadata.labels.as_ref().and_then(|l| l.get(LABEL_PROVIDER)).hash(&mut h);
+    node_util::addresses(node).iter().for_each(|a| (&a.type_, &a.address).hash(&mut h));
+    h.finish()
+}
+
+/// The lookups of Nodes without a provider.
+pub struct OwnerResolver {
+    ctx: Context,
+}
+
+impl OwnerResolver {
+    /// Over `ctx` (every provider's).
+    pub fn new(ctx: Context) -> Self {
+        Self { ctx: ctx.over_all_nodes() }
+    }
+
+    /// Runs until `stop`.
+    pub async fn run(self, stop: CancellationToken) {
+        runner::run(self, stop).await;
+    }
+
+    fn enqueue(&self, node: &Node, queue: &WorkQueue<String>) {
+        if needs_lookup(&self.ctx, node) {
+            queue.add_changed(node_util::name(node).to_string(), fingerprint(node));
+        }
+    }
+
+    /// Which providers know each Node's instance (by name), in lookup order; `Err` for a Node
+    /// some provider could not answer about.
+    async fn ask(&self, nodes: &[Arc<Node>]) -> Vec<Result<Vec<String>, String>> {
+        let lookups = InstanceLookups::of(nodes.iter().map(|n| n.as_ref()));
+        let mut found: Vec<Result<Vec<String>, String>> = vec![Ok(Vec::new()); nodes.len()];
+        for provider in self.ctx.providers.lookup_order() {
+            if provider.identity().is_none() {
+                let (_, why) = provider.readiness();
+                for f in found.iter_mut() {
+                    *f = Err(format!("provider {} cannot be asked: {why}", provider.name()));
+                }
+                continue;
+            }
+            let answers = provider.instance_metadata(&lookups).await;
+            for (f, answer) in found.iter_mut().zip(answers) {
+                match (f.as_mut(), answer) {
+                    (Ok(names), Ok(Some(_))) => names.push(provider.name().to_string()),
+                    (Ok(_), Ok(None)) => {}
+                    (Ok(_), Err(error)) => *f = Err(format!("provider {}: {error}", provider.name())),
+                    (Err(_), _) => {}
+                }
+            }
+        }
+        found
+    }
+
+    async fn resolve(&self, node: &Node, found: Result<Vec<String>, String>) -> Outcome {
+        let name = node_util::name(node);
+        let retry = Outcome::Retry { fingerprint: Some(fingerprint(node)), retry_after: None };
+        match found.as_deref() {
+            Err(why) => {
+                tracing::warn!(node = %name, %why, "cannot tell which provider the node belongs to; asking again later");
+                retry
+            }
+            Ok([]) => {
+                tracing::info!(node = %name, "no provider knows the node's instance (yet); asking again later");
+                retry
+            }
+            Ok([owner]) => {
+                let patch = serde_json::json!({ "metadata": { "labels": { LABEL_PROVIDER: owner } } });
+                match self.ctx.patch_node(name, &patch).await {
+                    Ok(_) => {
+                        tracing::info!(node = %name, provider = %owner, "the node's instance is known to one provider; labelled");
+                        let note = format!("The instance is known to provider {owner} alone: {LABEL_PROVIDER}={owner}");
+                        self.ctx.event(super::node::NAME, node, EventType::Normal, reason::PROVIDER_ASSIGNED, note).await;
+                        Outcome::Success
+                    }
+                    Err(error) => {
+                        tracing::warn!(node = %name, %error, "labelling the node with its provider failed");
+                        retry
+                    }
+                }
+            }
+            Ok(owners) => {
+                let note = format!(
+                    "The instance is known to providers {}: the Node stays uninitialised; label it {LABEL_PROVIDER}=NAME \
+                     (or start its kubelet with --node-labels={LABEL_PROVIDER}=NAME) to say whose it is",
+                    owners.join(" and ")
+                );
+                tracing::warn!(node = %name, providers = ?owners, "the node's instance is known to several providers; not guessing");
+                self.ctx.event(super::node::NAME, node, EventType::Warning, reason::PROVIDER_CONFLICT, note).await;
+                retry
+            }
+        }
+    }
+}
+
+impl runner::Controller for OwnerResolver {
+    type Key = String;
+    const NAME: &'static str = NAME;
+    const WATCHES: Watches = Watches { nodes: true, services: false, provider: false };
+
+    fn ctx(&self) -> &Context {
+        &self.ctx
+    }
+
+    fn batch(&self) -> usize {
+        MAX_BATCH
+    }
+
+    fn resync(&self, queue: &WorkQueue<String>) {
+        for node in self.ctx.nodes.sorted() {
+            self.enqueue(&node, queue);
+        }
+    }
+
+    fn on_node(&self, change: Option<Change<Node>>, queue: &WorkQueue<String>) {
+        match change {
+            Some(Change::Applied { new, .. }) => self.enqueue(&new, queue),
+            Some(_) => {}
+            None => self.resync(queue),
+        }
+    }
+
+    async fn reconcile(&self, keys: &[String]) -> Vec<Done> {
+        let mut outcomes = vec![Done::from(Outcome::Success); keys.len()];
+        let mut todo: Vec<(usize, Arc<Node>)> = Vec::new();
+        for (i, key) in keys.iter().enumerate() {
+            if let Some(node) = self.ctx.nodes.store().get(&ObjectRef::new(key)).filter(|n| needs_lookup(&self.ctx, n)) {
+                todo.push((i, node));
+            }
+        }
+        if todo.is_empty() {
+            return outcomes;
+        }
+        let nodes: Vec<Arc<Node>> = todo.iter().map(|(_, n)| n.clone()).collect();
+        let found = self.ask(&nodes).await;
+        for ((i, node), found) in todo.iter().zip(found) {
+            outcomes[*i] = self.resolve(node, found).await.into();
+        }
+        outcomes
+    }
+}

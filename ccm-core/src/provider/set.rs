@@ -1,0 +1,311 @@
+//! The providers of one core (`--provider-endpoint` given once, or more than once with names)
+//! and which of them a Node and a LoadBalancer Service belong to.
+//!
+//! A Node belongs to the provider whose providerID schemes include its providerID's; before
+//! it has one, to the provider its `ccm-rs.dev/provider` label names; else it is unresolved
+//! until the node controller's name lookups find exactly one provider that knows its
+//! instance (and label it). A LoadBalancer Service belongs to the provider that advertises
+//! its `spec.loadBalancerClass`, or, without a class, to the `--default-load-balancer-provider`
+//! (none with `--ignore-unclassed-services`). With one provider, every Node whose providerID
+//! it does not disown and every Service without a foreign class is its own, as before.
+
+use k8s_openapi::api::core::v1::{Node, Service};
+
+use super::Provider;
+use crate::node_util;
+use crate::wellknown::LABEL_PROVIDER;
+
+/// Whom a Node belongs to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Owner {
+    /// The provider at this index of [`Providers::all`].
+    Provider(usize),
+    /// Not known yet: no providerID and no label (the node controller's lookups decide), or a
+    /// providerID whose scheme only a provider not yet connected could claim.
+    Unresolved,
+    /// No provider of this core: another scheme, or a label naming no configured provider.
+    Nobody,
+}
+
+/// The providers, in `--provider-endpoint` order, and the routing rules of the flags.
+pub struct Providers {
+    members: Vec<Provider>,
+    /// The provider of Services without a class, if any.
+    unclassed: Option<usize>,
+    /// The class `--load-balancer-class` names, served by the provider of unclassed Services
+    /// (or the first) besides the classes providers advertise.
+    class_flag: Option<String>,
+    /// Providers whose load balancers get every Node as a backend, not only their own.
+    all_backends: Vec<bool>,
+    /// The provider that programs every Node's routes (`--routes-provider`), if one does.
+    routes: Option<usize>,
+    /// The providers asked, in order, for a Node without providerID or label.
+    lookup_order: Vec<usize>,
+}
+
+impl Providers {
+    /// One provider, serving everything.
+    pub fn single(provider: Provider, class_flag: Option<String>, all_backends: bool) -> Self {
+        Self {
+            members: vec![provider],
+            unclassed: Some(0),
+            class_flag,
+            all_backends: vec![all_backends],
+            routes: None,
+            lookup_order: vec![0],
+        }
+    }
+
+    /// Several providers with the rules of the flags (names already checked).
+    pub fn new(members: Vec<Provider>, rules: Rules) -> Self {
+        let index = |name: &str| members.iter().position(|p| p.name() == name);
+        let unclassed =
+            if rules.ignore_unclassed { None } else { rules.default_load_balancer_provider.as_deref().map_or(Some(0), index) };
+        let all_backends = members.iter().map(|p| rules.all_backends.iter().any(|n| n == "*" || n == p.name())).collect();
+        let routes = rules.routes_provider.as_deref().and_then(index);
+        let lookup_order = if rules.lookup_order.is_empty() {
+            (0..members.len()).collect()
+        } else {
+            rules.lookup_order.iter().filter_map(|n| index(n)).collect()
+        };
+        Self { members, unclassed, class_flag: rules.class_flag, all_backends, routes, lookup_order }
+    }
+
+    /// Every provider, in `--provider-endpoint` order.
+    pub fn all(&self) -> &[Provider] {
+        &self.members
+    }
+
+    /// Whether this core has several providers.
+    pub fn several(&self) -> bool {
+        self.members.len() > 1
+    }
+
+    /// The providers asked about a Node without providerID or label, in order.
+    pub fn lookup_order(&self) -> impl Iterator<Item = &Provider> {
+        self.lookup_order.iter().filter_map(|i| self.members.get(*i))
+    }
+
+    /// The provider that programs every Node's routes, when one does (`--routes-provider`).
+    pub fn routes_provider(&self) -> Option<usize> {
+        self.routes
+    }
+
+    /// Whether the load balancers of provider `i` get every Node as a backend.
+    pub fn all_backends(&self, i: usize) -> bool {
+        self.all_backends.get(i).copied().unwrap_or(false)
+    }
+
+    /// The provider of `node`.
+    pub fn owner(&self, node: &Node) -> Owner {
+        if !self.several() {
+            let disowned = match (node_util::provider_id(node), self.members.first().and_then(Provider::identity)) {
+                (Some(id), Some(identity)) => !identity.owns(id),
+                _ => false,
+            };
+            return if disowned { Owner::Nobody } else { Owner::Provider(0) };
+        }
+        if let Some(id) = node_util::provider_id(node) {
+            let scheme = ccm_protocol::names::provider_id_scheme(id);
+            let (mut unknown, mut schemeless) = (false, Vec::new());
+            for (i, p) in self.members.iter().enumerate() {
+                match p.identity() {
+                    Some(identity) if scheme.is_some_and(|s| identity.has_scheme(s)) => return Owner::Provider(i),
+                    Some(identity) if identity.schemes().next().is_none() => schemeless.push(i),
+                    Some(_) => {}
+                    None => unknown = true,
+                }
+            }
+            return match (unknown, schemeless.as_slice()) {
+                (true, _) => Owner::Unresolved,
+                // One provider that names no scheme takes the providerIDs no other claims.
+                (false, [only]) => Owner::Provider(*only),
+                _ => Owner::Nobody,
+            };
+        }
+        match node.metadata.labels.as_ref().and_then(|l| l.get(LABEL_PROVIDER)) {
+            Some(name) => self.members.iter().position(|p| p.name() == name).map_or(Owner::Nobody, Owner::Provider),
+            None => Owner::Unresolved,
+        }
+    }
+
+    /// The provider of a LoadBalancer Service, by its class; none when no provider serves
+    /// its class (it is left alone, as upstream leaves a class no controller serves).
+    pub fn service_owner(&self, svc: &Service) -> Option<usize> {
+        match svc.spec.as_ref().and_then(|s| s.load_balancer_class.as_deref()) {
+            None => self.unclassed,
+            Some(class) => self
+                .members
+                .iter()
+                .position(|p| p.identity().is_some_and(|i| i.load_balancer_classes().iter().any(|c| c == class)))
+                .or_else(|| (self.class_flag.as_deref() == Some(class)).then(|| self.unclassed.unwrap_or(0))),
+        }
+    }
+
+    /// Configuration errors the providers' identities reveal: a providerID scheme or a load
+    /// balancer class claimed by two providers (the first in `--provider-endpoint` order
+    /// wins; the other is told here, in `/readyz` and the log).
+    pub fn conflicts(&self) -> Vec<String> {
+        let mut seen_schemes: Vec<(String, &str)> = Vec::new();
+        let mut seen_classes: Vec<(String, &str)> = Vec::new();
+        let mut conflicts = Vec::new();
+        for p in &self.members {
+            let Some(identity) = p.identity() else { continue };
+            for scheme in identity.schemes() {
+                match seen_schemes.iter().find(|(s, _)| s == scheme) {
+                    Some((_, first)) => conflicts.push(format!(
+                        "providerID scheme {scheme:?} is claimed by providers {first} and {}: Nodes of it go to {first}",
+                        p.name()
+                    )),
+                    None => seen_schemes.push((scheme.to_string(), p.name())),
+                }
+            }
+            for class in identity.load_balancer_classes() {
+                match seen_classes.iter().find(|(c, _)| c == class) {
+                    Some((_, first)) => conflicts.push(format!(
+                        "loadBalancerClass {class:?} is advertised by providers {first} and {}: its Services go to {first}",
+                        p.name()
+                    )),
+                    None => seen_classes.push((class.clone(), p.name())),
+                }
+            }
+        }
+        conflicts
+    }
+}
+
+/// The routing flags of several providers.
+#[derive(Debug, Clone, Default)]
+pub struct Rules {
+    /// `--default-load-balancer-provider`.
+    pub default_load_balancer_provider: Option<String>,
+    /// `--ignore-unclassed-services`.
+    pub ignore_unclassed: bool,
+    /// `--load-balancer-class`.
+    pub class_flag: Option<String>,
+    /// `--load-balancer-backends-all-nodes` (provider names, `*` for all).
+    pub all_backends: Vec<String>,
+    /// `--routes-provider`.
+    pub routes_provider: Option<String>,
+    /// `--node-provider-lookup-order`.
+    pub lookup_order: Vec<String>,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::metrics::Metrics;
+    use ccm_proto::v1 as pb;
+    use std::time::Duration;
+
+    fn provider(name: &str, schemes: &[&str], classes: &[&str]) -> Provider {
+        let channel = ccm_protocol::client::connect_lazy("unix:///nonexistent/provider.sock").expect("endpoint");
+        let p = Provider::over(channel, "unix:///nonexistent", Duration::from_secs(1), 1, Metrics::new()).named(name);
+        if !schemes.is_empty() || !classes.is_empty() {
+            let identity = super::super::Identity {
+                name: format!("{name}.example.com"),
+                vendor_version: "1.0.0".into(),
+                provider_id_scheme: schemes.first().copied().unwrap_or_default().into(),
+                additional_schemes: schemes.iter().skip(1).map(|s| s.to_string()).collect(),
+                epoch: String::new(),
+                capabilities: pb::GetPluginCapabilitiesResponse {
+                    load_balancers: Some(pb::LoadBalancersCapabilities {
+                        classes: classes.iter().map(|c| c.to_string()).collect(),
+                        ..Default::default()
+                    }),
+                    ..Default::default()
+                },
+            };
+            p.set_state(true, String::new(), Some(Some(identity)));
+        }
+        p
+    }
+
+    fn node(provider_id: Option<&str>, label: Option<&str>) -> Node {
+        let mut n = Node::default();
+        n.metadata.name = Some("n".into());
+        n.metadata.labels = label.map(|l| [(LABEL_PROVIDER.to_string(), l.to_string())].into());
+        n.spec = Some(k8s_openapi::api::core::v1::NodeSpec { provider_id: provider_id.map(String::from), ..Default::default() });
+        n
+    }
+
+    fn service(class: Option<&str>) -> Service {
+        Service {
+            spec: Some(k8s_openapi::api::core::v1::ServiceSpec {
+                load_balancer_class: class.map(String::from),
+                ..Default::default()
+            }),
+            ..Default::default()
+        }
+    }
+
+    #[tokio::test]
+    async fn a_node_belongs_to_its_schemes_provider_else_its_label_else_nobody_yet() {
+        let set = Providers::new(
+            vec![provider("cloud", &["hcloud"], &[]), provider("metal", &["robot", "metal"], &[])],
+            Rules::default(),
+        );
+        assert_eq!(set.owner(&node(Some("hcloud://1"), None)), Owner::Provider(0));
+        assert_eq!(set.owner(&node(Some("robot://7"), None)), Owner::Provider(1), "its first scheme");
+        assert_eq!(set.owner(&node(Some("metal://7"), None)), Owner::Provider(1), "an additional scheme");
+        // The providerID decides over a label that says otherwise.
+        assert_eq!(set.owner(&node(Some("hcloud://1"), Some("metal"))), Owner::Provider(0));
+        assert_eq!(set.owner(&node(Some("aws:///us-east-1a/i-1"), None)), Owner::Nobody, "a scheme nobody claims");
+        assert_eq!(set.owner(&node(None, Some("metal"))), Owner::Provider(1));
+        assert_eq!(set.owner(&node(None, Some("vsphere"))), Owner::Nobody, "a label naming no provider");
+        assert_eq!(set.owner(&node(None, None)), Owner::Unresolved, "the lookups decide");
+    }
+
+    #[tokio::test]
+    async fn a_provider_not_yet_connected_leaves_foreign_schemes_unresolved_but_not_its_peers_own() {
+        let set = Providers::new(vec![provider("cloud", &["hcloud"], &[]), provider("metal", &[], &[])], Rules::default());
+        assert_eq!(set.owner(&node(Some("hcloud://1"), None)), Owner::Provider(0), "known: the other's trouble is not its");
+        assert_eq!(set.owner(&node(Some("robot://7"), None)), Owner::Unresolved, "metal may claim it once connected");
+    }
+
+    #[tokio::test]
+    async fn one_provider_owns_what_it_does_not_disown() {
+        let set = Providers::single(provider("default", &["sim"], &[]), None, false);
+        assert_eq!(set.owner(&node(Some("sim://z/1"), None)), Owner::Provider(0));
+        assert_eq!(set.owner(&node(None, None)), Owner::Provider(0));
+        assert_eq!(set.owner(&node(None, Some("other"))), Owner::Provider(0), "the label means nothing to one provider");
+        assert_eq!(set.owner(&node(Some("other://1"), None)), Owner::Nobody);
+        let unknown = Providers::single(provider("default", &[], &[]), None, false);
+        assert_eq!(unknown.owner(&node(Some("other://1"), None)), Owner::Provider(0), "no scheme said: all its own");
+    }
+
+    #[tokio::test]
+    async fn a_service_goes_to_the_provider_of_its_class() {
+        let members =
+            || vec![provider("cloud", &["hcloud"], &["hcloud.example.com/lb"]), provider("metal", &["robot"], &["metallb"])];
+        let set = Providers::new(members(), Rules { class_flag: Some("legacy".into()), ..Default::default() });
+        assert_eq!(set.service_owner(&service(None)), Some(0), "unclassed: the first provider by default");
+        assert_eq!(set.service_owner(&service(Some("metallb"))), Some(1));
+        assert_eq!(set.service_owner(&service(Some("hcloud.example.com/lb"))), Some(0));
+        assert_eq!(set.service_owner(&service(Some("legacy"))), Some(0), "--load-balancer-class: the unclassed provider");
+        assert_eq!(set.service_owner(&service(Some("someone-else"))), None, "left alone, as upstream");
+        let set = Providers::new(members(), Rules { default_load_balancer_provider: Some("metal".into()), ..Default::default() });
+        assert_eq!(set.service_owner(&service(None)), Some(1));
+        let set = Providers::new(members(), Rules { ignore_unclassed: true, ..Default::default() });
+        assert_eq!(set.service_owner(&service(None)), None, "--ignore-unclassed-services");
+        assert_eq!(set.service_owner(&service(Some("metallb"))), Some(1));
+    }
+
+    #[tokio::test]
+    async fn a_scheme_or_class_claimed_twice_is_reported_and_the_first_provider_keeps_it() {
+        let set = Providers::new(vec![provider("a", &["sim"], &["lb"]), provider("b", &["sim", "b"], &["lb"])], Rules::default());
+        let conflicts = set.conflicts();
+        assert_eq!(conflicts.len(), 2, "{conflicts:?}");
+        assert!(conflicts[0].contains("\"sim\"") && conflicts[1].contains("\"lb\""), "{conflicts:?}");
+        assert_eq!(set.owner(&node(Some("sim://1"), None)), Owner::Provider(0));
+        assert_eq!(set.service_owner(&service(Some("lb"))), Some(0));
+    }
+
+    #[tokio::test]
+    async fn lookups_ask_the_configured_providers_in_order() {
+        let members = vec![provider("a", &["a"], &[]), provider("b", &["b"], &[]), provider("c", &["c"], &[])];
+        let set = Providers::new(members, Rules { lookup_order: vec!["c".into(), "a".into()], ..Default::default() });
+        let asked: Vec<&str> = set.lookup_order().map(Provider::name).collect();
+        assert_eq!(asked, vec!["c", "a"]);
+    }
+}

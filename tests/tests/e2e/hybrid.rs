@@ -1,0 +1,242 @@
+//! One core, two providers (a hybrid cluster): two sims of different providerID schemes over
+//! their own unix sockets, against the real API server. Nodes of both are initialised by
+//! their own provider (by providerID scheme, by label, or by a name lookup only one provider
+//! answers), a Node both providers claim is refused, routes and lifecycle stay with each
+//! provider's Nodes, load balancers go by class, and one provider killed leaves the other
+//! working.
+
+use std::time::Duration;
+
+use ccm_harness::cluster::{NodeBuilder, TestEnv, UNINITIALIZED_TAINT, load_balancer_service, set_ready};
+use ccm_provider_sim::Config;
+use ccm_provider_sim::admin::LoadBalancerView;
+use k8s_openapi::api::core::v1::{Event, Node, Service};
+use kube::Api;
+use kube::api::{ListParams, PostParams};
+
+use crate::support::{Core, Sim, TEST_LABEL, eventually, free_port, http_get, instance};
+
+const PROVIDER_LABEL: &str = "ccm-rs.dev/provider";
+const CLOUD_CLASS: &str = "cloud.example.com/lb";
+const METAL_CLASS: &str = "metal.example.com/lb";
+
+/// A sim standing for one cloud: its own scheme, plugin name and load balancer class, and
+/// the instances `(id, node)`.
+fn cloud(scheme: &str, class: &str, pool: &str, instances: &[(&str, &str)]) -> Config {
+    let mut config =
+        Config { plugin_name: format!("{scheme}.sim.example.com"), provider_id_scheme: scheme.into(), ..Config::default() };
+    config.load_balancers.classes = vec![class.into()];
+    config.load_balancers.address_pool = vec![pool.into()];
+    for (id, node) in instances {
+        config.instances.push(instance(id, node, &format!("{scheme}-zone-a")));
+    }
+    config
+}
+
+async fn node(env: &TestEnv, name: &str) -> Option<Node> {
+    env.nodes().get_opt(name).await.ok().flatten()
+}
+
+fn provider_id(node: &Node) -> Option<&str> {
+    node.spec.as_ref()?.provider_id.as_deref()
+}
+
+fn tainted(node: &Node) -> bool {
+    node.spec.as_ref().and_then(|s| s.taints.as_ref()).is_some_and(|t| t.iter().any(|t| t.key == UNINITIALIZED_TAINT))
+}
+
+/// The providerID of a Node once it is initialised.
+async fn initialised(env: &TestEnv, name: &str) -> String {
+    eventually(&format!("{name} initialised"), Duration::from_secs(30), async || {
+        let n = node(env, name).await?;
+        (!tainted(&n)).then(|| provider_id(&n).map(String::from)).flatten()
+    })
+    .await
+}
+
+async fn node_reasons(env: &TestEnv, name: &str) -> Vec<String> {
+    let events: Api<Event> = Api::all(env.client.clone());
+    let list = events.list(&ListParams::default().fields(&format!("involvedObject.name={name}"))).await.expect("events");
+    list.items.into_iter().filter_map(|e| e.reason).collect()
+}
+
+async fn lb_of(sim: &Sim, service: &str) -> Option<LoadBalancerView> {
+    let state = sim.admin.state().await.ok()?;
+    state.load_balancers.into_iter().find(|l| l.service.ends_with(&format!("/{service}")))
+}
+
+async fn create_service(env: &TestEnv, name: &str, class: Option<&str>) {
+    let mut svc: Service = load_balancer_service(&env.namespace, name, &[80]);
+    if let Some(spec) = svc.spec.as_mut() {
+        spec.load_balancer_class = class.map(String::from);
+    }
+    env.services().create(&PostParams::default(), &svc).await.expect("service");
+}
+
+/// Route destinations of a sim's tables, by target Node.
+async fn routes(sim: &Sim) -> Vec<(String, String)> {
+    let tables = sim.admin.route_tables().await.expect("tables");
+    let mut routes: Vec<(String, String)> =
+        tables.into_iter().flat_map(|t| t.routes).map(|r| (r.node_name, r.destination_cidr)).collect();
+    routes.sort();
+    routes
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_hybrid_cluster_routes_every_node_and_load_balancer_to_its_own_provider() {
+    let cp = ccm_harness::shared().expect("control plane");
+    let env = TestEnv::new(cp.client().await.expect("client"), "hybrid").await.expect("env");
+    let [a1, a2, a3, b1, b2, pid, both] = ["a1", "a2", "a3", "b1", "b2", "pid", "both"].map(|n| env.node_name(n));
+    let mut cloud_sim = Sim::start(cloud(
+        "cloud",
+        CLOUD_CLASS,
+        "203.0.113.0/24",
+        &[("i-a1", &a1), ("i-a2", &a2), ("i-a3", &a3), ("i-both", &both)],
+    ))
+    .await;
+    let metal_config =
+        cloud("metal", METAL_CLASS, "198.51.100.0/24", &[("m-b1", &b1), ("m-b2", &b2), ("m-pid", &pid), ("m-both", &both)]);
+    let mut metal_sim = Sim::start(metal_config.clone()).await;
+
+    // a1: no providerID, no label: only the cloud knows its name. b1: labelled by its
+    // kubelet. pid: a kubelet-written providerID of the metal scheme. both: known to both.
+    // b2: initialised long ago, NotReady: its instance goes away below.
+    let base = |name: &str, cidr: &str| NodeBuilder::new(name).label(TEST_LABEL, &env.prefix).pod_cidr(cidr);
+    base(&a1, "10.244.1.0/24").uninitialized().create(&env.client).await.expect("a1");
+    base(&b1, "10.244.2.0/24").uninitialized().label(PROVIDER_LABEL, "metal").create(&env.client).await.expect("b1");
+    base(&pid, "10.244.3.0/24").uninitialized().provider_id("metal://metal-zone-a/m-pid").create(&env.client).await.expect("pid");
+    base(&both, "10.244.4.0/24").uninitialized().create(&env.client).await.expect("both");
+    base(&b2, "10.244.5.0/24").provider_id("metal://metal-zone-a/m-b2").create(&env.client).await.expect("b2");
+    set_ready(&env.client, &b2, "False").await.expect("not ready");
+    // The others Ready: witnesses that the providers' word about instances can be believed.
+    for n in [&a1, &b1, &pid] {
+        set_ready(&env.client, n, "True").await.expect("ready");
+    }
+
+    let port = free_port();
+    let (port_flag, metal_flag) = (format!("--secure-port={port}"), format!("--provider-endpoint=metal={}", metal_sim.endpoint));
+    let core = Core::start_on(
+        cp.kubeconfig_path(),
+        &env,
+        &format!("cloud={}", cloud_sim.endpoint),
+        &[
+            &metal_flag,
+            "--leader-elect=false",
+            &port_flag,
+            "--insecure-serving",
+            "--bind-address=127.0.0.1",
+            "--cluster-cidr=10.244.0.0/16",
+            "--node-monitor-period=300ms",
+            "--node-deletion-window=2s",
+        ],
+    );
+    let health = core.health.clone().expect("health address");
+
+    // Each Node initialised by its own provider.
+    assert_eq!(initialised(&env, &a1).await, "cloud://cloud-zone-a/i-a1", "found by the cloud's name lookup");
+    assert_eq!(node(&env, &a1).await.and_then(|n| n.metadata.labels?.get(PROVIDER_LABEL).cloned()).as_deref(), Some("cloud"));
+    assert_eq!(initialised(&env, &b1).await, "metal://metal-zone-a/m-b1", "by its label");
+    assert_eq!(initialised(&env, &pid).await, "metal://metal-zone-a/m-pid", "by its providerID's scheme");
+    let zone = |n: &Node| n.metadata.labels.as_ref().and_then(|l| l.get("topology.kubernetes.io/zone").cloned());
+    assert_eq!(node(&env, &pid).await.as_ref().and_then(zone).as_deref(), Some("metal-zone-a"), "the metal cloud's answer");
+
+    // Known to both: refused, never guessed.
+    eventually("a ProviderConflict Event", Duration::from_secs(20), async || {
+        node_reasons(&env, &both).await.iter().any(|r| r == "ProviderConflict").then_some(())
+    })
+    .await;
+    let refused = node(&env, &both).await.expect("both");
+    assert!(tainted(&refused) && provider_id(&refused).is_none(), "stays uninitialised: {:?}", refused.spec);
+    assert!(refused.metadata.labels.as_ref().is_none_or(|l| !l.contains_key(PROVIDER_LABEL)));
+
+    // Routes: each provider's table holds its own Nodes' routes only.
+    eventually("each provider's routes", Duration::from_secs(30), async || {
+        let (c, m) = (routes(&cloud_sim).await, routes(&metal_sim).await);
+        let want_c = vec![(a1.clone(), "10.244.1.0/24".to_string())];
+        let mut want_m = vec![
+            (b1.clone(), "10.244.2.0/24".to_string()),
+            (pid.clone(), "10.244.3.0/24".to_string()),
+            (b2.clone(), "10.244.5.0/24".to_string()),
+        ];
+        want_m.sort();
+        (c == want_c && m == want_m).then_some(())
+    })
+    .await;
+
+    // Lifecycle: the metal provider's gone instance takes its Node; nothing of the cloud's.
+    metal_sim.admin.instance_action("m-b2", "terminate").await.expect("terminate");
+    eventually("b2 deleted", Duration::from_secs(30), async || node(&env, &b2).await.is_none().then_some(())).await;
+    assert!(node(&env, &a1).await.is_some() && node(&env, &b1).await.is_some());
+
+    // Load balancers by class: unclassed to the default (the first provider), each class
+    // to its provider, a class nobody serves left alone; backends are the provider's Nodes.
+    create_service(&env, "web", None).await;
+    create_service(&env, "metal-web", Some(METAL_CLASS)).await;
+    create_service(&env, "cloud-web", Some(CLOUD_CLASS)).await;
+    create_service(&env, "foreign", Some("someone-else.example.com/lb")).await;
+    let web =
+        eventually("web's load balancer in the cloud", Duration::from_secs(30), async || lb_of(&cloud_sim, "web").await).await;
+    assert_eq!(web.nodes, vec![a1.clone()], "the cloud's Nodes only");
+    assert!(web.ip.starts_with("203.0.113."), "{}", web.ip);
+    let metal_web =
+        eventually("metal-web's load balancer on metal", Duration::from_secs(30), async || lb_of(&metal_sim, "metal-web").await)
+            .await;
+    let mut want = vec![b1.clone(), pid.clone()];
+    want.sort();
+    let mut got = metal_web.nodes.clone();
+    got.sort();
+    assert_eq!(got, want, "the metal Nodes only");
+    eventually("cloud-web's load balancer in the cloud", Duration::from_secs(30), async || lb_of(&cloud_sim, "cloud-web").await)
+        .await;
+    assert!(lb_of(&metal_sim, "web").await.is_none() && lb_of(&cloud_sim, "metal-web").await.is_none(), "no cross-talk");
+    let foreign = env.services().get("foreign").await.expect("foreign");
+    assert!(foreign.metadata.finalizers.unwrap_or_default().is_empty(), "a class nobody serves is left alone");
+    assert!(lb_of(&cloud_sim, "foreign").await.is_none() && lb_of(&metal_sim, "foreign").await.is_none());
+
+    // One provider killed: the other's work goes on, and /readyz names the one that is down.
+    metal_sim.stop().await;
+    NodeBuilder::new(&a2)
+        .label(TEST_LABEL, &env.prefix)
+        .label(PROVIDER_LABEL, "cloud")
+        .uninitialized()
+        .create(&env.client)
+        .await
+        .expect("a2");
+    assert_eq!(initialised(&env, &a2).await, "cloud://cloud-zone-a/i-a2", "initialised while metal is down");
+    create_service(&env, "web2", None).await;
+    eventually("web2's load balancer while metal is down", Duration::from_secs(30), async || lb_of(&cloud_sim, "web2").await)
+        .await;
+    eventually("web's backends follow a2", Duration::from_secs(30), async || {
+        let mut nodes = lb_of(&cloud_sim, "web").await?.nodes;
+        nodes.sort();
+        let mut want = vec![a1.clone(), a2.clone()];
+        want.sort();
+        (nodes == want).then_some(())
+    })
+    .await;
+    let (status, body) = eventually("/readyz naming metal", Duration::from_secs(20), async || {
+        let (status, body) = http_get(&health, "/readyz").await?;
+        body.contains("provider metal").then_some((status, body))
+    })
+    .await;
+    assert_eq!(status, 503, "{body}");
+    assert!(!body.contains("provider cloud"), "the cloud is fine: {body}");
+    // A Node nobody has labelled waits while a provider that might claim it is down: no guess.
+    NodeBuilder::new(&a3).label(TEST_LABEL, &env.prefix).uninitialized().create(&env.client).await.expect("a3");
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let waiting = node(&env, &a3).await.expect("a3");
+    assert!(tainted(&waiting) && provider_id(&waiting).is_none(), "not guessed while metal is down");
+
+    // Metal back (a new process, a new epoch): a3 is resolved, and metal's work resumes.
+    metal_sim.launch(metal_config).await;
+    assert_eq!(initialised(&env, &a3).await, "cloud://cloud-zone-a/i-a3", "resolved once metal answers");
+    let (_, metrics) = http_get(&health, "/metrics").await.expect("metrics");
+    for provider in ["cloud", "metal"] {
+        assert!(metrics.contains(&format!("provider=\"{provider}\"")), "calls by provider: {provider}");
+    }
+
+    core.stop().await.expect("stop");
+    cloud_sim.stop().await;
+    metal_sim.stop().await;
+    env.cleanup().await.expect("cleanup");
+}
