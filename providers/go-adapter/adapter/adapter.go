@@ -54,6 +54,10 @@ type Options struct {
 	// AllowInsecureTCP serves a tcp:// Listen without TLS on an address other hosts can
 	// reach; refused otherwise (every call would cross the network in the clear).
 	AllowInsecureTCP bool
+	// LoadBalancerClasses are the Service loadBalancerClass values advertised
+	// (LoadBalancersCapabilities.classes): a core serving several providers sends Services of
+	// these classes here.
+	LoadBalancerClasses []string
 }
 
 // tlsOption is the server option for opts' mutual TLS, or nil without it.

@@ -31,7 +31,7 @@ func (s *identity) GetPluginCapabilities(context.Context, *pb.GetPluginCapabilit
 		case pb.ServiceType_SERVICE_TYPE_ROUTES:
 			out.Routes = &pb.RoutesCapabilities{Ipv6: s.opts.RoutesIPv6, ProviderNames: true, BulkApply: s.opts.Bulk}
 		case pb.ServiceType_SERVICE_TYPE_LOAD_BALANCERS:
-			out.LoadBalancers = &pb.LoadBalancersCapabilities{BulkUpdateHosts: s.opts.Bulk}
+			out.LoadBalancers = &pb.LoadBalancersCapabilities{BulkUpdateHosts: s.opts.Bulk, Classes: s.opts.LoadBalancerClasses}
 		}
 	}
 	return out, nil

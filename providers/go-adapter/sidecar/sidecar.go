@@ -75,6 +75,8 @@ func Run(ctx context.Context, defaultProvider string, args []string, stdout io.W
 	tlsClientCA := fs.String("tls-client-ca-file", "", "the CA whose client certificates are accepted (PEM)")
 	insecureTCP := fs.Bool("allow-insecure-tcp", false, "serve a tcp:// --listen without TLS on an address other hosts can reach (refused otherwise: only loopback is served in the clear)")
 	metricsListen := fs.String("metrics-listen", "", "serve the provider's Prometheus metrics (component-base's legacyregistry, e.g. the AWS provider's cloudprovider_aws_api_*) at /metrics on http://host:port; off when empty")
+	var classes stringList
+	fs.Var(&classes, "load-balancer-class", "a Service loadBalancerClass this provider's load balancers serve (repeatable): a core with several providers sends Services of it here")
 	version := fs.Bool("version", false, "print the version and exit")
 	klogFlags := flag.NewFlagSet("klog", flag.ContinueOnError)
 	klog.InitFlags(klogFlags)
@@ -128,17 +130,18 @@ func Run(ctx context.Context, defaultProvider string, args []string, stdout io.W
 		defer stopMetrics()
 	}
 	return adapter.Serve(ctx, cloud, adapter.Options{
-		Listen:           *listen,
-		Name:             *pluginName,
-		Version:          Version,
-		BatchReads:       *batchReads,
-		BatchConcurrency: *batchConcurrency,
-		RoutesIPv6:       *routesIPv6,
-		Bulk:             *bulk,
-		TLSCertFile:      *tlsCert,
-		TLSKeyFile:       *tlsKey,
-		TLSClientCAFile:  *tlsClientCA,
-		AllowInsecureTCP: *insecureTCP,
+		Listen:              *listen,
+		Name:                *pluginName,
+		Version:             Version,
+		BatchReads:          *batchReads,
+		BatchConcurrency:    *batchConcurrency,
+		RoutesIPv6:          *routesIPv6,
+		Bulk:                *bulk,
+		LoadBalancerClasses: classes,
+		TLSCertFile:         *tlsCert,
+		TLSKeyFile:          *tlsKey,
+		TLSClientCAFile:     *tlsClientCA,
+		AllowInsecureTCP:    *insecureTCP,
 	})
 }
 
@@ -240,4 +243,17 @@ func serveMetrics(ctx context.Context, addr string) (string, func(), error) {
 		stop()
 	}()
 	return listener.Addr().String(), stop, nil
+}
+
+// stringList is a repeatable string flag.
+type stringList []string
+
+func (l *stringList) String() string { return strings.Join(*l, ",") }
+
+func (l *stringList) Set(v string) error {
+	if v == "" {
+		return errors.New("empty value")
+	}
+	*l = append(*l, v)
+	return nil
 }

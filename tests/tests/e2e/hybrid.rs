@@ -240,3 +240,72 @@ async fn a_hybrid_cluster_routes_every_node_and_load_balancer_to_its_own_provide
     metal_sim.stop().await;
     env.cleanup().await.expect("cleanup");
 }
+
+/// The Go adapter (upstream's fake cloud behind it, `ccm-provider-fake`) as one provider of
+/// two: its Nodes found by its name lookups and initialised from its answers, the Services of
+/// the class it advertises (`--load-balancer-class`) given its load balancers, and the sim's
+/// Nodes and unclassed Services left to the sim.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_go_adapter_serves_one_side_of_a_hybrid_cluster() {
+    use ccm_harness::assets::Assets;
+    use ccm_harness::aws::Sidecar;
+    let binary = match Assets::tool("fake-provider") {
+        Ok(b) => b,
+        Err(e) if std::env::var_os(crate::aws::REQUIRE).is_some() => {
+            panic!("{} is set and ccm-provider-fake is missing: {e:#}", crate::aws::REQUIRE)
+        }
+        Err(e) => return eprintln!("skipped: the fake cloud's sidecar needs Go: {e:#}"),
+    };
+    let cp = ccm_harness::shared().expect("control plane");
+    let env = TestEnv::new(cp.client().await.expect("client"), "hybrid-go").await.expect("env");
+    let [s1, f1] = ["s1", "f1"].map(|n| env.node_name(n));
+    let sim = Sim::start(cloud("cloud", CLOUD_CLASS, "203.0.113.0/24", &[("i-s1", &s1)])).await;
+    let dir = tempfile::tempdir().expect("tempdir");
+    let instances = serde_json::json!([{
+        "name": f1, "providerID": format!("fake://{f1}"), "type": "fake.large",
+        "addresses": [{ "type": "InternalIP", "address": "10.9.0.1" }],
+    }]);
+    let config =
+        serde_json::json!({ "zone": "fake-zone", "region": "fake-region", "externalIP": "192.0.2.77", "instances": instances });
+    let path = dir.path().join("cloud.json");
+    std::fs::write(&path, config.to_string()).expect("cloud config");
+    let args = [
+        "--cloud-provider=fake".to_string(),
+        format!("--cloud-config={}", path.display()),
+        "--load-balancer-class=fake.example.com/lb".to_string(),
+    ];
+    let fake = Sidecar::run(&binary, dir.path(), &args, &[]).await.expect("ccm-provider-fake");
+
+    for n in [&s1, &f1] {
+        NodeBuilder::new(n).label(TEST_LABEL, &env.prefix).uninitialized().create(&env.client).await.expect("node");
+        set_ready(&env.client, n, "True").await.expect("ready");
+    }
+    let fake_flag = format!("--provider-endpoint=upstream-fake={}", fake.endpoint);
+    let core = Core::start_on(
+        cp.kubeconfig_path(),
+        &env,
+        &format!("cloud={}", sim.endpoint),
+        &[&fake_flag, "--leader-elect=false", "--controllers=cloud-node,service"],
+    );
+    assert_eq!(initialised(&env, &s1).await, "cloud://cloud-zone-a/i-s1");
+    assert_eq!(initialised(&env, &f1).await, format!("fake://{f1}"), "found and initialised through the adapter");
+    let labels = node(&env, &f1).await.and_then(|n| n.metadata.labels).unwrap_or_default();
+    assert_eq!(labels.get(PROVIDER_LABEL).map(String::as_str), Some("upstream-fake"));
+    assert_eq!(labels.get("node.kubernetes.io/instance-type").map(String::as_str), Some("fake.large"));
+
+    create_service(&env, "fake-web", Some("fake.example.com/lb")).await;
+    create_service(&env, "web", None).await;
+    let ip = eventually("the fake cloud's load balancer", Duration::from_secs(30), async || {
+        let svc = env.services().get("fake-web").await.ok()?;
+        svc.status?.load_balancer?.ingress?.first()?.ip.clone()
+    })
+    .await;
+    assert_eq!(ip, "192.0.2.77", "the fake cloud's address");
+    let web = eventually("web's load balancer on the sim", Duration::from_secs(30), async || lb_of(&sim, "web").await).await;
+    assert_eq!(web.nodes, vec![s1.clone()], "the sim's Nodes only");
+    assert!(lb_of(&sim, "fake-web").await.is_none(), "no cross-talk");
+
+    core.stop().await.expect("stop");
+    drop(fake);
+    env.cleanup().await.expect("cleanup");
+}
