@@ -121,3 +121,65 @@ pub async fn run(options: &Options, on_result: impl FnMut(&CheckResult)) -> Resu
     let channel = crate::client::connect(&options.endpoint).await?;
     Ok(checks::Suite::new(channel, options.clone(), on_result).run().await)
 }
+
+fn timed<M>(message: M, timeout: Duration) -> tonic::Request<M> {
+    let mut request = tonic::Request::new(message);
+    request.set_timeout(timeout);
+    request
+}
+
+/// The checks of providers meant to serve one cluster together (one core, several
+/// `--provider-endpoint`s): no providerID scheme and no load balancer class is claimed by two
+/// of them, since the core routes Nodes by scheme and Services by class.
+pub async fn run_together(endpoints: &[String], call_timeout: Duration) -> Result<Report, RunError> {
+    use crate::proto::identity_service_client::IdentityServiceClient;
+    let mut claims: Vec<(String, Vec<String>, Vec<String>)> = Vec::new();
+    for endpoint in endpoints {
+        let mut client = IdentityServiceClient::new(crate::client::connect(endpoint).await?);
+        let info = client.get_plugin_info(timed(crate::proto::GetPluginInfoRequest {}, call_timeout)).await;
+        let caps = client.get_plugin_capabilities(timed(crate::proto::GetPluginCapabilitiesRequest {}, call_timeout)).await;
+        let (info, caps) = match (info, caps) {
+            (Ok(info), Ok(caps)) => (info.into_inner(), caps.into_inner()),
+            (Err(status), _) | (_, Err(status)) => {
+                let result = CheckResult {
+                    name: "together.identities".into(),
+                    outcome: Outcome::Fail(format!("{endpoint}: {}", status.message())),
+                };
+                return Ok(Report { results: vec![result] });
+            }
+        };
+        let schemes =
+            std::iter::once(info.provider_id_scheme).chain(info.additional_provider_id_schemes).filter(|s| !s.is_empty());
+        let classes = caps.load_balancers.map(|l| l.classes).unwrap_or_default();
+        claims.push((endpoint.clone(), schemes.collect(), classes));
+    }
+    let clash = |pick: fn(&(String, Vec<String>, Vec<String>)) -> &Vec<String>, what: &str| -> Outcome {
+        let mut seen: Vec<(&str, &str)> = Vec::new();
+        let mut clashes = Vec::new();
+        for claim in &claims {
+            for value in pick(claim) {
+                match seen.iter().find(|(v, _)| *v == value) {
+                    Some((_, first)) => clashes.push(format!("{what} {value:?} is claimed by {first} and {}", claim.0)),
+                    None => seen.push((value, &claim.0)),
+                }
+            }
+        }
+        if clashes.is_empty() { Outcome::Pass } else { Outcome::Fail(clashes.join("; ")) }
+    };
+    let schemeless = claims.iter().filter(|c| c.1.is_empty()).count();
+    let results = vec![
+        CheckResult { name: "together.distinct-schemes".into(), outcome: clash(|c| &c.1, "providerID scheme") },
+        CheckResult { name: "together.distinct-classes".into(), outcome: clash(|c| &c.2, "load balancer class") },
+        CheckResult {
+            name: "together.at-most-one-schemeless".into(),
+            outcome: if schemeless <= 1 {
+                Outcome::Pass
+            } else {
+                Outcome::Fail(format!(
+                    "{schemeless} providers name no providerID scheme: the core can tell none of their Nodes apart"
+                ))
+            },
+        },
+    ];
+    Ok(Report { results })
+}

@@ -309,3 +309,42 @@ async fn the_go_adapter_serves_one_side_of_a_hybrid_cluster() {
     drop(fake);
     env.cleanup().await.expect("cleanup");
 }
+
+/// `ccm-conformance` with the two endpoints of a hybrid cluster, as an operator runs it: the
+/// suite passes against each, and the providers' claims are checked together; two providers
+/// of one scheme fail that check (the core would route their Nodes to the first).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn conformance_runs_per_provider_and_checks_them_together() {
+    let example = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../providers/sim/examples/conformance.toml");
+    let config = |scheme: &str, class: &str| {
+        let mut c = Config::load(&example).expect("example config");
+        c.provider_id_scheme = scheme.into();
+        c.load_balancers.classes = vec![class.into()];
+        c
+    };
+    let run = |endpoints: &[&str]| {
+        let mut cmd = std::process::Command::new(crate::support::workspace_binary("ccm-conformance"));
+        cmd.arg("--consistency-timeout-seconds=5");
+        for e in endpoints {
+            cmd.arg(format!("--endpoint={e}"));
+        }
+        let out = cmd.output().expect("ccm-conformance runs");
+        (out.status.code(), String::from_utf8_lossy(&out.stdout).into_owned())
+    };
+    let mut cloud = Sim::start(config("cloud", CLOUD_CLASS)).await;
+    let mut metal = Sim::start(config("metal", METAL_CLASS)).await;
+    let (a, b) = (cloud.endpoint.clone(), metal.endpoint.clone());
+    let (code, out) = tokio::task::spawn_blocking(move || run(&[&a, &b])).await.expect("join");
+    assert_eq!(code, Some(0), "{out}");
+    assert_eq!(out.matches(" 0 failed").count(), 3, "each provider, then together: {out}");
+    assert!(out.contains("PASS together.distinct-schemes") && out.contains("PASS together.distinct-classes"), "{out}");
+    metal.stop().await;
+
+    let mut twin = Sim::start(config("cloud", METAL_CLASS)).await;
+    let (a, b) = (cloud.endpoint.clone(), twin.endpoint.clone());
+    let (code, out) = tokio::task::spawn_blocking(move || run(&[&a, &b])).await.expect("join");
+    assert_eq!(code, Some(1), "{out}");
+    assert!(out.contains("FAIL together.distinct-schemes: providerID scheme \"cloud\" is claimed by"), "{out}");
+    twin.stop().await;
+    cloud.stop().await;
+}

@@ -6,6 +6,19 @@ impl<F: FnMut(&CheckResult)> Suite<F> {
     pub(super) async fn plugin_info(&mut self) -> Check {
         let info = self.identity.clone().get_plugin_info(self.req(pb::GetPluginInfoRequest {})).await.ctx("GetPluginInfo")?;
         ensure(valid_plugin_name(&info.name), || format!("plugin name {:?} breaks the naming rule", info.name))?;
+        ensure(info.provider_id_scheme.is_empty() || crate::names::valid_scheme(&info.provider_id_scheme), || {
+            format!("provider_id_scheme {:?} is not a URL scheme", info.provider_id_scheme)
+        })?;
+        ensure(info.additional_provider_id_schemes.is_empty() || !info.provider_id_scheme.is_empty(), || {
+            "additional_provider_id_schemes without a provider_id_scheme".into()
+        })?;
+        let mut schemes = HashSet::from([info.provider_id_scheme.as_str()]);
+        for scheme in &info.additional_provider_id_schemes {
+            ensure(crate::names::valid_scheme(scheme), || {
+                format!("additional providerID scheme {scheme:?} is not a URL scheme")
+            })?;
+            ensure(schemes.insert(scheme.as_str()), || format!("providerID scheme {scheme:?} is named twice"))?;
+        }
         let semver = info.vendor_version.split(['-', '+']).next().unwrap_or_default();
         let parts: Vec<&str> = semver.split('.').collect();
         ensure(parts.len() == 3 && parts.iter().all(|p| !p.is_empty() && p.chars().all(|c| c.is_ascii_digit())), || {
@@ -39,7 +52,16 @@ impl<F: FnMut(&CheckResult)> Suite<F> {
         })?;
         ensure(caps.load_balancers.is_none() || self.advertises(ServiceType::LoadBalancers), || {
             "load balancer features advertised without LoadBalancersService".into()
-        })
+        })?;
+        let mut classes = HashSet::new();
+        for class in caps.load_balancers.iter().flat_map(|l| &l.classes) {
+            // What the API server accepts in spec.loadBalancerClass: a label-style key.
+            ensure(ccm_protocol::labels::valid_label_key(class), || {
+                format!("load balancer class {class:?} is not a label-style key (what spec.loadBalancerClass accepts)")
+            })?;
+            ensure(classes.insert(class), || format!("load balancer class {class:?} is advertised twice"))?;
+        }
+        Ok(())
     }
 
     pub(super) async fn capabilities_stable(&mut self) -> Check {

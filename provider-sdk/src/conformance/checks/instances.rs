@@ -19,10 +19,11 @@ impl<F: FnMut(&CheckResult)> Suite<F> {
         }
         let all = self.list_all_instances(0).await?;
         let info = self.identity.clone().get_plugin_info(self.req(pb::GetPluginInfoRequest {})).await.ctx("GetPluginInfo")?;
+        let scheme = &info.provider_id_scheme;
+        let schemes: Vec<&String> = std::iter::once(scheme).chain(&info.additional_provider_id_schemes).collect();
         for i in &all {
-            let scheme = &info.provider_id_scheme;
-            ensure(scheme.is_empty() || i.provider_id.starts_with(&format!("{scheme}://")), || {
-                format!("providerID {} lacks the advertised scheme {scheme}://", i.provider_id)
+            ensure(scheme.is_empty() || schemes.iter().any(|s| i.provider_id.starts_with(&format!("{s}://"))), || {
+                format!("providerID {} lacks the advertised schemes ({scheme}://…)", i.provider_id)
             })?;
             ensure(!i.provider_id.is_empty() && !i.instance_id.is_empty(), || format!("listed instance without ids: {i:?}"))?;
             ensure(i.state() != pb::InstanceState::Terminated, || format!("terminated instance {} is listed", i.provider_id))?;
