@@ -122,6 +122,13 @@ pub async fn run(options: &Options, on_result: impl FnMut(&CheckResult)) -> Resu
     Ok(checks::Suite::new(channel, options.clone(), on_result).run().await)
 }
 
+/// What one provider claims: its providerID schemes and load balancer classes.
+struct Claims {
+    endpoint: String,
+    schemes: Vec<String>,
+    classes: Vec<String>,
+}
+
 fn timed<M>(message: M, timeout: Duration) -> tonic::Request<M> {
     let mut request = tonic::Request::new(message);
     request.set_timeout(timeout);
@@ -133,7 +140,7 @@ fn timed<M>(message: M, timeout: Duration) -> tonic::Request<M> {
 /// of them, since the core routes Nodes by scheme and Services by class.
 pub async fn run_together(endpoints: &[String], call_timeout: Duration) -> Result<Report, RunError> {
     use crate::proto::identity_service_client::IdentityServiceClient;
-    let mut claims: Vec<(String, Vec<String>, Vec<String>)> = Vec::new();
+    let mut claims: Vec<Claims> = Vec::new();
     for endpoint in endpoints {
         let mut client = IdentityServiceClient::new(crate::client::connect(endpoint).await?);
         let info = client.get_plugin_info(timed(crate::proto::GetPluginInfoRequest {}, call_timeout)).await;
@@ -151,25 +158,25 @@ pub async fn run_together(endpoints: &[String], call_timeout: Duration) -> Resul
         let schemes =
             std::iter::once(info.provider_id_scheme).chain(info.additional_provider_id_schemes).filter(|s| !s.is_empty());
         let classes = caps.load_balancers.map(|l| l.classes).unwrap_or_default();
-        claims.push((endpoint.clone(), schemes.collect(), classes));
+        claims.push(Claims { endpoint: endpoint.clone(), schemes: schemes.collect(), classes });
     }
-    let clash = |pick: fn(&(String, Vec<String>, Vec<String>)) -> &Vec<String>, what: &str| -> Outcome {
+    let clash = |pick: fn(&Claims) -> &Vec<String>, what: &str| -> Outcome {
         let mut seen: Vec<(&str, &str)> = Vec::new();
         let mut clashes = Vec::new();
         for claim in &claims {
             for value in pick(claim) {
                 match seen.iter().find(|(v, _)| *v == value) {
-                    Some((_, first)) => clashes.push(format!("{what} {value:?} is claimed by {first} and {}", claim.0)),
-                    None => seen.push((value, &claim.0)),
+                    Some((_, first)) => clashes.push(format!("{what} {value:?} is claimed by {first} and {}", claim.endpoint)),
+                    None => seen.push((value, &claim.endpoint)),
                 }
             }
         }
         if clashes.is_empty() { Outcome::Pass } else { Outcome::Fail(clashes.join("; ")) }
     };
-    let schemeless = claims.iter().filter(|c| c.1.is_empty()).count();
+    let schemeless = claims.iter().filter(|c| c.schemes.is_empty()).count();
     let results = vec![
-        CheckResult { name: "together.distinct-schemes".into(), outcome: clash(|c| &c.1, "providerID scheme") },
-        CheckResult { name: "together.distinct-classes".into(), outcome: clash(|c| &c.2, "load balancer class") },
+        CheckResult { name: "together.distinct-schemes".into(), outcome: clash(|c| &c.schemes, "providerID scheme") },
+        CheckResult { name: "together.distinct-classes".into(), outcome: clash(|c| &c.classes, "load balancer class") },
         CheckResult {
             name: "together.at-most-one-schemeless".into(),
             outcome: if schemeless <= 1 {
