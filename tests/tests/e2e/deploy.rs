@@ -103,8 +103,10 @@ async fn every_manifest_and_the_rendered_chart_pass_a_server_side_dry_run() {
     let mut helm_rules = BTreeMap::new();
     let helm = tokio::task::spawn_blocking(|| ccm_harness::Assets::tool("helm")).await.expect("join").expect("helm");
     let chart = deploy_dir().join("helm/ccm-rs");
-    let variants: [(&str, &[&str]); 4] = [
+    let hybrid = deploy_dir().join("examples/hybrid-values.yaml").display().to_string();
+    let variants: [(&str, &[&str]); 5] = [
         ("defaults", &["--set", "sim.enabled=true"]),
+        ("a hybrid cluster: two provider sidecars", &["--values", &hybrid]),
         ("lease per controller", &["--set", "sim.enabled=true,leaderElection.perController=true"]),
         (
             "without service account credentials",
@@ -619,7 +621,8 @@ async fn every_rendered_command_line_is_accepted_by_the_real_binaries() {
     let helm = tokio::task::spawn_blocking(|| ccm_harness::Assets::tool("helm")).await.expect("join").expect("helm");
     let assets = tokio::task::spawn_blocking(ccm_harness::Assets::find).await.expect("join").expect("assets");
     let chart = deploy_dir().join("helm/ccm-rs");
-    let variants: [(&str, &[&str]); 8] = [
+    let hybrid = deploy_dir().join("examples/hybrid-values.yaml").display().to_string();
+    let variants: [(&str, &[&str]); 9] = [
         ("the sim", &["--set", "sim.enabled=true"]),
         ("lease per controller", &["--set", "sim.enabled=true,leaderElection.perController=true"]),
         ("without service account credentials", &["--set", "sim.enabled=true,useServiceAccountCredentials=false"]),
@@ -634,6 +637,7 @@ async fn every_rendered_command_line_is_accepted_by_the_real_binaries() {
             &["--set", "sim.enabled=true,configureCloudRoutes=true,clusterCIDR=10.244.0.0/16,allocateNodeCIDRs=true"],
         ),
         ("an operator's values", OPERATOR_VALUES),
+        ("a hybrid cluster: two provider sidecars", &["--values", &hybrid, "--set", "routesProvider=metal"]),
     ];
     let mut checked = 0;
     for (name, set) in variants {
