@@ -14,7 +14,7 @@ use k8s_openapi::api::core::v1::Service;
 use kube::Api;
 use kube::api::{ListParams, Patch, PatchParams};
 
-use crate::wellknown::FINALIZER;
+use crate::wellknown::{ANNOTATION_LOAD_BALANCER_NAME, FINALIZER};
 
 /// Errors of the release.
 #[derive(Debug, thiserror::Error)]
@@ -68,8 +68,10 @@ async fn live_holder(client: &kube::Client, namespace: &str, lease_name: &str) -
 
 /// Waits up to `wait` for the core's Leases to have no live holder, then removes the
 /// finalizer from every Service in `namespace` (all when None) that this core handles: no
-/// `loadBalancerClass`, or `class` (`--load-balancer-class`). A Service of another class
-/// carries the same well-known finalizer for another controller, which still needs it.
+/// `loadBalancerClass`, `class` (`--load-balancer-class`), or another class whose load
+/// balancer the core named on the Service (`ccm-rs.dev/load-balancer-name`: a class one of
+/// several providers advertises). A Service of another class carries the same well-known
+/// finalizer for another controller, which still needs it.
 /// Returns how many Services it released.
 pub async fn release_finalizers(
     client: &kube::Client,
@@ -99,7 +101,10 @@ pub async fn release_finalizers(
             continue;
         }
         let its_class = svc.spec.as_ref().and_then(|s| s.load_balancer_class.as_deref());
-        if its_class.is_some() && its_class != class {
+        // A Service of another class is ours only when our service controller recorded the
+        // name of its load balancer on it (the class of one provider among several).
+        let recorded = svc.metadata.annotations.as_ref().is_some_and(|a| a.contains_key(ANNOTATION_LOAD_BALANCER_NAME));
+        if its_class.is_some() && its_class != class && !recorded {
             continue; // another load balancer controller's
         }
         let (ns, name) = (svc.metadata.namespace.clone().unwrap_or_default(), svc.metadata.name.clone().unwrap_or_default());

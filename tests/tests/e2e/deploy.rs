@@ -686,6 +686,13 @@ async fn release_finalizers_waits_for_the_leader_then_frees_every_service() {
     other.spec.as_mut().expect("spec").load_balancer_class = Some("example.com/other-lb".into());
     other.metadata.finalizers = Some(vec!["service.kubernetes.io/load-balancer-cleanup".into()]);
     services.create(&PostParams::default(), &other).await.expect("a Service of another class");
+    // A classed Service whose load balancer the core made (one provider's class among several):
+    // the core recorded its load balancer's name on it, so it is the core's to release.
+    let mut classed = ccm_harness::cluster::load_balancer_service(&env.namespace, "metal-web", &[80]);
+    classed.spec.as_mut().expect("spec").load_balancer_class = Some("metal.example.com/lb".into());
+    classed.metadata.finalizers = Some(vec!["service.kubernetes.io/load-balancer-cleanup".into()]);
+    classed.metadata.annotations = Some([("ccm-rs.dev/load-balancer-name".to_string(), "a0123".to_string())].into());
+    services.create(&PostParams::default(), &classed).await.expect("a classed Service of ours");
     // A live leader, in a namespace of the test's own (as the chart's kube-system Lease).
     let leases: Api<Lease> = Api::namespaced(env.client.clone(), &env.namespace);
     let lease = Lease {
@@ -724,7 +731,9 @@ async fn release_finalizers_waits_for_the_leader_then_frees_every_service() {
         .expect("release");
     let out = release("2s");
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
-    assert!(String::from_utf8_lossy(&out.stdout).contains("from 1 Service(s)"));
+    assert!(String::from_utf8_lossy(&out.stdout).contains("from 2 Service(s)"), "{}", String::from_utf8_lossy(&out.stdout));
+    let classed = services.get("metal-web").await.expect("service").metadata.finalizers.unwrap_or_default();
+    assert!(classed.is_empty(), "a classed Service the core made a load balancer for is released: {classed:?}");
     let kept = services.get("web").await.expect("service").metadata.finalizers.unwrap_or_default();
     assert_eq!(kept, vec!["example.com/keep".to_string()]);
     assert_eq!(svc.metadata.name.as_deref(), Some("web"));
