@@ -497,7 +497,139 @@ async fn the_chart_and_the_kustomize_bases_run_on_real_kubelets() {
     .await;
     run(cluster.kubectl(&["delete", "-k", &kustomize_dir.display().to_string(), "--wait=true"]), "kubectl delete -k");
 
+    hybrid_on_real_kubelets(cluster, &helm_bin, &chart, work.path()).await;
     aws_on_real_kubelets(cluster, &helm_bin, &chart, work.path()).await;
+}
+
+/// A hybrid cluster on real kubelets, installed as `deploy/examples/hybrid-values.yaml` shows:
+/// the core with two provider sidecars in its pod (two sims of two providerID schemes, the
+/// second from `extraProviders`). The first node's instance is the cloud's; the others are
+/// metal's: the second's kubelet has a metal providerID in its config, the rest are found by
+/// the core's name lookups. Every Node is initialised by its own provider, and LoadBalancer
+/// Services get the load balancer of their class's provider.
+async fn hybrid_on_real_kubelets(cluster: &KubeletCluster, helm_bin: &Path, chart: &str, dir: &Path) {
+    let instance = |scheme: &str, i: usize| {
+        let node = &cluster.nodes[i];
+        format!(
+            "\n[[instances]]\nid = \"{scheme}-{i}\"\nname = \"{}\"\nzone = \"{scheme}-zone\"\ninstance_type = \"{scheme}.medium\"\n\
+             addresses = [{{ type = \"InternalIP\", address = \"{}\" }}]\n",
+            node.name, node.ip
+        )
+    };
+    let sim_toml = |scheme: &str, pool: &str, class: &str, nodes: &mut dyn Iterator<Item = usize>| {
+        let mut toml = format!(
+            "region = \"{scheme}-region\"\nprovider_id_scheme = \"{scheme}\"\n\n[load_balancers]\naddress_pool = [\"{pool}\"]\n\
+             classes = [\"{class}\"]\n"
+        );
+        nodes.for_each(|i| toml.push_str(&instance(scheme, i)));
+        toml
+    };
+    let count = cluster.nodes.len();
+    assert!(count >= 2, "two nodes at least: one per provider");
+    let values = dir.join("hybrid-test-values.yaml");
+    let test_values = serde_json::json!({
+        "sim": { "config": { "sim.toml": sim_toml("cloud", "203.0.113.0/24", "cloud.example.com/lb", &mut (0..1)) } },
+        "extraProviders": [{
+            "name": "metal",
+            "image": { "repository": "ghcr.io/ccm-rs/provider-sim" },
+            "args": ["--config=/etc/ccm-provider/sim.toml"],
+            "config": { "sim.toml": sim_toml("metal", "198.51.100.0/24", "metal.example.com/lb", &mut (1..count)) },
+            "metrics": { "port": 10261 },
+        }],
+    });
+    std::fs::write(&values, test_values.to_string()).expect("values");
+    reset_nodes_with(cluster, |i| {
+        if i == 1 {
+            "apiVersion: kubelet.config.k8s.io/v1beta1\nkind: KubeletConfiguration\nproviderID: \"metal://metal-zone/metal-1\"\n"
+                .to_string()
+        } else {
+            String::new()
+        }
+    })
+    .await;
+    let example = deploy_dir().join("examples/hybrid-values.yaml").display().to_string();
+    let begin = Instant::now();
+    run(
+        helm(
+            cluster,
+            helm_bin,
+            &["install", "ccm-rs", chart, "-n", "kube-system", "--values", &example, "--values", &values.display().to_string()],
+        ),
+        "helm install (hybrid)",
+    );
+    let client = cluster.client().await.expect("client");
+    let pods = eventually("hybrid: Ready core pods", Duration::from_secs(120), async || {
+        let pods = ready_pods(&client, CORE_PODS).await;
+        (pods.len() == count.min(2)).then_some(pods)
+    })
+    .await;
+    for pod in &pods {
+        let statuses = pod.status.as_ref().and_then(|s| s.container_statuses.clone()).unwrap_or_default();
+        let names: BTreeMap<String, bool> = statuses.iter().map(|s| (s.name.clone(), s.ready)).collect();
+        let want = [("cloud-controller-manager", true), ("provider", true), ("provider-metal", true)];
+        assert_eq!(names, want.map(|(n, r)| (n.to_string(), r)).into(), "hybrid: the core and both sidecars");
+    }
+    let nodes: Api<Node> = Api::all(client.clone());
+    let ids = eventually("hybrid: every Node initialised by its provider", Duration::from_secs(120), async || {
+        let list = nodes.list(&Default::default()).await.ok()?.items;
+        if list.len() != count || !list.iter().all(initialised) {
+            return None;
+        }
+        let by_name: BTreeMap<String, String> = list
+            .iter()
+            .map(|n| {
+                (
+                    n.metadata.name.clone().unwrap_or_default(),
+                    n.spec.as_ref().and_then(|s| s.provider_id.clone()).unwrap_or_default(),
+                )
+            })
+            .collect();
+        Some(by_name)
+    })
+    .await;
+    eprintln!("hybrid: install to every Node initialised: {:.1} s", begin.elapsed().as_secs_f64());
+    for (i, node) in cluster.nodes.iter().enumerate() {
+        let want = if i == 0 { "cloud://cloud-zone/cloud-0".to_string() } else { format!("metal://metal-zone/metal-{i}") };
+        assert_eq!(ids.get(&node.name), Some(&want), "hybrid: {}", node.name);
+    }
+    let labelled = nodes.get(&cluster.nodes[0].name).await.expect("node").metadata.labels.unwrap_or_default();
+    assert_eq!(labelled.get("ccm-rs.dev/provider").map(String::as_str), Some("cloud"), "hybrid: found by name lookup");
+
+    let services: Api<Service> = Api::namespaced(client.clone(), "default");
+    for (name, class) in [("web", None), ("metal-web", Some("metal.example.com/lb"))] {
+        let svc: Service = serde_json::from_value(serde_json::json!({
+            "apiVersion": "v1", "kind": "Service", "metadata": {"name": name},
+            "spec": {"type": "LoadBalancer", "loadBalancerClass": class, "selector": {"app": "web"}, "ports": [{"port": 80}]}
+        }))
+        .expect("service");
+        services.create(&Default::default(), &svc).await.expect("create service");
+    }
+    for (name, pool) in [("web", "203.0.113."), ("metal-web", "198.51.100.")] {
+        let address = eventually(&format!("hybrid: {name}'s address"), Duration::from_secs(60), async || {
+            services.get(name).await.ok()?.status?.load_balancer?.ingress?.first()?.ip.clone()
+        })
+        .await;
+        assert!(address.starts_with(pool), "hybrid: {name} got {address}, not of its provider's pool {pool}");
+    }
+    for name in ["web", "metal-web"] {
+        services.delete(name, &DeleteParams::default()).await.expect("delete service");
+    }
+    eventually("hybrid: the Services deleted (finalizers released by the core)", Duration::from_secs(60), async || {
+        let left = services
+            .list(&Default::default())
+            .await
+            .ok()?
+            .items
+            .iter()
+            .filter(|s| s.metadata.name.as_deref() != Some("kubernetes"))
+            .count();
+        (left == 0).then_some(())
+    })
+    .await;
+    run(
+        helm(cluster, helm_bin, &["uninstall", "ccm-rs", "-n", "kube-system", "--wait", "--timeout", "3m"]),
+        "helm uninstall (hybrid)",
+    );
 }
 
 /// Non-graceful node shutdown on real kubelets, with the chart's `outOfServiceAfter`: a
