@@ -7,6 +7,7 @@
 //! measured from the API change to the call reaching the sim (its timestamps), not from logs.
 
 mod aws;
+mod hybrid;
 mod report;
 mod scenarios;
 
@@ -62,8 +63,10 @@ pub struct Args {
     pub cores: Vec<String>,
     /// The cloud: `sim` (the simulated cloud behind the same sidecar for every core) or `aws`
     /// (the real AWS provider on moto: our core with ccm-provider-aws, upstream's
-    /// aws-cloud-controller-manager; AWS calls counted at moto).
-    #[arg(long, default_value = "sim", value_parser = ["sim", "aws"])]
+    /// aws-cloud-controller-manager; AWS calls counted at moto), or `hybrid` (one Rust core
+    /// with two providers, two sims of two schemes: calls and latencies per provider,
+    /// cross-talk, and one provider throttled while the other's Nodes join).
+    #[arg(long, default_value = "sim", value_parser = ["sim", "aws", "hybrid"])]
     pub cloud: String,
     /// Where to write the figures as JSON.
     #[arg(long, default_value = "ccm-bench.json")]
@@ -95,7 +98,12 @@ fn main() -> anyhow::Result<()> {
 }
 
 async fn run(mut args: Args) -> anyhow::Result<()> {
-    let known: &[&str] = if args.cloud == "aws" { &["rust", "upstream"] } else { &["rust", "upstream", "upstream-watch"] };
+    let known: &[&str] = match args.cloud.as_str() {
+        "aws" => &["rust", "upstream"],
+        // Upstream's cloud-controller-manager serves one provider.
+        "hybrid" => &["rust"],
+        _ => &["rust", "upstream", "upstream-watch"],
+    };
     if args.cores.is_empty() {
         args.cores = known.iter().map(|c| c.to_string()).collect();
     }
@@ -106,6 +114,13 @@ async fn run(mut args: Args) -> anyhow::Result<()> {
     }
     if args.cloud == "aws" {
         return run_aws(&args).await;
+    }
+    if args.cloud == "hybrid" {
+        eprintln!("starting the control plane");
+        let cp = tokio::task::spawn_blocking(ccm_harness::ControlPlane::start).await??;
+        eprintln!("== two providers, one core: {} Nodes, {} Services", args.nodes, args.services);
+        let report = hybrid::run(&cp, &args).await?;
+        return publish(&args, &report.table(), &report, report.missing());
     }
     let peer = match &args.peer {
         Some(p) => Some(p.clone()),

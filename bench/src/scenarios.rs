@@ -165,7 +165,7 @@ async fn start_core(
     CoreProcess::spawn(&mut cmd, &log, core)
 }
 
-async fn calls(admin: &AdminClient) -> anyhow::Result<BTreeMap<String, u64>> {
+pub(crate) async fn calls(admin: &AdminClient) -> anyhow::Result<BTreeMap<String, u64>> {
     let mut out = BTreeMap::new();
     for c in admin.calls().await?.counts {
         *out.entry(c.method).or_default() += c.count;
@@ -191,18 +191,18 @@ pub(crate) async fn until<T>(
     }
 }
 
-fn node_name(tag: &str, i: usize) -> String {
+pub(crate) fn node_name(tag: &str, i: usize) -> String {
     format!("{tag}-n{i}")
 }
 
-fn instance_id(tag: &str, i: usize) -> String {
+pub(crate) fn instance_id(tag: &str, i: usize) -> String {
     format!("i-{tag}-{i}")
 }
 
 /// The private address of instance `i`: Nodes the churn adds already initialised carry it, as
 /// the address refresh would give them (else its first pass changes every load balancer's
 /// hosts in the steady state).
-fn instance_ip(i: usize) -> String {
+pub(crate) fn instance_ip(i: usize) -> String {
     format!("10.{}.{}.{}", 128 + i / 65536, (i / 256) % 256, i % 256)
 }
 
@@ -318,11 +318,16 @@ pub async fn run_core(cp: &ControlPlane, args: &Args, core: &str, peer: Option<&
 
 /// A fresh simulated cloud for one core: the joining instances and the ones churn adds, one
 /// route table with room for them all, an address pool; its provider and admin sockets in `dir`.
-async fn start_sim(
-    args: &Args,
-    tag: &str,
-    dir: &Path,
-) -> anyhow::Result<(tokio::task::JoinHandle<anyhow::Result<()>>, tokio::sync::oneshot::Sender<()>, AdminClient, String)> {
+async fn start_sim(args: &Args, tag: &str, dir: &Path) -> anyhow::Result<RunningSim> {
+    start_sim_with(sim_config(args, tag), dir).await
+}
+
+/// A running sim: its task, what stops it, its admin client and its provider endpoint.
+pub(crate) type RunningSim = (tokio::task::JoinHandle<anyhow::Result<()>>, tokio::sync::oneshot::Sender<()>, AdminClient, String);
+
+/// The simulated cloud of one core's run: `args.nodes + args.churn` instances named for `tag`,
+/// one route table with room for them all, the latency and rate limit of the flags.
+pub(crate) fn sim_config(args: &Args, tag: &str) -> Config {
     // A fresh cloud: the joining instances and the ones churn adds.
     let total = args.nodes + args.churn;
     let mut config = Config {
@@ -355,6 +360,11 @@ async fn start_sim(
             ..Default::default()
         });
     }
+    config
+}
+
+/// Starts a sim of `config` with its provider and admin sockets in `dir`.
+pub(crate) async fn start_sim_with(config: Config, dir: &Path) -> anyhow::Result<RunningSim> {
     let (provider, admin_sock) = (dir.join("provider.sock"), dir.join("admin.sock"));
     let (stop_sim, sim_stopped) = tokio::sync::oneshot::channel::<()>();
     let endpoints = Endpoints {

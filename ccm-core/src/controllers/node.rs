@@ -251,6 +251,10 @@ impl NodeController {
         // GA labels from the beta ones a Node of an older kubelet carries, where the cloud
         // said nothing of its own.
         labels.offered.extend(node_addresses::missing_ga_labels(node));
+        // With several providers, the Node records whose it is (the lookups' finding, kept).
+        if self.ctx.providers.several() {
+            labels.offered.insert(wellknown::LABEL_PROVIDER.to_string(), self.ctx.provider.name().to_string());
+        }
         for (k, v) in &meta.additional_labels {
             if !labels::reserved_label_domain(k) && valid_label_key(k) && valid_label_value(v) {
                 labels.offered.insert(k.clone(), v.clone());
@@ -327,6 +331,31 @@ impl NodeController {
             patch["metadata"]["annotations"] = serde_json::json!({ ANNOTATION_TAG_LABELS: tag_labels::record(&owned) });
         }
         Ok((self.ctx.patch_node(name, &patch).await?, corrected))
+    }
+
+    /// With several providers: takes the Nodes the name lookups found to be its provider's.
+    async fn found_loop(self: Arc<Self>, queue: Arc<WorkQueue<String>>, stop: CancellationToken) {
+        use tokio::sync::broadcast::error::RecvError;
+        let mut found = self.ctx.providers.announcements();
+        let own = self.ctx.providers.all().iter().position(|p| p.name() == self.ctx.provider.name());
+        loop {
+            let next = tokio::select! {
+                next = found.recv() => next,
+                _ = stop.cancelled() => return,
+            };
+            match next {
+                Ok((index, names)) if Some(index) == own => {
+                    for name in names.iter() {
+                        if let Some(node) = self.ctx.nodes.store().get(&ObjectRef::new(name)) {
+                            self.enqueue(&node, &queue);
+                        }
+                    }
+                }
+                Ok(_) => {}
+                Err(RecvError::Lagged(_)) => runner::Controller::resync(self.as_ref(), &queue),
+                Err(RecvError::Closed) => return std::future::pending().await,
+            }
+        }
     }
 
     async fn refresh_loop(self: Arc<Self>, stop: CancellationToken) {
@@ -513,8 +542,11 @@ impl runner::Controller for NodeController {
         self.initialise(keys).await.into_iter().map(Done::from).collect()
     }
 
-    fn spawn(self: &Arc<Self>, _queue: &Arc<WorkQueue<String>>, stop: &CancellationToken, tasks: &mut super::Tasks) {
+    fn spawn(self: &Arc<Self>, queue: &Arc<WorkQueue<String>>, stop: &CancellationToken, tasks: &mut super::Tasks) {
         tasks.spawn(self.clone().refresh_loop(stop.clone()));
+        if self.ctx.providers.several() {
+            tasks.spawn(self.clone().found_loop(queue.clone(), stop.clone()));
+        }
     }
 }
 

@@ -2,13 +2,14 @@
 //! providerID nor the `ccm-rs.dev/provider` label. Each provider of
 //! `--node-provider-lookup-order` is asked, by the Node's name and addresses, whether it knows
 //! the instance (one BatchInstanceMetadata per 500 Nodes and provider when it batches reads).
-//! Exactly one that knows it: the label is written, and that provider's node controller
-//! initialises the Node. Two or more: a Warning Event `ProviderConflict`, and the Node stays
-//! tainted until an operator labels it; none, or a provider that could not answer (down,
-//! throttled, not yet connected): asked again after a backoff. Never a guess.
+//! Exactly one that knows it: that provider's node controller is told at once (a batch of
+//! found Nodes is one batch of its own), initialises the Node and writes the label with the
+//! rest, no write of its own. Two or more: a Warning Event `ProviderConflict`, and the Node
+//! stays tainted until an operator labels it; none, or a provider that could not answer
+//! (down, throttled, not yet connected): asked again after a backoff. Never a guess.
 //!
-//! The label is the record: it survives restarts and is what an operator sets (on the
-//! kubelet, `--node-labels=ccm-rs.dev/provider=NAME`) to skip the lookups.
+//! The label is the record once the Node is initialised; an operator sets it (on the kubelet,
+//! `--node-labels=ccm-rs.dev/provider=NAME`) to skip the lookups.
 
 use std::hash::{Hash, Hasher};
 use std::sync::Arc;
@@ -97,10 +98,11 @@ impl OwnerResolver {
         found
     }
 
-    async fn resolve(&self, node: &Node, found: Result<Vec<String>, String>) -> Outcome {
+    /// What the lookups of one Node came to; the provider that alone knows it, if one does.
+    async fn resolve(&self, node: &Node, found: Result<Vec<String>, String>) -> (Outcome, Option<usize>) {
         let name = node_util::name(node);
         let retry = Outcome::Retry { fingerprint: Some(fingerprint(node)), retry_after: None };
-        match found.as_deref() {
+        let outcome = match found.as_deref() {
             Err(why) => {
                 tracing::warn!(node = %name, %why, "cannot tell which provider the node belongs to; asking again later");
                 retry
@@ -110,19 +112,13 @@ impl OwnerResolver {
                 retry
             }
             Ok([owner]) => {
-                let patch = serde_json::json!({ "metadata": { "labels": { LABEL_PROVIDER: owner } } });
-                match self.ctx.patch_node(name, &patch).await {
-                    Ok(_) => {
-                        tracing::info!(node = %name, provider = %owner, "the node's instance is known to one provider; labelled");
-                        let note = format!("The instance is known to provider {owner} alone: {LABEL_PROVIDER}={owner}");
-                        self.ctx.event(super::node::NAME, node, EventType::Normal, reason::PROVIDER_ASSIGNED, note).await;
-                        Outcome::Success
-                    }
-                    Err(error) => {
-                        tracing::warn!(node = %name, %error, "labelling the node with its provider failed");
-                        retry
-                    }
-                }
+                let Some(index) = self.ctx.providers.all().iter().position(|p| p.name() == owner) else {
+                    return (retry, None);
+                };
+                tracing::info!(node = %name, provider = %owner, "the node's instance is known to one provider");
+                let note = format!("The instance is known to provider {owner} alone ({LABEL_PROVIDER}={owner})");
+                self.ctx.event(super::node::NAME, node, EventType::Normal, reason::PROVIDER_ASSIGNED, note).await;
+                return (Outcome::Success, Some(index));
             }
             Ok(owners) => {
                 let note = format!(
@@ -134,7 +130,8 @@ impl OwnerResolver {
                 self.ctx.event(super::node::NAME, node, EventType::Warning, reason::PROVIDER_CONFLICT, note).await;
                 retry
             }
-        }
+        };
+        (outcome, None)
     }
 }
 
@@ -159,8 +156,13 @@ impl runner::Controller for OwnerResolver {
 
     fn on_node(&self, change: Option<Change<Node>>, queue: &WorkQueue<String>) {
         match change {
-            Some(Change::Applied { new, .. }) => self.enqueue(&new, queue),
-            Some(_) => {}
+            Some(Change::Applied { new, .. }) => {
+                if node_util::provider_id(&new).is_some() {
+                    self.ctx.providers.forget(node_util::name(&new));
+                }
+                self.enqueue(&new, queue);
+            }
+            Some(Change::Deleted(node)) => self.ctx.providers.forget(node_util::name(&node)),
             None => self.resync(queue),
         }
     }
@@ -178,8 +180,18 @@ impl runner::Controller for OwnerResolver {
         }
         let nodes: Vec<Arc<Node>> = todo.iter().map(|(_, n)| n.clone()).collect();
         let found = self.ask(&nodes).await;
+        let mut owned: Vec<Vec<&Node>> = vec![Vec::new(); self.ctx.providers.all().len()];
         for ((i, node), found) in todo.iter().zip(found) {
-            outcomes[*i] = self.resolve(node, found).await.into();
+            let (outcome, owner) = self.resolve(node, found).await;
+            outcomes[*i] = outcome.into();
+            if let Some(list) = owner.and_then(|o| owned.get_mut(o)) {
+                list.push(node.as_ref());
+            }
+        }
+        // Each provider's node controller gets its Nodes of this batch together: one batch
+        // read of its own.
+        for (index, nodes) in owned.iter().enumerate() {
+            self.ctx.providers.found(index, nodes);
         }
         outcomes
     }

@@ -11,7 +11,15 @@
 
 use k8s_openapi::api::core::v1::{Node, Service};
 
+use std::sync::Arc;
+
+use ccm_protocol::lock::Lock;
+
 use super::Provider;
+
+/// Announcements of found Nodes a node controller may fall behind on before it misses some
+/// (it then resyncs).
+const ANNOUNCE_CAPACITY: usize = 64;
 use crate::node_util;
 use crate::wellknown::LABEL_PROVIDER;
 
@@ -41,6 +49,11 @@ pub struct Providers {
     routes: Option<usize>,
     /// The providers asked, in order, for a Node without providerID or label.
     lookup_order: Vec<usize>,
+    /// What the name lookups found: Node name → (its UID, the provider that alone knows it),
+    /// until the Node has a providerID (or is gone).
+    found: std::sync::Mutex<std::collections::HashMap<String, (String, usize)>>,
+    /// Tells the node controllers of Nodes the lookups gave to their provider.
+    announce: tokio::sync::broadcast::Sender<(usize, Arc<[String]>)>,
 }
 
 impl Providers {
@@ -53,6 +66,8 @@ impl Providers {
             all_backends: vec![all_backends],
             routes: None,
             lookup_order: vec![0],
+            found: Default::default(),
+            announce: tokio::sync::broadcast::channel(ANNOUNCE_CAPACITY).0,
         }
     }
 
@@ -68,7 +83,45 @@ impl Providers {
         } else {
             rules.lookup_order.iter().filter_map(|n| index(n)).collect()
         };
-        Self { members, unclassed, class_flag: rules.class_flag, all_backends, routes, lookup_order }
+        Self {
+            members,
+            unclassed,
+            class_flag: rules.class_flag,
+            all_backends,
+            routes,
+            lookup_order,
+            found: Default::default(),
+            announce: tokio::sync::broadcast::channel(ANNOUNCE_CAPACITY).0,
+        }
+    }
+
+    /// Records that the name lookups found each of `nodes` known to provider `index` alone,
+    /// and tells its node controller.
+    pub fn found(&self, index: usize, nodes: &[&Node]) {
+        if nodes.is_empty() {
+            return;
+        }
+        {
+            let mut found = self.found.locked();
+            for n in nodes {
+                let uid = n.metadata.uid.clone().unwrap_or_default();
+                found.insert(node_util::name(n).to_string(), (uid, index));
+            }
+        }
+        let names: Arc<[String]> = nodes.iter().map(|n| node_util::name(n).to_string()).collect();
+        // No receiver (the node controller stopped, or not running): the Node waits for its
+        // next change or resync, which see it as the provider's now.
+        let _ = self.announce.send((index, names));
+    }
+
+    /// Forgets what the lookups found of the Node `name` (it has a providerID now, or is gone).
+    pub fn forget(&self, name: &str) {
+        self.found.locked().remove(name);
+    }
+
+    /// The Nodes the lookups give to providers from now on, as (provider index, names).
+    pub fn announcements(&self) -> tokio::sync::broadcast::Receiver<(usize, Arc<[String]>)> {
+        self.announce.subscribe()
     }
 
     /// Every provider, in `--provider-endpoint` order.
@@ -125,7 +178,13 @@ impl Providers {
         }
         match node.metadata.labels.as_ref().and_then(|l| l.get(LABEL_PROVIDER)) {
             Some(name) => self.members.iter().position(|p| p.name() == name).map_or(Owner::Nobody, Owner::Provider),
-            None => Owner::Unresolved,
+            None => {
+                let found = self.found.locked();
+                match found.get(node_util::name(node)) {
+                    Some((uid, i)) if node.metadata.uid.as_deref().unwrap_or_default() == uid => Owner::Provider(*i),
+                    _ => Owner::Unresolved,
+                }
+            }
         }
     }
 
