@@ -622,7 +622,17 @@ async fn every_rendered_command_line_is_accepted_by_the_real_binaries() {
     let assets = tokio::task::spawn_blocking(ccm_harness::Assets::find).await.expect("join").expect("assets");
     let chart = deploy_dir().join("helm/ccm-rs");
     let hybrid = deploy_dir().join("examples/hybrid-values.yaml").display().to_string();
-    let variants: [(&str, &[&str]); 9] = [
+    // Each provider's node plugin on its own Nodes.
+    let plugins = tempfile::NamedTempFile::new().expect("values");
+    std::fs::write(
+        plugins.path(),
+        "nodeMetadata: {enabled: true}\nextraProviders:\n  - name: metal\n    image: {repository: ghcr.io/ccm-rs/provider-sim}\n    \
+         args: [--config=/etc/ccm-provider/sim.toml]\n    nodeMetadata:\n      pluginName: metal.sim.example.com\n      \
+         image: {repository: ghcr.io/ccm-rs/provider-sim}\n      args: [node-metadata, --metadata-endpoint=http://169.254.169.254]\n",
+    )
+    .expect("values");
+    let plugins = plugins.path().display().to_string();
+    let variants: [(&str, &[&str]); 10] = [
         ("the sim", &["--set", "sim.enabled=true"]),
         ("lease per controller", &["--set", "sim.enabled=true,leaderElection.perController=true"]),
         ("without service account credentials", &["--set", "sim.enabled=true,useServiceAccountCredentials=false"]),
@@ -638,6 +648,7 @@ async fn every_rendered_command_line_is_accepted_by_the_real_binaries() {
         ),
         ("an operator's values", OPERATOR_VALUES),
         ("a hybrid cluster: two provider sidecars", &["--values", &hybrid, "--set", "routesProvider=metal"]),
+        ("a hybrid cluster: each provider's node plugin", &["--values", &hybrid, "--values", &plugins]),
     ];
     let mut checked = 0;
     for (name, set) in variants {
@@ -646,6 +657,25 @@ async fn every_rendered_command_line_is_accepted_by_the_real_binaries() {
         cmd.args(set);
         checked += check_arguments(&run(cmd, None, &format!("helm template ({name})")), &format!("helm ({name})"));
     }
+    // Each node plugin runs on its own provider's Nodes only.
+    let mut cmd = std::process::Command::new(&helm);
+    cmd.args(["template", "ccm-rs", &chart.display().to_string(), "--namespace", "kube-system", "--kube-version", "1.37.2"]);
+    cmd.args(["--values", &hybrid, "--values", &plugins]);
+    let objects: Vec<serde_json::Value> =
+        run(cmd, None, "helm template (node plugins)").split("\n---").filter_map(yaml_object).collect();
+    let selectors: BTreeMap<String, String> = objects
+        .iter()
+        .filter(|o| {
+            o["kind"] == "DaemonSet" && o["metadata"]["name"].as_str().is_some_and(|n| n.starts_with("ccm-node-metadata"))
+        })
+        .map(|o| {
+            let name = o["metadata"]["name"].as_str().unwrap_or_default().to_string();
+            let provider = o["spec"]["template"]["spec"]["nodeSelector"]["ccm-rs.dev/provider"].as_str().unwrap_or_default();
+            (name, provider.to_string())
+        })
+        .collect();
+    let want = [("ccm-node-metadata", "cloud"), ("ccm-node-metadata-metal", "metal")];
+    assert_eq!(selectors, want.map(|(a, b)| (a.to_string(), b.to_string())).into(), "each node plugin on its provider's Nodes");
     // The two kustomize bases are installed together (the DaemonSet reads the core's Service).
     let mut both = String::new();
     for dir in ["core", "node-metadata"] {

@@ -348,3 +348,74 @@ async fn conformance_runs_per_provider_and_checks_them_together() {
     twin.stop().await;
     cloud.stop().await;
 }
+
+/// The deletion bounds hold over all providers together, not only per provider: two
+/// providers with two gone instances each, `--max-node-deletions=2`: two Nodes deleted in the
+/// first window in all (never four), the other two a window later.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn node_deletion_bounds_hold_over_every_provider_together() {
+    let cp = ccm_harness::shared().expect("control plane");
+    let env = TestEnv::new(cp.client().await.expect("client"), "hybrid-bound").await.expect("env");
+    let mut sims = Vec::new();
+    let mut gone = Vec::new();
+    for scheme in ["cloud", "metal"] {
+        // Per provider: two Ready Nodes (witnesses) and two NotReady whose instances go.
+        let names: Vec<String> = (0..4).map(|k| env.node_name(&format!("{scheme}-{k}"))).collect();
+        let instances: Vec<(String, &str)> =
+            names.iter().enumerate().map(|(k, n)| (format!("{scheme}-i{k}"), n.as_str())).collect();
+        let pairs: Vec<(&str, &str)> = instances.iter().map(|(i, n)| (i.as_str(), *n)).collect();
+        let class = format!("{scheme}.example.com/lb");
+        let sim = Sim::start(cloud(scheme, &class, "203.0.113.0/24", &pairs)).await;
+        for (k, name) in names.iter().enumerate() {
+            NodeBuilder::new(name)
+                .label(TEST_LABEL, &env.prefix)
+                .label("topology.kubernetes.io/zone", &format!("{scheme}-zone-{k}"))
+                .provider_id(&format!("{scheme}://{scheme}-zone-a/{scheme}-i{k}"))
+                .create(&env.client)
+                .await
+                .expect("node");
+            set_ready(&env.client, name, if k < 2 { "True" } else { "False" }).await.expect("condition");
+        }
+        for k in 2..4 {
+            sim.admin.instance_action(&format!("{scheme}-i{k}"), "terminate").await.expect("terminate");
+            gone.push(names[k].clone());
+        }
+        sims.push(sim);
+    }
+    let metal_flag = format!("--provider-endpoint=metal={}", sims[1].endpoint);
+    let core = Core::start_on(
+        cp.kubeconfig_path(),
+        &env,
+        &format!("cloud={}", sims[0].endpoint),
+        &[
+            &metal_flag,
+            "--leader-elect=false",
+            "--controllers=cloud-node-lifecycle",
+            "--node-monitor-period=300ms",
+            "--max-node-deletions=2",
+            "--max-node-deletion-share=1",
+            "--node-deletion-window=8s",
+        ],
+    );
+    let remaining = async || {
+        let mut left = 0;
+        for name in &gone {
+            left += usize::from(node(&env, name).await.is_some());
+        }
+        left
+    };
+    let started = std::time::Instant::now();
+    eventually("two deleted", Duration::from_secs(20), async || (remaining().await <= 2).then_some(())).await;
+    // Well within the window: still two left (each provider alone would allow two more).
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    if started.elapsed() < Duration::from_secs(7) {
+        assert_eq!(remaining().await, 2, "at most two deletions in a window over both providers");
+    }
+    eventually("the other two a window later", Duration::from_secs(30), async || (remaining().await == 0).then_some(())).await;
+    assert!(started.elapsed() >= Duration::from_secs(6), "not within the first window: {:?}", started.elapsed());
+    core.stop().await.expect("stop");
+    for mut sim in sims {
+        sim.stop().await;
+    }
+    env.cleanup().await.expect("cleanup");
+}

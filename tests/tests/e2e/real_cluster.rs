@@ -257,6 +257,10 @@ async fn the_chart_and_the_kustomize_bases_run_on_real_kubelets() {
     let chart = deploy_dir().join("helm/ccm-rs").display().to_string();
     let values = helm_values(cluster, work.path()).display().to_string();
     let ips: Vec<String> = cluster.nodes.iter().map(|n| n.ip.to_string()).collect();
+    // To work on one phase alone (not in CI): CCM_E2E_REAL_CLUSTER_PHASE=hybrid.
+    if std::env::var("CCM_E2E_REAL_CLUSTER_PHASE").as_deref() == Ok("hybrid") {
+        return hybrid_on_real_kubelets(cluster, &helm_bin, &chart, work.path()).await;
+    }
 
     // === Helm ===
     let begin = Instant::now();
@@ -570,9 +574,28 @@ async fn hybrid_on_real_kubelets(cluster: &KubeletCluster, helm_bin: &Path, char
         assert_eq!(names, want.map(|(n, r)| (n.to_string(), r)).into(), "hybrid: the core and both sidecars");
     }
     let nodes: Api<Node> = Api::all(client.clone());
-    let ids = eventually("hybrid: every Node initialised by its provider", Duration::from_secs(120), async || {
+    let diagnose = {
+        let cluster_nodes = cluster.kubectl(&["get", "nodes", "-o", "wide", "--show-labels"]);
+        let core_logs =
+            cluster.kubectl(&["-n", "kube-system", "logs", "deploy/cloud-controller-manager", "--all-containers", "--tail=80"]);
+        move || {
+            for (mut cmd, what) in [(cluster_nodes, "nodes"), (core_logs, "core logs")] {
+                let out =
+                    cmd.output().map(|o| String::from_utf8_lossy(&o.stdout).into_owned() + &String::from_utf8_lossy(&o.stderr));
+                eprintln!("hybrid: {what}:\n{}", out.unwrap_or_else(|e| e.to_string()));
+            }
+        }
+    };
+    let initialised_all = async || {
         let list = nodes.list(&Default::default()).await.ok()?.items;
-        if list.len() != count || !list.iter().all(initialised) {
+        // Initialised by either provider: the taint gone, a providerID, the cloud's labels.
+        let done = |n: &Node| {
+            let spec = n.spec.as_ref();
+            let tainted = spec.and_then(|s| s.taints.as_ref()).is_some_and(|t| t.iter().any(|t| t.key == UNINITIALIZED));
+            let typed = n.metadata.labels.as_ref().is_some_and(|l| l.contains_key("node.kubernetes.io/instance-type"));
+            !tainted && typed && spec.and_then(|s| s.provider_id.as_deref()).is_some()
+        };
+        if list.len() != count || !list.iter().all(done) {
             return None;
         }
         let by_name: BTreeMap<String, String> = list
@@ -585,8 +608,18 @@ async fn hybrid_on_real_kubelets(cluster: &KubeletCluster, helm_bin: &Path, char
             })
             .collect();
         Some(by_name)
-    })
-    .await;
+    };
+    let deadline = Instant::now() + Duration::from_secs(120);
+    let ids = loop {
+        if let Some(ids) = initialised_all().await {
+            break ids;
+        }
+        if Instant::now() > deadline {
+            tokio::task::block_in_place(diagnose);
+            panic!("hybrid: not every Node initialised by its provider within 120 s (the nodes and the core's logs are above)");
+        }
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    };
     eprintln!("hybrid: install to every Node initialised: {:.1} s", begin.elapsed().as_secs_f64());
     for (i, node) in cluster.nodes.iter().enumerate() {
         let want = if i == 0 { "cloud://cloud-zone/cloud-0".to_string() } else { format!("metal://metal-zone/metal-{i}") };
