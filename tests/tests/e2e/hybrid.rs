@@ -376,9 +376,9 @@ async fn node_deletion_bounds_hold_over_every_provider_together() {
                 .expect("node");
             set_ready(&env.client, name, if k < 2 { "True" } else { "False" }).await.expect("condition");
         }
-        for k in 2..4 {
+        for (k, name) in names.iter().enumerate().skip(2) {
             sim.admin.instance_action(&format!("{scheme}-i{k}"), "terminate").await.expect("terminate");
-            gone.push(names[k].clone());
+            gone.push(name.clone());
         }
         sims.push(sim);
     }
