@@ -244,7 +244,8 @@ async fn a_hybrid_cluster_routes_every_node_and_load_balancer_to_its_own_provide
 /// The Go adapter (upstream's fake cloud behind it, `ccm-provider-fake`) as one provider of
 /// two: its Nodes found by its name lookups and initialised from its answers, the Services of
 /// the class it advertises (`--load-balancer-class`) given its load balancers, and the sim's
-/// Nodes and unclassed Services left to the sim.
+/// Nodes and unclassed Services left to the sim, whose load balancers front every Node
+/// (`--load-balancer-backends-all-nodes=cloud`).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_go_adapter_serves_one_side_of_a_hybrid_cluster() {
     use ccm_harness::assets::Assets;
@@ -285,7 +286,7 @@ async fn the_go_adapter_serves_one_side_of_a_hybrid_cluster() {
         cp.kubeconfig_path(),
         &env,
         &format!("cloud={}", sim.endpoint),
-        &[&fake_flag, "--leader-elect=false", "--controllers=cloud-node,service"],
+        &[&fake_flag, "--leader-elect=false", "--controllers=cloud-node,service", "--load-balancer-backends-all-nodes=cloud"],
     );
     assert_eq!(initialised(&env, &s1).await, "cloud://cloud-zone-a/i-s1");
     assert_eq!(initialised(&env, &f1).await, format!("fake://{f1}"), "found and initialised through the adapter");
@@ -301,8 +302,18 @@ async fn the_go_adapter_serves_one_side_of_a_hybrid_cluster() {
     })
     .await;
     assert_eq!(ip, "192.0.2.77", "the fake cloud's address");
-    let web = eventually("web's load balancer on the sim", Duration::from_secs(30), async || lb_of(&sim, "web").await).await;
-    assert_eq!(web.nodes, vec![s1.clone()], "the sim's Nodes only");
+    // The sim's load balancers front every Node (--load-balancer-backends-all-nodes=cloud):
+    // the fake cloud's Node too, by its address.
+    let web = eventually("web's load balancer on the sim, over both providers' Nodes", Duration::from_secs(30), async || {
+        let lb = lb_of(&sim, "web").await?;
+        (lb.nodes.len() == 2).then_some(lb)
+    })
+    .await;
+    let mut want = vec![s1.clone(), f1.clone()];
+    want.sort();
+    let mut got = web.nodes.clone();
+    got.sort();
+    assert_eq!(got, want, "every Node a backend");
     assert!(lb_of(&sim, "fake-web").await.is_none(), "no cross-talk");
 
     core.stop().await.expect("stop");
