@@ -293,9 +293,7 @@ pub async fn run_with(options: Options, parts: Parts, shutdown: impl Future<Outp
     let enabled = options.enabled_controllers()?;
     let Parts { client, lease_client, providers, metrics, identity, config } = parts;
     let providers = Arc::new(match <[Provider; 1]>::try_from(providers) {
-        Ok([provider]) => {
-            Providers::single(provider, options.load_balancer_class.clone(), !options.load_balancer_backends_all_nodes.is_empty())
-        }
+        Ok([provider]) => Providers::single(provider, options.provider_rules()),
         Err(providers) if providers.is_empty() => anyhow::bail!("no provider to run with"),
         Err(providers) => Providers::new(providers, options.provider_rules()),
     });

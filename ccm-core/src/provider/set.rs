@@ -57,13 +57,14 @@ pub struct Providers {
 }
 
 impl Providers {
-    /// One provider, serving everything.
-    pub fn single(provider: Provider, class_flag: Option<String>, all_backends: bool) -> Self {
+    /// One provider: every Node it does not disown, Services without a class (unless
+    /// `--ignore-unclassed-services`), of a class it advertises or of `--load-balancer-class`.
+    pub fn single(provider: Provider, rules: Rules) -> Self {
         Self {
             members: vec![provider],
-            unclassed: Some(0),
-            class_flag,
-            all_backends: vec![all_backends],
+            unclassed: (!rules.ignore_unclassed).then_some(0),
+            class_flag: rules.class_flag,
+            all_backends: vec![!rules.all_backends.is_empty()],
             routes: None,
             lookup_order: vec![0],
             found: Default::default(),
@@ -324,12 +325,12 @@ mod tests {
 
     #[tokio::test]
     async fn one_provider_owns_what_it_does_not_disown() {
-        let set = Providers::single(provider("default", &["sim"], &[]), None, false);
+        let set = Providers::single(provider("default", &["sim"], &[]), Rules::default());
         assert_eq!(set.owner(&node(Some("sim://z/1"), None)), Owner::Provider(0));
         assert_eq!(set.owner(&node(None, None)), Owner::Provider(0));
         assert_eq!(set.owner(&node(None, Some("other"))), Owner::Provider(0), "the label means nothing to one provider");
         assert_eq!(set.owner(&node(Some("other://1"), None)), Owner::Nobody);
-        let unknown = Providers::single(provider("default", &[], &[]), None, false);
+        let unknown = Providers::single(provider("default", &[], &[]), Rules::default());
         assert_eq!(unknown.owner(&node(Some("other://1"), None)), Owner::Provider(0), "no scheme said: all its own");
     }
 
@@ -348,6 +349,13 @@ mod tests {
         let set = Providers::new(members(), Rules { ignore_unclassed: true, ..Default::default() });
         assert_eq!(set.service_owner(&service(None)), None, "--ignore-unclassed-services");
         assert_eq!(set.service_owner(&service(Some("metallb"))), Some(1));
+        let one = || provider("default", &["sim"], &["sim.example.com/lb"]);
+        let single = Providers::single(one(), Rules::default());
+        assert_eq!(single.service_owner(&service(None)), Some(0));
+        assert_eq!(single.service_owner(&service(Some("sim.example.com/lb"))), Some(0), "a class it advertises");
+        assert_eq!(single.service_owner(&service(Some("other"))), None);
+        let gke = Providers::single(one(), Rules { ignore_unclassed: true, ..Default::default() });
+        assert_eq!(gke.service_owner(&service(None)), None, "--ignore-unclassed-services with one provider too");
     }
 
     #[tokio::test]
