@@ -65,6 +65,9 @@ pub mod reason {
     /// With several providers: more than one provider knows the instance of a Node that has
     /// neither providerID nor provider label; it is left uninitialised (never guessed).
     pub const PROVIDER_CONFLICT: &str = "ProviderConflict";
+    /// With several providers: a Node waiting for initialisation names, in its
+    /// `ccm-rs.dev/provider` label, a provider this core does not have; it is left alone.
+    pub const UNKNOWN_PROVIDER: &str = "UnknownProvider";
     /// With several providers: the one provider that knows a Node's instance was recorded on
     /// it (the `ccm-rs.dev/provider` label).
     pub const PROVIDER_ASSIGNED: &str = "ProviderAssigned";

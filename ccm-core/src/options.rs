@@ -101,7 +101,7 @@ pub struct Options {
     /// With several providers: the one whose load balancers serve Services without a
     /// loadBalancerClass (and those of --load-balancer-class); the first --provider-endpoint
     /// by default.
-    #[arg(long, value_name = "NAME", conflicts_with = "ignore_unclassed_services")]
+    #[arg(long, value_name = "NAME")]
     pub default_load_balancer_provider: Option<String>,
 
     /// Leave LoadBalancer Services without a loadBalancerClass to others: only Services of a
@@ -109,8 +109,9 @@ pub struct Options {
     #[arg(long, num_args = 0..=1, require_equals = true, default_missing_value = "true", action = clap::ArgAction::Set, default_value_t = false)]
     pub ignore_unclassed_services: bool,
 
-    /// Providers (names, or `*` for all) whose load balancers get every Node as a backend, not
-    /// only their own Nodes: a cloud load balancer in front of bare-metal Nodes reached by IP.
+    /// Providers (comma-separated names, or `*` for all) whose load balancers get every Node as
+    /// a backend, not only their own Nodes: a cloud load balancer in front of bare-metal Nodes
+    /// reached by IP.
     #[arg(long, value_delimiter = ',', value_name = "NAME")]
     pub load_balancer_backends_all_nodes: Vec<String>,
 
@@ -119,7 +120,7 @@ pub struct Options {
     #[arg(long, value_name = "NAME")]
     pub routes_provider: Option<String>,
 
-    /// With several providers: the providers asked, in this order, whether they know the
+    /// With several providers: the providers (comma-separated) asked, in this order, whether they know the
     /// instance of a Node that has neither providerID nor `ccm-rs.dev/provider` label (all of
     /// them, in --provider-endpoint order, by default). Exactly one that knows it takes the
     /// Node; two are an error (a Warning Event `ProviderConflict`; the Node stays uninitialised).
@@ -579,7 +580,8 @@ impl Options {
             };
             if !ccm_protocol::labels::valid_label_value(&name) || name.is_empty() || name.contains('.') || name.contains('_') {
                 return Err(format!(
-                    "--provider-endpoint {entry:?}: the name {name:?} is not a DNS label (lowercase letters, digits and '-')"
+                    "--provider-endpoint {entry:?}: the name {name:?} is not a DNS label (1 to 63 lowercase letters, digits and '-', \
+                     starting and ending with a letter or digit)"
                 )
                 .into());
             }
@@ -608,8 +610,19 @@ impl Options {
         if let Some(name) = &self.routes_provider {
             known("--routes-provider", name)?;
         }
+        let mut asked = Vec::new();
         for name in self.node_provider_lookup_order.iter().filter(|n| !n.is_empty()) {
             known("--node-provider-lookup-order", name)?;
+            if asked.contains(&name) {
+                return Err(format!("--node-provider-lookup-order names {name:?} twice").into());
+            }
+            asked.push(name);
+        }
+        if self.ignore_unclassed_services && self.default_load_balancer_provider.is_some() {
+            return Err(
+                "--ignore-unclassed-services and --default-load-balancer-provider: unclassed Services go to no provider, or to that one"
+                    .into(),
+            );
         }
         for name in self.load_balancer_backends_all_nodes.iter().filter(|n| *n != "*" && !n.is_empty()) {
             known("--load-balancer-backends-all-nodes", name)?;
@@ -718,6 +731,13 @@ mod tests {
         refused(&["--provider-endpoint=a=unix:///a", "--routes-provider=b"], "--routes-provider \"b\" names no");
         refused(&["--provider-endpoint=a=unix:///a", "--default-load-balancer-provider=b"], "names no --provider-endpoint");
         refused(&["--provider-endpoint=a=unix:///a", "--node-provider-lookup-order=a,c"], "\"c\"");
+        refused(&["--provider-endpoint=a=unix:///a", "--node-provider-lookup-order=a,a"], "names \"a\" twice");
+        refused(
+            &["--provider-endpoint=a=unix:///a", "--ignore-unclassed-services", "--default-load-balancer-provider=a"],
+            "--ignore-unclassed-services and --default-load-balancer-provider",
+        );
+        let off = ["--provider-endpoint=a=unix:///a", "--ignore-unclassed-services=false", "--default-load-balancer-provider=a"];
+        assert!(parse(&off).validate().is_ok(), "false is the default: no conflict");
         refused(&["--provider-endpoint=a=unix:///a", "--load-balancer-backends-all-nodes=z"], "\"z\"");
         assert!(parse(&["--provider-endpoint=a=unix:///a", "--load-balancer-backends-all-nodes=*"]).validate().is_ok());
     }

@@ -50,5 +50,10 @@ pub const ANNOTATION_SOURCE_RANGES: &str = "service.beta.kubernetes.io/load-bala
 /// The annotation recording the name a Service's load balancer was made under: kept when
 /// `--load-balancer-naming` changes, so that a load balancer is never made anew by surprise.
 pub const ANNOTATION_LOAD_BALANCER_NAME: &str = "ccm-rs.dev/load-balancer-name";
+/// On a LoadBalancer Service, with several providers: the provider whose load balancer it has
+/// (written with the finalizer, before the load balancer is made). The Service stays that
+/// provider's whatever later flags say of unclassed Services, so that its load balancer is
+/// updated and, with the Service, deleted where it is, never made twice.
+pub const ANNOTATION_LOAD_BALANCER_PROVIDER: &str = "ccm-rs.dev/load-balancer-provider";
 /// The Node condition the route controller keeps.
 pub const CONDITION_NETWORK_UNAVAILABLE: &str = "NetworkUnavailable";

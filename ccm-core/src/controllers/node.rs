@@ -188,7 +188,7 @@ impl NodeController {
                 return Outcome::Retry { fingerprint: Some(fingerprint(&node)), retry_after: None };
             }
             Err(error) => {
-                tracing::warn!(node = %name, %error, "instance lookup failed");
+                tracing::warn!(node = %name, provider = %self.ctx.provider.name(), %error, "instance lookup failed");
                 self.ctx.report_invalid(NAME, node.as_ref(), &error).await;
                 return retry(&error);
             }

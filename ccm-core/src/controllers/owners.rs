@@ -15,6 +15,7 @@ use std::hash::{Hash, Hasher};
 use std::sync::Arc;
 
 use ccm_protocol::limits::MAX_BATCH;
+use ccm_protocol::lock::Lock;
 use k8s_openapi::api::core::v1::Node;
 use kube::runtime::reflector::ObjectRef;
 use tokio_util::sync::CancellationToken;
@@ -53,12 +54,25 @@ fn fingerprint(node: &Node) -> u64 {
 /// The lookups of Nodes without a provider.
 pub struct OwnerResolver {
     ctx: Context,
+    /// Nodes told to have a label naming no provider of this core, with that label: told once
+    /// per value.
+    told: std::sync::Mutex<std::collections::HashMap<String, String>>,
+}
+
+/// The provider a waiting Node's label names when this core has no such provider.
+fn unknown_label<'a>(ctx: &Context, node: &'a Node) -> Option<&'a str> {
+    let label = node.metadata.labels.as_ref()?.get(LABEL_PROVIDER)?;
+    let waiting = node_util::has_taint(node, TAINT_UNINITIALIZED)
+        && node.metadata.deletion_timestamp.is_none()
+        && node_util::provider_id(node).is_none()
+        && !ctx.excluded(node);
+    (waiting && !ctx.providers.all().iter().any(|p| p.name() == label)).then_some(label.as_str())
 }
 
 impl OwnerResolver {
     /// Over `ctx` (every provider's).
     pub fn new(ctx: Context) -> Self {
-        Self { ctx: ctx.over_all_nodes() }
+        Self { ctx: ctx.over_all_nodes(), told: Default::default() }
     }
 
     /// Runs until `stop`.
@@ -69,7 +83,27 @@ impl OwnerResolver {
     fn enqueue(&self, node: &Node, queue: &WorkQueue<String>) {
         if needs_lookup(&self.ctx, node) {
             queue.add_changed(node_util::name(node).to_string(), fingerprint(node));
+        } else if let Some(label) = unknown_label(&self.ctx, node) {
+            let name = node_util::name(node);
+            if self.told.locked().get(name).map(String::as_str) != Some(label) {
+                queue.add_changed(name.to_string(), fingerprint(node));
+            }
         }
+    }
+
+    /// A Warning Event, once per label value, on a waiting Node whose label names no provider.
+    async fn tell_unknown(&self, node: &Node, label: &str) {
+        let name = node_util::name(node);
+        if self.told.locked().insert(name.to_string(), label.to_string()).as_deref() == Some(label) {
+            return;
+        }
+        let names: Vec<&str> = self.ctx.providers.all().iter().map(|p| p.name()).collect();
+        let note = format!(
+            "{LABEL_PROVIDER}={label} names no provider of this cloud-controller-manager (they are: {}); the Node is left alone",
+            names.join(", ")
+        );
+        tracing::warn!(node = %name, provider = %label, "the node's provider label names no configured provider; left alone");
+        self.ctx.event(super::node::NAME, node, EventType::Warning, reason::UNKNOWN_PROVIDER, note).await;
     }
 
     /// Which providers know each Node's instance (by name), in lookup order; `Err` for a Node
@@ -162,7 +196,10 @@ impl runner::Controller for OwnerResolver {
                 }
                 self.enqueue(&new, queue);
             }
-            Some(Change::Deleted(node)) => self.ctx.providers.forget(node_util::name(&node)),
+            Some(Change::Deleted(node)) => {
+                self.ctx.providers.forget(node_util::name(&node));
+                self.told.locked().remove(node_util::name(&node));
+            }
             None => self.resync(queue),
         }
     }
@@ -171,8 +208,11 @@ impl runner::Controller for OwnerResolver {
         let mut outcomes = vec![Done::from(Outcome::Success); keys.len()];
         let mut todo: Vec<(usize, Arc<Node>)> = Vec::new();
         for (i, key) in keys.iter().enumerate() {
-            if let Some(node) = self.ctx.nodes.store().get(&ObjectRef::new(key)).filter(|n| needs_lookup(&self.ctx, n)) {
+            let Some(node) = self.ctx.nodes.store().get(&ObjectRef::new(key)) else { continue };
+            if needs_lookup(&self.ctx, &node) {
                 todo.push((i, node));
+            } else if let Some(label) = unknown_label(&self.ctx, &node) {
+                self.tell_unknown(&node, label).await;
             }
         }
         if todo.is_empty() {

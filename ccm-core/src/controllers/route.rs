@@ -795,12 +795,12 @@ impl RouteController {
     pub async fn run(self, stop: CancellationToken) {
         // Off, it still lives until stop: a controller task that ends is a failing process.
         if !self.ctx.options.configure_cloud_routes {
-            tracing::info!("--configure-cloud-routes=false: the route controller is off");
+            tracing::info!(provider = %self.ctx.provider.name(), "--configure-cloud-routes=false: the route controller is off");
             stop.cancelled().await;
             return;
         }
         if self.routes.lock().await.cluster_cidrs.is_empty() {
-            tracing::warn!("the route controller needs --cluster-cidr; it is off");
+            tracing::warn!(provider = %self.ctx.provider.name(), "the route controller needs --cluster-cidr; it is off");
             stop.cancelled().await;
             return;
         }

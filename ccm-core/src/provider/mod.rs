@@ -408,9 +408,14 @@ impl Provider {
             };
             let error = Error::from_status(&status).with_retry_after_at_most(self.max_retry_after);
             if connection_lost(&status) {
-                // The connection broke: the identity is re-read when it comes back.
+                // The connection broke: the identity is re-read when it comes back. The probe
+                // loop is woken when it just broke, not by every call while it stays broken
+                // (its own calls among them): it looks again every second then.
+                let was_ready = self.readiness().0;
                 self.set_state(false, format!("provider unreachable: {}", status.message()), None);
-                self.broken.notify_one();
+                if was_ready {
+                    self.broken.notify_one();
+                }
             }
             let wait = error.retry_after().unwrap_or(Duration::from_millis(100 * u64::from(attempt)));
             if let Some(delay) = error.retry_after() {
@@ -496,7 +501,7 @@ impl Provider {
             if !same {
                 match self.refresh().await {
                     Ok(identity) if had.as_deref() != Some(&identity) => {
-                        tracing::info!(plugin = %identity.name, version = %identity.vendor_version, "provider identity read");
+                        tracing::info!(provider = %self.name, plugin = %identity.name, version = %identity.vendor_version, "provider identity read");
                     }
                     Ok(_) => {}
                     Err(error) => {

@@ -21,7 +21,7 @@ use super::Provider;
 /// (it then resyncs).
 const ANNOUNCE_CAPACITY: usize = 64;
 use crate::node_util;
-use crate::wellknown::LABEL_PROVIDER;
+use crate::wellknown::{ANNOTATION_LOAD_BALANCER_PROVIDER, LABEL_PROVIDER};
 
 /// Whom a Node belongs to.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -189,9 +189,18 @@ impl Providers {
         }
     }
 
-    /// The provider of a LoadBalancer Service, by its class; none when no provider serves
-    /// its class (it is left alone, as upstream leaves a class no controller serves).
+    /// The provider of a LoadBalancer Service: with several providers, the one whose load
+    /// balancer it has (`ccm-rs.dev/load-balancer-provider`, kept whatever the flags say now;
+    /// none when that provider is no longer configured); else by its class, none when no
+    /// provider serves its class (it is left alone, as upstream leaves a class no controller
+    /// serves).
     pub fn service_owner(&self, svc: &Service) -> Option<usize> {
+        if self.several() {
+            let recorded = svc.metadata.annotations.as_ref().and_then(|a| a.get(ANNOTATION_LOAD_BALANCER_PROVIDER));
+            if let Some(name) = recorded {
+                return self.members.iter().position(|p| p.name() == name);
+            }
+        }
         match svc.spec.as_ref().and_then(|s| s.load_balancer_class.as_deref()) {
             None => self.unclassed,
             Some(class) => self
@@ -349,6 +358,16 @@ mod tests {
         let set = Providers::new(members(), Rules { ignore_unclassed: true, ..Default::default() });
         assert_eq!(set.service_owner(&service(None)), None, "--ignore-unclassed-services");
         assert_eq!(set.service_owner(&service(Some("metallb"))), Some(1));
+        // A Service whose load balancer a provider made stays that provider's, whatever the
+        // flags say now (its load balancer is updated and deleted where it is).
+        let mut made = service(None);
+        made.metadata.annotations = Some([(ANNOTATION_LOAD_BALANCER_PROVIDER.to_string(), "cloud".to_string())].into());
+        assert_eq!(set.service_owner(&made), Some(0), "kept after --ignore-unclassed-services");
+        let moved =
+            Providers::new(members(), Rules { default_load_balancer_provider: Some("metal".into()), ..Default::default() });
+        assert_eq!(moved.service_owner(&made), Some(0), "kept after the default provider changed");
+        made.metadata.annotations = Some([(ANNOTATION_LOAD_BALANCER_PROVIDER.to_string(), "gone".to_string())].into());
+        assert_eq!(moved.service_owner(&made), None, "a provider no longer configured: left alone");
         let one = || provider("default", &["sim"], &["sim.example.com/lb"]);
         let single = Providers::single(one(), Rules::default());
         assert_eq!(single.service_owner(&service(None)), Some(0));

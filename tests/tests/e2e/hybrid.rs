@@ -234,6 +234,50 @@ async fn a_hybrid_cluster_routes_every_node_and_load_balancer_to_its_own_provide
     for provider in ["cloud", "metal"] {
         assert!(metrics.contains(&format!("provider=\"{provider}\"")), "calls by provider: {provider}");
     }
+    let recorded = env.services().get("web").await.expect("web").metadata.annotations.unwrap_or_default();
+    assert_eq!(recorded.get("ccm-rs.dev/load-balancer-provider").map(String::as_str), Some("cloud"));
+    core.stop().await.expect("stop");
+
+    // The operator changes the flags: unclassed Services to metal now, and only metal asked
+    // about unlabelled Nodes. A Service whose load balancer the cloud made stays the cloud's
+    // (deleted there, never made twice); a new one goes to metal; the Node both know is
+    // metal's now that only metal is asked.
+    let core = Core::start_on(
+        cp.kubeconfig_path(),
+        &env,
+        &format!("cloud={}", cloud_sim.endpoint),
+        &[
+            &metal_flag,
+            "--leader-elect=false",
+            "--cluster-cidr=10.244.0.0/16",
+            "--default-load-balancer-provider=metal",
+            "--node-provider-lookup-order=metal",
+        ],
+    );
+    create_service(&env, "web3", None).await;
+    eventually("web3's load balancer on metal", Duration::from_secs(30), async || lb_of(&metal_sim, "web3").await).await;
+    env.services().delete("web", &kube::api::DeleteParams::default()).await.expect("delete web");
+    eventually("web deleted with its cloud load balancer", Duration::from_secs(30), async || {
+        let gone = env.services().get_opt("web").await.ok()?.is_none();
+        (gone && lb_of(&cloud_sim, "web").await.is_none()).then_some(())
+    })
+    .await;
+    assert!(lb_of(&metal_sim, "web").await.is_none(), "never made twice");
+    assert_eq!(initialised(&env, &both).await, "metal://metal-zone-a/m-both", "only metal asked: metal's");
+    // A label naming no provider of this core: told, and left alone.
+    let nope = env.node_name("nope");
+    NodeBuilder::new(&nope)
+        .label(TEST_LABEL, &env.prefix)
+        .label(PROVIDER_LABEL, "vsphere")
+        .uninitialized()
+        .create(&env.client)
+        .await
+        .expect("nope");
+    eventually("an UnknownProvider Event", Duration::from_secs(20), async || {
+        node_reasons(&env, &nope).await.iter().any(|r| r == "UnknownProvider").then_some(())
+    })
+    .await;
+    assert!(node(&env, &nope).await.is_some_and(|n| tainted(&n)), "left alone");
 
     core.stop().await.expect("stop");
     cloud_sim.stop().await;

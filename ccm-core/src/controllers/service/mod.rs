@@ -57,7 +57,7 @@ use crate::informer::Change;
 use crate::provider::Changes;
 use crate::provider::convert::{LoadBalancerRequest, target_port};
 use crate::queue::{Outcome, QueueConfig, WorkQueue};
-use crate::wellknown::{ANNOTATION_LOAD_BALANCER_NAME, ANNOTATION_SOURCE_RANGES, FINALIZER};
+use crate::wellknown::{ANNOTATION_LOAD_BALANCER_NAME, ANNOTATION_LOAD_BALANCER_PROVIDER, ANNOTATION_SOURCE_RANGES, FINALIZER};
 
 use hosts::{HostSet, HostSetCache};
 
@@ -157,8 +157,13 @@ fn provider_fingerprint(svc: &Service) -> u64 {
     }
     // The core's own record of the load balancer name is not the Service's spec: writing it
     // is no change (it never cuts a backoff short, never calls for an Ensure).
-    let annotations: BTreeMap<&String, &String> =
-        svc.metadata.annotations.iter().flatten().filter(|(k, _)| *k != ANNOTATION_LOAD_BALANCER_NAME).collect();
+    let annotations: BTreeMap<&String, &String> = svc
+        .metadata
+        .annotations
+        .iter()
+        .flatten()
+        .filter(|(k, _)| *k != ANNOTATION_LOAD_BALANCER_NAME && *k != ANNOTATION_LOAD_BALANCER_PROVIDER)
+        .collect();
     annotations.hash(&mut h);
     // Labels go to the provider but, as in upstream's needsUpdate, a label change alone is no
     // reason for an Ensure (and must not cut a failing Service's backoff short).
@@ -399,7 +404,12 @@ impl ServiceController {
     /// load balancer is gone): before the load balancer is made under it.
     async fn record_finalizer(&self, svc: &Service, lb_name: &str, record: bool) -> Result<(), SyncError> {
         let record = record && naming::recorded_name(svc) != Some(lb_name);
-        if has_finalizer(svc) && !record {
+        // With several providers, whose load balancer it is, recorded before it is made.
+        let provider = self.ctx.providers.several().then(|| self.ctx.provider.name());
+        let recorded_provider =
+            svc.metadata.annotations.as_ref().and_then(|a| a.get(ANNOTATION_LOAD_BALANCER_PROVIDER)).map(String::as_str);
+        let record_provider = provider.filter(|p| recorded_provider != Some(*p));
+        if has_finalizer(svc) && !record && record_provider.is_none() {
             return Ok(());
         }
         let mut finalizers = svc.metadata.finalizers.clone().unwrap_or_default();
@@ -407,8 +417,15 @@ impl ServiceController {
             finalizers.push(FINALIZER.into());
         }
         let mut metadata = serde_json::json!({ "finalizers": finalizers, "resourceVersion": svc.metadata.resource_version });
+        let mut annotations = serde_json::Map::new();
         if record {
-            metadata["annotations"] = serde_json::json!({ ANNOTATION_LOAD_BALANCER_NAME: lb_name });
+            annotations.insert(ANNOTATION_LOAD_BALANCER_NAME.into(), lb_name.into());
+        }
+        if let Some(p) = record_provider {
+            annotations.insert(ANNOTATION_LOAD_BALANCER_PROVIDER.into(), p.into());
+        }
+        if !annotations.is_empty() {
+            metadata["annotations"] = serde_json::Value::Object(annotations);
         }
         let patch = serde_json::json!({ "metadata": metadata });
         self.ctx.patch_service(svc, &patch).await.map_err(SyncError::Kube)?;
