@@ -594,6 +594,12 @@ impl Options {
             if endpoint.is_empty() {
                 return Err(format!("--provider-endpoint {entry:?}: no endpoint after the name").into());
             }
+            if let Err(error) = ccm_protocol::client::endpoint(&endpoint) {
+                return Err(format!("--provider-endpoint {entry:?}: {error}").into());
+            }
+            if let Some((other, _)) = endpoints.iter().find(|(_, e)| *e == endpoint) {
+                return Err(format!("--provider-endpoint: {other} and {name} are the same endpoint {endpoint}").into());
+            }
             endpoints.push((name, endpoint));
         }
         let known = |flag: &str, name: &str| -> Result<(), InvalidFlags> {
@@ -728,6 +734,10 @@ mod tests {
         refused(&["--provider-endpoint=A=unix:///a"], "lowercase");
         refused(&["--provider-endpoint=a.b=unix:///a"], "DNS label");
         refused(&["--provider-endpoint=a="], "no endpoint");
+        refused(&["--provider-endpoint=a=notaurl"], "notaurl");
+        refused(&["--provider-endpoint=a=b=unix:///b"], "b=unix");
+        refused(&["--provider-endpoint=a=unix:///a", "--provider-endpoint=b=unix:///a"], "the same endpoint");
+        refused(&["--provider-endpoint=ftp://x"], "ftp://x");
         refused(&["--provider-endpoint=a=unix:///a", "--routes-provider=b"], "--routes-provider \"b\" names no");
         refused(&["--provider-endpoint=a=unix:///a", "--default-load-balancer-provider=b"], "names no --provider-endpoint");
         refused(&["--provider-endpoint=a=unix:///a", "--node-provider-lookup-order=a,c"], "\"c\"");
