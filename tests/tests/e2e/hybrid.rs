@@ -33,6 +33,15 @@ fn cloud(scheme: &str, class: &str, pool: &str, instances: &[(&str, &str)]) -> C
     config
 }
 
+/// The core with the providers `(name, endpoint)` (the first given as the core's endpoint,
+/// the rest as more `--provider-endpoint=NAME=…` flags) and `flags`.
+fn start_core(cp: &ccm_harness::ControlPlane, env: &TestEnv, providers: &[(&str, &str)], flags: &[&str]) -> Core {
+    let ((first, endpoint), rest) = providers.split_first().expect("a provider");
+    let more: Vec<String> = rest.iter().map(|(n, e)| format!("--provider-endpoint={n}={e}")).collect();
+    let args: Vec<&str> = more.iter().map(String::as_str).chain(flags.iter().copied()).collect();
+    Core::start_on(cp.kubeconfig_path(), env, &format!("{first}={endpoint}"), &args)
+}
+
 async fn node(env: &TestEnv, name: &str) -> Option<Node> {
     env.nodes().get_opt(name).await.ok().flatten()
 }
@@ -114,13 +123,14 @@ async fn a_hybrid_cluster_routes_every_node_and_load_balancer_to_its_own_provide
     }
 
     let port = free_port();
-    let (port_flag, metal_flag) = (format!("--secure-port={port}"), format!("--provider-endpoint=metal={}", metal_sim.endpoint));
-    let core = Core::start_on(
-        cp.kubeconfig_path(),
+    let port_flag = format!("--secure-port={port}");
+    let endpoints = (cloud_sim.endpoint.clone(), metal_sim.endpoint.clone());
+    let providers = [("cloud", endpoints.0.as_str()), ("metal", endpoints.1.as_str())];
+    let core = start_core(
+        cp,
         &env,
-        &format!("cloud={}", cloud_sim.endpoint),
+        &providers,
         &[
-            &metal_flag,
             "--leader-elect=false",
             &port_flag,
             "--insecure-serving",
@@ -242,12 +252,11 @@ async fn a_hybrid_cluster_routes_every_node_and_load_balancer_to_its_own_provide
     // about unlabelled Nodes. A Service whose load balancer the cloud made stays the cloud's
     // (deleted there, never made twice); a new one goes to metal; the Node both know is
     // metal's now that only metal is asked.
-    let core = Core::start_on(
-        cp.kubeconfig_path(),
+    let core = start_core(
+        cp,
         &env,
-        &format!("cloud={}", cloud_sim.endpoint),
+        &providers,
         &[
-            &metal_flag,
             "--leader-elect=false",
             "--cluster-cidr=10.244.0.0/16",
             "--default-load-balancer-provider=metal",
@@ -325,12 +334,11 @@ async fn the_go_adapter_serves_one_side_of_a_hybrid_cluster() {
         NodeBuilder::new(n).label(TEST_LABEL, &env.prefix).uninitialized().create(&env.client).await.expect("node");
         set_ready(&env.client, n, "True").await.expect("ready");
     }
-    let fake_flag = format!("--provider-endpoint=upstream-fake={}", fake.endpoint);
-    let core = Core::start_on(
-        cp.kubeconfig_path(),
+    let core = start_core(
+        cp,
         &env,
-        &format!("cloud={}", sim.endpoint),
-        &[&fake_flag, "--leader-elect=false", "--controllers=cloud-node,service", "--load-balancer-backends-all-nodes=cloud"],
+        &[("cloud", &sim.endpoint), ("upstream-fake", &fake.endpoint)],
+        &["--leader-elect=false", "--controllers=cloud-node,service", "--load-balancer-backends-all-nodes=cloud"],
     );
     assert_eq!(initialised(&env, &s1).await, "cloud://cloud-zone-a/i-s1");
     assert_eq!(initialised(&env, &f1).await, format!("fake://{f1}"), "found and initialised through the adapter");
@@ -437,13 +445,11 @@ async fn node_deletion_bounds_hold_over_every_provider_together() {
         }
         sims.push(sim);
     }
-    let metal_flag = format!("--provider-endpoint=metal={}", sims[1].endpoint);
-    let core = Core::start_on(
-        cp.kubeconfig_path(),
+    let core = start_core(
+        cp,
         &env,
-        &format!("cloud={}", sims[0].endpoint),
+        &[("cloud", &sims[0].endpoint), ("metal", &sims[1].endpoint)],
         &[
-            &metal_flag,
             "--leader-elect=false",
             "--controllers=cloud-node-lifecycle",
             "--node-monitor-period=300ms",

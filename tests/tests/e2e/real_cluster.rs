@@ -196,6 +196,17 @@ async fn reset_nodes_with(cluster: &KubeletCluster, drop_in: impl Fn(usize) -> S
     tokio::task::block_in_place(|| cluster.label_control_plane()).expect("labels");
 }
 
+/// `helm install` of the chart with `deploy/examples/<example>` and the test's own `values`
+/// over it, as an operator installs an example.
+fn install_example(cluster: &KubeletCluster, helm_bin: &Path, chart: &str, example: &str, values: &Path, what: &str) {
+    let example = deploy_dir().join("examples").join(example).display().to_string();
+    let values = values.display().to_string();
+    run(
+        helm(cluster, helm_bin, &["install", "ccm-rs", chart, "-n", "kube-system", "--values", &example, "--values", &values]),
+        what,
+    );
+}
+
 fn helm(cluster: &KubeletCluster, helm: &Path, args: &[&str]) -> std::process::Command {
     let mut cmd = std::process::Command::new(helm);
     cmd.arg("--kubeconfig").arg(cluster.control_plane().kubeconfig_path()).args(args);
@@ -551,16 +562,8 @@ async fn hybrid_on_real_kubelets(cluster: &KubeletCluster, helm_bin: &Path, char
         }
     })
     .await;
-    let example = deploy_dir().join("examples/hybrid-values.yaml").display().to_string();
     let begin = Instant::now();
-    run(
-        helm(
-            cluster,
-            helm_bin,
-            &["install", "ccm-rs", chart, "-n", "kube-system", "--values", &example, "--values", &values.display().to_string()],
-        ),
-        "helm install (hybrid)",
-    );
+    install_example(cluster, helm_bin, chart, "hybrid-values.yaml", &values, "helm install (hybrid)");
     let client = cluster.client().await.expect("client");
     let pods = eventually("hybrid: Ready core pods", Duration::from_secs(120), async || {
         let pods = ready_pods(&client, CORE_PODS).await;
@@ -836,16 +839,8 @@ async fn aws_on_real_kubelets(cluster: &KubeletCluster, helm_bin: &Path, chart: 
         },
     });
     std::fs::write(&values, test_values.to_string()).expect("values");
-    let example = deploy_dir().join("examples/aws-values.yaml").display().to_string();
     let begin = Instant::now();
-    run(
-        helm(
-            cluster,
-            helm_bin,
-            &["install", "ccm-rs", chart, "-n", "kube-system", "--values", &example, "--values", &values.display().to_string()],
-        ),
-        "helm install (AWS)",
-    );
+    install_example(cluster, helm_bin, chart, "aws-values.yaml", &values, "helm install (AWS)");
     let client = cluster.client().await.expect("client");
     let pods = eventually("AWS: a Ready core pod on each control-plane node", Duration::from_secs(120), async || {
         let pods = ready_pods(&client, CORE_PODS).await;
