@@ -55,5 +55,9 @@ pub const ANNOTATION_LOAD_BALANCER_NAME: &str = "ccm-rs.dev/load-balancer-name";
 /// provider's whatever later flags say of unclassed Services, so that its load balancer is
 /// updated and, with the Service, deleted where it is, never made twice.
 pub const ANNOTATION_LOAD_BALANCER_PROVIDER: &str = "ccm-rs.dev/load-balancer-provider";
+/// A Service's choice of load balancer backends: a Kubernetes label selector over Node labels
+/// (`pool=ingress`, `zone in (a,b)`, `!spot`). The core gives the load balancer only the
+/// backends it matches; a malformed one is a Warning Event and no change.
+pub const ANNOTATION_NODE_SELECTOR: &str = "ccm-rs.dev/load-balancer-node-selector";
 /// The Node condition the route controller keeps.
 pub const CONDITION_NETWORK_UNAVAILABLE: &str = "NetworkUnavailable";

@@ -94,6 +94,20 @@ pub fn status(s: &v1::LoadBalancerStatus) -> Result<(), String> {
     Ok(())
 }
 
+/// A load balancer's reported backends: Node names (DNS subdomains), each once.
+pub fn hosts(h: &v1::LoadBalancerHosts) -> Result<(), String> {
+    let mut seen = std::collections::HashSet::new();
+    for name in &h.node_names {
+        if !valid_dns_subdomain(name) {
+            return Err(format!("backend {name:?} is not a Node name"));
+        }
+        if !seen.insert(name.as_str()) {
+            return Err(format!("backend {name:?} is reported twice"));
+        }
+    }
+    Ok(())
+}
+
 /// Checks a NodeMetadata answer: an instance id and a providerID of the form
 /// `<scheme>://<rest>`, zone, region and instance type usable as label values, addresses
 /// that are IP addresses (or names, for Hostname and DNS types), no whitespace anywhere a

@@ -212,6 +212,16 @@ pub trait LoadBalancers: Send + Sync + 'static {
     /// The load balancer's status, or `Ok(None)` when it does not exist.
     async fn get_load_balancer(&self, service: &LoadBalancerService) -> Result<Option<LoadBalancerStatus>>;
 
+    /// The backends the load balancer has in the cloud now, by Node name, when the provider
+    /// can tell; `Ok(None)` when it cannot (the default). Asked after a GetLoadBalancer that
+    /// found it, and sent with the answer (`GetLoadBalancerResponse.hosts`): the core gives
+    /// the node set again when they drifted from it (a backend removed by hand). A provider
+    /// that lists load balancers fills `LoadBalancerSummary.hosts` itself.
+    async fn load_balancer_hosts(&self, service: &LoadBalancerService) -> Result<Option<Vec<String>>> {
+        let _ = service;
+        Ok(None)
+    }
+
     /// Creates or updates the load balancer; idempotent.
     async fn ensure_load_balancer(&self, service: &LoadBalancerService, nodes: &[LoadBalancerNode])
     -> Result<LoadBalancerStatus>;

@@ -297,6 +297,10 @@ impl ccm_provider_sdk::LoadBalancers for Watched {
         self.inner.get_load_balancer(service).await
     }
 
+    async fn load_balancer_hosts(&self, service: &pb::LoadBalancerService) -> Result<Option<Vec<String>>> {
+        self.inner.load_balancer_hosts(service).await
+    }
+
     async fn ensure_load_balancer(
         &self,
         service: &pb::LoadBalancerService,

@@ -2,6 +2,7 @@
 //! core talks to the provider.
 
 use ccm_proto::v1 as pb;
+use ccm_protocol::answer;
 use k8s_openapi::api::core::v1::{LoadBalancerIngress, Node, NodeAddress, PortStatus, Service, ServicePort};
 
 use crate::node_util::{addresses, name, provider_id};
@@ -447,18 +448,32 @@ pub struct ListedLoadBalancer {
     pub name: String,
     /// Its Service's UID; empty when the provider did not record it.
     pub uid: String,
+    /// Its backends now, by Node name and sorted, when the provider reports them.
+    pub hosts: Option<Vec<String>>,
 }
 
-impl From<pb::LoadBalancerSummary> for ListedLoadBalancer {
-    fn from(l: pb::LoadBalancerSummary) -> Self {
-        Self {
+impl ListedLoadBalancer {
+    /// The listing's item, its reported backends checked ([`answer::hosts`]).
+    pub fn checked(l: pb::LoadBalancerSummary) -> Result<Self, String> {
+        let hosts =
+            l.hosts.map(sorted_hosts).transpose().map_err(|why| format!("load balancer {:?}: {why}", l.load_balancer_name))?;
+        Ok(Self {
             load_balancer_name: l.load_balancer_name,
             cluster_name: l.cluster_name,
             namespace: l.namespace,
             name: l.name,
             uid: l.uid,
-        }
+            hosts,
+        })
     }
+}
+
+/// Reported backends, checked and sorted by name.
+pub fn sorted_hosts(h: pb::LoadBalancerHosts) -> Result<Vec<String>, String> {
+    answer::hosts(&h)?;
+    let mut names = h.node_names;
+    names.sort();
+    Ok(names)
 }
 
 /// A Node as a load balancer backend.

@@ -36,7 +36,13 @@ impl LoadBalancersService for LoadBalancersAdapter {
             .call("LoadBalancersService/GetLoadBalancer", async {
                 let service = validate::load_balancer_ref(req.service.as_ref(), &self.limits)?;
                 let status = self.inner.get_load_balancer(service).await?;
-                Ok(pb::GetLoadBalancerResponse { exists: status.is_some(), status })
+                let hosts = match status {
+                    Some(_) => {
+                        self.inner.load_balancer_hosts(service).await?.map(|node_names| pb::LoadBalancerHosts { node_names })
+                    }
+                    None => None,
+                };
+                Ok(pb::GetLoadBalancerResponse { exists: status.is_some(), status, hosts })
             })
             .await
     }

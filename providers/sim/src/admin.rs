@@ -7,6 +7,8 @@
 //! | GET | `/state` | | the true state of instances, routes and load balancers |
 //! | GET | `/route-tables` | | the route tables with their routes (the state's, alone) |
 //! | GET | `/load-balancers/hosts` | | each load balancer's backend count and when they last changed (the state without backend lists, for polling thousands) |
+//! | DELETE | `/load-balancers/{name}` | | removes a load balancer behind the controllers' back (as in the cloud's console) |
+//! | PUT | `/load-balancers/{name}/hosts` | a list of Node names | replaces its backends behind the controllers' back |
 //! | GET | `/calls` | | counters by method and code |
 //! | GET | `/calls/log` | | every call with its timestamp |
 //! | DELETE | `/calls` | | resets counters and log |
@@ -97,6 +99,8 @@ pub fn router(admin: Arc<Admin>) -> axum::Router {
         .route("/healthz", get(|| async { "ok" }))
         .route("/state", get(state))
         .route("/load-balancers/hosts", get(hosts_summary))
+        .route("/load-balancers/{name}", axum::routing::delete(remove_load_balancer))
+        .route("/load-balancers/{name}/hosts", put(set_load_balancer_hosts))
         .route("/route-tables", get(route_tables))
         .route("/calls", get(calls).delete(reset_calls))
         .route("/calls/log", get(call_log))
@@ -206,6 +210,20 @@ async fn set_tags(
     Json(tags): Json<std::collections::BTreeMap<String, String>>,
 ) -> Result<StatusCode, AdminError> {
     a.cloud.set_tags(&id, tags).map_err(AdminError)?;
+    Ok(StatusCode::NO_CONTENT)
+}
+
+async fn remove_load_balancer(State(a): Shared, Path(name): Path<String>) -> Result<StatusCode, AdminError> {
+    a.cloud.remove_load_balancer(&name).map_err(AdminError)?;
+    Ok(StatusCode::NO_CONTENT)
+}
+
+async fn set_load_balancer_hosts(
+    State(a): Shared,
+    Path(name): Path<String>,
+    Json(hosts): Json<Vec<String>>,
+) -> Result<StatusCode, AdminError> {
+    a.cloud.set_load_balancer_hosts_by_hand(&name, hosts).map_err(AdminError)?;
     Ok(StatusCode::NO_CONTENT)
 }
 

@@ -93,6 +93,16 @@ impl AdminClient {
         self.request("DELETE", &format!("/instances/{id}"), None).await.map(|_| ())
     }
 
+    /// Removes a load balancer behind the controllers' back.
+    pub async fn remove_load_balancer(&self, name: &str) -> anyhow::Result<()> {
+        self.request("DELETE", &format!("/load-balancers/{name}"), None).await.map(|_| ())
+    }
+
+    /// Replaces a load balancer's backends behind the controllers' back.
+    pub async fn set_load_balancer_hosts(&self, name: &str, nodes: &[String]) -> anyhow::Result<()> {
+        self.request("PUT", &format!("/load-balancers/{name}/hosts"), Some(serde_json::to_value(nodes)?)).await.map(|_| ())
+    }
+
     /// Adds a route out of band.
     pub async fn add_route(&self, route: &crate::admin::RouteSpec) -> anyhow::Result<()> {
         self.request("POST", "/routes", Some(serde_json::to_value(route)?)).await.map(|_| ())

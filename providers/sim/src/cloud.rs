@@ -211,6 +211,10 @@ pub struct Cloud {
     route_target_addresses: bool,
     bulk_routes: bool,
     bulk_hosts: bool,
+    /// Whether load balancers are listed (`[load_balancers] list`).
+    list_load_balancers: bool,
+    /// Whether reads report load balancers' backends (`[load_balancers] report_hosts`).
+    report_hosts: bool,
     batch_reads: bool,
     metadata_tags: bool,
     cache_ttl: Option<Duration>,
@@ -251,6 +255,8 @@ impl Cloud {
             route_target_addresses: config.route_target_addresses,
             bulk_routes: config.bulk_routes,
             bulk_hosts: config.load_balancers.bulk_hosts,
+            list_load_balancers: config.load_balancers.list,
+            report_hosts: config.load_balancers.report_hosts,
             batch_reads: config.batch_reads,
             metadata_tags: config.metadata_tags,
             cache_ttl: (config.cache_ttl_seconds > 0).then(|| Duration::from_secs(config.cache_ttl_seconds)),
@@ -755,7 +761,7 @@ impl Cloud {
         pb::LoadBalancersCapabilities {
             max_name_length: self.max_name_length,
             allowed_name_characters: self.allowed_name_characters.clone(),
-            list: true,
+            list: self.list_load_balancers,
             bulk_update_hosts: self.bulk_hosts,
             pod_endpoints: self.dataplane,
             classes: self.classes.clone(),
@@ -808,6 +814,7 @@ impl Cloud {
                 uid: lb.service.uid.clone(),
                 status: Some(self.status(lb)),
                 cluster_name: lb.service.cluster_name.clone(),
+                hosts: self.report_hosts.then(|| pb::LoadBalancerHosts { node_names: lb.nodes.to_vec() }),
             })
             .collect()
     }
@@ -816,6 +823,38 @@ impl Cloud {
     pub fn load_balancer(&self, name: &str) -> Option<pb::LoadBalancerStatus> {
         let world = self.world();
         world.load_balancers.get(name).filter(|lb| lb.exists.seen()).map(|lb| self.status(lb))
+    }
+
+    /// Whether ListLoadBalancers is advertised.
+    pub fn lists_load_balancers(&self) -> bool {
+        self.list_load_balancers
+    }
+
+    /// A load balancer's backends as reads show them, when the sim reports them.
+    pub fn load_balancer_hosts(&self, name: &str) -> Option<Vec<String>> {
+        if !self.report_hosts {
+            return None;
+        }
+        let world = self.world();
+        world.load_balancers.get(name).filter(|lb| lb.exists.seen()).map(|lb| lb.nodes.to_vec())
+    }
+
+    /// Removes a load balancer behind the controllers' back (as in the cloud's console);
+    /// NOT_FOUND when there is none of that name.
+    pub fn remove_load_balancer(&self, name: &str) -> Result<()> {
+        let exists = self.world().load_balancers.get(name).is_some_and(|lb| lb.exists.current);
+        if !exists {
+            return Err(Error::not_found(format!("load balancer {name} does not exist")));
+        }
+        self.delete_load_balancer(name);
+        Ok(())
+    }
+
+    /// Sets a load balancer's backends behind the controllers' back (as by hand in the cloud's
+    /// console); NOT_FOUND when it does not exist.
+    pub fn set_load_balancer_hosts_by_hand(&self, name: &str, mut hosts: Vec<String>) -> Result<()> {
+        hosts.sort();
+        self.set_load_balancer_hosts(name, Arc::new(hosts))
     }
 
     fn allocate(world: &World, requested: &str, replacing: &str) -> Result<IpAddr> {

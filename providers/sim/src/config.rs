@@ -322,6 +322,12 @@ pub struct LoadBalancerConfig {
     pub pod_endpoints: bool,
     /// The `loadBalancerClass` values advertised (`LoadBalancersCapabilities.classes`).
     pub classes: Vec<String>,
+    /// Whether ListLoadBalancers is advertised (`LoadBalancersCapabilities.list`); without it
+    /// the sim is a provider that cannot list, as every Go provider the adapter serves.
+    pub list: bool,
+    /// Whether the listing and GetLoadBalancer report each load balancer's backends
+    /// (`hosts`), so that the core notices a backend removed by hand.
+    pub report_hosts: bool,
 }
 
 impl Default for LoadBalancerConfig {
@@ -333,6 +339,8 @@ impl Default for LoadBalancerConfig {
             bulk_hosts: false,
             pod_endpoints: false,
             classes: Vec::new(),
+            list: true,
+            report_hosts: true,
         }
     }
 }

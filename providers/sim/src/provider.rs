@@ -197,6 +197,11 @@ impl ccm_provider_sdk::LoadBalancers for SimProvider {
         Ok(self.cloud.load_balancer(&service.load_balancer_name))
     }
 
+    /// Read with the load balancer (one describe call on most clouds): no call of its own.
+    async fn load_balancer_hosts(&self, service: &pb::LoadBalancerService) -> Result<Option<Vec<String>>> {
+        Ok(self.cloud.load_balancer_hosts(&service.load_balancer_name))
+    }
+
     async fn ensure_load_balancer(
         &self,
         service: &pb::LoadBalancerService,
@@ -226,6 +231,9 @@ impl ccm_provider_sdk::LoadBalancers for SimProvider {
     }
 
     async fn list_load_balancers(&self, cluster_name: &str, page: &PageRequest) -> Result<Page<pb::LoadBalancerSummary>> {
+        if !self.cloud.lists_load_balancers() {
+            return Err(ccm_provider_sdk::Error::Unimplemented { message: "ListLoadBalancers".into() });
+        }
         self.cloud.api_call("ListLoadBalancers").await?;
         let lie = self.cloud.lie("ListLoadBalancers");
         let listed = match lie {

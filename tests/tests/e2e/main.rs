@@ -13,6 +13,7 @@ mod leader;
 mod migration;
 mod mtls;
 mod node_metadata;
+mod node_selector;
 mod nodes;
 mod real_cluster;
 mod release;

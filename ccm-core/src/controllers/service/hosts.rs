@@ -1,8 +1,11 @@
-//! The load balancers' node set: which Nodes are backends, the set built once per change and
-//! shared by every Service, the node feed that updates the hosts of every load balancer whose
-//! set changed (one BatchUpdateLoadBalancerHosts per 500 when the provider offers it), and the
-//! rule that an emptied set never empties a load balancer.
+//! The load balancers' node sets: which Nodes are backends, each Service's choice among them
+//! (its `ccm-rs.dev/load-balancer-node-selector`), each set built once per change and shared
+//! by every Service choosing it, the node feed that updates the hosts of only the load
+//! balancers whose own set changed (one BatchUpdateLoadBalancerHosts per set and 500 load
+//! balancers when the provider offers it), and the rule that an emptied set never empties a
+//! load balancer.
 
+use std::collections::HashMap;
 use std::hash::{Hash, Hasher};
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex, OnceLock};
@@ -21,11 +24,12 @@ use super::{
 use crate::controllers::Context;
 use crate::events::{EventType, reason};
 use crate::informer::Change;
+use crate::labels::{Op, parse_selector, selector_matches};
 use crate::node_util;
 use crate::provider::convert::LoadBalancerRequest;
 use crate::provider::encoded::Backends;
 use crate::queue::Outcome;
-use crate::wellknown::LABEL_EXCLUDE;
+use crate::wellknown::{ANNOTATION_NODE_SELECTOR, LABEL_EXCLUDE};
 
 /// How long Node changes are coalesced before the load balancers' hosts follow them.
 const NODE_COALESCE: Duration = Duration::from_millis(50);
@@ -48,6 +52,36 @@ fn is_backend(ctx: &Context, node: &Node) -> bool {
         && node.metadata.deletion_timestamp.is_none()
         && !excluded_by_label(node)
         && if ctx.all_backends() { !ctx.excluded(node) } else { !ctx.ignores(node) }
+}
+
+/// A Service's choice among the backends: its `ccm-rs.dev/load-balancer-node-selector`, a
+/// Kubernetes label selector.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(super) struct NodeSelector {
+    /// As written (trimmed): the key of its node set.
+    text: String,
+    terms: Vec<(String, Op)>,
+}
+
+impl NodeSelector {
+    fn matches(&self, node: &Node) -> bool {
+        static NO_LABELS: std::collections::BTreeMap<String, String> = std::collections::BTreeMap::new();
+        selector_matches(&self.terms, node.metadata.labels.as_ref().unwrap_or(&NO_LABELS))
+    }
+}
+
+/// The Service's node selector: `None` without one (every backend), an error saying what is
+/// wrong with a malformed one.
+pub(super) fn node_selector(svc: &Service) -> Result<Option<NodeSelector>, String> {
+    let annotation = svc.metadata.annotations.as_ref().and_then(|a| a.get(ANNOTATION_NODE_SELECTOR));
+    let Some(text) = annotation.map(|t| t.trim()).filter(|t| !t.is_empty()) else { return Ok(None) };
+    let terms = parse_selector(text).map_err(|why| format!("{ANNOTATION_NODE_SELECTOR}: {why}"))?;
+    Ok(Some(NodeSelector { text: text.to_string(), terms }))
+}
+
+/// The key of a Service's node set: its selector's text, empty for every backend.
+fn set_key(selector: Option<&NodeSelector>) -> &str {
+    selector.map_or("", |s| s.text.as_str())
 }
 
 /// What of a Node a provider may select backends on (name, providerID, labels, addresses),
@@ -115,15 +149,23 @@ fn hosts_of(backends: &[Arc<Node>]) -> u64 {
     h.finish()
 }
 
-/// The [`HostSet`] last built, valid while no Node change a load balancer sees came since.
+/// The [`HostSet`]s last built, one per node selector in use, valid while no Node change a
+/// load balancer sees came since.
 #[derive(Debug, Default)]
 pub(super) struct HostSetCache {
     /// Bumped by the node feed on every such change.
     generation: std::sync::atomic::AtomicU64,
-    /// The set, the generation it was built at and the provider identity it was built under
-    /// (which Nodes are ignored depends on it).
-    built: Mutex<Option<(u64, usize, Arc<HostSet>)>>,
+    /// By selector (empty: every backend): the set, the generation it was built at and the
+    /// provider identity it was built under (which Nodes are ignored depends on it).
+    built: Mutex<HashMap<String, Built>>,
 }
+
+/// A node set with the generation and provider identity it was built at.
+type Built = (u64, usize, Arc<HostSet>);
+
+/// A load balancer whose hosts a bulk pass updates: its Service, what the provider is sent of
+/// it, and what it is once done.
+type Todo = (Arc<Service>, LoadBalancerRequest, Ensured);
 
 impl ServiceController {
     /// A Node changed (`None`: changes were missed): when what a load balancer sees of it
@@ -139,78 +181,105 @@ impl ServiceController {
         self.nodes_changed.notify_one();
     }
 
-    /// After a Node change (and 50 ms of quiet coalescing), queues every load balancer Service
-    /// when the node set changed; one bulk pass when the provider updates hosts in bulk.
-    /// Services in backoff stay there: `add` carries no news.
+    /// After a Node change (and 50 ms of quiet coalescing), queues the load balancer Services
+    /// whose own node set changed (those of one selector share a set); one bulk pass when the
+    /// provider updates hosts in bulk. A Service whose selector is malformed keeps what it
+    /// has. Services in backoff stay there: `add` carries no news.
     pub(super) async fn host_syncer(self: Arc<Self>, stop: CancellationToken) {
-        let mut last = self.hosts_fingerprint();
+        let mut last: HashMap<String, u64> = HashMap::new();
         loop {
             tokio::select! {
                 _ = self.nodes_changed.notified() => {}
                 _ = stop.cancelled() => return,
             }
             tokio::time::sleep(NODE_COALESCE).await;
-            // No load balancer, nothing to update (a cluster's join before its Services).
-            let services = self.ctx.services.sorted();
-            if !services.iter().any(|s| self.wants_load_balancer(s)) {
-                continue;
-            }
-            let now = self.hosts_fingerprint();
-            if now == last {
-                continue;
+            let mut now: HashMap<String, u64> = HashMap::new();
+            let mut changed = Vec::new();
+            for svc in self.ctx.services.sorted() {
+                if !self.wants_load_balancer(&svc) {
+                    continue;
+                }
+                let Ok(selector) = node_selector(&svc) else { continue };
+                let key = set_key(selector.as_ref());
+                let hosts = match now.get(key) {
+                    Some(h) => *h,
+                    None => {
+                        let h = self.backends(selector.as_ref()).hosts;
+                        now.insert(key.to_string(), h);
+                        h
+                    }
+                };
+                // A set not seen before (a selector just written) is news too: its Services
+                // compare it with what they were given, at no cost when they have it.
+                if last.get(key) != Some(&hosts) {
+                    changed.push(svc);
+                }
             }
             last = now;
+            // No load balancer whose set changed, nothing to update (a cluster's join before
+            // its Services, a node of a pool no selector chooses).
+            if changed.is_empty() {
+                continue;
+            }
             self.state().node_change_at.get_or_insert(Instant::now());
             if self.ctx.provider.identity().is_some_and(|i| i.bulk_hosts()) {
                 self.queue.add(Key::Hosts);
                 continue;
             }
-            for svc in services {
-                if self.wants_load_balancer(&svc) {
-                    self.queue.add(Key::Service(service_key(&svc)));
-                }
+            for svc in changed {
+                self.queue.add(Key::Service(service_key(&svc)));
             }
         }
     }
 
-    /// The current node set: the one last built, unless a Node change a load balancer sees
-    /// (or a new provider identity) came since.
-    pub(super) fn backends(&self) -> Arc<HostSet> {
+    /// The current node set of `selector` (`None`: every backend): the one last built, unless
+    /// a Node change a load balancer sees (or a new provider identity) came since.
+    pub(super) fn backends(&self, selector: Option<&NodeSelector>) -> Arc<HostSet> {
         let identity = self.ctx.provider.identity();
         let identity_key = identity.as_ref().map_or(0, |i| Arc::as_ptr(i) as usize);
         // Read before the store: a change during the build leaves the set stale, and it is
         // built again at the next call.
         let generation = self.host_set.generation.load(Ordering::Acquire);
+        let key = set_key(selector);
         let mut built = self.host_set.built.locked();
-        if let Some((g, i, set)) = built.as_ref()
+        if let Some((g, i, set)) = built.get(key)
             && *g == generation
             && *i == identity_key
         {
             return set.clone();
         }
-        let set = Arc::new(HostSet::new(self.backend_nodes()));
-        *built = Some((generation, identity_key, set.clone()));
+        let set = Arc::new(HostSet::new(self.backend_nodes(selector)));
+        // Sets of an older generation (or of selectors no longer used) are dropped.
+        built.retain(|_, (g, i, _)| *g == generation && *i == identity_key);
+        built.insert(key.to_string(), (generation, identity_key, set.clone()));
         set
     }
 
-    /// The backends in the cache, by name.
-    fn backend_nodes(&self) -> Vec<Arc<Node>> {
-        let mut nodes: Vec<Arc<Node>> = self.ctx.nodes.store().state().into_iter().filter(|n| is_backend(&self.ctx, n)).collect();
+    /// The backends in the cache that `selector` chooses, by name.
+    fn backend_nodes(&self, selector: Option<&NodeSelector>) -> Vec<Arc<Node>> {
+        let mut nodes: Vec<Arc<Node>> = self
+            .ctx
+            .nodes
+            .store()
+            .state()
+            .into_iter()
+            .filter(|n| is_backend(&self.ctx, n) && selector.is_none_or(|s| s.matches(n)))
+            .collect();
         nodes.sort_by(|a, b| node_util::name(a).cmp(node_util::name(b)));
         nodes
     }
 
-    /// The node set's fingerprint, as [`ServiceController::backends`] has it (the same set the
-    /// workers will use: a fingerprint read from a cache ahead of the set would be lost).
-    fn hosts_fingerprint(&self) -> u64 {
-        self.backends().hosts
-    }
-
-    /// The Nodes the load balancer should have; `None` when it is to be left as it is. An
-    /// empty set never empties a load balancer that had hosts (`last`, or, unknown since this
-    /// process started, its ingress): it keeps the last hosts it was given.
-    pub(super) async fn backends_for(&self, svc: &Service, last: Option<Ensured>) -> Option<Arc<HostSet>> {
-        let backends = self.backends();
+    /// The Nodes the load balancer should have (those its selector chooses); `None` when it
+    /// is to be left as it is. An empty set never empties a load balancer that had hosts
+    /// (`last`, or, unknown since this process started, its ingress): without a selector it
+    /// keeps the last hosts it was given; with one, it is left as it is.
+    pub(super) async fn backends_for(
+        &self,
+        svc: &Service,
+        selector: Option<&NodeSelector>,
+        last: Option<Ensured>,
+    ) -> Option<Arc<HostSet>> {
+        let backends = self.backends(selector);
         let had_hosts = last.map_or_else(|| has_ingress(svc), |e| e.count > 0);
         if backends.is_empty() && had_hosts {
             // An empty node set is far likelier a listing glitch (an API server that came back
@@ -219,17 +288,30 @@ impl ServiceController {
             // change is still applied, with them), or, with none known since this process
             // started, is left as it is.
             tracing::warn!(service = %service_key(svc), "no Node is a load balancer backend; the load balancer keeps its hosts");
-            let note = "No Node is a load balancer backend now: the load balancer keeps its current hosts \
-                        instead of being emptied, until a Node is one again"
-                .to_string();
+            let note = match selector {
+                None => "No Node is a load balancer backend now: the load balancer keeps its current hosts \
+                         instead of being emptied, until a Node is one again"
+                    .to_string(),
+                Some(s) => format!(
+                    "No load balancer backend matches the node selector {:?} now: the load balancer keeps its \
+                     current hosts instead of being emptied, until a Node matches again",
+                    s.text
+                ),
+            };
             self.ctx.event(NAME, svc, EventType::Warning, reason::UNAVAILABLE_LOAD_BALANCER, note).await;
+            if selector.is_some() {
+                return None;
+            }
             let last = self.state().last_backends.clone();
             return (!last.is_empty()).then_some(last);
         }
         if backends.is_empty() {
-            let note = "There are no available nodes for LoadBalancer".to_string();
+            let note = match selector {
+                None => "There are no available nodes for LoadBalancer".to_string(),
+                Some(s) => format!("There are no available nodes for LoadBalancer matching the node selector {:?}", s.text),
+            };
             self.ctx.event(NAME, svc, EventType::Warning, reason::UNAVAILABLE_LOAD_BALANCER, note).await;
-        } else {
+        } else if selector.is_none() {
             self.remember_backends(&backends);
         }
         Some(backends)
@@ -256,14 +338,19 @@ impl ServiceController {
         if !identity.serves_load_balancers() {
             return Outcome::Success;
         }
-        let backends = self.backends();
-        let hosts = backends.hosts;
-        let mut todo = Vec::new();
+        // By node set (selector), in the order first seen: one call per set and 500.
+        let mut groups: Vec<(Arc<HostSet>, Vec<Todo>)> = Vec::new();
+        let mut group_of: HashMap<String, usize> = HashMap::new();
         for svc in self.ctx.services.sorted() {
             if !self.wants_load_balancer(&svc) {
                 continue;
             }
             let k = service_key(&svc);
+            let Ok(selector) = node_selector(&svc) else {
+                // Malformed: its own reconcile reports it, and its load balancer keeps what it has.
+                self.queue.add(Key::Service(k));
+                continue;
+            };
             let uid = svc.metadata.uid.as_deref().unwrap_or_default();
             let (last, name) = {
                 let state = self.state();
@@ -275,20 +362,45 @@ impl ServiceController {
                 && name.is_some()
                 && super::naming::recorded_name(&svc) == name.as_deref()
                 && ranges.is_ok();
+            let key = set_key(selector.as_ref());
+            let i = match group_of.get(key) {
+                Some(i) => *i,
+                None => {
+                    groups.push((self.backends(selector.as_ref()), Vec::new()));
+                    group_of.insert(key.to_string(), groups.len() - 1);
+                    groups.len() - 1
+                }
+            };
+            let backends = &groups[i].0;
             match (last, name) {
                 (Some(e), Some(name)) if as_ensured && !backends.is_empty() => {
-                    if e.hosts != hosts {
-                        let ensured = Ensured { spec: e.spec, hosts, count: backends.count };
-                        todo.push((svc.clone(), self.request(&svc, name, ranges.unwrap_or_default()), ensured));
+                    if e.hosts != backends.hosts {
+                        let ensured = Ensured { spec: e.spec, hosts: backends.hosts, count: backends.count };
+                        let request = self.request(&svc, name, ranges.unwrap_or_default());
+                        groups[i].1.push((svc.clone(), request, ensured));
                     }
                 }
                 _ => self.queue.add(Key::Service(k)),
             }
         }
-        if todo.is_empty() {
-            return Outcome::Success;
+        let mut call_failed = None;
+        for (backends, todo) in groups.into_iter().filter(|(_, todo)| !todo.is_empty()) {
+            if let Some(error) = self.update_group_hosts(&backends, todo).await {
+                call_failed.get_or_insert(error);
+            }
         }
-        self.remember_backends(&backends);
+        match call_failed {
+            Some(error) => Outcome::of_provider_error(None, &error),
+            None => Outcome::Success,
+        }
+    }
+
+    /// One BatchUpdateLoadBalancerHosts (per 500) pointing `todo`'s load balancers at
+    /// `backends`; the transient error of a call that failed as a whole, if any.
+    async fn update_group_hosts(&self, backends: &Arc<HostSet>, todo: Vec<Todo>) -> Option<Error> {
+        if backends.hosts == self.backends(None).hosts {
+            self.remember_backends(backends);
+        }
         let services: Vec<LoadBalancerRequest> = todo.iter().map(|(_, lb, _)| lb.clone()).collect();
         let started = Instant::now();
         let results = self.ctx.cloud().batch_update_load_balancer_hosts(&services, backends.provider()).await;
@@ -321,10 +433,7 @@ impl ServiceController {
                 }
             }
         }
-        match call_failed {
-            Some(error) if error.is_transient() => Outcome::of_provider_error(None, &error),
-            _ => Outcome::Success,
-        }
+        call_failed.filter(Error::is_transient)
     }
 
     /// UpdateLoadBalancerHosts: the spec is what was ensured, only the Nodes changed.

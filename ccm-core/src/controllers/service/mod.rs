@@ -57,7 +57,10 @@ use crate::informer::Change;
 use crate::provider::Changes;
 use crate::provider::convert::{LoadBalancerRequest, target_port};
 use crate::queue::{Outcome, QueueConfig, WorkQueue};
-use crate::wellknown::{ANNOTATION_LOAD_BALANCER_NAME, ANNOTATION_LOAD_BALANCER_PROVIDER, ANNOTATION_SOURCE_RANGES, FINALIZER};
+use crate::wellknown::{
+    ANNOTATION_LOAD_BALANCER_NAME, ANNOTATION_LOAD_BALANCER_PROVIDER, ANNOTATION_NODE_SELECTOR, ANNOTATION_SOURCE_RANGES,
+    FINALIZER,
+};
 
 use hosts::{HostSet, HostSetCache};
 
@@ -104,6 +107,9 @@ fn fingerprint(svc: &Service) -> u64 {
     deleting.hash(&mut h);
     let wants = is_type_load_balancer(svc) && !deleting;
     (has_finalizer(svc) && !wants).hash(&mut h);
+    // The node selector chooses hosts, not what the provider sees: a change of it is news
+    // (an UpdateLoadBalancerHosts), never an Ensure.
+    svc.metadata.annotations.as_ref().and_then(|a| a.get(ANNOTATION_NODE_SELECTOR)).hash(&mut h);
     h.finish()
 }
 
@@ -162,7 +168,9 @@ fn provider_fingerprint(svc: &Service) -> u64 {
         .annotations
         .iter()
         .flatten()
-        .filter(|(k, _)| *k != ANNOTATION_LOAD_BALANCER_NAME && *k != ANNOTATION_LOAD_BALANCER_PROVIDER)
+        .filter(|(k, _)| {
+            ![ANNOTATION_LOAD_BALANCER_NAME, ANNOTATION_LOAD_BALANCER_PROVIDER, ANNOTATION_NODE_SELECTOR].contains(&k.as_str())
+        })
         .collect();
     annotations.hash(&mut h);
     // Labels go to the provider but, as in upstream's needsUpdate, a label change alone is no
@@ -369,8 +377,9 @@ impl ServiceController {
         if self.ctx.provider.identity().is_none() {
             return Err(SyncError::Provider(Error::unavailable("provider not ready")));
         }
-        let ranges = match source_ranges(svc) {
-            Ok(ranges) => ranges,
+        let checked = source_ranges(svc).and_then(|ranges| Ok((ranges, hosts::node_selector(svc)?)));
+        let (ranges, selector) = match checked {
+            Ok(checked) => checked,
             Err(why) => {
                 tracing::warn!(service = %k, %why, "invalid service; no load balancer until it is fixed");
                 let note = format!("Invalid service: {why}");
@@ -388,7 +397,7 @@ impl ServiceController {
             // A rename waiting is a full Ensure under the new name.
             state.ensured.get(&k).copied().filter(|_| old_name.is_none())
         };
-        let Some(backends) = self.backends_for(svc, last).await else { return Ok(()) };
+        let Some(backends) = self.backends_for(svc, selector.as_ref(), last).await else { return Ok(()) };
         let ensured = Ensured { spec: self.ensured_spec(svc), hosts: backends.hosts, count: backends.count };
         match last {
             Some(e) if e.spec == ensured.spec && e.hosts == ensured.hosts => Ok(()),

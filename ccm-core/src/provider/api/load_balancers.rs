@@ -15,6 +15,15 @@ use crate::provider::check::Pages;
 use crate::provider::convert::{self, ListedLoadBalancer, LoadBalancerRequest};
 use crate::provider::encoded::{self, Backends, EncodedNodes, WithNodes};
 
+/// A load balancer as GetLoadBalancer found it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct FoundLoadBalancer {
+    /// Its ingress, as the Service's status has it.
+    pub ingress: Vec<LoadBalancerIngress>,
+    /// Its backends, by Node name and sorted, when the provider reports them.
+    pub hosts: Option<Vec<String>>,
+}
+
 impl Provider {
     /// The cluster's load balancers, all pages.
     pub async fn list_load_balancers(&self, cluster: &str) -> Result<Vec<ListedLoadBalancer>, Error> {
@@ -26,7 +35,9 @@ impl Provider {
             let request = pb::ListLoadBalancersRequest { cluster_name: cluster.to_string(), page_size: 0, page_token: token };
             let rpc = async |ch, r| load_balancers_client(ch).list_load_balancers(r).await;
             let page = self.call(METHOD, request, rpc).await?;
-            listed.extend(page.load_balancers.into_iter().map(ListedLoadBalancer::from));
+            for l in page.load_balancers {
+                listed.push(ListedLoadBalancer::checked(l).map_err(|why| self.invalid(METHOD, why))?);
+            }
             match pages.next(METHOD, page.next_page_token).map_err(|e| self.counted(METHOD, e))? {
                 Some(next) => token = next,
                 None => return Ok(listed),
@@ -37,6 +48,12 @@ impl Provider {
     /// The status of the load balancer of `service` (its name is what is looked up), `None`
     /// when it does not exist.
     pub async fn get_load_balancer(&self, service: LoadBalancerRequest) -> Result<Option<Vec<LoadBalancerIngress>>, Error> {
+        Ok(self.read_load_balancer(service).await?.map(|found| found.ingress))
+    }
+
+    /// The load balancer of `service` as GetLoadBalancer finds it, with its backends when the
+    /// provider reports them; `None` when it does not exist.
+    pub async fn read_load_balancer(&self, service: LoadBalancerRequest) -> Result<Option<FoundLoadBalancer>, Error> {
         const METHOD: &str = "LoadBalancersService/GetLoadBalancer";
         let request = pb::GetLoadBalancerRequest { service: Some(service.into_proto()) };
         let rpc = async |ch, r| load_balancers_client(ch).get_load_balancer(r).await;
@@ -46,7 +63,8 @@ impl Provider {
         }
         let status = answer.status.unwrap_or_default();
         answer::status(&status).map_err(|why| self.invalid(METHOD, why))?;
-        Ok(Some(convert::ingress(&status)))
+        let hosts = answer.hosts.map(convert::sorted_hosts).transpose().map_err(|why| self.invalid(METHOD, why))?;
+        Ok(Some(FoundLoadBalancer { ingress: convert::ingress(&status), hosts }))
     }
 
     /// Ensures the load balancer of `service` over `nodes` (fenced); its status, checked by

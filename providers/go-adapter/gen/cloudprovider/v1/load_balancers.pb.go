@@ -1040,7 +1040,11 @@ type GetLoadBalancerResponse struct {
 	// False when the load balancer does not exist.
 	Exists bool `protobuf:"varint,1,opt,name=exists,proto3" json:"exists,omitempty"`
 	// Its status when it exists.
-	Status        *LoadBalancerStatus `protobuf:"bytes,2,opt,name=status,proto3" json:"status,omitempty"`
+	Status *LoadBalancerStatus `protobuf:"bytes,2,opt,name=status,proto3" json:"status,omitempty"`
+	// The backends it has now, when the provider can tell (unset when it cannot). The core
+	// compares them with the node set it last gave and gives it again when they drifted (a
+	// backend removed by hand in the cloud's console).
+	Hosts         *LoadBalancerHosts `protobuf:"bytes,3,opt,name=hosts,proto3" json:"hosts,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1089,6 +1093,59 @@ func (x *GetLoadBalancerResponse) GetStatus() *LoadBalancerStatus {
 	return nil
 }
 
+func (x *GetLoadBalancerResponse) GetHosts() *LoadBalancerHosts {
+	if x != nil {
+		return x.Hosts
+	}
+	return nil
+}
+
+// The backends a load balancer has in the cloud now.
+type LoadBalancerHosts struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The Nodes it forwards to, by Node name (LoadBalancerNode.name), in any order.
+	NodeNames     []string `protobuf:"bytes,1,rep,name=node_names,json=nodeNames,proto3" json:"node_names,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *LoadBalancerHosts) Reset() {
+	*x = LoadBalancerHosts{}
+	mi := &file_cloudprovider_v1_load_balancers_proto_msgTypes[9]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *LoadBalancerHosts) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*LoadBalancerHosts) ProtoMessage() {}
+
+func (x *LoadBalancerHosts) ProtoReflect() protoreflect.Message {
+	mi := &file_cloudprovider_v1_load_balancers_proto_msgTypes[9]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use LoadBalancerHosts.ProtoReflect.Descriptor instead.
+func (*LoadBalancerHosts) Descriptor() ([]byte, []int) {
+	return file_cloudprovider_v1_load_balancers_proto_rawDescGZIP(), []int{9}
+}
+
+func (x *LoadBalancerHosts) GetNodeNames() []string {
+	if x != nil {
+		return x.NodeNames
+	}
+	return nil
+}
+
 // Request of EnsureLoadBalancer.
 type EnsureLoadBalancerRequest struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -1102,7 +1159,7 @@ type EnsureLoadBalancerRequest struct {
 
 func (x *EnsureLoadBalancerRequest) Reset() {
 	*x = EnsureLoadBalancerRequest{}
-	mi := &file_cloudprovider_v1_load_balancers_proto_msgTypes[9]
+	mi := &file_cloudprovider_v1_load_balancers_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1114,7 +1171,7 @@ func (x *EnsureLoadBalancerRequest) String() string {
 func (*EnsureLoadBalancerRequest) ProtoMessage() {}
 
 func (x *EnsureLoadBalancerRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_cloudprovider_v1_load_balancers_proto_msgTypes[9]
+	mi := &file_cloudprovider_v1_load_balancers_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1127,7 +1184,7 @@ func (x *EnsureLoadBalancerRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use EnsureLoadBalancerRequest.ProtoReflect.Descriptor instead.
 func (*EnsureLoadBalancerRequest) Descriptor() ([]byte, []int) {
-	return file_cloudprovider_v1_load_balancers_proto_rawDescGZIP(), []int{9}
+	return file_cloudprovider_v1_load_balancers_proto_rawDescGZIP(), []int{10}
 }
 
 func (x *EnsureLoadBalancerRequest) GetService() *LoadBalancerService {
@@ -1155,7 +1212,7 @@ type EnsureLoadBalancerResponse struct {
 
 func (x *EnsureLoadBalancerResponse) Reset() {
 	*x = EnsureLoadBalancerResponse{}
-	mi := &file_cloudprovider_v1_load_balancers_proto_msgTypes[10]
+	mi := &file_cloudprovider_v1_load_balancers_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1167,7 +1224,7 @@ func (x *EnsureLoadBalancerResponse) String() string {
 func (*EnsureLoadBalancerResponse) ProtoMessage() {}
 
 func (x *EnsureLoadBalancerResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_cloudprovider_v1_load_balancers_proto_msgTypes[10]
+	mi := &file_cloudprovider_v1_load_balancers_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1180,7 +1237,7 @@ func (x *EnsureLoadBalancerResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use EnsureLoadBalancerResponse.ProtoReflect.Descriptor instead.
 func (*EnsureLoadBalancerResponse) Descriptor() ([]byte, []int) {
-	return file_cloudprovider_v1_load_balancers_proto_rawDescGZIP(), []int{10}
+	return file_cloudprovider_v1_load_balancers_proto_rawDescGZIP(), []int{11}
 }
 
 func (x *EnsureLoadBalancerResponse) GetStatus() *LoadBalancerStatus {
@@ -1203,7 +1260,7 @@ type UpdateLoadBalancerHostsRequest struct {
 
 func (x *UpdateLoadBalancerHostsRequest) Reset() {
 	*x = UpdateLoadBalancerHostsRequest{}
-	mi := &file_cloudprovider_v1_load_balancers_proto_msgTypes[11]
+	mi := &file_cloudprovider_v1_load_balancers_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1215,7 +1272,7 @@ func (x *UpdateLoadBalancerHostsRequest) String() string {
 func (*UpdateLoadBalancerHostsRequest) ProtoMessage() {}
 
 func (x *UpdateLoadBalancerHostsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_cloudprovider_v1_load_balancers_proto_msgTypes[11]
+	mi := &file_cloudprovider_v1_load_balancers_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1228,7 +1285,7 @@ func (x *UpdateLoadBalancerHostsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use UpdateLoadBalancerHostsRequest.ProtoReflect.Descriptor instead.
 func (*UpdateLoadBalancerHostsRequest) Descriptor() ([]byte, []int) {
-	return file_cloudprovider_v1_load_balancers_proto_rawDescGZIP(), []int{11}
+	return file_cloudprovider_v1_load_balancers_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *UpdateLoadBalancerHostsRequest) GetService() *LoadBalancerService {
@@ -1254,7 +1311,7 @@ type UpdateLoadBalancerHostsResponse struct {
 
 func (x *UpdateLoadBalancerHostsResponse) Reset() {
 	*x = UpdateLoadBalancerHostsResponse{}
-	mi := &file_cloudprovider_v1_load_balancers_proto_msgTypes[12]
+	mi := &file_cloudprovider_v1_load_balancers_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1266,7 +1323,7 @@ func (x *UpdateLoadBalancerHostsResponse) String() string {
 func (*UpdateLoadBalancerHostsResponse) ProtoMessage() {}
 
 func (x *UpdateLoadBalancerHostsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_cloudprovider_v1_load_balancers_proto_msgTypes[12]
+	mi := &file_cloudprovider_v1_load_balancers_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1279,7 +1336,7 @@ func (x *UpdateLoadBalancerHostsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use UpdateLoadBalancerHostsResponse.ProtoReflect.Descriptor instead.
 func (*UpdateLoadBalancerHostsResponse) Descriptor() ([]byte, []int) {
-	return file_cloudprovider_v1_load_balancers_proto_rawDescGZIP(), []int{12}
+	return file_cloudprovider_v1_load_balancers_proto_rawDescGZIP(), []int{13}
 }
 
 // Request of EnsureLoadBalancerDeleted.
@@ -1293,7 +1350,7 @@ type EnsureLoadBalancerDeletedRequest struct {
 
 func (x *EnsureLoadBalancerDeletedRequest) Reset() {
 	*x = EnsureLoadBalancerDeletedRequest{}
-	mi := &file_cloudprovider_v1_load_balancers_proto_msgTypes[13]
+	mi := &file_cloudprovider_v1_load_balancers_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1305,7 +1362,7 @@ func (x *EnsureLoadBalancerDeletedRequest) String() string {
 func (*EnsureLoadBalancerDeletedRequest) ProtoMessage() {}
 
 func (x *EnsureLoadBalancerDeletedRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_cloudprovider_v1_load_balancers_proto_msgTypes[13]
+	mi := &file_cloudprovider_v1_load_balancers_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1318,7 +1375,7 @@ func (x *EnsureLoadBalancerDeletedRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use EnsureLoadBalancerDeletedRequest.ProtoReflect.Descriptor instead.
 func (*EnsureLoadBalancerDeletedRequest) Descriptor() ([]byte, []int) {
-	return file_cloudprovider_v1_load_balancers_proto_rawDescGZIP(), []int{13}
+	return file_cloudprovider_v1_load_balancers_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *EnsureLoadBalancerDeletedRequest) GetService() *LoadBalancerService {
@@ -1337,7 +1394,7 @@ type EnsureLoadBalancerDeletedResponse struct {
 
 func (x *EnsureLoadBalancerDeletedResponse) Reset() {
 	*x = EnsureLoadBalancerDeletedResponse{}
-	mi := &file_cloudprovider_v1_load_balancers_proto_msgTypes[14]
+	mi := &file_cloudprovider_v1_load_balancers_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1349,7 +1406,7 @@ func (x *EnsureLoadBalancerDeletedResponse) String() string {
 func (*EnsureLoadBalancerDeletedResponse) ProtoMessage() {}
 
 func (x *EnsureLoadBalancerDeletedResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_cloudprovider_v1_load_balancers_proto_msgTypes[14]
+	mi := &file_cloudprovider_v1_load_balancers_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1362,7 +1419,7 @@ func (x *EnsureLoadBalancerDeletedResponse) ProtoReflect() protoreflect.Message 
 
 // Deprecated: Use EnsureLoadBalancerDeletedResponse.ProtoReflect.Descriptor instead.
 func (*EnsureLoadBalancerDeletedResponse) Descriptor() ([]byte, []int) {
-	return file_cloudprovider_v1_load_balancers_proto_rawDescGZIP(), []int{14}
+	return file_cloudprovider_v1_load_balancers_proto_rawDescGZIP(), []int{15}
 }
 
 // Request of ListLoadBalancers.
@@ -1380,7 +1437,7 @@ type ListLoadBalancersRequest struct {
 
 func (x *ListLoadBalancersRequest) Reset() {
 	*x = ListLoadBalancersRequest{}
-	mi := &file_cloudprovider_v1_load_balancers_proto_msgTypes[15]
+	mi := &file_cloudprovider_v1_load_balancers_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1392,7 +1449,7 @@ func (x *ListLoadBalancersRequest) String() string {
 func (*ListLoadBalancersRequest) ProtoMessage() {}
 
 func (x *ListLoadBalancersRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_cloudprovider_v1_load_balancers_proto_msgTypes[15]
+	mi := &file_cloudprovider_v1_load_balancers_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1405,7 +1462,7 @@ func (x *ListLoadBalancersRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListLoadBalancersRequest.ProtoReflect.Descriptor instead.
 func (*ListLoadBalancersRequest) Descriptor() ([]byte, []int) {
-	return file_cloudprovider_v1_load_balancers_proto_rawDescGZIP(), []int{15}
+	return file_cloudprovider_v1_load_balancers_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *ListLoadBalancersRequest) GetClusterName() string {
@@ -1447,14 +1504,16 @@ type LoadBalancerSummary struct {
 	// record it. The core deletes a load balancer named as upstream names them (`a` + the
 	// Service UID, which names no cluster) only when this is its own cluster: a listing that
 	// strays into another cluster's load balancers must not delete them.
-	ClusterName   string `protobuf:"bytes,6,opt,name=cluster_name,json=clusterName,proto3" json:"cluster_name,omitempty"`
+	ClusterName string `protobuf:"bytes,6,opt,name=cluster_name,json=clusterName,proto3" json:"cluster_name,omitempty"`
+	// Its backends now, when the provider can tell (as GetLoadBalancerResponse.hosts).
+	Hosts         *LoadBalancerHosts `protobuf:"bytes,7,opt,name=hosts,proto3" json:"hosts,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *LoadBalancerSummary) Reset() {
 	*x = LoadBalancerSummary{}
-	mi := &file_cloudprovider_v1_load_balancers_proto_msgTypes[16]
+	mi := &file_cloudprovider_v1_load_balancers_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1466,7 +1525,7 @@ func (x *LoadBalancerSummary) String() string {
 func (*LoadBalancerSummary) ProtoMessage() {}
 
 func (x *LoadBalancerSummary) ProtoReflect() protoreflect.Message {
-	mi := &file_cloudprovider_v1_load_balancers_proto_msgTypes[16]
+	mi := &file_cloudprovider_v1_load_balancers_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1479,7 +1538,7 @@ func (x *LoadBalancerSummary) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LoadBalancerSummary.ProtoReflect.Descriptor instead.
 func (*LoadBalancerSummary) Descriptor() ([]byte, []int) {
-	return file_cloudprovider_v1_load_balancers_proto_rawDescGZIP(), []int{16}
+	return file_cloudprovider_v1_load_balancers_proto_rawDescGZIP(), []int{17}
 }
 
 func (x *LoadBalancerSummary) GetLoadBalancerName() string {
@@ -1524,6 +1583,13 @@ func (x *LoadBalancerSummary) GetClusterName() string {
 	return ""
 }
 
+func (x *LoadBalancerSummary) GetHosts() *LoadBalancerHosts {
+	if x != nil {
+		return x.Hosts
+	}
+	return nil
+}
+
 // Response of ListLoadBalancers.
 type ListLoadBalancersResponse struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -1537,7 +1603,7 @@ type ListLoadBalancersResponse struct {
 
 func (x *ListLoadBalancersResponse) Reset() {
 	*x = ListLoadBalancersResponse{}
-	mi := &file_cloudprovider_v1_load_balancers_proto_msgTypes[17]
+	mi := &file_cloudprovider_v1_load_balancers_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1549,7 +1615,7 @@ func (x *ListLoadBalancersResponse) String() string {
 func (*ListLoadBalancersResponse) ProtoMessage() {}
 
 func (x *ListLoadBalancersResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_cloudprovider_v1_load_balancers_proto_msgTypes[17]
+	mi := &file_cloudprovider_v1_load_balancers_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1562,7 +1628,7 @@ func (x *ListLoadBalancersResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListLoadBalancersResponse.ProtoReflect.Descriptor instead.
 func (*ListLoadBalancersResponse) Descriptor() ([]byte, []int) {
-	return file_cloudprovider_v1_load_balancers_proto_rawDescGZIP(), []int{17}
+	return file_cloudprovider_v1_load_balancers_proto_rawDescGZIP(), []int{18}
 }
 
 func (x *ListLoadBalancersResponse) GetLoadBalancers() []*LoadBalancerSummary {
@@ -1593,7 +1659,7 @@ type BatchUpdateLoadBalancerHostsRequest struct {
 
 func (x *BatchUpdateLoadBalancerHostsRequest) Reset() {
 	*x = BatchUpdateLoadBalancerHostsRequest{}
-	mi := &file_cloudprovider_v1_load_balancers_proto_msgTypes[18]
+	mi := &file_cloudprovider_v1_load_balancers_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1605,7 +1671,7 @@ func (x *BatchUpdateLoadBalancerHostsRequest) String() string {
 func (*BatchUpdateLoadBalancerHostsRequest) ProtoMessage() {}
 
 func (x *BatchUpdateLoadBalancerHostsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_cloudprovider_v1_load_balancers_proto_msgTypes[18]
+	mi := &file_cloudprovider_v1_load_balancers_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1618,7 +1684,7 @@ func (x *BatchUpdateLoadBalancerHostsRequest) ProtoReflect() protoreflect.Messag
 
 // Deprecated: Use BatchUpdateLoadBalancerHostsRequest.ProtoReflect.Descriptor instead.
 func (*BatchUpdateLoadBalancerHostsRequest) Descriptor() ([]byte, []int) {
-	return file_cloudprovider_v1_load_balancers_proto_rawDescGZIP(), []int{18}
+	return file_cloudprovider_v1_load_balancers_proto_rawDescGZIP(), []int{19}
 }
 
 func (x *BatchUpdateLoadBalancerHostsRequest) GetNodes() []*LoadBalancerNode {
@@ -1646,7 +1712,7 @@ type HostsUpdateResult struct {
 
 func (x *HostsUpdateResult) Reset() {
 	*x = HostsUpdateResult{}
-	mi := &file_cloudprovider_v1_load_balancers_proto_msgTypes[19]
+	mi := &file_cloudprovider_v1_load_balancers_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1658,7 +1724,7 @@ func (x *HostsUpdateResult) String() string {
 func (*HostsUpdateResult) ProtoMessage() {}
 
 func (x *HostsUpdateResult) ProtoReflect() protoreflect.Message {
-	mi := &file_cloudprovider_v1_load_balancers_proto_msgTypes[19]
+	mi := &file_cloudprovider_v1_load_balancers_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1671,7 +1737,7 @@ func (x *HostsUpdateResult) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use HostsUpdateResult.ProtoReflect.Descriptor instead.
 func (*HostsUpdateResult) Descriptor() ([]byte, []int) {
-	return file_cloudprovider_v1_load_balancers_proto_rawDescGZIP(), []int{19}
+	return file_cloudprovider_v1_load_balancers_proto_rawDescGZIP(), []int{20}
 }
 
 func (x *HostsUpdateResult) GetError() *ItemError {
@@ -1692,7 +1758,7 @@ type BatchUpdateLoadBalancerHostsResponse struct {
 
 func (x *BatchUpdateLoadBalancerHostsResponse) Reset() {
 	*x = BatchUpdateLoadBalancerHostsResponse{}
-	mi := &file_cloudprovider_v1_load_balancers_proto_msgTypes[20]
+	mi := &file_cloudprovider_v1_load_balancers_proto_msgTypes[21]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1704,7 +1770,7 @@ func (x *BatchUpdateLoadBalancerHostsResponse) String() string {
 func (*BatchUpdateLoadBalancerHostsResponse) ProtoMessage() {}
 
 func (x *BatchUpdateLoadBalancerHostsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_cloudprovider_v1_load_balancers_proto_msgTypes[20]
+	mi := &file_cloudprovider_v1_load_balancers_proto_msgTypes[21]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1717,7 +1783,7 @@ func (x *BatchUpdateLoadBalancerHostsResponse) ProtoReflect() protoreflect.Messa
 
 // Deprecated: Use BatchUpdateLoadBalancerHostsResponse.ProtoReflect.Descriptor instead.
 func (*BatchUpdateLoadBalancerHostsResponse) Descriptor() ([]byte, []int) {
-	return file_cloudprovider_v1_load_balancers_proto_rawDescGZIP(), []int{20}
+	return file_cloudprovider_v1_load_balancers_proto_rawDescGZIP(), []int{21}
 }
 
 func (x *BatchUpdateLoadBalancerHostsResponse) GetResults() []*HostsUpdateResult {
@@ -1798,10 +1864,14 @@ const file_cloudprovider_v1_load_balancers_proto_rawDesc = "" +
 	"\x12LoadBalancerStatus\x12?\n" +
 	"\aingress\x18\x01 \x03(\v2%.cloudprovider.v1.LoadBalancerIngressR\aingress\"Y\n" +
 	"\x16GetLoadBalancerRequest\x12?\n" +
-	"\aservice\x18\x01 \x01(\v2%.cloudprovider.v1.LoadBalancerServiceR\aservice\"o\n" +
+	"\aservice\x18\x01 \x01(\v2%.cloudprovider.v1.LoadBalancerServiceR\aservice\"\xaa\x01\n" +
 	"\x17GetLoadBalancerResponse\x12\x16\n" +
 	"\x06exists\x18\x01 \x01(\bR\x06exists\x12<\n" +
-	"\x06status\x18\x02 \x01(\v2$.cloudprovider.v1.LoadBalancerStatusR\x06status\"\x96\x01\n" +
+	"\x06status\x18\x02 \x01(\v2$.cloudprovider.v1.LoadBalancerStatusR\x06status\x129\n" +
+	"\x05hosts\x18\x03 \x01(\v2#.cloudprovider.v1.LoadBalancerHostsR\x05hosts\"2\n" +
+	"\x11LoadBalancerHosts\x12\x1d\n" +
+	"\n" +
+	"node_names\x18\x01 \x03(\tR\tnodeNames\"\x96\x01\n" +
 	"\x19EnsureLoadBalancerRequest\x12?\n" +
 	"\aservice\x18\x01 \x01(\v2%.cloudprovider.v1.LoadBalancerServiceR\aservice\x128\n" +
 	"\x05nodes\x18\x02 \x03(\v2\".cloudprovider.v1.LoadBalancerNodeR\x05nodes\"Z\n" +
@@ -1818,14 +1888,15 @@ const file_cloudprovider_v1_load_balancers_proto_rawDesc = "" +
 	"\fcluster_name\x18\x01 \x01(\tR\vclusterName\x12\x1b\n" +
 	"\tpage_size\x18\x02 \x01(\rR\bpageSize\x12\x1d\n" +
 	"\n" +
-	"page_token\x18\x03 \x01(\tR\tpageToken\"\xe8\x01\n" +
+	"page_token\x18\x03 \x01(\tR\tpageToken\"\xa3\x02\n" +
 	"\x13LoadBalancerSummary\x12,\n" +
 	"\x12load_balancer_name\x18\x01 \x01(\tR\x10loadBalancerName\x12\x1c\n" +
 	"\tnamespace\x18\x02 \x01(\tR\tnamespace\x12\x12\n" +
 	"\x04name\x18\x03 \x01(\tR\x04name\x12\x10\n" +
 	"\x03uid\x18\x04 \x01(\tR\x03uid\x12<\n" +
 	"\x06status\x18\x05 \x01(\v2$.cloudprovider.v1.LoadBalancerStatusR\x06status\x12!\n" +
-	"\fcluster_name\x18\x06 \x01(\tR\vclusterName\"\x91\x01\n" +
+	"\fcluster_name\x18\x06 \x01(\tR\vclusterName\x129\n" +
+	"\x05hosts\x18\a \x01(\v2#.cloudprovider.v1.LoadBalancerHostsR\x05hosts\"\x91\x01\n" +
 	"\x19ListLoadBalancersResponse\x12L\n" +
 	"\x0eload_balancers\x18\x01 \x03(\v2%.cloudprovider.v1.LoadBalancerSummaryR\rloadBalancers\x12&\n" +
 	"\x0fnext_page_token\x18\x02 \x01(\tR\rnextPageToken\"\xa2\x01\n" +
@@ -1884,7 +1955,7 @@ func file_cloudprovider_v1_load_balancers_proto_rawDescGZIP() []byte {
 }
 
 var file_cloudprovider_v1_load_balancers_proto_enumTypes = make([]protoimpl.EnumInfo, 6)
-var file_cloudprovider_v1_load_balancers_proto_msgTypes = make([]protoimpl.MessageInfo, 24)
+var file_cloudprovider_v1_load_balancers_proto_msgTypes = make([]protoimpl.MessageInfo, 25)
 var file_cloudprovider_v1_load_balancers_proto_goTypes = []any{
 	(Protocol)(0),                                // 0: cloudprovider.v1.Protocol
 	(SessionAffinity)(0),                         // 1: cloudprovider.v1.SessionAffinity
@@ -1901,23 +1972,24 @@ var file_cloudprovider_v1_load_balancers_proto_goTypes = []any{
 	(*LoadBalancerStatus)(nil),                   // 12: cloudprovider.v1.LoadBalancerStatus
 	(*GetLoadBalancerRequest)(nil),               // 13: cloudprovider.v1.GetLoadBalancerRequest
 	(*GetLoadBalancerResponse)(nil),              // 14: cloudprovider.v1.GetLoadBalancerResponse
-	(*EnsureLoadBalancerRequest)(nil),            // 15: cloudprovider.v1.EnsureLoadBalancerRequest
-	(*EnsureLoadBalancerResponse)(nil),           // 16: cloudprovider.v1.EnsureLoadBalancerResponse
-	(*UpdateLoadBalancerHostsRequest)(nil),       // 17: cloudprovider.v1.UpdateLoadBalancerHostsRequest
-	(*UpdateLoadBalancerHostsResponse)(nil),      // 18: cloudprovider.v1.UpdateLoadBalancerHostsResponse
-	(*EnsureLoadBalancerDeletedRequest)(nil),     // 19: cloudprovider.v1.EnsureLoadBalancerDeletedRequest
-	(*EnsureLoadBalancerDeletedResponse)(nil),    // 20: cloudprovider.v1.EnsureLoadBalancerDeletedResponse
-	(*ListLoadBalancersRequest)(nil),             // 21: cloudprovider.v1.ListLoadBalancersRequest
-	(*LoadBalancerSummary)(nil),                  // 22: cloudprovider.v1.LoadBalancerSummary
-	(*ListLoadBalancersResponse)(nil),            // 23: cloudprovider.v1.ListLoadBalancersResponse
-	(*BatchUpdateLoadBalancerHostsRequest)(nil),  // 24: cloudprovider.v1.BatchUpdateLoadBalancerHostsRequest
-	(*HostsUpdateResult)(nil),                    // 25: cloudprovider.v1.HostsUpdateResult
-	(*BatchUpdateLoadBalancerHostsResponse)(nil), // 26: cloudprovider.v1.BatchUpdateLoadBalancerHostsResponse
-	nil,                 // 27: cloudprovider.v1.LoadBalancerService.AnnotationsEntry
-	nil,                 // 28: cloudprovider.v1.LoadBalancerService.LabelsEntry
-	nil,                 // 29: cloudprovider.v1.LoadBalancerNode.LabelsEntry
-	(*NodeAddress)(nil), // 30: cloudprovider.v1.NodeAddress
-	(*ItemError)(nil),   // 31: cloudprovider.v1.ItemError
+	(*LoadBalancerHosts)(nil),                    // 15: cloudprovider.v1.LoadBalancerHosts
+	(*EnsureLoadBalancerRequest)(nil),            // 16: cloudprovider.v1.EnsureLoadBalancerRequest
+	(*EnsureLoadBalancerResponse)(nil),           // 17: cloudprovider.v1.EnsureLoadBalancerResponse
+	(*UpdateLoadBalancerHostsRequest)(nil),       // 18: cloudprovider.v1.UpdateLoadBalancerHostsRequest
+	(*UpdateLoadBalancerHostsResponse)(nil),      // 19: cloudprovider.v1.UpdateLoadBalancerHostsResponse
+	(*EnsureLoadBalancerDeletedRequest)(nil),     // 20: cloudprovider.v1.EnsureLoadBalancerDeletedRequest
+	(*EnsureLoadBalancerDeletedResponse)(nil),    // 21: cloudprovider.v1.EnsureLoadBalancerDeletedResponse
+	(*ListLoadBalancersRequest)(nil),             // 22: cloudprovider.v1.ListLoadBalancersRequest
+	(*LoadBalancerSummary)(nil),                  // 23: cloudprovider.v1.LoadBalancerSummary
+	(*ListLoadBalancersResponse)(nil),            // 24: cloudprovider.v1.ListLoadBalancersResponse
+	(*BatchUpdateLoadBalancerHostsRequest)(nil),  // 25: cloudprovider.v1.BatchUpdateLoadBalancerHostsRequest
+	(*HostsUpdateResult)(nil),                    // 26: cloudprovider.v1.HostsUpdateResult
+	(*BatchUpdateLoadBalancerHostsResponse)(nil), // 27: cloudprovider.v1.BatchUpdateLoadBalancerHostsResponse
+	nil,                 // 28: cloudprovider.v1.LoadBalancerService.AnnotationsEntry
+	nil,                 // 29: cloudprovider.v1.LoadBalancerService.LabelsEntry
+	nil,                 // 30: cloudprovider.v1.LoadBalancerNode.LabelsEntry
+	(*NodeAddress)(nil), // 31: cloudprovider.v1.NodeAddress
+	(*ItemError)(nil),   // 32: cloudprovider.v1.ItemError
 }
 var file_cloudprovider_v1_load_balancers_proto_depIdxs = []int32{
 	0,  // 0: cloudprovider.v1.ServicePort.protocol:type_name -> cloudprovider.v1.Protocol
@@ -1926,47 +1998,49 @@ var file_cloudprovider_v1_load_balancers_proto_depIdxs = []int32{
 	1,  // 3: cloudprovider.v1.LoadBalancerService.session_affinity:type_name -> cloudprovider.v1.SessionAffinity
 	2,  // 4: cloudprovider.v1.LoadBalancerService.ip_families:type_name -> cloudprovider.v1.IpFamily
 	4,  // 5: cloudprovider.v1.LoadBalancerService.external_traffic_policy:type_name -> cloudprovider.v1.ExternalTrafficPolicy
-	27, // 6: cloudprovider.v1.LoadBalancerService.annotations:type_name -> cloudprovider.v1.LoadBalancerService.AnnotationsEntry
+	28, // 6: cloudprovider.v1.LoadBalancerService.annotations:type_name -> cloudprovider.v1.LoadBalancerService.AnnotationsEntry
 	3,  // 7: cloudprovider.v1.LoadBalancerService.ip_family_policy:type_name -> cloudprovider.v1.IpFamilyPolicy
-	28, // 8: cloudprovider.v1.LoadBalancerService.labels:type_name -> cloudprovider.v1.LoadBalancerService.LabelsEntry
+	29, // 8: cloudprovider.v1.LoadBalancerService.labels:type_name -> cloudprovider.v1.LoadBalancerService.LabelsEntry
 	12, // 9: cloudprovider.v1.LoadBalancerService.current_status:type_name -> cloudprovider.v1.LoadBalancerStatus
-	30, // 10: cloudprovider.v1.LoadBalancerNode.addresses:type_name -> cloudprovider.v1.NodeAddress
-	29, // 11: cloudprovider.v1.LoadBalancerNode.labels:type_name -> cloudprovider.v1.LoadBalancerNode.LabelsEntry
+	31, // 10: cloudprovider.v1.LoadBalancerNode.addresses:type_name -> cloudprovider.v1.NodeAddress
+	30, // 11: cloudprovider.v1.LoadBalancerNode.labels:type_name -> cloudprovider.v1.LoadBalancerNode.LabelsEntry
 	0,  // 12: cloudprovider.v1.PortStatus.protocol:type_name -> cloudprovider.v1.Protocol
 	5,  // 13: cloudprovider.v1.LoadBalancerIngress.ip_mode:type_name -> cloudprovider.v1.IpMode
 	10, // 14: cloudprovider.v1.LoadBalancerIngress.ports:type_name -> cloudprovider.v1.PortStatus
 	11, // 15: cloudprovider.v1.LoadBalancerStatus.ingress:type_name -> cloudprovider.v1.LoadBalancerIngress
 	8,  // 16: cloudprovider.v1.GetLoadBalancerRequest.service:type_name -> cloudprovider.v1.LoadBalancerService
 	12, // 17: cloudprovider.v1.GetLoadBalancerResponse.status:type_name -> cloudprovider.v1.LoadBalancerStatus
-	8,  // 18: cloudprovider.v1.EnsureLoadBalancerRequest.service:type_name -> cloudprovider.v1.LoadBalancerService
-	9,  // 19: cloudprovider.v1.EnsureLoadBalancerRequest.nodes:type_name -> cloudprovider.v1.LoadBalancerNode
-	12, // 20: cloudprovider.v1.EnsureLoadBalancerResponse.status:type_name -> cloudprovider.v1.LoadBalancerStatus
-	8,  // 21: cloudprovider.v1.UpdateLoadBalancerHostsRequest.service:type_name -> cloudprovider.v1.LoadBalancerService
-	9,  // 22: cloudprovider.v1.UpdateLoadBalancerHostsRequest.nodes:type_name -> cloudprovider.v1.LoadBalancerNode
-	8,  // 23: cloudprovider.v1.EnsureLoadBalancerDeletedRequest.service:type_name -> cloudprovider.v1.LoadBalancerService
-	12, // 24: cloudprovider.v1.LoadBalancerSummary.status:type_name -> cloudprovider.v1.LoadBalancerStatus
-	22, // 25: cloudprovider.v1.ListLoadBalancersResponse.load_balancers:type_name -> cloudprovider.v1.LoadBalancerSummary
-	9,  // 26: cloudprovider.v1.BatchUpdateLoadBalancerHostsRequest.nodes:type_name -> cloudprovider.v1.LoadBalancerNode
-	8,  // 27: cloudprovider.v1.BatchUpdateLoadBalancerHostsRequest.services:type_name -> cloudprovider.v1.LoadBalancerService
-	31, // 28: cloudprovider.v1.HostsUpdateResult.error:type_name -> cloudprovider.v1.ItemError
-	25, // 29: cloudprovider.v1.BatchUpdateLoadBalancerHostsResponse.results:type_name -> cloudprovider.v1.HostsUpdateResult
-	13, // 30: cloudprovider.v1.LoadBalancersService.GetLoadBalancer:input_type -> cloudprovider.v1.GetLoadBalancerRequest
-	15, // 31: cloudprovider.v1.LoadBalancersService.EnsureLoadBalancer:input_type -> cloudprovider.v1.EnsureLoadBalancerRequest
-	17, // 32: cloudprovider.v1.LoadBalancersService.UpdateLoadBalancerHosts:input_type -> cloudprovider.v1.UpdateLoadBalancerHostsRequest
-	19, // 33: cloudprovider.v1.LoadBalancersService.EnsureLoadBalancerDeleted:input_type -> cloudprovider.v1.EnsureLoadBalancerDeletedRequest
-	21, // 34: cloudprovider.v1.LoadBalancersService.ListLoadBalancers:input_type -> cloudprovider.v1.ListLoadBalancersRequest
-	24, // 35: cloudprovider.v1.LoadBalancersService.BatchUpdateLoadBalancerHosts:input_type -> cloudprovider.v1.BatchUpdateLoadBalancerHostsRequest
-	14, // 36: cloudprovider.v1.LoadBalancersService.GetLoadBalancer:output_type -> cloudprovider.v1.GetLoadBalancerResponse
-	16, // 37: cloudprovider.v1.LoadBalancersService.EnsureLoadBalancer:output_type -> cloudprovider.v1.EnsureLoadBalancerResponse
-	18, // 38: cloudprovider.v1.LoadBalancersService.UpdateLoadBalancerHosts:output_type -> cloudprovider.v1.UpdateLoadBalancerHostsResponse
-	20, // 39: cloudprovider.v1.LoadBalancersService.EnsureLoadBalancerDeleted:output_type -> cloudprovider.v1.EnsureLoadBalancerDeletedResponse
-	23, // 40: cloudprovider.v1.LoadBalancersService.ListLoadBalancers:output_type -> cloudprovider.v1.ListLoadBalancersResponse
-	26, // 41: cloudprovider.v1.LoadBalancersService.BatchUpdateLoadBalancerHosts:output_type -> cloudprovider.v1.BatchUpdateLoadBalancerHostsResponse
-	36, // [36:42] is the sub-list for method output_type
-	30, // [30:36] is the sub-list for method input_type
-	30, // [30:30] is the sub-list for extension type_name
-	30, // [30:30] is the sub-list for extension extendee
-	0,  // [0:30] is the sub-list for field type_name
+	15, // 18: cloudprovider.v1.GetLoadBalancerResponse.hosts:type_name -> cloudprovider.v1.LoadBalancerHosts
+	8,  // 19: cloudprovider.v1.EnsureLoadBalancerRequest.service:type_name -> cloudprovider.v1.LoadBalancerService
+	9,  // 20: cloudprovider.v1.EnsureLoadBalancerRequest.nodes:type_name -> cloudprovider.v1.LoadBalancerNode
+	12, // 21: cloudprovider.v1.EnsureLoadBalancerResponse.status:type_name -> cloudprovider.v1.LoadBalancerStatus
+	8,  // 22: cloudprovider.v1.UpdateLoadBalancerHostsRequest.service:type_name -> cloudprovider.v1.LoadBalancerService
+	9,  // 23: cloudprovider.v1.UpdateLoadBalancerHostsRequest.nodes:type_name -> cloudprovider.v1.LoadBalancerNode
+	8,  // 24: cloudprovider.v1.EnsureLoadBalancerDeletedRequest.service:type_name -> cloudprovider.v1.LoadBalancerService
+	12, // 25: cloudprovider.v1.LoadBalancerSummary.status:type_name -> cloudprovider.v1.LoadBalancerStatus
+	15, // 26: cloudprovider.v1.LoadBalancerSummary.hosts:type_name -> cloudprovider.v1.LoadBalancerHosts
+	23, // 27: cloudprovider.v1.ListLoadBalancersResponse.load_balancers:type_name -> cloudprovider.v1.LoadBalancerSummary
+	9,  // 28: cloudprovider.v1.BatchUpdateLoadBalancerHostsRequest.nodes:type_name -> cloudprovider.v1.LoadBalancerNode
+	8,  // 29: cloudprovider.v1.BatchUpdateLoadBalancerHostsRequest.services:type_name -> cloudprovider.v1.LoadBalancerService
+	32, // 30: cloudprovider.v1.HostsUpdateResult.error:type_name -> cloudprovider.v1.ItemError
+	26, // 31: cloudprovider.v1.BatchUpdateLoadBalancerHostsResponse.results:type_name -> cloudprovider.v1.HostsUpdateResult
+	13, // 32: cloudprovider.v1.LoadBalancersService.GetLoadBalancer:input_type -> cloudprovider.v1.GetLoadBalancerRequest
+	16, // 33: cloudprovider.v1.LoadBalancersService.EnsureLoadBalancer:input_type -> cloudprovider.v1.EnsureLoadBalancerRequest
+	18, // 34: cloudprovider.v1.LoadBalancersService.UpdateLoadBalancerHosts:input_type -> cloudprovider.v1.UpdateLoadBalancerHostsRequest
+	20, // 35: cloudprovider.v1.LoadBalancersService.EnsureLoadBalancerDeleted:input_type -> cloudprovider.v1.EnsureLoadBalancerDeletedRequest
+	22, // 36: cloudprovider.v1.LoadBalancersService.ListLoadBalancers:input_type -> cloudprovider.v1.ListLoadBalancersRequest
+	25, // 37: cloudprovider.v1.LoadBalancersService.BatchUpdateLoadBalancerHosts:input_type -> cloudprovider.v1.BatchUpdateLoadBalancerHostsRequest
+	14, // 38: cloudprovider.v1.LoadBalancersService.GetLoadBalancer:output_type -> cloudprovider.v1.GetLoadBalancerResponse
+	17, // 39: cloudprovider.v1.LoadBalancersService.EnsureLoadBalancer:output_type -> cloudprovider.v1.EnsureLoadBalancerResponse
+	19, // 40: cloudprovider.v1.LoadBalancersService.UpdateLoadBalancerHosts:output_type -> cloudprovider.v1.UpdateLoadBalancerHostsResponse
+	21, // 41: cloudprovider.v1.LoadBalancersService.EnsureLoadBalancerDeleted:output_type -> cloudprovider.v1.EnsureLoadBalancerDeletedResponse
+	24, // 42: cloudprovider.v1.LoadBalancersService.ListLoadBalancers:output_type -> cloudprovider.v1.ListLoadBalancersResponse
+	27, // 43: cloudprovider.v1.LoadBalancersService.BatchUpdateLoadBalancerHosts:output_type -> cloudprovider.v1.BatchUpdateLoadBalancerHostsResponse
+	38, // [38:44] is the sub-list for method output_type
+	32, // [32:38] is the sub-list for method input_type
+	32, // [32:32] is the sub-list for extension type_name
+	32, // [32:32] is the sub-list for extension extendee
+	0,  // [0:32] is the sub-list for field type_name
 }
 
 func init() { file_cloudprovider_v1_load_balancers_proto_init() }
@@ -1982,7 +2056,7 @@ func file_cloudprovider_v1_load_balancers_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_cloudprovider_v1_load_balancers_proto_rawDesc), len(file_cloudprovider_v1_load_balancers_proto_rawDesc)),
 			NumEnums:      6,
-			NumMessages:   24,
+			NumMessages:   25,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

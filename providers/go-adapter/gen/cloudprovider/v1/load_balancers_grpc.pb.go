@@ -55,7 +55,9 @@ type LoadBalancersServiceClient interface {
 	// made for as the provider recorded it at Ensure. Only called when the provider advertises
 	// LoadBalancersCapabilities.list; read-only. The core finds with it the load balancers
 	// whose Service is gone (deleted without its finalizer, or while the core was down) and
-	// deletes only those named by its own scheme for a Service UID that no longer exists.
+	// deletes only those named by its own scheme for a Service UID that no longer exists; and
+	// the load balancers it ensured that are missing (removed behind its back), which it makes
+	// again after a GetLoadBalancer confirms them absent.
 	ListLoadBalancers(ctx context.Context, in *ListLoadBalancersRequest, opts ...grpc.CallOption) (*ListLoadBalancersResponse, error)
 	// Points many load balancers at one node set in one call, for clouds whose load balancers
 	// share backend pools or register many targets a call (an ELBv2 target group). Only called
@@ -162,7 +164,9 @@ type LoadBalancersServiceServer interface {
 	// made for as the provider recorded it at Ensure. Only called when the provider advertises
 	// LoadBalancersCapabilities.list; read-only. The core finds with it the load balancers
 	// whose Service is gone (deleted without its finalizer, or while the core was down) and
-	// deletes only those named by its own scheme for a Service UID that no longer exists.
+	// deletes only those named by its own scheme for a Service UID that no longer exists; and
+	// the load balancers it ensured that are missing (removed behind its back), which it makes
+	// again after a GetLoadBalancer confirms them absent.
 	ListLoadBalancers(context.Context, *ListLoadBalancersRequest) (*ListLoadBalancersResponse, error)
 	// Points many load balancers at one node set in one call, for clouds whose load balancers
 	// share backend pools or register many targets a call (an ELBv2 target group). Only called
