@@ -121,6 +121,10 @@ pub mod reason {
     pub const LOAD_BALANCER_NAME_KEPT: &str = "LoadBalancerNameKept";
     /// A load balancer was made anew under its new name.
     pub const RENAMED_LOAD_BALANCER: &str = "RenamedLoadBalancer";
+    /// A load balancer gone from the cloud (deleted behind the core's back) was made again.
+    pub const LOAD_BALANCER_RECREATED: &str = "LoadBalancerRecreated";
+    /// A load balancer's backends were changed behind the core's back; it is given its own again.
+    pub const LOAD_BALANCER_HOSTS_DRIFTED: &str = "LoadBalancerHostsDrifted";
 }
 
 /// One Event to record.

@@ -66,6 +66,7 @@ pub struct Metrics {
     nodes_without_route: Gauge<i64, AtomicI64>,
     service_node_sync: Histogram,
     orphans: Family<OutcomeLabels, Counter>,
+    repairs: Family<OutcomeLabels, Counter>,
     node_deletions: Family<OutcomeLabels, Counter>,
     out_of_service: Family<OutcomeLabels, Counter>,
     events_dropped: Counter,
@@ -109,6 +110,7 @@ impl Metrics {
         let nodes_without_route = Gauge::<i64, AtomicI64>::default();
         let service_node_sync = latency_histogram();
         let orphans = Family::<OutcomeLabels, Counter>::default();
+        let repairs = Family::<OutcomeLabels, Counter>::default();
         let node_deletions = Family::<OutcomeLabels, Counter>::default();
         let out_of_service = Family::<OutcomeLabels, Counter>::default();
         let events_dropped = Counter::default();
@@ -131,6 +133,11 @@ impl Metrics {
             "ccm_load_balancer_orphans",
             "Load balancers whose Service is gone: deleted, or refused (a sweep over --max-load-balancer-deletions)",
             orphans.clone(),
+        );
+        registry.register(
+            "ccm_load_balancer_repairs",
+            "Load balancers changed behind the core's back: made again (gone from the cloud), given their hosts again (hosts drifted), or refused (over --max-load-balancer-repairs, or a listing that missed every one)",
+            repairs.clone(),
         );
         registry.register(
             "ccm_service_node_sync_duration_seconds",
@@ -195,6 +202,7 @@ impl Metrics {
             nodes_without_route,
             service_node_sync,
             orphans,
+            repairs,
             out_of_service,
             events_dropped,
             node_deletions,
@@ -231,6 +239,11 @@ impl Metrics {
     pub fn service_node_sync(&self, elapsed: Duration) {
         self.service_node_sync.observe(elapsed.as_secs_f64());
         self.upstream.node_sync(elapsed);
+    }
+
+    /// Load balancers repaired (`recreated`, `hosts`), or repairs refused (`refused`).
+    pub fn load_balancer_repairs(&self, outcome: &str, n: u64) {
+        self.repairs.get_or_create(&OutcomeLabels { outcome: outcome.into() }).inc_by(n);
     }
 
     /// Orphaned load balancers deleted, or refused by the deletion bound.

@@ -293,6 +293,22 @@ pub struct Options {
     #[arg(long, value_name = "N", default_value_t = 10)]
     pub max_load_balancer_deletions: usize,
 
+    /// How often load balancers are checked for changes behind the core's back when the
+    /// provider cannot list them: one GetLoadBalancer per load balancer this process made,
+    /// spread evenly over the period (200 Services at 24h: 8.3 calls an hour). A load balancer
+    /// found gone is made again, one whose reported backends drifted is given its own again.
+    /// A provider that lists load balancers is checked at every sweep instead
+    /// (--load-balancer-resync-period), at no extra call. `0s` turns the reads off.
+    #[arg(long, value_name = "DURATION", default_value = "24h", value_parser = parse_duration)]
+    pub load_balancer_repair_period: Duration,
+
+    /// Most load balancers made again (found gone from the cloud) in one sweep, or in one
+    /// --load-balancer-repair-period without listing; the rest wait for the next. A listing
+    /// that misses every load balancer this process made (more than one) makes none again:
+    /// that is far likelier a wrong answer than a fact.
+    #[arg(long, value_name = "N", default_value_t = 10)]
+    pub max_load_balancer_repairs: usize,
+
     /// Only handle Services in this namespace (all namespaces when unset), for example to run
     /// a second cloud-controller-manager for one team's load balancers.
     #[arg(long, value_name = "NAMESPACE")]

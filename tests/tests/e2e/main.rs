@@ -8,6 +8,7 @@ mod faults;
 mod go_adapter;
 mod harness;
 mod hybrid;
+mod lb_repair;
 mod lb_suite;
 mod leader;
 mod migration;

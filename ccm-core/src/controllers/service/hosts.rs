@@ -375,7 +375,7 @@ impl ServiceController {
             match (last, name) {
                 (Some(e), Some(name)) if as_ensured && !backends.is_empty() => {
                     if e.hosts != backends.hosts {
-                        let ensured = Ensured { spec: e.spec, hosts: backends.hosts, count: backends.count };
+                        let ensured = Ensured::of(e.spec, backends);
                         let request = self.request(&svc, name, ranges.unwrap_or_default());
                         groups[i].1.push((svc.clone(), request, ensured));
                     }
@@ -410,7 +410,7 @@ impl ServiceController {
             let k = service_key(&svc);
             match result {
                 Ok(()) => {
-                    self.state().ensured.insert(k, ensured);
+                    self.state().record(k, ensured);
                     let note = format!("Updated load balancer with new hosts ({})", ensured.count);
                     self.ctx.event(NAME, svc.as_ref(), EventType::Normal, reason::UPDATED_LOAD_BALANCER, note).await;
                 }
@@ -450,7 +450,7 @@ impl ServiceController {
         self.ctx.metrics.hosts_update(started.elapsed(), r.is_err());
         match r {
             Ok(_) => {
-                self.state().ensured.insert(k, ensured);
+                self.state().record(k, ensured);
                 let note = format!("Updated load balancer with new hosts ({})", ensured.count);
                 self.ctx.event(NAME, svc, EventType::Normal, reason::UPDATED_LOAD_BALANCER, note).await;
                 Ok(())

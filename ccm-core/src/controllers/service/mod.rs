@@ -36,6 +36,7 @@ mod endpoints;
 mod hosts;
 mod naming;
 mod orphans;
+mod repair;
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::hash::{Hash, Hasher};
@@ -184,6 +185,15 @@ struct Ensured {
     hosts: u64,
     /// How many hosts it has.
     count: usize,
+    /// When it was recorded ([`State::record`]): a repair acts only on what it read before.
+    at: u64,
+}
+
+impl Ensured {
+    /// What a load balancer is once given `spec` and `backends`.
+    fn of(spec: u64, backends: &HostSet) -> Self {
+        Self { spec, hosts: backends.hosts, count: backends.count, at: 0 }
+    }
 }
 
 /// What the controller keeps between reconciles, under one lock.
@@ -206,6 +216,21 @@ struct State {
     last_backends: Arc<HostSet>,
     /// Services told that their load balancer keeps its name (once per process).
     kept_names: HashSet<String>,
+    /// Counts the records of `ensured`.
+    records: u64,
+    /// Services whose load balancer was found gone from the cloud and is being made again.
+    repairing: HashSet<String>,
+    /// When load balancers were last made again by the repair reads (their bound's window).
+    repaired_at: std::collections::VecDeque<Instant>,
+}
+
+impl State {
+    /// Records what the load balancer of Service `k` is now.
+    fn record(&mut self, k: String, mut ensured: Ensured) {
+        self.records += 1;
+        ensured.at = self.records;
+        self.ensured.insert(k, ensured);
+    }
 }
 
 /// The service controller.
@@ -398,7 +423,7 @@ impl ServiceController {
             state.ensured.get(&k).copied().filter(|_| old_name.is_none())
         };
         let Some(backends) = self.backends_for(svc, selector.as_ref(), last).await else { return Ok(()) };
-        let ensured = Ensured { spec: self.ensured_spec(svc), hosts: backends.hosts, count: backends.count };
+        let ensured = Ensured::of(self.ensured_spec(svc), &backends);
         match last {
             Some(e) if e.spec == ensured.spec && e.hosts == ensured.hosts => Ok(()),
             Some(e) if e.spec == ensured.spec => {
@@ -482,7 +507,19 @@ impl ServiceController {
         if let Some(old) = renamed_from {
             self.finish_rename(svc, old, &lb_name).await?;
         }
-        self.state().ensured.insert(k, ensured);
+        let repaired = {
+            let mut state = self.state();
+            state.record(k.clone(), ensured);
+            state.repairing.remove(&k)
+        };
+        if repaired {
+            let note = format!(
+                "Load balancer {lb_name} was gone from the cloud (deleted outside Kubernetes): made it again{}",
+                if has_ingress(svc) { "; its address may have changed" } else { "" }
+            );
+            self.ctx.event(NAME, svc, EventType::Warning, reason::LOAD_BALANCER_RECREATED, note).await;
+            self.ctx.metrics.load_balancer_repairs("recreated", 1);
+        }
         self.ctx.event(NAME, svc, EventType::Normal, reason::ENSURED_LOAD_BALANCER, "Ensured load balancer".into()).await;
         Ok(())
     }
@@ -606,6 +643,7 @@ impl runner::Controller for ServiceController {
     fn spawn(self: &Arc<Self>, _queue: &Arc<WorkQueue<Key>>, stop: &CancellationToken, tasks: &mut Tasks) {
         tasks.spawn(self.clone().host_syncer(stop.clone()));
         tasks.spawn(self.clone().sweep_loop(stop.clone()));
+        tasks.spawn(self.clone().repair_loop(stop.clone()));
         tasks.spawn(self.clone().endpoint_feed(stop.clone()));
     }
 }

@@ -1,6 +1,7 @@
 //! Load balancers whose Service is gone: deleted from the event when the finalizer was
 //! bypassed, and found after a restart by a sweep of the provider's listing, each confirmed by
-//! a read of the Service, at most `--max-load-balancer-deletions` a sweep.
+//! a read of the Service, at most `--max-load-balancer-deletions` a sweep. The same listing
+//! finds the load balancers removed or changed behind the core's back ([`super::repair`]).
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -68,7 +69,10 @@ impl ServiceController {
         }
         let limits = identity.name_limits();
         let cluster = self.ctx.options.cluster_name.clone();
+        let before = self.ensured_snapshot();
         let listed = self.ctx.provider.list_load_balancers(&cluster).await?;
+        // The same listing finds load balancers removed behind our back (see `repair.rs`).
+        self.repair_from_listing(&before, &listed).await;
         let known: std::collections::HashSet<String> =
             self.ctx.services.store().state().iter().filter_map(|s| s.metadata.uid.clone()).collect();
         let pending: std::collections::HashSet<String> = self.state().orphans.keys().cloned().collect();
