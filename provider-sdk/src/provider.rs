@@ -4,9 +4,9 @@
 //! nothing behind your back, and maps errors to gRPC status in one place.
 
 use ccm_proto::v1::{
-    GetImageCredentialsRequest, GetImageCredentialsResponse, InstanceLookup, InstanceMetadata, InstanceState,
+    GetImageCredentialsRequest, GetImageCredentialsResponse, InstanceLookup, InstanceMetadata, InstanceState, InstanceTagsUpdate,
     InstancesCapabilities, LoadBalancerNode, LoadBalancerService, LoadBalancerStatus, LoadBalancerSummary,
-    LoadBalancersCapabilities, LookupKey, Route, RouteTable, RouteTarget, RoutesCapabilities,
+    LoadBalancersCapabilities, LookupKey, Route, RouteTable, RouteTarget, RoutesCapabilities, TagsCapabilities,
 };
 use std::collections::HashMap;
 
@@ -131,6 +131,20 @@ pub trait Tags: Send + Sync + 'static {
             out.push(Answered::to(lookup, self.instance_tags(lookup).await));
         }
         Ok(out)
+    }
+
+    /// Optional features: advertise `set_tags` with [`Tags::batch_set_instance_tags`].
+    fn capabilities(&self) -> TagsCapabilities {
+        TagsCapabilities::default()
+    }
+
+    /// BatchSetInstanceTags: for each update, sets its `set` tags and removes its `remove`
+    /// keys, touching no other tag; one answer per update naming its instance, `Ok(false)`
+    /// when the instance does not exist (nothing written). The SDK has checked that each
+    /// instance comes once and no key is both set and removed. The default is UNIMPLEMENTED.
+    async fn batch_set_instance_tags(&self, updates: &[InstanceTagsUpdate]) -> Result<Vec<Answered<bool>>> {
+        let _ = updates;
+        Err(crate::Error::Unimplemented { message: "BatchSetInstanceTags".into() })
     }
 }
 

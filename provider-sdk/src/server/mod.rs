@@ -294,8 +294,9 @@ impl ProviderServer {
             caps.services.push(ServiceType::Instances as i32);
             caps.instances = Some(i.capabilities());
         }
-        if self.tags.is_some() {
+        if let Some(t) = &self.tags {
             caps.services.push(ServiceType::Tags as i32);
+            caps.tags = Some(t.capabilities());
         }
         if let Some(r) = &self.routes {
             caps.services.push(ServiceType::Routes as i32);

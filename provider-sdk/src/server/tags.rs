@@ -10,7 +10,7 @@ use crate::validate;
 use ccm_proto::v1::tags_service_server::TagsService;
 
 use super::Observers;
-use super::items::batch;
+use super::items::{batch, in_order};
 
 // === impl TagsAdapter ===
 
@@ -65,6 +65,46 @@ impl TagsService for TagsAdapter {
                     })
                     .collect();
                 Ok(pb::BatchGetInstanceTagsResponse { results, cache_ttl: self.ttl })
+            })
+            .await
+    }
+
+    async fn batch_set_instance_tags(
+        &self,
+        req: Request<pb::BatchSetInstanceTagsRequest>,
+    ) -> std::result::Result<Response<pb::BatchSetInstanceTagsResponse>, Status> {
+        let req = req.into_inner();
+        self.obs
+            .call("TagsService/BatchSetInstanceTags", async {
+                validate::batch_size(req.updates.len())?;
+                let mut keys = Vec::with_capacity(req.updates.len());
+                for u in &req.updates {
+                    let key = crate::provider::Answered::<()>::key(validate::lookup(u.instance.as_ref())?);
+                    if keys.contains(&key) {
+                        return Err(crate::Error::invalid_argument(format!(
+                            "instance {:?} / {:?} is updated twice in one call",
+                            key.provider_id, key.node_name
+                        )));
+                    }
+                    if let Some(k) = u.remove.iter().find(|k| u.set.contains_key(*k)) {
+                        return Err(crate::Error::invalid_argument(format!("tag {k:?} is both set and removed")));
+                    }
+                    if let Some(k) = u.set.keys().chain(&u.remove).find(|k| k.is_empty()) {
+                        return Err(crate::Error::invalid_argument(format!("an empty tag key ({k:?})")));
+                    }
+                    keys.push(key);
+                }
+                let answers = in_order(&keys, self.inner.batch_set_instance_tags(&req.updates).await?)?;
+                let results = answers
+                    .into_iter()
+                    .map(|a| match a.result {
+                        Ok(exists) => pb::SetInstanceTagsResult { exists, error: None, lookup: Some(a.lookup) },
+                        Err(e) => {
+                            pb::SetInstanceTagsResult { exists: false, error: Some(e.to_item_error()), lookup: Some(a.lookup) }
+                        }
+                    })
+                    .collect();
+                Ok(pb::BatchSetInstanceTagsResponse { results })
             })
             .await
     }

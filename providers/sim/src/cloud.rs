@@ -86,8 +86,25 @@ impl Instance {
             } else {
                 Default::default()
             },
+            pod_cidrs: self.spec.pod_cidrs.clone(),
         }
     }
+}
+
+/// The `n`th pod CIDR of each pool: an instance's pod CIDRs.
+fn pod_cidrs_of(config: &crate::config::PodCidrConfig, n: u32) -> Result<Vec<String>> {
+    let mut out = Vec::new();
+    for pool in &config.pools {
+        let pool: IpNet = pool.parse().map_err(|_| Error::invalid_argument(format!("pod CIDR pool {pool:?} is not a CIDR")))?;
+        let mask = if pool.addr().is_ipv4() { config.mask_v4 } else { config.mask_v6 };
+        let cidr = pool
+            .subnets(mask)
+            .ok()
+            .and_then(|mut s| s.nth(n as usize))
+            .ok_or_else(|| Error::QuotaExceeded { message: format!("pod CIDR pool {pool} has no /{mask} left") })?;
+        out.push(cidr.to_string());
+    }
+    Ok(out)
 }
 
 pub(crate) fn address_type(kind: &str) -> pb::NodeAddressType {
@@ -165,6 +182,8 @@ struct World {
     node_ips: Option<HashMap<String, IpAddr>>,
     pool: Vec<IpNet>,
     next_internal: u32,
+    /// The index of the next pod CIDR of each `[pod_cidrs]` pool.
+    next_pod_cidr: u32,
 }
 
 impl World {
@@ -215,6 +234,10 @@ pub struct Cloud {
     list_load_balancers: bool,
     /// Whether reads report load balancers' backends (`[load_balancers] report_hosts`).
     report_hosts: bool,
+    /// Pod CIDRs from the cloud (`[pod_cidrs]`).
+    pod_cidrs: Option<crate::config::PodCidrConfig>,
+    /// Whether BatchSetInstanceTags is advertised.
+    set_tags: bool,
     batch_reads: bool,
     metadata_tags: bool,
     cache_ttl: Option<Duration>,
@@ -257,6 +280,8 @@ impl Cloud {
             bulk_hosts: config.load_balancers.bulk_hosts,
             list_load_balancers: config.load_balancers.list,
             report_hosts: config.load_balancers.report_hosts,
+            pod_cidrs: config.pod_cidrs.clone(),
+            set_tags: config.set_tags,
             batch_reads: config.batch_reads,
             metadata_tags: config.metadata_tags,
             cache_ttl: (config.cache_ttl_seconds > 0).then(|| Duration::from_secs(config.cache_ttl_seconds)),
@@ -275,6 +300,7 @@ impl Cloud {
                 load_balancers: BTreeMap::new(),
                 pool,
                 next_internal: 1,
+                next_pod_cidr: 0,
                 last_hosts: Default::default(),
                 node_ips: config.dataplane.as_ref().map(|_| HashMap::new()),
             }),
@@ -402,6 +428,13 @@ impl Cloud {
             let ip = Ipv4Addr::from(u32::from(Ipv4Addr::new(10, 0, 0, 0)) + n);
             spec.addresses.push(Address { kind: "InternalIP".into(), address: ip.to_string() });
         }
+        if spec.pod_cidrs.is_empty()
+            && let Some(config) = &self.pod_cidrs
+        {
+            let n = world.next_pod_cidr;
+            world.next_pod_cidr += 1;
+            spec.pod_cidrs = pod_cidrs_of(config, n)?;
+        }
         let state = spec.state;
         let instance = Instance { spec, state: Lagged::new(Some(state), None, delay) };
         let metadata = instance.metadata(&self.scheme, &self.region, state, self.metadata_tags);
@@ -503,6 +536,36 @@ impl Cloud {
             .map(|(i, _)| i.spec.tags.iter().map(|(k, v)| (k.clone(), v.clone())).collect()))
     }
 
+    /// Writes tags of one instance: `set` added or updated, `remove` removed, no other tag
+    /// touched. `Ok(false)` when the instance does not exist (or is terminated). A key or
+    /// value the cloud refuses (empty key, over 128 / 256 characters, as EC2's limits) is
+    /// INVALID_ARGUMENT and nothing is written.
+    pub fn update_instance_tags(&self, update: &pb::InstanceTagsUpdate) -> Result<bool> {
+        let lookup = update.instance.clone().unwrap_or_default();
+        if let Some((k, v)) = update.set.iter().find(|(k, v)| k.is_empty() || k.chars().count() > 128 || v.chars().count() > 256)
+        {
+            return Err(Error::invalid_argument(format!(
+                "tag {k:?}={v:?} is refused: keys of 1 to 128 characters, values of up to 256"
+            )));
+        }
+        let id = {
+            let world = self.world();
+            match self.find(&world, &lookup)? {
+                Some((i, state)) if state != State::Terminated => i.spec.id.clone(),
+                _ => return Ok(false),
+            }
+        };
+        self.change_instance(&id, |instance| {
+            for k in &update.remove {
+                instance.spec.tags.remove(k);
+            }
+            for (k, v) in &update.set {
+                instance.spec.tags.insert(k.clone(), v.clone());
+            }
+            Ok(true)
+        })
+    }
+
     /// Every instance reads show, terminated ones excluded.
     pub fn instances(&self) -> Vec<pb::InstanceMetadata> {
         let world = self.world();
@@ -565,6 +628,16 @@ impl Cloud {
     /// Whether BatchInstanceMetadata is advertised.
     pub fn batch_reads(&self) -> bool {
         self.batch_reads
+    }
+
+    /// The pod CIDR capabilities: (advertised, routed by the cloud).
+    pub fn pod_cidr_capabilities(&self) -> (bool, bool) {
+        self.pod_cidrs.as_ref().map_or((false, false), |c| (true, c.routed))
+    }
+
+    /// Whether BatchSetInstanceTags is advertised.
+    pub fn sets_tags(&self) -> bool {
+        self.set_tags
     }
 
     /// Whether instance metadata carries the tags (advertised as `metadata_tags`).

@@ -54,6 +54,12 @@ pub struct Config {
     /// The data plane (`[dataplane]`): when set, the load balancers carry traffic through
     /// the agent at its endpoint (see [`crate::dataplane`]); unset, they are records only.
     pub dataplane: Option<crate::dataplane::DataplaneConfig>,
+    /// Pod CIDRs from the cloud (`[pod_cidrs]`): when set, instance metadata carries each
+    /// instance's pod CIDRs (`InstancesCapabilities.pod_cidrs`), as GCP's alias ranges and
+    /// AWS's prefix delegation give them.
+    pub pod_cidrs: Option<PodCidrConfig>,
+    /// Whether BatchSetInstanceTags is advertised (`TagsCapabilities.set_tags`).
+    pub set_tags: bool,
 }
 
 impl Default for Config {
@@ -77,7 +83,30 @@ impl Default for Config {
             registry_credentials: Vec::new(),
             allow_insecure_tcp: false,
             dataplane: None,
+            pod_cidrs: None,
+            set_tags: true,
         }
+    }
+}
+
+/// Pod CIDRs the cloud gives its instances.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(default, deny_unknown_fields)]
+pub struct PodCidrConfig {
+    /// The ranges instances' pod CIDRs come from, at most one per IP family: each instance
+    /// without `pod_cidrs` of its own gets the next free one of each, in the order added.
+    pub pools: Vec<String>,
+    /// The prefix length of an IPv4 pod CIDR.
+    pub mask_v4: u8,
+    /// The prefix length of an IPv6 pod CIDR.
+    pub mask_v6: u8,
+    /// Whether the cloud routes them itself (`InstancesCapabilities.pod_cidrs_routed`).
+    pub routed: bool,
+}
+
+impl Default for PodCidrConfig {
+    fn default() -> Self {
+        Self { pools: vec!["10.200.0.0/16".into()], mask_v4: 24, mask_v6: 80, routed: true }
     }
 }
 
@@ -206,6 +235,9 @@ pub struct InstanceSpec {
     /// Tags.
     #[serde(default)]
     pub tags: BTreeMap<String, String>,
+    /// Its pod CIDRs from the cloud (with `[pod_cidrs]`); empty: the next of each pool.
+    #[serde(default)]
+    pub pod_cidrs: Vec<String>,
     /// Labels the cloud offers for the instance's Node beside zone, region and type
     /// (`additional_labels`; the core drops those in the `kubernetes.io` and `k8s.io` domains).
     #[serde(default)]
@@ -232,6 +264,7 @@ impl Default for InstanceSpec {
             tags: BTreeMap::new(),
             labels: BTreeMap::new(),
             no_addresses: false,
+            pod_cidrs: Vec::new(),
             answer: Answer::default(),
         }
     }

@@ -72,6 +72,7 @@ impl From<MetadataDocument> for pb::InstanceMetadata {
             zone: d.zone,
             region: d.region,
             node_name: d.hostname.clone(),
+            pod_cidrs: Vec::new(),
             hostname: d.hostname,
             additional_labels: Default::default(),
             state: pb::InstanceState::Running as i32,

@@ -59,7 +59,13 @@ impl ccm_provider_sdk::Instances for SimProvider {
     }
 
     fn capabilities(&self) -> pb::InstancesCapabilities {
-        pb::InstancesCapabilities { batch_reads: self.cloud.batch_reads(), metadata_tags: self.cloud.metadata_tags() }
+        let (pod_cidrs, pod_cidrs_routed) = self.cloud.pod_cidr_capabilities();
+        pb::InstancesCapabilities {
+            batch_reads: self.cloud.batch_reads(),
+            metadata_tags: self.cloud.metadata_tags(),
+            pod_cidrs,
+            pod_cidrs_routed,
+        }
     }
 
     async fn instance_metadata(&self, lookup: &pb::InstanceLookup) -> Result<Option<pb::InstanceMetadata>> {
@@ -117,6 +123,33 @@ impl ccm_provider_sdk::Tags for SimProvider {
         self.cloud.api_call("BatchGetInstanceTags").await?;
         let lie = self.cloud.lie("BatchGetInstanceTags");
         Ok(shuffled(lie, lookups.iter().map(|l| Answered::to(l, self.cloud.instance_tags(l))).collect()))
+    }
+
+    fn capabilities(&self) -> pb::TagsCapabilities {
+        pb::TagsCapabilities { set_tags: self.cloud.sets_tags() }
+    }
+
+    /// One cloud call for the whole batch (as EC2's CreateTags and DeleteTags take many
+    /// resources).
+    async fn batch_set_instance_tags(&self, updates: &[pb::InstanceTagsUpdate]) -> Result<Vec<Answered<bool>>> {
+        const METHOD: &str = "BatchSetInstanceTags";
+        if !self.cloud.sets_tags() {
+            return Err(ccm_provider_sdk::Error::Unimplemented { message: METHOD.into() });
+        }
+        self.cloud.api_call(METHOD).await?;
+        let lie = self.cloud.lie(METHOD);
+        let answers = updates
+            .iter()
+            .map(|u| {
+                let lookup = u.instance.clone().unwrap_or_default();
+                let result = match self.cloud.item_fault(METHOD, &lookup.node_name) {
+                    Some(e) => Err(e),
+                    None => self.cloud.update_instance_tags(u),
+                };
+                Answered::to(&lookup, result)
+            })
+            .collect();
+        Ok(shuffled(lie, answers))
     }
 }
 

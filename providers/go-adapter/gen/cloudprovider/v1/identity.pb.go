@@ -279,9 +279,16 @@ type InstancesCapabilities struct {
 	// answer them (clouds whose instance read returns its tags anyway: EC2's DescribeInstances,
 	// a GCE instance's labels, an Azure VM's tags). The core then reads tags with the metadata
 	// and makes no TagsService call of its own: one call per 500 Nodes for both.
-	MetadataTags  bool `protobuf:"varint,2,opt,name=metadata_tags,json=metadataTags,proto3" json:"metadata_tags,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	MetadataTags bool `protobuf:"varint,2,opt,name=metadata_tags,json=metadataTags,proto3" json:"metadata_tags,omitempty"`
+	// InstanceMetadata carries the pod CIDRs the cloud gave the instance in `pod_cidrs` (GCP's
+	// alias IP ranges, AWS's prefix delegation): the core's node IPAM controller, with
+	// `--cidr-allocator-type=CloudAllocator`, sets them as the Node's podCIDRs.
+	PodCidrs bool `protobuf:"varint,3,opt,name=pod_cidrs,json=podCidrs,proto3" json:"pod_cidrs,omitempty"`
+	// The cloud routes the pod CIDRs it gives (alias ranges are routed by the VPC itself): the
+	// route controller creates no route for a Node whose podCIDRs are the cloud's.
+	PodCidrsRouted bool `protobuf:"varint,4,opt,name=pod_cidrs_routed,json=podCidrsRouted,proto3" json:"pod_cidrs_routed,omitempty"`
+	unknownFields  protoimpl.UnknownFields
+	sizeCache      protoimpl.SizeCache
 }
 
 func (x *InstancesCapabilities) Reset() {
@@ -328,6 +335,67 @@ func (x *InstancesCapabilities) GetMetadataTags() bool {
 	return false
 }
 
+func (x *InstancesCapabilities) GetPodCidrs() bool {
+	if x != nil {
+		return x.PodCidrs
+	}
+	return false
+}
+
+func (x *InstancesCapabilities) GetPodCidrsRouted() bool {
+	if x != nil {
+		return x.PodCidrsRouted
+	}
+	return false
+}
+
+// Optional features of TagsService.
+type TagsCapabilities struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// BatchSetInstanceTags is implemented: the core's tagging controller
+	// (`--instance-tags`) writes the cluster's tags to instances with it.
+	SetTags       bool `protobuf:"varint,1,opt,name=set_tags,json=setTags,proto3" json:"set_tags,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *TagsCapabilities) Reset() {
+	*x = TagsCapabilities{}
+	mi := &file_cloudprovider_v1_identity_proto_msgTypes[4]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *TagsCapabilities) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*TagsCapabilities) ProtoMessage() {}
+
+func (x *TagsCapabilities) ProtoReflect() protoreflect.Message {
+	mi := &file_cloudprovider_v1_identity_proto_msgTypes[4]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use TagsCapabilities.ProtoReflect.Descriptor instead.
+func (*TagsCapabilities) Descriptor() ([]byte, []int) {
+	return file_cloudprovider_v1_identity_proto_rawDescGZIP(), []int{4}
+}
+
+func (x *TagsCapabilities) GetSetTags() bool {
+	if x != nil {
+		return x.SetTags
+	}
+	return false
+}
+
 // Optional features of RoutesService.
 type RoutesCapabilities struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -358,7 +426,7 @@ type RoutesCapabilities struct {
 
 func (x *RoutesCapabilities) Reset() {
 	*x = RoutesCapabilities{}
-	mi := &file_cloudprovider_v1_identity_proto_msgTypes[4]
+	mi := &file_cloudprovider_v1_identity_proto_msgTypes[5]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -370,7 +438,7 @@ func (x *RoutesCapabilities) String() string {
 func (*RoutesCapabilities) ProtoMessage() {}
 
 func (x *RoutesCapabilities) ProtoReflect() protoreflect.Message {
-	mi := &file_cloudprovider_v1_identity_proto_msgTypes[4]
+	mi := &file_cloudprovider_v1_identity_proto_msgTypes[5]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -383,7 +451,7 @@ func (x *RoutesCapabilities) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RoutesCapabilities.ProtoReflect.Descriptor instead.
 func (*RoutesCapabilities) Descriptor() ([]byte, []int) {
-	return file_cloudprovider_v1_identity_proto_rawDescGZIP(), []int{4}
+	return file_cloudprovider_v1_identity_proto_rawDescGZIP(), []int{5}
 }
 
 func (x *RoutesCapabilities) GetMultipleTables() bool {
@@ -461,7 +529,7 @@ type LoadBalancersCapabilities struct {
 
 func (x *LoadBalancersCapabilities) Reset() {
 	*x = LoadBalancersCapabilities{}
-	mi := &file_cloudprovider_v1_identity_proto_msgTypes[5]
+	mi := &file_cloudprovider_v1_identity_proto_msgTypes[6]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -473,7 +541,7 @@ func (x *LoadBalancersCapabilities) String() string {
 func (*LoadBalancersCapabilities) ProtoMessage() {}
 
 func (x *LoadBalancersCapabilities) ProtoReflect() protoreflect.Message {
-	mi := &file_cloudprovider_v1_identity_proto_msgTypes[5]
+	mi := &file_cloudprovider_v1_identity_proto_msgTypes[6]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -486,7 +554,7 @@ func (x *LoadBalancersCapabilities) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LoadBalancersCapabilities.ProtoReflect.Descriptor instead.
 func (*LoadBalancersCapabilities) Descriptor() ([]byte, []int) {
-	return file_cloudprovider_v1_identity_proto_rawDescGZIP(), []int{5}
+	return file_cloudprovider_v1_identity_proto_rawDescGZIP(), []int{6}
 }
 
 func (x *LoadBalancersCapabilities) GetMaxNameLength() uint32 {
@@ -542,13 +610,15 @@ type GetPluginCapabilitiesResponse struct {
 	Routes *RoutesCapabilities `protobuf:"bytes,3,opt,name=routes,proto3" json:"routes,omitempty"`
 	// Features of LoadBalancersService; unset when it is not implemented.
 	LoadBalancers *LoadBalancersCapabilities `protobuf:"bytes,4,opt,name=load_balancers,json=loadBalancers,proto3" json:"load_balancers,omitempty"`
+	// Features of TagsService; unset when it is not implemented or has none.
+	Tags          *TagsCapabilities `protobuf:"bytes,5,opt,name=tags,proto3" json:"tags,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *GetPluginCapabilitiesResponse) Reset() {
 	*x = GetPluginCapabilitiesResponse{}
-	mi := &file_cloudprovider_v1_identity_proto_msgTypes[6]
+	mi := &file_cloudprovider_v1_identity_proto_msgTypes[7]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -560,7 +630,7 @@ func (x *GetPluginCapabilitiesResponse) String() string {
 func (*GetPluginCapabilitiesResponse) ProtoMessage() {}
 
 func (x *GetPluginCapabilitiesResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_cloudprovider_v1_identity_proto_msgTypes[6]
+	mi := &file_cloudprovider_v1_identity_proto_msgTypes[7]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -573,7 +643,7 @@ func (x *GetPluginCapabilitiesResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetPluginCapabilitiesResponse.ProtoReflect.Descriptor instead.
 func (*GetPluginCapabilitiesResponse) Descriptor() ([]byte, []int) {
-	return file_cloudprovider_v1_identity_proto_rawDescGZIP(), []int{6}
+	return file_cloudprovider_v1_identity_proto_rawDescGZIP(), []int{7}
 }
 
 func (x *GetPluginCapabilitiesResponse) GetServices() []ServiceType {
@@ -604,6 +674,13 @@ func (x *GetPluginCapabilitiesResponse) GetLoadBalancers() *LoadBalancersCapabil
 	return nil
 }
 
+func (x *GetPluginCapabilitiesResponse) GetTags() *TagsCapabilities {
+	if x != nil {
+		return x.Tags
+	}
+	return nil
+}
+
 // Request of Probe. Empty.
 type ProbeRequest struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
@@ -613,7 +690,7 @@ type ProbeRequest struct {
 
 func (x *ProbeRequest) Reset() {
 	*x = ProbeRequest{}
-	mi := &file_cloudprovider_v1_identity_proto_msgTypes[7]
+	mi := &file_cloudprovider_v1_identity_proto_msgTypes[8]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -625,7 +702,7 @@ func (x *ProbeRequest) String() string {
 func (*ProbeRequest) ProtoMessage() {}
 
 func (x *ProbeRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_cloudprovider_v1_identity_proto_msgTypes[7]
+	mi := &file_cloudprovider_v1_identity_proto_msgTypes[8]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -638,7 +715,7 @@ func (x *ProbeRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ProbeRequest.ProtoReflect.Descriptor instead.
 func (*ProbeRequest) Descriptor() ([]byte, []int) {
-	return file_cloudprovider_v1_identity_proto_rawDescGZIP(), []int{7}
+	return file_cloudprovider_v1_identity_proto_rawDescGZIP(), []int{8}
 }
 
 // Response of Probe.
@@ -656,7 +733,7 @@ type ProbeResponse struct {
 
 func (x *ProbeResponse) Reset() {
 	*x = ProbeResponse{}
-	mi := &file_cloudprovider_v1_identity_proto_msgTypes[8]
+	mi := &file_cloudprovider_v1_identity_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -668,7 +745,7 @@ func (x *ProbeResponse) String() string {
 func (*ProbeResponse) ProtoMessage() {}
 
 func (x *ProbeResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_cloudprovider_v1_identity_proto_msgTypes[8]
+	mi := &file_cloudprovider_v1_identity_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -681,7 +758,7 @@ func (x *ProbeResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ProbeResponse.ProtoReflect.Descriptor instead.
 func (*ProbeResponse) Descriptor() ([]byte, []int) {
-	return file_cloudprovider_v1_identity_proto_rawDescGZIP(), []int{8}
+	return file_cloudprovider_v1_identity_proto_rawDescGZIP(), []int{9}
 }
 
 func (x *ProbeResponse) GetReady() bool {
@@ -721,11 +798,15 @@ const file_cloudprovider_v1_identity_proto_rawDesc = "" +
 	"\rManifestEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\x1e\n" +
-	"\x1cGetPluginCapabilitiesRequest\"]\n" +
+	"\x1cGetPluginCapabilitiesRequest\"\xa4\x01\n" +
 	"\x15InstancesCapabilities\x12\x1f\n" +
 	"\vbatch_reads\x18\x01 \x01(\bR\n" +
 	"batchReads\x12#\n" +
-	"\rmetadata_tags\x18\x02 \x01(\bR\fmetadataTags\"\xf3\x01\n" +
+	"\rmetadata_tags\x18\x02 \x01(\bR\fmetadataTags\x12\x1b\n" +
+	"\tpod_cidrs\x18\x03 \x01(\bR\bpodCidrs\x12(\n" +
+	"\x10pod_cidrs_routed\x18\x04 \x01(\bR\x0epodCidrsRouted\"-\n" +
+	"\x10TagsCapabilities\x12\x19\n" +
+	"\bset_tags\x18\x01 \x01(\bR\asetTags\"\xf3\x01\n" +
 	"\x12RoutesCapabilities\x12'\n" +
 	"\x0fmultiple_tables\x18\x01 \x01(\bR\x0emultipleTables\x12/\n" +
 	"\x14max_routes_per_table\x18\x02 \x01(\rR\x11maxRoutesPerTable\x12\x12\n" +
@@ -740,12 +821,13 @@ const file_cloudprovider_v1_identity_proto_rawDesc = "" +
 	"\x04list\x18\x03 \x01(\bR\x04list\x12*\n" +
 	"\x11bulk_update_hosts\x18\x04 \x01(\bR\x0fbulkUpdateHosts\x12#\n" +
 	"\rpod_endpoints\x18\x05 \x01(\bR\fpodEndpoints\x12\x18\n" +
-	"\aclasses\x18\x06 \x03(\tR\aclasses\"\xb3\x02\n" +
+	"\aclasses\x18\x06 \x03(\tR\aclasses\"\xeb\x02\n" +
 	"\x1dGetPluginCapabilitiesResponse\x129\n" +
 	"\bservices\x18\x01 \x03(\x0e2\x1d.cloudprovider.v1.ServiceTypeR\bservices\x12E\n" +
 	"\tinstances\x18\x02 \x01(\v2'.cloudprovider.v1.InstancesCapabilitiesR\tinstances\x12<\n" +
 	"\x06routes\x18\x03 \x01(\v2$.cloudprovider.v1.RoutesCapabilitiesR\x06routes\x12R\n" +
-	"\x0eload_balancers\x18\x04 \x01(\v2+.cloudprovider.v1.LoadBalancersCapabilitiesR\rloadBalancers\"\x0e\n" +
+	"\x0eload_balancers\x18\x04 \x01(\v2+.cloudprovider.v1.LoadBalancersCapabilitiesR\rloadBalancers\x126\n" +
+	"\x04tags\x18\x05 \x01(\v2\".cloudprovider.v1.TagsCapabilitiesR\x04tags\"\x0e\n" +
 	"\fProbeRequest\"w\n" +
 	"\rProbeResponse\x12\x14\n" +
 	"\x05ready\x18\x01 \x01(\bR\x05ready\x12\x18\n" +
@@ -778,39 +860,41 @@ func file_cloudprovider_v1_identity_proto_rawDescGZIP() []byte {
 }
 
 var file_cloudprovider_v1_identity_proto_enumTypes = make([]protoimpl.EnumInfo, 1)
-var file_cloudprovider_v1_identity_proto_msgTypes = make([]protoimpl.MessageInfo, 10)
+var file_cloudprovider_v1_identity_proto_msgTypes = make([]protoimpl.MessageInfo, 11)
 var file_cloudprovider_v1_identity_proto_goTypes = []any{
 	(ServiceType)(0),                      // 0: cloudprovider.v1.ServiceType
 	(*GetPluginInfoRequest)(nil),          // 1: cloudprovider.v1.GetPluginInfoRequest
 	(*GetPluginInfoResponse)(nil),         // 2: cloudprovider.v1.GetPluginInfoResponse
 	(*GetPluginCapabilitiesRequest)(nil),  // 3: cloudprovider.v1.GetPluginCapabilitiesRequest
 	(*InstancesCapabilities)(nil),         // 4: cloudprovider.v1.InstancesCapabilities
-	(*RoutesCapabilities)(nil),            // 5: cloudprovider.v1.RoutesCapabilities
-	(*LoadBalancersCapabilities)(nil),     // 6: cloudprovider.v1.LoadBalancersCapabilities
-	(*GetPluginCapabilitiesResponse)(nil), // 7: cloudprovider.v1.GetPluginCapabilitiesResponse
-	(*ProbeRequest)(nil),                  // 8: cloudprovider.v1.ProbeRequest
-	(*ProbeResponse)(nil),                 // 9: cloudprovider.v1.ProbeResponse
-	nil,                                   // 10: cloudprovider.v1.GetPluginInfoResponse.ManifestEntry
-	(*durationpb.Duration)(nil),           // 11: google.protobuf.Duration
+	(*TagsCapabilities)(nil),              // 5: cloudprovider.v1.TagsCapabilities
+	(*RoutesCapabilities)(nil),            // 6: cloudprovider.v1.RoutesCapabilities
+	(*LoadBalancersCapabilities)(nil),     // 7: cloudprovider.v1.LoadBalancersCapabilities
+	(*GetPluginCapabilitiesResponse)(nil), // 8: cloudprovider.v1.GetPluginCapabilitiesResponse
+	(*ProbeRequest)(nil),                  // 9: cloudprovider.v1.ProbeRequest
+	(*ProbeResponse)(nil),                 // 10: cloudprovider.v1.ProbeResponse
+	nil,                                   // 11: cloudprovider.v1.GetPluginInfoResponse.ManifestEntry
+	(*durationpb.Duration)(nil),           // 12: google.protobuf.Duration
 }
 var file_cloudprovider_v1_identity_proto_depIdxs = []int32{
-	10, // 0: cloudprovider.v1.GetPluginInfoResponse.manifest:type_name -> cloudprovider.v1.GetPluginInfoResponse.ManifestEntry
+	11, // 0: cloudprovider.v1.GetPluginInfoResponse.manifest:type_name -> cloudprovider.v1.GetPluginInfoResponse.ManifestEntry
 	0,  // 1: cloudprovider.v1.GetPluginCapabilitiesResponse.services:type_name -> cloudprovider.v1.ServiceType
 	4,  // 2: cloudprovider.v1.GetPluginCapabilitiesResponse.instances:type_name -> cloudprovider.v1.InstancesCapabilities
-	5,  // 3: cloudprovider.v1.GetPluginCapabilitiesResponse.routes:type_name -> cloudprovider.v1.RoutesCapabilities
-	6,  // 4: cloudprovider.v1.GetPluginCapabilitiesResponse.load_balancers:type_name -> cloudprovider.v1.LoadBalancersCapabilities
-	11, // 5: cloudprovider.v1.ProbeResponse.cache_ttl:type_name -> google.protobuf.Duration
-	1,  // 6: cloudprovider.v1.IdentityService.GetPluginInfo:input_type -> cloudprovider.v1.GetPluginInfoRequest
-	3,  // 7: cloudprovider.v1.IdentityService.GetPluginCapabilities:input_type -> cloudprovider.v1.GetPluginCapabilitiesRequest
-	8,  // 8: cloudprovider.v1.IdentityService.Probe:input_type -> cloudprovider.v1.ProbeRequest
-	2,  // 9: cloudprovider.v1.IdentityService.GetPluginInfo:output_type -> cloudprovider.v1.GetPluginInfoResponse
-	7,  // 10: cloudprovider.v1.IdentityService.GetPluginCapabilities:output_type -> cloudprovider.v1.GetPluginCapabilitiesResponse
-	9,  // 11: cloudprovider.v1.IdentityService.Probe:output_type -> cloudprovider.v1.ProbeResponse
-	9,  // [9:12] is the sub-list for method output_type
-	6,  // [6:9] is the sub-list for method input_type
-	6,  // [6:6] is the sub-list for extension type_name
-	6,  // [6:6] is the sub-list for extension extendee
-	0,  // [0:6] is the sub-list for field type_name
+	6,  // 3: cloudprovider.v1.GetPluginCapabilitiesResponse.routes:type_name -> cloudprovider.v1.RoutesCapabilities
+	7,  // 4: cloudprovider.v1.GetPluginCapabilitiesResponse.load_balancers:type_name -> cloudprovider.v1.LoadBalancersCapabilities
+	5,  // 5: cloudprovider.v1.GetPluginCapabilitiesResponse.tags:type_name -> cloudprovider.v1.TagsCapabilities
+	12, // 6: cloudprovider.v1.ProbeResponse.cache_ttl:type_name -> google.protobuf.Duration
+	1,  // 7: cloudprovider.v1.IdentityService.GetPluginInfo:input_type -> cloudprovider.v1.GetPluginInfoRequest
+	3,  // 8: cloudprovider.v1.IdentityService.GetPluginCapabilities:input_type -> cloudprovider.v1.GetPluginCapabilitiesRequest
+	9,  // 9: cloudprovider.v1.IdentityService.Probe:input_type -> cloudprovider.v1.ProbeRequest
+	2,  // 10: cloudprovider.v1.IdentityService.GetPluginInfo:output_type -> cloudprovider.v1.GetPluginInfoResponse
+	8,  // 11: cloudprovider.v1.IdentityService.GetPluginCapabilities:output_type -> cloudprovider.v1.GetPluginCapabilitiesResponse
+	10, // 12: cloudprovider.v1.IdentityService.Probe:output_type -> cloudprovider.v1.ProbeResponse
+	10, // [10:13] is the sub-list for method output_type
+	7,  // [7:10] is the sub-list for method input_type
+	7,  // [7:7] is the sub-list for extension type_name
+	7,  // [7:7] is the sub-list for extension extendee
+	0,  // [0:7] is the sub-list for field type_name
 }
 
 func init() { file_cloudprovider_v1_identity_proto_init() }
@@ -824,7 +908,7 @@ func file_cloudprovider_v1_identity_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_cloudprovider_v1_identity_proto_rawDesc), len(file_cloudprovider_v1_identity_proto_rawDesc)),
 			NumEnums:      1,
-			NumMessages:   10,
+			NumMessages:   11,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

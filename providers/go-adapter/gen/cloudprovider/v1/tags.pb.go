@@ -306,6 +306,226 @@ func (x *BatchGetInstanceTagsResponse) GetCacheTtl() *durationpb.Duration {
 	return nil
 }
 
+// The tags to write to one instance.
+type InstanceTagsUpdate struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The instance.
+	Instance *InstanceLookup `protobuf:"bytes,1,opt,name=instance,proto3" json:"instance,omitempty"`
+	// Tags to add, or to update to these values.
+	Set map[string]string `protobuf:"bytes,2,rep,name=set,proto3" json:"set,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
+	// Tag keys to remove (absent keys are fine). A key is never in both.
+	Remove        []string `protobuf:"bytes,3,rep,name=remove,proto3" json:"remove,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *InstanceTagsUpdate) Reset() {
+	*x = InstanceTagsUpdate{}
+	mi := &file_cloudprovider_v1_tags_proto_msgTypes[5]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *InstanceTagsUpdate) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*InstanceTagsUpdate) ProtoMessage() {}
+
+func (x *InstanceTagsUpdate) ProtoReflect() protoreflect.Message {
+	mi := &file_cloudprovider_v1_tags_proto_msgTypes[5]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use InstanceTagsUpdate.ProtoReflect.Descriptor instead.
+func (*InstanceTagsUpdate) Descriptor() ([]byte, []int) {
+	return file_cloudprovider_v1_tags_proto_rawDescGZIP(), []int{5}
+}
+
+func (x *InstanceTagsUpdate) GetInstance() *InstanceLookup {
+	if x != nil {
+		return x.Instance
+	}
+	return nil
+}
+
+func (x *InstanceTagsUpdate) GetSet() map[string]string {
+	if x != nil {
+		return x.Set
+	}
+	return nil
+}
+
+func (x *InstanceTagsUpdate) GetRemove() []string {
+	if x != nil {
+		return x.Remove
+	}
+	return nil
+}
+
+// Request of BatchSetInstanceTags.
+type BatchSetInstanceTagsRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The instances and their changes; at most 500, each instance once.
+	Updates       []*InstanceTagsUpdate `protobuf:"bytes,1,rep,name=updates,proto3" json:"updates,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *BatchSetInstanceTagsRequest) Reset() {
+	*x = BatchSetInstanceTagsRequest{}
+	mi := &file_cloudprovider_v1_tags_proto_msgTypes[6]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *BatchSetInstanceTagsRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*BatchSetInstanceTagsRequest) ProtoMessage() {}
+
+func (x *BatchSetInstanceTagsRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_cloudprovider_v1_tags_proto_msgTypes[6]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use BatchSetInstanceTagsRequest.ProtoReflect.Descriptor instead.
+func (*BatchSetInstanceTagsRequest) Descriptor() ([]byte, []int) {
+	return file_cloudprovider_v1_tags_proto_rawDescGZIP(), []int{6}
+}
+
+func (x *BatchSetInstanceTagsRequest) GetUpdates() []*InstanceTagsUpdate {
+	if x != nil {
+		return x.Updates
+	}
+	return nil
+}
+
+// The result of one item of BatchSetInstanceTags.
+type SetInstanceTagsResult struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// False when the instance does not exist (nothing was written) or `error` is set.
+	Exists bool `protobuf:"varint,1,opt,name=exists,proto3" json:"exists,omitempty"`
+	// Set when this item failed (INVALID_ARGUMENT for a key or value the cloud refuses).
+	Error *ItemError `protobuf:"bytes,2,opt,name=error,proto3" json:"error,omitempty"`
+	// The lookup this result answers (required, as InstanceMetadataResult.lookup).
+	Lookup        *LookupKey `protobuf:"bytes,3,opt,name=lookup,proto3" json:"lookup,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *SetInstanceTagsResult) Reset() {
+	*x = SetInstanceTagsResult{}
+	mi := &file_cloudprovider_v1_tags_proto_msgTypes[7]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *SetInstanceTagsResult) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*SetInstanceTagsResult) ProtoMessage() {}
+
+func (x *SetInstanceTagsResult) ProtoReflect() protoreflect.Message {
+	mi := &file_cloudprovider_v1_tags_proto_msgTypes[7]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use SetInstanceTagsResult.ProtoReflect.Descriptor instead.
+func (*SetInstanceTagsResult) Descriptor() ([]byte, []int) {
+	return file_cloudprovider_v1_tags_proto_rawDescGZIP(), []int{7}
+}
+
+func (x *SetInstanceTagsResult) GetExists() bool {
+	if x != nil {
+		return x.Exists
+	}
+	return false
+}
+
+func (x *SetInstanceTagsResult) GetError() *ItemError {
+	if x != nil {
+		return x.Error
+	}
+	return nil
+}
+
+func (x *SetInstanceTagsResult) GetLookup() *LookupKey {
+	if x != nil {
+		return x.Lookup
+	}
+	return nil
+}
+
+// Response of BatchSetInstanceTags.
+type BatchSetInstanceTagsResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// One result per item, each naming its lookup.
+	Results       []*SetInstanceTagsResult `protobuf:"bytes,1,rep,name=results,proto3" json:"results,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *BatchSetInstanceTagsResponse) Reset() {
+	*x = BatchSetInstanceTagsResponse{}
+	mi := &file_cloudprovider_v1_tags_proto_msgTypes[8]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *BatchSetInstanceTagsResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*BatchSetInstanceTagsResponse) ProtoMessage() {}
+
+func (x *BatchSetInstanceTagsResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_cloudprovider_v1_tags_proto_msgTypes[8]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use BatchSetInstanceTagsResponse.ProtoReflect.Descriptor instead.
+func (*BatchSetInstanceTagsResponse) Descriptor() ([]byte, []int) {
+	return file_cloudprovider_v1_tags_proto_rawDescGZIP(), []int{8}
+}
+
+func (x *BatchSetInstanceTagsResponse) GetResults() []*SetInstanceTagsResult {
+	if x != nil {
+		return x.Results
+	}
+	return nil
+}
+
 var File_cloudprovider_v1_tags_proto protoreflect.FileDescriptor
 
 const file_cloudprovider_v1_tags_proto_rawDesc = "" +
@@ -332,10 +552,26 @@ const file_cloudprovider_v1_tags_proto_rawDesc = "" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\x96\x01\n" +
 	"\x1cBatchGetInstanceTagsResponse\x12>\n" +
 	"\aresults\x18\x01 \x03(\v2$.cloudprovider.v1.InstanceTagsResultR\aresults\x126\n" +
-	"\tcache_ttl\x18\x02 \x01(\v2\x19.google.protobuf.DurationR\bcacheTtl2\xec\x01\n" +
+	"\tcache_ttl\x18\x02 \x01(\v2\x19.google.protobuf.DurationR\bcacheTtl\"\xe3\x01\n" +
+	"\x12InstanceTagsUpdate\x12<\n" +
+	"\binstance\x18\x01 \x01(\v2 .cloudprovider.v1.InstanceLookupR\binstance\x12?\n" +
+	"\x03set\x18\x02 \x03(\v2-.cloudprovider.v1.InstanceTagsUpdate.SetEntryR\x03set\x12\x16\n" +
+	"\x06remove\x18\x03 \x03(\tR\x06remove\x1a6\n" +
+	"\bSetEntry\x12\x10\n" +
+	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"]\n" +
+	"\x1bBatchSetInstanceTagsRequest\x12>\n" +
+	"\aupdates\x18\x01 \x03(\v2$.cloudprovider.v1.InstanceTagsUpdateR\aupdates\"\x97\x01\n" +
+	"\x15SetInstanceTagsResult\x12\x16\n" +
+	"\x06exists\x18\x01 \x01(\bR\x06exists\x121\n" +
+	"\x05error\x18\x02 \x01(\v2\x1b.cloudprovider.v1.ItemErrorR\x05error\x123\n" +
+	"\x06lookup\x18\x03 \x01(\v2\x1b.cloudprovider.v1.LookupKeyR\x06lookup\"a\n" +
+	"\x1cBatchSetInstanceTagsResponse\x12A\n" +
+	"\aresults\x18\x01 \x03(\v2'.cloudprovider.v1.SetInstanceTagsResultR\aresults2\xe3\x02\n" +
 	"\vTagsService\x12f\n" +
 	"\x0fGetInstanceTags\x12(.cloudprovider.v1.GetInstanceTagsRequest\x1a).cloudprovider.v1.GetInstanceTagsResponse\x12u\n" +
-	"\x14BatchGetInstanceTags\x12-.cloudprovider.v1.BatchGetInstanceTagsRequest\x1a..cloudprovider.v1.BatchGetInstanceTagsResponseB\xc5\x01\n" +
+	"\x14BatchGetInstanceTags\x12-.cloudprovider.v1.BatchGetInstanceTagsRequest\x1a..cloudprovider.v1.BatchGetInstanceTagsResponse\x12u\n" +
+	"\x14BatchSetInstanceTags\x12-.cloudprovider.v1.BatchSetInstanceTagsRequest\x1a..cloudprovider.v1.BatchSetInstanceTagsResponseB\xc5\x01\n" +
 	"\x14com.cloudprovider.v1B\tTagsProtoP\x01ZAgithub.com/ccm-rs/go-adapter/gen/cloudprovider/v1;cloudproviderv1\xa2\x02\x03CXX\xaa\x02\x10Cloudprovider.V1\xca\x02\x10Cloudprovider\\V1\xe2\x02\x1cCloudprovider\\V1\\GPBMetadata\xea\x02\x11Cloudprovider::V1b\x06proto3"
 
 var (
@@ -350,39 +586,52 @@ func file_cloudprovider_v1_tags_proto_rawDescGZIP() []byte {
 	return file_cloudprovider_v1_tags_proto_rawDescData
 }
 
-var file_cloudprovider_v1_tags_proto_msgTypes = make([]protoimpl.MessageInfo, 7)
+var file_cloudprovider_v1_tags_proto_msgTypes = make([]protoimpl.MessageInfo, 12)
 var file_cloudprovider_v1_tags_proto_goTypes = []any{
 	(*GetInstanceTagsRequest)(nil),       // 0: cloudprovider.v1.GetInstanceTagsRequest
 	(*GetInstanceTagsResponse)(nil),      // 1: cloudprovider.v1.GetInstanceTagsResponse
 	(*BatchGetInstanceTagsRequest)(nil),  // 2: cloudprovider.v1.BatchGetInstanceTagsRequest
 	(*InstanceTagsResult)(nil),           // 3: cloudprovider.v1.InstanceTagsResult
 	(*BatchGetInstanceTagsResponse)(nil), // 4: cloudprovider.v1.BatchGetInstanceTagsResponse
-	nil,                                  // 5: cloudprovider.v1.GetInstanceTagsResponse.TagsEntry
-	nil,                                  // 6: cloudprovider.v1.InstanceTagsResult.TagsEntry
-	(*InstanceLookup)(nil),               // 7: cloudprovider.v1.InstanceLookup
-	(*durationpb.Duration)(nil),          // 8: google.protobuf.Duration
-	(*ItemError)(nil),                    // 9: cloudprovider.v1.ItemError
-	(*LookupKey)(nil),                    // 10: cloudprovider.v1.LookupKey
+	(*InstanceTagsUpdate)(nil),           // 5: cloudprovider.v1.InstanceTagsUpdate
+	(*BatchSetInstanceTagsRequest)(nil),  // 6: cloudprovider.v1.BatchSetInstanceTagsRequest
+	(*SetInstanceTagsResult)(nil),        // 7: cloudprovider.v1.SetInstanceTagsResult
+	(*BatchSetInstanceTagsResponse)(nil), // 8: cloudprovider.v1.BatchSetInstanceTagsResponse
+	nil,                                  // 9: cloudprovider.v1.GetInstanceTagsResponse.TagsEntry
+	nil,                                  // 10: cloudprovider.v1.InstanceTagsResult.TagsEntry
+	nil,                                  // 11: cloudprovider.v1.InstanceTagsUpdate.SetEntry
+	(*InstanceLookup)(nil),               // 12: cloudprovider.v1.InstanceLookup
+	(*durationpb.Duration)(nil),          // 13: google.protobuf.Duration
+	(*ItemError)(nil),                    // 14: cloudprovider.v1.ItemError
+	(*LookupKey)(nil),                    // 15: cloudprovider.v1.LookupKey
 }
 var file_cloudprovider_v1_tags_proto_depIdxs = []int32{
-	7,  // 0: cloudprovider.v1.GetInstanceTagsRequest.instance:type_name -> cloudprovider.v1.InstanceLookup
-	5,  // 1: cloudprovider.v1.GetInstanceTagsResponse.tags:type_name -> cloudprovider.v1.GetInstanceTagsResponse.TagsEntry
-	8,  // 2: cloudprovider.v1.GetInstanceTagsResponse.cache_ttl:type_name -> google.protobuf.Duration
-	7,  // 3: cloudprovider.v1.BatchGetInstanceTagsRequest.instances:type_name -> cloudprovider.v1.InstanceLookup
-	6,  // 4: cloudprovider.v1.InstanceTagsResult.tags:type_name -> cloudprovider.v1.InstanceTagsResult.TagsEntry
-	9,  // 5: cloudprovider.v1.InstanceTagsResult.error:type_name -> cloudprovider.v1.ItemError
-	10, // 6: cloudprovider.v1.InstanceTagsResult.lookup:type_name -> cloudprovider.v1.LookupKey
+	12, // 0: cloudprovider.v1.GetInstanceTagsRequest.instance:type_name -> cloudprovider.v1.InstanceLookup
+	9,  // 1: cloudprovider.v1.GetInstanceTagsResponse.tags:type_name -> cloudprovider.v1.GetInstanceTagsResponse.TagsEntry
+	13, // 2: cloudprovider.v1.GetInstanceTagsResponse.cache_ttl:type_name -> google.protobuf.Duration
+	12, // 3: cloudprovider.v1.BatchGetInstanceTagsRequest.instances:type_name -> cloudprovider.v1.InstanceLookup
+	10, // 4: cloudprovider.v1.InstanceTagsResult.tags:type_name -> cloudprovider.v1.InstanceTagsResult.TagsEntry
+	14, // 5: cloudprovider.v1.InstanceTagsResult.error:type_name -> cloudprovider.v1.ItemError
+	15, // 6: cloudprovider.v1.InstanceTagsResult.lookup:type_name -> cloudprovider.v1.LookupKey
 	3,  // 7: cloudprovider.v1.BatchGetInstanceTagsResponse.results:type_name -> cloudprovider.v1.InstanceTagsResult
-	8,  // 8: cloudprovider.v1.BatchGetInstanceTagsResponse.cache_ttl:type_name -> google.protobuf.Duration
-	0,  // 9: cloudprovider.v1.TagsService.GetInstanceTags:input_type -> cloudprovider.v1.GetInstanceTagsRequest
-	2,  // 10: cloudprovider.v1.TagsService.BatchGetInstanceTags:input_type -> cloudprovider.v1.BatchGetInstanceTagsRequest
-	1,  // 11: cloudprovider.v1.TagsService.GetInstanceTags:output_type -> cloudprovider.v1.GetInstanceTagsResponse
-	4,  // 12: cloudprovider.v1.TagsService.BatchGetInstanceTags:output_type -> cloudprovider.v1.BatchGetInstanceTagsResponse
-	11, // [11:13] is the sub-list for method output_type
-	9,  // [9:11] is the sub-list for method input_type
-	9,  // [9:9] is the sub-list for extension type_name
-	9,  // [9:9] is the sub-list for extension extendee
-	0,  // [0:9] is the sub-list for field type_name
+	13, // 8: cloudprovider.v1.BatchGetInstanceTagsResponse.cache_ttl:type_name -> google.protobuf.Duration
+	12, // 9: cloudprovider.v1.InstanceTagsUpdate.instance:type_name -> cloudprovider.v1.InstanceLookup
+	11, // 10: cloudprovider.v1.InstanceTagsUpdate.set:type_name -> cloudprovider.v1.InstanceTagsUpdate.SetEntry
+	5,  // 11: cloudprovider.v1.BatchSetInstanceTagsRequest.updates:type_name -> cloudprovider.v1.InstanceTagsUpdate
+	14, // 12: cloudprovider.v1.SetInstanceTagsResult.error:type_name -> cloudprovider.v1.ItemError
+	15, // 13: cloudprovider.v1.SetInstanceTagsResult.lookup:type_name -> cloudprovider.v1.LookupKey
+	7,  // 14: cloudprovider.v1.BatchSetInstanceTagsResponse.results:type_name -> cloudprovider.v1.SetInstanceTagsResult
+	0,  // 15: cloudprovider.v1.TagsService.GetInstanceTags:input_type -> cloudprovider.v1.GetInstanceTagsRequest
+	2,  // 16: cloudprovider.v1.TagsService.BatchGetInstanceTags:input_type -> cloudprovider.v1.BatchGetInstanceTagsRequest
+	6,  // 17: cloudprovider.v1.TagsService.BatchSetInstanceTags:input_type -> cloudprovider.v1.BatchSetInstanceTagsRequest
+	1,  // 18: cloudprovider.v1.TagsService.GetInstanceTags:output_type -> cloudprovider.v1.GetInstanceTagsResponse
+	4,  // 19: cloudprovider.v1.TagsService.BatchGetInstanceTags:output_type -> cloudprovider.v1.BatchGetInstanceTagsResponse
+	8,  // 20: cloudprovider.v1.TagsService.BatchSetInstanceTags:output_type -> cloudprovider.v1.BatchSetInstanceTagsResponse
+	18, // [18:21] is the sub-list for method output_type
+	15, // [15:18] is the sub-list for method input_type
+	15, // [15:15] is the sub-list for extension type_name
+	15, // [15:15] is the sub-list for extension extendee
+	0,  // [0:15] is the sub-list for field type_name
 }
 
 func init() { file_cloudprovider_v1_tags_proto_init() }
@@ -397,7 +646,7 @@ func file_cloudprovider_v1_tags_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_cloudprovider_v1_tags_proto_rawDesc), len(file_cloudprovider_v1_tags_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   7,
+			NumMessages:   12,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

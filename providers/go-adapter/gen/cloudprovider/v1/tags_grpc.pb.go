@@ -21,6 +21,7 @@ const _ = grpc.SupportPackageIsVersion9
 const (
 	TagsService_GetInstanceTags_FullMethodName      = "/cloudprovider.v1.TagsService/GetInstanceTags"
 	TagsService_BatchGetInstanceTags_FullMethodName = "/cloudprovider.v1.TagsService/BatchGetInstanceTags"
+	TagsService_BatchSetInstanceTags_FullMethodName = "/cloudprovider.v1.TagsService/BatchSetInstanceTags"
 )
 
 // TagsServiceClient is the client API for TagsService service.
@@ -37,6 +38,12 @@ type TagsServiceClient interface {
 	// The tags of many instances; results in request order, one per lookup, each with its own
 	// error. At most 500 lookups per call.
 	BatchGetInstanceTags(ctx context.Context, in *BatchGetInstanceTagsRequest, opts ...grpc.CallOption) (*BatchGetInstanceTagsResponse, error)
+	// Adds, updates and removes tags of many instances in one call (only when
+	// TagsCapabilities.set_tags is advertised): each item touches exactly the keys it names,
+	// never another tag of the instance. Idempotent. Results in request order, one per item,
+	// each with its own error; an instance that does not exist is exists=false (nothing set).
+	// At most 500 items per call.
+	BatchSetInstanceTags(ctx context.Context, in *BatchSetInstanceTagsRequest, opts ...grpc.CallOption) (*BatchSetInstanceTagsResponse, error)
 }
 
 type tagsServiceClient struct {
@@ -67,6 +74,16 @@ func (c *tagsServiceClient) BatchGetInstanceTags(ctx context.Context, in *BatchG
 	return out, nil
 }
 
+func (c *tagsServiceClient) BatchSetInstanceTags(ctx context.Context, in *BatchSetInstanceTagsRequest, opts ...grpc.CallOption) (*BatchSetInstanceTagsResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(BatchSetInstanceTagsResponse)
+	err := c.cc.Invoke(ctx, TagsService_BatchSetInstanceTags_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 // TagsServiceServer is the server API for TagsService service.
 // All implementations must embed UnimplementedTagsServiceServer
 // for forward compatibility.
@@ -81,6 +98,12 @@ type TagsServiceServer interface {
 	// The tags of many instances; results in request order, one per lookup, each with its own
 	// error. At most 500 lookups per call.
 	BatchGetInstanceTags(context.Context, *BatchGetInstanceTagsRequest) (*BatchGetInstanceTagsResponse, error)
+	// Adds, updates and removes tags of many instances in one call (only when
+	// TagsCapabilities.set_tags is advertised): each item touches exactly the keys it names,
+	// never another tag of the instance. Idempotent. Results in request order, one per item,
+	// each with its own error; an instance that does not exist is exists=false (nothing set).
+	// At most 500 items per call.
+	BatchSetInstanceTags(context.Context, *BatchSetInstanceTagsRequest) (*BatchSetInstanceTagsResponse, error)
 	mustEmbedUnimplementedTagsServiceServer()
 }
 
@@ -96,6 +119,9 @@ func (UnimplementedTagsServiceServer) GetInstanceTags(context.Context, *GetInsta
 }
 func (UnimplementedTagsServiceServer) BatchGetInstanceTags(context.Context, *BatchGetInstanceTagsRequest) (*BatchGetInstanceTagsResponse, error) {
 	return nil, status.Errorf(codes.Unimplemented, "method BatchGetInstanceTags not implemented")
+}
+func (UnimplementedTagsServiceServer) BatchSetInstanceTags(context.Context, *BatchSetInstanceTagsRequest) (*BatchSetInstanceTagsResponse, error) {
+	return nil, status.Errorf(codes.Unimplemented, "method BatchSetInstanceTags not implemented")
 }
 func (UnimplementedTagsServiceServer) mustEmbedUnimplementedTagsServiceServer() {}
 func (UnimplementedTagsServiceServer) testEmbeddedByValue()                     {}
@@ -154,6 +180,24 @@ func _TagsService_BatchGetInstanceTags_Handler(srv interface{}, ctx context.Cont
 	return interceptor(ctx, in, info, handler)
 }
 
+func _TagsService_BatchSetInstanceTags_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(BatchSetInstanceTagsRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(TagsServiceServer).BatchSetInstanceTags(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: TagsService_BatchSetInstanceTags_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(TagsServiceServer).BatchSetInstanceTags(ctx, req.(*BatchSetInstanceTagsRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 // TagsService_ServiceDesc is the grpc.ServiceDesc for TagsService service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -168,6 +212,10 @@ var TagsService_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "BatchGetInstanceTags",
 			Handler:    _TagsService_BatchGetInstanceTags_Handler,
+		},
+		{
+			MethodName: "BatchSetInstanceTags",
+			Handler:    _TagsService_BatchSetInstanceTags_Handler,
 		},
 	},
 	Streams:  []grpc.StreamDesc{},

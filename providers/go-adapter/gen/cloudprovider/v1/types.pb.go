@@ -376,7 +376,10 @@ type InstanceMetadata struct {
 	NodeName string `protobuf:"bytes,10,opt,name=node_name,json=nodeName,proto3" json:"node_name,omitempty"`
 	// The instance's tags, when InstancesCapabilities.metadata_tags is advertised (empty
 	// otherwise, which then says nothing about the tags).
-	Tags          map[string]string `protobuf:"bytes,11,rep,name=tags,proto3" json:"tags,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
+	Tags map[string]string `protobuf:"bytes,11,rep,name=tags,proto3" json:"tags,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
+	// The pod CIDRs the cloud gave the instance, at most one per IP family (IPv4 first), when
+	// InstancesCapabilities.pod_cidrs is advertised; empty when it gave none.
+	PodCidrs      []string `protobuf:"bytes,12,rep,name=pod_cidrs,json=podCidrs,proto3" json:"pod_cidrs,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -488,6 +491,13 @@ func (x *InstanceMetadata) GetTags() map[string]string {
 	return nil
 }
 
+func (x *InstanceMetadata) GetPodCidrs() []string {
+	if x != nil {
+		return x.PodCidrs
+	}
+	return nil
+}
+
 // The error of one item inside an OK batch response.
 type ItemError struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -582,7 +592,7 @@ const file_cloudprovider_v1_types_proto_rawDesc = "" +
 	"\tLookupKey\x12\x1f\n" +
 	"\vprovider_id\x18\x01 \x01(\tR\n" +
 	"providerId\x12\x1b\n" +
-	"\tnode_name\x18\x02 \x01(\tR\bnodeName\"\xf9\x04\n" +
+	"\tnode_name\x18\x02 \x01(\tR\bnodeName\"\x96\x05\n" +
 	"\x10InstanceMetadata\x12\x1f\n" +
 	"\vprovider_id\x18\x01 \x01(\tR\n" +
 	"providerId\x12\x1f\n" +
@@ -597,7 +607,8 @@ const file_cloudprovider_v1_types_proto_rawDesc = "" +
 	"\x05state\x18\t \x01(\x0e2\x1f.cloudprovider.v1.InstanceStateR\x05state\x12\x1b\n" +
 	"\tnode_name\x18\n" +
 	" \x01(\tR\bnodeName\x12@\n" +
-	"\x04tags\x18\v \x03(\v2,.cloudprovider.v1.InstanceMetadata.TagsEntryR\x04tags\x1aC\n" +
+	"\x04tags\x18\v \x03(\v2,.cloudprovider.v1.InstanceMetadata.TagsEntryR\x04tags\x12\x1b\n" +
+	"\tpod_cidrs\x18\f \x03(\tR\bpodCidrs\x1aC\n" +
 	"\x15AdditionalLabelsEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\x1a7\n" +
