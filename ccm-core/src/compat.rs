@@ -49,7 +49,9 @@ pub struct UpstreamFlags {
     /// range allocator; --node-cidr-mask-size-ipv4/-ipv6 set their size).
     #[arg(long, num_args = 0..=1, require_equals = true, default_missing_value = "true", action = clap::ArgAction::Set)]
     pub allocate_node_cidrs: Option<bool>,
-    /// The CIDR allocator: `RangeAllocator` (the only one here); `CloudAllocator` is refused.
+    /// The CIDR allocator: `RangeAllocator` (over --cluster-cidr, the default) or
+    /// `CloudAllocator` (each Node's podCIDRs from its instance's metadata, when the provider
+    /// gives them: GCP's alias ranges, AWS's prefix delegation).
     #[arg(long, value_name = "TYPE")]
     pub cidr_allocator_type: Option<String>,
     /// Only `leases` (upstream's only lock since 1.24).
@@ -249,13 +251,16 @@ impl UpstreamFlags {
         let mut notes = Vec::new();
         let mut note = |flag: &str, what: &str| notes.push(format!("{flag}: {what}"));
         match self.cidr_allocator_type.as_deref() {
-            None | Some("RangeAllocator") => {}
+            None | Some("RangeAllocator") | Some("CloudAllocator") => {}
             Some(other) => {
                 return Err(format!(
-                    "--cidr-allocator-type={other}: the node IPAM controller here is a RangeAllocator (over --cluster-cidr); \
-                     use RangeAllocator or remove the flag"
+                    "--cidr-allocator-type={other}: the node IPAM controller here is a RangeAllocator (over --cluster-cidr) \
+                     or a CloudAllocator (podCIDRs from the provider's instance metadata); use one of them or remove the flag"
                 ));
             }
+        }
+        if self.cidr_allocator_type.as_deref() == Some("CloudAllocator") && self.allocate_node_cidrs != Some(true) {
+            note("--cidr-allocator-type=CloudAllocator", "has no effect without --allocate-node-cidrs=true");
         }
         if let Some(lock) = self.leader_elect_resource_lock.as_deref().filter(|l| *l != "leases") {
             return Err(format!("--leader-elect-resource-lock={lock}: leader election is by Lease only; use leases"));

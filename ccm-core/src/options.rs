@@ -510,6 +510,11 @@ pub enum Command {
 }
 
 impl Options {
+    /// Whether node IPAM takes podCIDRs from the cloud (`--cidr-allocator-type=CloudAllocator`).
+    pub fn cloud_allocator(&self) -> bool {
+        self.upstream.cidr_allocator_type.as_deref() == Some("CloudAllocator")
+    }
+
     /// Whether the node IPAM controller gives Nodes their podCIDRs (`--allocate-node-cidrs`).
     pub fn allocate_node_cidrs(&self) -> bool {
         self.upstream.allocate_node_cidrs == Some(true)

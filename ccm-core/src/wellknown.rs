@@ -59,5 +59,8 @@ pub const ANNOTATION_LOAD_BALANCER_PROVIDER: &str = "ccm-rs.dev/load-balancer-pr
 /// (`pool=ingress`, `zone in (a,b)`, `!spot`). The core gives the load balancer only the
 /// backends it matches; a malformed one is a Warning Event and no change.
 pub const ANNOTATION_NODE_SELECTOR: &str = "ccm-rs.dev/load-balancer-node-selector";
+/// The podCIDRs a Node was given from its instance's (`--cidr-allocator-type=CloudAllocator`),
+/// comma-separated: the route controller makes no route for them when the cloud routes them.
+pub const ANNOTATION_POD_CIDRS_FROM_CLOUD: &str = "ccm-rs.dev/pod-cidrs-from-cloud";
 /// The Node condition the route controller keeps.
 pub const CONDITION_NETWORK_UNAVAILABLE: &str = "NetworkUnavailable";

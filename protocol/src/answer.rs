@@ -60,6 +60,23 @@ pub fn instance(m: &v1::InstanceMetadata, scheme: &str) -> Result<(), String> {
             return Err(format!("instance {}: {what} {value:?} cannot be a label value", m.provider_id));
         }
     }
+    pod_cidrs(&m.pod_cidrs).map_err(|why| format!("instance {}: {why}", m.provider_id))
+}
+
+/// An instance's pod CIDRs from the cloud: network addresses (no host bits set), at most one
+/// per IP family.
+pub fn pod_cidrs(cidrs: &[String]) -> Result<(), String> {
+    let mut families = (false, false);
+    for text in cidrs {
+        let net: IpNet = text.parse().map_err(|_| format!("pod CIDR {text:?} is not a CIDR"))?;
+        if net.trunc() != net {
+            return Err(format!("pod CIDR {text:?} has host bits set"));
+        }
+        let seen = if net.addr().is_ipv4() { &mut families.0 } else { &mut families.1 };
+        if std::mem::replace(seen, true) {
+            return Err(format!("two pod CIDRs of one IP family ({})", cidrs.join(", ")));
+        }
+    }
     Ok(())
 }
 

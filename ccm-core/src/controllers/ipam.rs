@@ -4,8 +4,17 @@
 //! so that a cluster gets podCIDRs and routes from one process. Event-driven: a Node added
 //! without podCIDRs is given them at once; the CIDRs of Nodes that exist (whoever set them)
 //! are never given again; a deleted Node's are free again. No provider call.
+//!
+//! With `--cidr-allocator-type=CloudAllocator` the podCIDRs come from the cloud instead (GCP's
+//! alias ranges, AWS's prefix delegation): a Node with a providerID and no podCIDRs is given
+//! the `pod_cidrs` of its instance's metadata (one BatchInstanceMetadata per 500 Nodes), with
+//! the record `ccm-rs.dev/pod-cidrs-from-cloud`; when the provider says the cloud routes them
+//! (`pod_cidrs_routed`), NetworkUnavailable is cleared here and the route controller makes no
+//! route for them. A Node whose podCIDRs differ from its instance's keeps them (a Warning
+//! Event): podCIDRs are never overwritten. A cloud that gave none yet is asked again later.
 
-use std::collections::{BTreeSet, HashMap};
+use std::collections::{BTreeSet, HashMap, HashSet};
+use std::sync::atomic::{AtomicBool, Ordering};
 
 use ccm_protocol::lock::Lock;
 use ipnet::IpNet;
@@ -19,7 +28,9 @@ use super::{ConfigError, Context};
 use crate::events::{EventType, reason};
 use crate::informer::Change;
 use crate::node_util;
+use crate::provider::convert::{Instance, InstanceLookups};
 use crate::queue::{Outcome, QueueConfig, WorkQueue};
+use crate::wellknown::{ANNOTATION_POD_CIDRS_FROM_CLOUD, CONDITION_NETWORK_UNAVAILABLE};
 
 /// The controller's name.
 pub const NAME: &str = "node-ipam-controller";
@@ -160,14 +171,23 @@ impl State {
 pub struct IpamController {
     ctx: Context,
     state: Mutex<State>,
+    /// `--cidr-allocator-type=CloudAllocator`: podCIDRs from the cloud.
+    cloud: bool,
+    /// Nodes (by UID and podCIDRs) the cloud allocator has nothing more to do for: a Node's
+    /// heartbeats do not ask the cloud again.
+    settled: Mutex<HashSet<(String, Vec<String>)>>,
+    /// Whether the provider's lack of pod CIDRs was reported.
+    reported: AtomicBool,
 }
 
 impl IpamController {
     /// A controller over `ctx`; fails on CIDRs and masks that do not fit together.
     pub fn new(ctx: Context) -> Result<Self, ConfigError> {
         let o = &ctx.options;
+        let cloud = o.cloud_allocator();
         let mut ranges = Vec::new();
-        for text in &o.cluster_cidr {
+        // The cloud allocator hands out no range: --cluster-cidr is the route controller's.
+        for text in o.cluster_cidr.iter().filter(|_| !cloud) {
             let cidr: IpNet = text.parse().map_err(|_| ConfigError::not_a_cidr("--cluster-cidr", text))?;
             let mask = match cidr {
                 IpNet::V4(_) => o.node_cidr_mask_size_ipv4.or(o.node_cidr_mask_size).unwrap_or(24),
@@ -175,7 +195,8 @@ impl IpamController {
             };
             ranges.push(Range::new(cidr, mask)?);
         }
-        Ok(Self { ctx, state: Mutex::new(State { ranges, held: HashMap::new() }) })
+        let state = Mutex::new(State { ranges, held: HashMap::new() });
+        Ok(Self { ctx, state, cloud, settled: Default::default(), reported: AtomicBool::new(false) })
     }
 
     fn state(&self) -> std::sync::MutexGuard<'_, State> {
@@ -188,7 +209,7 @@ impl IpamController {
             stop.cancelled().await;
             return;
         }
-        if self.state().ranges.is_empty() {
+        if !self.cloud && self.state().ranges.is_empty() {
             tracing::warn!("--allocate-node-cidrs needs --cluster-cidr; node IPAM is off");
             stop.cancelled().await;
             return;
@@ -236,6 +257,136 @@ impl IpamController {
             }
         }
     }
+}
+
+impl IpamController {
+    /// The cloud allocator's pass over `keys` (Node names): the Nodes that need their
+    /// instance's pod CIDRs asked for, one batch read, then each written, left, or retried.
+    async fn from_cloud(&self, keys: &[String]) -> Vec<Done> {
+        let mut done: Vec<Done> = keys.iter().map(|_| Outcome::Success.into()).collect();
+        let Some(identity) = self.ctx.provider.identity() else {
+            return keys.iter().map(|_| Outcome::Retry { fingerprint: None, retry_after: None }.into()).collect();
+        };
+        if !identity.pod_cidrs() {
+            if !self.reported.swap(true, Ordering::AcqRel) {
+                tracing::warn!(
+                    provider = %identity.name,
+                    "--cidr-allocator-type=CloudAllocator, but the provider gives no pod CIDRs (InstancesCapabilities.pod_cidrs): Nodes get none here"
+                );
+            }
+            return done;
+        }
+        let mut asked = Vec::new();
+        for (i, name) in keys.iter().enumerate() {
+            let Some(node) = self.ctx.nodes.store().get(&ObjectRef::new(name)) else { continue };
+            if self.ctx.ignores(&node) || node.metadata.deletion_timestamp.is_some() || node_util::provider_id(&node).is_none() {
+                continue;
+            }
+            if self.settled.locked().contains(&settled_key(&node)) {
+                continue;
+            }
+            asked.push((i, node));
+        }
+        if asked.is_empty() {
+            return done;
+        }
+        let lookups = InstanceLookups::of(asked.iter().map(|(_, n)| n.as_ref()));
+        let answers = self.ctx.provider.instance_metadata(&lookups).await;
+        for ((i, node), answer) in asked.into_iter().zip(answers) {
+            done[i] = match answer {
+                Ok(Some(instance)) => self.give(&node, &instance, identity.pod_cidrs_routed()).await.into(),
+                // Gone: the lifecycle controller's to judge; nothing to give.
+                Ok(None) => Outcome::Success.into(),
+                Err(error) => {
+                    tracing::debug!(node = %node_util::name(&node), %error, "reading the instance's pod CIDRs failed");
+                    Outcome::of_provider_error(None, &error).into()
+                }
+            };
+        }
+        done
+    }
+
+    /// Gives `node` its instance's pod CIDRs (`routed`: the cloud routes them, so
+    /// NetworkUnavailable is cleared too); never changes podCIDRs it has.
+    async fn give(&self, node: &Node, instance: &Instance, routed: bool) -> Outcome {
+        let name = node_util::name(node).to_string();
+        let cloud = &instance.pod_cidrs;
+        if cloud.is_empty() {
+            let note = format!("Node {name} status is now: CIDRNotAvailable (the cloud gave its instance no pod CIDRs yet)");
+            self.ctx.event(NAME, node, EventType::Warning, reason::CIDR_NOT_AVAILABLE, note).await;
+            // Prefix delegation can come after the instance: asked again, after the longest backoff.
+            return Outcome::Retry { fingerprint: None, retry_after: Some(self.ctx.options.reconcile_backoff_max) };
+        }
+        let have = node_util::pod_cidrs(node);
+        if !have.is_empty() && !same_cidrs(&have, cloud) {
+            let note = format!(
+                "Node {name} has podCIDRs {} but the cloud gave its instance {}: the Node keeps its own (podCIDRs are never changed)",
+                have.join(", "),
+                cloud.join(", ")
+            );
+            tracing::warn!(node = %name, have = ?have, cloud = ?cloud, "the node's podCIDRs differ from its instance's; left as they are");
+            self.ctx.event(NAME, node, EventType::Warning, reason::CIDR_ASSIGNMENT_FAILED, note).await;
+            self.settled.locked().insert(settled_key(node));
+            return Outcome::Success;
+        }
+        let recorded = node.metadata.annotations.as_ref().and_then(|a| a.get(ANNOTATION_POD_CIDRS_FROM_CLOUD));
+        let record = cloud.join(",");
+        if have.is_empty() || recorded != Some(&record) {
+            let mut patch = serde_json::json!({
+                "metadata": {
+                    "resourceVersion": node.metadata.resource_version,
+                    "annotations": { ANNOTATION_POD_CIDRS_FROM_CLOUD: record },
+                },
+            });
+            if have.is_empty() {
+                patch["spec"] = serde_json::json!({ "podCIDR": cloud.first(), "podCIDRs": cloud });
+            }
+            if let Err(error) = self.ctx.patch_node(&name, &patch).await {
+                // A conflict (the Node changed) is read again from its next event.
+                tracing::warn!(node = %name, %error, "setting the node's pod CIDRs from the cloud failed");
+                let note = format!("Node {name} status is now: CIDRAssignmentFailed ({error})");
+                self.ctx.event(NAME, node, EventType::Warning, reason::CIDR_ASSIGNMENT_FAILED, note).await;
+                return Outcome::Retry { fingerprint: None, retry_after: None };
+            }
+            tracing::info!(node = %name, pod_cidrs = ?cloud, "pod CIDRs from the cloud set");
+        }
+        if routed && !network_available(node) {
+            let now = k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(crate::clock::now());
+            let patch = serde_json::json!({ "status": { "conditions": [{
+                "type": CONDITION_NETWORK_UNAVAILABLE, "status": "False", "reason": "RouteCreated",
+                "message": "The cloud routes the pod CIDRs it gave the instance",
+                "lastTransitionTime": now, "lastHeartbeatTime": now,
+            }]}});
+            if let Err(error) = self.ctx.patch_node_conditions(&name, &patch).await {
+                tracing::warn!(node = %name, %error, "clearing NetworkUnavailable failed");
+                return Outcome::Retry { fingerprint: None, retry_after: None };
+            }
+        }
+        // Settled once the Node shows the CIDRs (its next event carries them, and the record).
+        if !have.is_empty() {
+            self.settled.locked().insert(settled_key(node));
+        }
+        Outcome::Success
+    }
+}
+
+/// A Node as the cloud allocator settles it: its UID and podCIDRs.
+fn settled_key(node: &Node) -> (String, Vec<String>) {
+    (node.metadata.uid.clone().unwrap_or_default(), node_util::pod_cidrs(node))
+}
+
+/// Whether two lists name the same CIDRs (in any order, as canonical networks).
+fn same_cidrs(a: &[String], b: &[String]) -> bool {
+    let set = |l: &[String]| {
+        l.iter().map(|c| c.parse::<IpNet>().map(|n| n.trunc().to_string()).unwrap_or_else(|_| c.clone())).collect::<BTreeSet<_>>()
+    };
+    set(a) == set(b)
+}
+
+/// Whether the Node's NetworkUnavailable condition is False already.
+fn network_available(node: &Node) -> bool {
+    let conditions = node.status.as_ref().and_then(|s| s.conditions.as_ref());
+    conditions.into_iter().flatten().any(|c| c.type_ == CONDITION_NETWORK_UNAVAILABLE && c.status == "False")
 }
 
 impl runner::Controller for IpamController {
@@ -293,7 +444,15 @@ impl runner::Controller for IpamController {
         }
     }
 
+    /// The cloud allocator reads 500 instances a call.
+    fn batch(&self) -> usize {
+        if self.cloud { ccm_protocol::limits::MAX_BATCH } else { 1 }
+    }
+
     async fn reconcile(&self, keys: &[String]) -> Vec<Done> {
+        if self.cloud {
+            return self.from_cloud(keys).await;
+        }
         for name in keys {
             // The newest Node: one changed since it was queued is judged as it is now.
             if let Some(node) = self.ctx.nodes.store().get(&ObjectRef::new(name)) {

@@ -38,6 +38,7 @@ use crate::node_util::{self, pod_cidrs};
 use crate::provider::Changes as ProviderChanges;
 use crate::provider::convert::{Route, RouteCapabilities, RouteTable, RouteTarget};
 use crate::queue::{Outcome, QueueConfig, WorkQueue};
+use crate::wellknown::ANNOTATION_POD_CIDRS_FROM_CLOUD;
 use crate::wellknown::CONDITION_NETWORK_UNAVAILABLE as CONDITION;
 
 /// The controller's name.
@@ -218,6 +219,17 @@ struct Routes {
     paused: Option<u64>,
     /// Cloud routes adopted (table, name), so each is logged once.
     adopted: HashSet<(String, String)>,
+}
+
+/// Whether the Node's podCIDRs are the ones the cloud gave its instance (recorded by the cloud
+/// allocator).
+fn cloud_routed(node: &Node) -> bool {
+    let record = node.metadata.annotations.as_ref().and_then(|a| a.get(ANNOTATION_POD_CIDRS_FROM_CLOUD));
+    record.is_some_and(|r| {
+        let recorded: BTreeSet<&str> = r.split(',').map(str::trim).collect();
+        let have = pod_cidrs(node);
+        !have.is_empty() && have.iter().all(|c| recorded.contains(c.as_str()))
+    })
 }
 
 /// Writes the Nodes' NetworkUnavailable conditions in the background, one batch after the
@@ -447,6 +459,9 @@ impl Routes {
         known: &Known,
         caps: &RouteCapabilities,
     ) -> Result<(Desired, Tables), Error> {
+        // PodCIDRs the cloud gave and routes itself need no route (see `ipam.rs`).
+        let routed = self.ctx.provider.identity().is_some_and(|i| i.pod_cidrs_routed());
+        let nodes: Vec<&Arc<Node>> = nodes.iter().filter(|n| !(routed && cloud_routed(n))).collect();
         let targets: Vec<(String, String)> = nodes
             .iter()
             .filter(|n| !pod_cidrs(n).is_empty())

@@ -63,6 +63,9 @@ pub struct Instance {
     pub tags: std::collections::BTreeMap<String, String>,
     /// Its state.
     pub state: InstanceState,
+    /// The pod CIDRs the cloud gave it (checked by `answer::pod_cidrs`), when the provider
+    /// advertises them.
+    pub pod_cidrs: Vec<String>,
 }
 
 impl From<pb::InstanceMetadata> for Instance {
@@ -82,6 +85,7 @@ impl From<pb::InstanceMetadata> for Instance {
             additional_labels: m.additional_labels.into_iter().collect(),
             tags: m.tags.into_iter().collect(),
             state,
+            pod_cidrs: m.pod_cidrs,
         }
     }
 }

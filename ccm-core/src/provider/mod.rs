@@ -107,6 +107,21 @@ impl Identity {
         self.capabilities.instances.as_ref().is_some_and(|c| c.batch_reads)
     }
 
+    /// Whether instance metadata carries the pod CIDRs the cloud gave (`pod_cidrs`).
+    pub fn pod_cidrs(&self) -> bool {
+        self.capabilities.instances.as_ref().is_some_and(|c| c.pod_cidrs)
+    }
+
+    /// Whether the cloud routes the pod CIDRs it gives (no route needed for them).
+    pub fn pod_cidrs_routed(&self) -> bool {
+        self.pod_cidrs() && self.capabilities.instances.as_ref().is_some_and(|c| c.pod_cidrs_routed)
+    }
+
+    /// Whether BatchSetInstanceTags is advertised.
+    pub fn sets_tags(&self) -> bool {
+        self.serves(ServiceType::Tags) && self.capabilities.tags.as_ref().is_some_and(|c| c.set_tags)
+    }
+
     /// Whether instance metadata answers carry the tags (no TagsService call needed).
     pub fn metadata_tags(&self) -> bool {
         self.capabilities.instances.as_ref().is_some_and(|c| c.metadata_tags)
