@@ -262,7 +262,7 @@ impl IpamController {
 impl IpamController {
     /// The cloud allocator's pass over `keys` (Node names): the Nodes that need their
     /// instance's pod CIDRs asked for, one batch read, then each written, left, or retried.
-    async fn from_cloud(&self, keys: &[String]) -> Vec<Done> {
+    async fn allocate_from_cloud(&self, keys: &[String]) -> Vec<Done> {
         let mut done: Vec<Done> = keys.iter().map(|_| Outcome::Success.into()).collect();
         let Some(identity) = self.ctx.provider.identity() else {
             return keys.iter().map(|_| Outcome::Retry { fingerprint: None, retry_after: None }.into()).collect();
@@ -451,7 +451,7 @@ impl runner::Controller for IpamController {
 
     async fn reconcile(&self, keys: &[String]) -> Vec<Done> {
         if self.cloud {
-            return self.from_cloud(keys).await;
+            return self.allocate_from_cloud(keys).await;
         }
         for name in keys {
             // The newest Node: one changed since it was queued is judged as it is now.
