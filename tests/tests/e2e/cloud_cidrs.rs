@@ -50,9 +50,8 @@ async fn world(label: &str, routed: bool) -> (TestEnv, Sim, Core, String, String
     let cp = ccm_harness::shared().expect("control plane");
     let env = TestEnv::new(cp.client().await.expect("client"), label).await.expect("env");
     let (a, b) = (env.node_name("a"), env.node_name("b"));
-    let mut config = Config::default();
-    config.pod_cidrs =
-        Some(PodCidrConfig { pools: vec!["10.200.0.0/16".into(), "fd00:200::/56".into()], routed, ..Default::default() });
+    let pod_cidrs = PodCidrConfig { pools: vec!["10.200.0.0/16".into(), "fd00:200::/56".into()], routed, ..Default::default() };
+    let mut config = Config { pod_cidrs: Some(pod_cidrs), ..Default::default() };
     config.instances.push(instance("i-a", &a, "sim-region-1a"));
     config.instances.push(instance("i-b", &b, "sim-region-1a"));
     let sim = Sim::start(config).await;
