@@ -121,6 +121,10 @@ pub mod reason {
     pub const LOAD_BALANCER_NAME_KEPT: &str = "LoadBalancerNameKept";
     /// A load balancer was made anew under its new name.
     pub const RENAMED_LOAD_BALANCER: &str = "RenamedLoadBalancer";
+    /// An instance has a tag of a key the tagging controller writes, with another value.
+    pub const INSTANCE_TAG_CONFLICT: &str = "InstanceTagConflict";
+    /// Writing tags to an instance failed.
+    pub const INSTANCE_TAGS_FAILED: &str = "InstanceTagsFailed";
     /// A load balancer gone from the cloud (deleted behind the core's back) was made again.
     pub const LOAD_BALANCER_RECREATED: &str = "LoadBalancerRecreated";
     /// A load balancer's backends were changed behind the core's back; it is given its own again.

@@ -5,7 +5,7 @@
 //! `--flag false` (a separate word) is refused, since pflag would read it as `--flag` and a
 //! stray argument.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 use std::net::IpAddr;
 use std::path::PathBuf;
 use std::time::Duration;
@@ -53,6 +53,23 @@ impl From<&str> for InvalidFlags {
     fn from(why: &str) -> Self {
         Self(why.to_string())
     }
+}
+
+/// Parses `key=value` pairs separated by commas (`--instance-tags`): keys non-empty, each
+/// once; values may be empty.
+pub fn parse_tags(text: &str) -> Result<BTreeMap<String, String>, String> {
+    let mut tags = BTreeMap::new();
+    for pair in text.split(',').map(str::trim).filter(|p| !p.is_empty()) {
+        let (k, v) = pair.split_once('=').ok_or_else(|| format!("{pair:?} is not key=value"))?;
+        let k = k.trim();
+        if k.is_empty() {
+            return Err(format!("{pair:?} has an empty key"));
+        }
+        if tags.insert(k.to_string(), v.trim().to_string()).is_some() {
+            return Err(format!("tag {k:?} is given twice"));
+        }
+    }
+    Ok(tags)
 }
 
 /// Parses a duration such as `300ms`, `10s`, `5m`, `1h30m` or `1h 30m`.
@@ -192,8 +209,9 @@ pub struct Options {
     /// Controllers to run: `*` for all, `name` to enable, `-name` to disable
     /// (cloud-node-controller, cloud-node-lifecycle-controller, node-route-controller,
     /// service-lb-controller, node-ipam-controller with --allocate-node-cidrs, or their short
-    /// names cloud-node, cloud-node-lifecycle, route, service, nodeipam). A cloud's own
-    /// controller (AWS's `tagging`) is accepted and logged: it is the provider sidecar's.
+    /// names cloud-node, cloud-node-lifecycle, route, service, nodeipam), and
+    /// tagging-controller (`tagging`, as AWS's chart names it) with --instance-tags or
+    /// --instance-tags-from-labels.
     #[arg(long, value_delimiter = ',', default_value = "*")]
     pub controllers: Vec<String>,
 
@@ -254,6 +272,21 @@ pub struct Options {
     /// Prefix under which instance tags become Node labels (`<prefix>/<tag>`); empty disables.
     #[arg(long, default_value = "tags.cloudprovider.dev")]
     pub node_tag_label_prefix: String,
+
+    /// Tags the tagging controller writes to every Node's instance, as `key=value` pairs
+    /// separated by commas (repeatable): the cluster's billing and ownership tags. Only keys
+    /// it wrote itself (recorded on the Node, `ccm-rs.dev/instance-tags`) are ever updated or
+    /// removed; a key dropped from the flag is removed from the instances; a tag of the same
+    /// key the instance already has with another value is left alone (a Warning Event).
+    /// Needs a provider that writes tags (`TagsCapabilities.set_tags`).
+    #[arg(long, value_name = "KEY=VALUE,...", value_parser = parse_tags)]
+    pub instance_tags: Vec<BTreeMap<String, String>>,
+
+    /// Node labels the tagging controller copies to the Node's instance as tags of the same
+    /// key and value (comma-separated label keys, repeatable), on the same terms as
+    /// --instance-tags.
+    #[arg(long, value_name = "LABEL,...", value_delimiter = ',')]
+    pub instance_tags_from_labels: Vec<String>,
 
     /// Services the service controller reconciles at once.
     #[arg(long, default_value_t = 4)]
@@ -520,6 +553,25 @@ impl Options {
         self.upstream.allocate_node_cidrs == Some(true)
     }
 
+    /// The tags of `--instance-tags`, every occurrence together; a key given twice with two
+    /// values is an error.
+    pub fn instance_tags(&self) -> Result<BTreeMap<String, String>, String> {
+        let mut all = BTreeMap::new();
+        for tags in &self.instance_tags {
+            for (k, v) in tags {
+                if all.insert(k.clone(), v.clone()).is_some_and(|before| before != *v) {
+                    return Err(format!("--instance-tags: tag {k:?} is given two values"));
+                }
+            }
+        }
+        Ok(all)
+    }
+
+    /// Whether the tagging controller has anything to write.
+    pub fn tags_instances(&self) -> bool {
+        !self.instance_tags.iter().all(BTreeMap::is_empty) || !self.instance_tags_from_labels.is_empty()
+    }
+
     /// What the upstream flags given mean here, one log line each.
     pub fn upstream_notes(&self) -> Vec<String> {
         let mut notes = crate::compat::review_gates(&self.feature_gates).unwrap_or_default();
@@ -527,6 +579,16 @@ impl Options {
         for entry in &self.controllers {
             if let Some(what) = crate::controllers::registry::provider_controller(entry.trim().trim_start_matches('-')) {
                 notes.push(format!("--controllers: {}: {what}", entry.trim()));
+            }
+            let tagging =
+                crate::controllers::registry::find(entry.trim()).is_some_and(|c| c.name == crate::controllers::tagging::NAME);
+            if tagging && !self.tags_instances() {
+                notes.push(format!(
+                    "--controllers: {}: the tagging controller writes --instance-tags and --instance-tags-from-labels to \
+                     the instances; with neither given it does not run (AWS's cloud-config tags are not read: give them \
+                     as --instance-tags)",
+                    entry.trim()
+                ));
             }
         }
         if let Ok(crate::version::Request::Report(v)) = crate::version::request(self.version.as_deref()) {
@@ -781,10 +843,22 @@ mod tests {
         let o = parse(&["--controllers", "cloud-node"]);
         assert_eq!(o.enabled_controllers().expect("ok").into_iter().collect::<Vec<_>>(), vec!["cloud-node-controller"]);
         assert!(parse(&["--controllers=nodes"]).enabled_controllers().is_err());
-        // AWS's chart: its own tagging controller is accepted, and said to be the provider's.
+        // AWS's chart: `tagging` is the core's tagging controller, which runs only with tags
+        // to write (and says so when it has none).
         let o = parse(&["--controllers=*,tagging"]);
         assert_eq!(o.enabled_controllers().expect("ok").len(), 4);
-        assert!(o.upstream_notes().iter().any(|n| n.starts_with("--controllers: tagging: AWS's tagging controller")));
+        assert!(o.upstream_notes().iter().any(|n| n.starts_with("--controllers: tagging: the tagging controller")));
+        let o = parse(&["--controllers=*,tagging", "--instance-tags=team=core,cost=42", "--instance-tags=env="]);
+        assert!(o.enabled_controllers().expect("ok").contains("tagging-controller"));
+        let tags = o.instance_tags().expect("tags");
+        assert_eq!(tags.get("env").map(String::as_str), Some(""));
+        assert_eq!(tags.len(), 3);
+        assert!(parse(&["--instance-tags=a=1", "--instance-tags=a=2"]).instance_tags().is_err(), "two values of one tag");
+        assert!(Options::try_parse_from(["ccm", "--instance-tags=novalue"]).is_err());
+        assert!(Options::try_parse_from(["ccm", "--instance-tags==x"]).is_err());
+        let o = parse(&["--instance-tags-from-labels=team,example.com/owner"]);
+        assert_eq!(o.instance_tags_from_labels, vec!["team".to_string(), "example.com/owner".into()]);
+        assert!(o.enabled_controllers().expect("ok").contains("tagging-controller"), "`*` runs it with tags to write");
     }
 
     #[test]

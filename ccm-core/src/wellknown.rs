@@ -62,5 +62,8 @@ pub const ANNOTATION_NODE_SELECTOR: &str = "ccm-rs.dev/load-balancer-node-select
 /// The podCIDRs a Node was given from its instance's (`--cidr-allocator-type=CloudAllocator`),
 /// comma-separated: the route controller makes no route for them when the cloud routes them.
 pub const ANNOTATION_POD_CIDRS_FROM_CLOUD: &str = "ccm-rs.dev/pod-cidrs-from-cloud";
+/// The keys of the Node's instance tags the tagging controller wrote (comma-separated): the
+/// only tags it ever updates or removes.
+pub const ANNOTATION_INSTANCE_TAGS: &str = "ccm-rs.dev/instance-tags";
 /// The Node condition the route controller keeps.
 pub const CONDITION_NETWORK_UNAVAILABLE: &str = "NetworkUnavailable";

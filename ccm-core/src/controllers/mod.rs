@@ -10,6 +10,7 @@ pub mod route;
 pub mod runner;
 pub mod service;
 pub mod tag_labels;
+pub mod tagging;
 
 use std::collections::BTreeMap;
 use std::sync::Arc;

@@ -6,7 +6,7 @@
 use futures::future::BoxFuture;
 use tokio_util::sync::CancellationToken;
 
-use super::{ConfigError, Context, ipam, node, node_lifecycle, owners, route, service};
+use super::{ConfigError, Context, ipam, node, node_lifecycle, owners, route, service, tagging};
 
 /// Starts a controller on its context: the future runs it until the token is cancelled.
 /// Flags that do not fit together fail it before anything runs.
@@ -126,17 +126,30 @@ pub const CONTROLLERS: &[Controller] = &[
         starts: crate::options::Options::allocate_node_cidrs,
         start: |ctx, stop| Ok(Box::pin(ipam::IpamController::new(ctx)?.run(stop))),
     },
+    Controller {
+        name: tagging::NAME,
+        // AWS's chart names it so (`--controllers=*,tagging`).
+        alias: "tagging",
+        legacy: None,
+        // It writes only Nodes' annotations (its record): node-controller's rights.
+        upstream_account: "node-controller",
+        own_account: tagging::NAME,
+        // k8s.io/cloud-provider-aws's tagging controller's queue.
+        queue: "Tagging",
+        component: "tagging-controller",
+        // Opt-in: `*` runs it only with tags to write.
+        starts: crate::options::Options::tags_instances,
+        start: |ctx, stop| {
+            let runs = per_provider(&ctx, |ctx| Ok(Box::pin(tagging::TaggingController::new(ctx)?.run(stop.clone()))))?;
+            Ok(together(runs, stop))
+        },
+    },
 ];
 
 /// Controllers of clouds' own cloud-controller-managers that their charts name in
-/// `--controllers` (`*,tagging` in AWS's): accepted there, with a log line saying where such a
-/// controller runs, since a cloud's own work is its provider sidecar's business.
-pub const PROVIDER_CONTROLLERS: &[(&str, &str)] = &[(
-    "tagging",
-    "AWS's tagging controller (k8s.io/cloud-provider-aws), which tags instances with the cluster's tags; it is not \
-     part of this core and runs only if the provider sidecar runs it (ccm-provider-aws, the go-adapter, serves the \
-     cloud interface and runs no controller)",
-)];
+/// `--controllers`, which this core does not have: accepted there, with a log line saying
+/// where such a controller runs. (AWS's `tagging` is the core's tagging controller.)
+pub const PROVIDER_CONTROLLERS: &[(&str, &str)] = &[];
 
 /// What a provider's own controller named in `--controllers` is, if `name` is one.
 pub fn provider_controller(name: &str) -> Option<&'static str> {

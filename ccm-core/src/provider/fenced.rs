@@ -26,6 +26,15 @@ impl Provider {
 }
 
 impl FencedProvider {
+    /// BatchSetInstanceTags: per lookup, whether its instance exists (and was written).
+    pub async fn batch_set_instance_tags(
+        &self,
+        lookups: &super::convert::InstanceLookups,
+        changes: &[super::api::TagChange],
+    ) -> PerLookup<bool> {
+        self.provider.batch_set_instance_tags(self.fence.as_ref(), lookups, changes).await
+    }
+
     /// CreateRoute; the route as the provider made it.
     pub async fn create_route(&self, cluster: &str, route: Route) -> Result<Route, Error> {
         self.provider.create_route(self.fence.as_ref(), cluster, route).await

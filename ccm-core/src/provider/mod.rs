@@ -11,7 +11,7 @@ pub mod encoded;
 pub mod fenced;
 pub mod set;
 
-pub use api::PerLookup;
+pub use api::{PerLookup, TagChange};
 
 use ccm_protocol::lock::Lock;
 use std::sync::{Arc, RwLock};

@@ -321,6 +321,12 @@ pub struct InstanceView {
     pub state: InstanceState,
     /// Zone.
     pub zone: String,
+    /// Its tags now.
+    #[serde(default)]
+    pub tags: std::collections::BTreeMap<String, String>,
+    /// Its pod CIDRs from the cloud.
+    #[serde(default)]
+    pub pod_cidrs: Vec<String>,
 }
 
 /// A route table in a snapshot.

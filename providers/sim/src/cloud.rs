@@ -1152,6 +1152,8 @@ impl Cloud {
                         provider_id: i.provider_id(&self.scheme),
                         state,
                         zone: i.spec.zone.clone(),
+                        tags: i.spec.tags.clone(),
+                        pod_cidrs: i.spec.pod_cidrs.clone(),
                     })
                 })
                 .collect(),

@@ -24,4 +24,5 @@ mod services;
 mod serving;
 mod smoke;
 mod support;
+mod tagging;
 mod upstream;

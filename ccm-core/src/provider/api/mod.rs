@@ -39,6 +39,8 @@ mod load_balancers;
 mod routes;
 mod tags;
 
+pub use tags::TagChange;
+
 impl Provider {
     /// The error one item of a batch answer carries, its RetryInfo delay cut to the longest
     /// honoured (`--provider-max-retry-after`), as a whole call's is: a delay of hours on one

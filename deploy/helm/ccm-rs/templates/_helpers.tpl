@@ -79,7 +79,7 @@ service-controller:
 (leaderElection.perController), and the leader migration one (its config's leaderName).
 The same names whatever the values, so that switching a value needs no new RBAC. */}}
 {{- define "ccm-rs.leaseNames" -}}
-{{- $names := list "cloud-controller-manager" "cloud-controller-manager-cloud-node-controller" "cloud-controller-manager-cloud-node-lifecycle-controller" "cloud-controller-manager-node-route-controller" "cloud-controller-manager-service-lb-controller" "cloud-controller-manager-node-ipam-controller" "cloud-provider-extraction-migration" -}}
+{{- $names := list "cloud-controller-manager" "cloud-controller-manager-cloud-node-controller" "cloud-controller-manager-cloud-node-lifecycle-controller" "cloud-controller-manager-node-route-controller" "cloud-controller-manager-service-lb-controller" "cloud-controller-manager-node-ipam-controller" "cloud-controller-manager-tagging-controller" "cloud-provider-extraction-migration" -}}
 {{- with .Values.leaderMigration.config -}}
 {{- $config := . | fromYaml -}}
 {{- if and $config.leaderName (not (has $config.leaderName $names)) -}}
