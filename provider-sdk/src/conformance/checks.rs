@@ -248,6 +248,7 @@ impl<F: FnMut(&CheckResult)> Suite<F> {
         gated!(instances, why, "instances.batch-mixed", self.batch_mixed());
         gated!(instances, why, "instances.batch-matches-single", self.batch_matches_single());
         gated!(instances, why, "instances.batch-too-large", self.batch_too_large());
+        gated!(instances, why, "instances.pod-cidrs", self.pod_cidrs());
 
         let tags = self.advertises(ServiceType::Tags);
         let why = "TagsService is not advertised";
@@ -256,6 +257,7 @@ impl<F: FnMut(&CheckResult)> Suite<F> {
         gated!(tags, why, "tags.empty-lookup", self.tags_empty_lookup());
         gated!(tags, why, "tags.batch-matches-single", self.tags_batch());
         gated!(tags, why, "tags.in-metadata", self.tags_in_metadata());
+        gated!(tags, why, "tags.set-update-remove", self.tags_set());
 
         let routes = self.advertises(ServiceType::Routes);
         let why = "RoutesService is not advertised";
@@ -287,6 +289,7 @@ impl<F: FnMut(&CheckResult)> Suite<F> {
         gated!(lbs, why, "load-balancers.ensure-idempotent", self.lb_ensure_again());
         gated!(lbs, why, "load-balancers.get-present", self.lb_get_present());
         gated!(lbs, why, "load-balancers.update-hosts", self.lb_update_hosts());
+        gated!(lbs, why, "load-balancers.hosts-reported", self.lb_hosts_reported());
         gated!(lbs, why, "load-balancers.list", self.lb_list());
         gated!(lbs, why, "load-balancers.update-hosts-absent", self.lb_update_hosts_absent());
         gated!(lbs, why, "load-balancers.bulk-update-hosts", self.lb_bulk_update_hosts());

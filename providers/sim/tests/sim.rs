@@ -81,12 +81,19 @@ async fn run_suite(endpoint: &str) -> Report {
 async fn conformance_passes_against_the_sim() {
     let mut config = example_config();
     config.node_metadata_instance = Some("i-0001".into());
+    config.pod_cidrs = Some(Default::default());
+    let tags_before: Vec<_> = config.instances.iter().map(|i| (i.id.clone(), i.tags.clone())).collect();
     let sim = start_sim(config).await;
     let report = run_suite(&sim.endpoint).await;
     assert_eq!(report.failed(), 0, "{}", report.summary());
     assert!(report.passed() >= 40, "only {} checks passed", report.passed());
+    for check in ["tags.set-update-remove", "load-balancers.hosts-reported", "instances.pod-cidrs"] {
+        assert!(matches!(report.outcome(check), Some(Outcome::Pass)), "{check}: {:?}", report.outcome(check));
+    }
     // The suite cleans up after itself.
     let state = sim.admin.state().await.expect("state");
+    let tags_after: Vec<_> = state.instances.iter().map(|i| (i.id.clone(), i.tags.clone())).collect();
+    assert_eq!(tags_after, tags_before, "the instances' tags as they were");
     assert!(state.load_balancers.is_empty(), "{:?}", state.load_balancers);
     assert!(state.route_tables.iter().all(|t| t.routes.is_empty()), "{:?}", state.route_tables);
     sim.stop().await;

@@ -206,6 +206,31 @@ impl<F: FnMut(&CheckResult)> Suite<F> {
         ensure(!r.exists, || "an unknown instance exists".into())
     }
 
+    /// With `pod_cidrs` advertised, each listed instance's pod CIDRs are networks, at most
+    /// one per IP family, the same in its metadata as in the listing; `pod_cidrs_routed` says
+    /// nothing without `pod_cidrs`.
+    pub(super) async fn pod_cidrs(&mut self) -> Check {
+        let caps = self.caps.instances.clone().unwrap_or_default();
+        ensure(caps.pod_cidrs || !caps.pod_cidrs_routed, || "pod_cidrs_routed is advertised without pod_cidrs".into())?;
+        if !caps.pod_cidrs {
+            return Err(skip("InstancesCapabilities.pod_cidrs is not advertised"));
+        }
+        for known in self.known.iter().take(10) {
+            ccm_protocol::answer::pod_cidrs(&known.pod_cidrs).map_err(|why| fail(format!("{}: {why}", known.provider_id)))?;
+            let r = self
+                .instances
+                .clone()
+                .instance_metadata(self.req(pb::InstanceMetadataRequest { instance: Some(by_provider_id(known)) }))
+                .await
+                .ctx("InstanceMetadata")?;
+            let m = r.metadata.unwrap_or_default();
+            ensure(m.pod_cidrs == known.pod_cidrs, || {
+                format!("{}: metadata's pod CIDRs {:?}, the listing's {:?}", known.provider_id, m.pod_cidrs, known.pod_cidrs)
+            })?;
+        }
+        Ok(())
+    }
+
     pub(super) async fn metadata_known(&mut self) -> Check {
         let known = self.first_known()?;
         for _ in 0..2 {

@@ -149,6 +149,52 @@ impl<F: FnMut(&CheckResult)> Suite<F> {
             .map(|_| ())
     }
 
+    /// Where GetLoadBalancer (or the listing) reports a load balancer's backends, they are the
+    /// Nodes it was last given, by name.
+    pub(super) async fn lb_hosts_reported(&mut self) -> Check {
+        let service = self.lb_service("main");
+        let nodes: Vec<pb::LoadBalancerNode> = self.lb_nodes().into_iter().take(1).collect();
+        if nodes.is_empty() {
+            return Err(skip("no instance is listed"));
+        }
+        self.lbs
+            .clone()
+            .update_load_balancer_hosts(
+                self.req(pb::UpdateLoadBalancerHostsRequest { service: Some(service.clone()), nodes: nodes.clone() }),
+            )
+            .await
+            .ctx("UpdateLoadBalancerHosts")?;
+        let want: Vec<String> = nodes.iter().map(|n| n.name.clone()).collect();
+        let mut reported = false;
+        self.eventually(async || {
+            let r = self.get_lb(service.clone()).await?;
+            let Some(hosts) = r.hosts else { return Ok(()) };
+            reported = true;
+            ccm_protocol::answer::hosts(&hosts).map_err(fail)?;
+            let mut got = hosts.node_names.clone();
+            got.sort();
+            ensure(got == want, || format!("GetLoadBalancer reports backends {got:?}; it was given {want:?}"))
+        })
+        .await?;
+        if self.caps.load_balancers.as_ref().is_some_and(|c| c.list) {
+            let listed = all_pages("ListLoadBalancers", 100, async |page_token| {
+                let request = pb::ListLoadBalancersRequest { cluster_name: "ccm-conformance".into(), page_size: 100, page_token };
+                let page = self.lbs.clone().list_load_balancers(self.req(request)).await.ctx("ListLoadBalancers")?;
+                Ok((page.load_balancers, page.next_page_token))
+            })
+            .await?;
+            if let Some(hosts) =
+                listed.iter().find(|l| l.load_balancer_name == service.load_balancer_name).and_then(|l| l.hosts.as_ref())
+            {
+                reported = true;
+                let mut got = hosts.node_names.clone();
+                got.sort();
+                ensure(got == want, || format!("ListLoadBalancers reports backends {got:?}; it was given {want:?}"))?;
+            }
+        }
+        if reported { Ok(()) } else { Err(skip("the provider reports no backends (GetLoadBalancerResponse.hosts unset)")) }
+    }
+
     pub(super) async fn lb_update_hosts_absent(&mut self) -> Check {
         let r = self
             .lbs

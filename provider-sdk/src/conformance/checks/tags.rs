@@ -1,4 +1,5 @@
-//! TagsService: tags of known and unknown instances, and batches that match single calls.
+//! TagsService: tags of known and unknown instances, batches that match single calls, and
+//! (when advertised) tags written, updated and removed without touching any other tag.
 
 use super::*;
 
@@ -87,5 +88,81 @@ impl<F: FnMut(&CheckResult)> Suite<F> {
             })?;
         }
         Ok(())
+    }
+
+    /// The tags of `lookup`'s instance, read with GetInstanceTags.
+    async fn read_tags(&self, lookup: &pb::InstanceLookup) -> Result<std::collections::HashMap<String, String>, Not> {
+        let r = self
+            .tags
+            .clone()
+            .get_instance_tags(self.req(pb::GetInstanceTagsRequest { instance: Some(lookup.clone()) }))
+            .await
+            .ctx("GetInstanceTags")?;
+        Ok(r.tags)
+    }
+
+    /// BatchSetInstanceTags of one update; its one result.
+    async fn set_tags(&self, update: pb::InstanceTagsUpdate) -> Result<pb::SetInstanceTagsResult, Not> {
+        let lookup = update.instance.clone().unwrap_or_default();
+        let r = self
+            .tags
+            .clone()
+            .batch_set_instance_tags(self.req(pb::BatchSetInstanceTagsRequest { updates: vec![update] }))
+            .await
+            .ctx("BatchSetInstanceTags")?;
+        let mut results = by_lookup("BatchSetInstanceTags", std::slice::from_ref(&lookup), &r.results, |r| r.lookup.as_ref())?;
+        results.pop().cloned().ok_or_else(|| fail("BatchSetInstanceTags answered nothing"))
+    }
+
+    /// With `set_tags` advertised: a tag of this run is written to a known instance, updated,
+    /// and removed, each visible to GetInstanceTags, and no other tag of the instance changes;
+    /// an unknown instance is exists=false; a key both set and removed is INVALID_ARGUMENT.
+    pub(super) async fn tags_set(&mut self) -> Check {
+        if !self.caps.tags.as_ref().is_some_and(|t| t.set_tags) {
+            return Err(skip("TagsCapabilities.set_tags is not advertised"));
+        }
+        let known = self.first_known()?;
+        let lookup = by_provider_id(&known);
+        let before = self.read_tags(&lookup).await?;
+        let key = format!("ccm-conformance-{}", self.run_id);
+        for value in ["one", "two"] {
+            let update = pb::InstanceTagsUpdate {
+                instance: Some(lookup.clone()),
+                set: [(key.clone(), value.to_string())].into(),
+                remove: Vec::new(),
+            };
+            let r = self.set_tags(update).await?;
+            ensure(r.error.is_none() && r.exists, || format!("setting tag {key}={value}: {r:?}"))?;
+            self.eventually(async || {
+                let now = self.read_tags(&lookup).await?;
+                let mut want = before.clone();
+                want.insert(key.clone(), value.to_string());
+                ensure(now == want, || format!("after setting {key}={value}: {now:?}, want {want:?}"))
+            })
+            .await?;
+        }
+        let remove =
+            pb::InstanceTagsUpdate { instance: Some(lookup.clone()), set: Default::default(), remove: vec![key.clone()] };
+        let r = self.set_tags(remove.clone()).await?;
+        ensure(r.error.is_none() && r.exists, || format!("removing tag {key}: {r:?}"))?;
+        self.eventually(async || {
+            let now = self.read_tags(&lookup).await?;
+            ensure(now == before, || format!("after removing {key}: {now:?}, want {before:?}"))
+        })
+        .await?;
+        let again = self.set_tags(remove).await?;
+        ensure(again.error.is_none(), || format!("removing an absent tag failed: {again:?}"))?;
+        let unknown = pb::InstanceTagsUpdate {
+            instance: Some(self.unknown_by_name()),
+            set: [(key.clone(), "x".to_string())].into(),
+            remove: Vec::new(),
+        };
+        let r = self.set_tags(unknown).await?;
+        ensure(!r.exists && r.error.is_none(), || format!("an unknown instance: {r:?} (want exists=false)"))?;
+        let both =
+            pb::InstanceTagsUpdate { instance: Some(lookup), set: [(key.clone(), "x".to_string())].into(), remove: vec![key] };
+        let r =
+            self.tags.clone().batch_set_instance_tags(self.req(pb::BatchSetInstanceTagsRequest { updates: vec![both] })).await;
+        expect_code(r, Code::InvalidArgument, "BatchSetInstanceTags setting and removing one key")
     }
 }
