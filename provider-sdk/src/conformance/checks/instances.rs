@@ -210,7 +210,7 @@ impl<F: FnMut(&CheckResult)> Suite<F> {
     /// one per IP family, the same in its metadata as in the listing; `pod_cidrs_routed` says
     /// nothing without `pod_cidrs`.
     pub(super) async fn pod_cidrs(&mut self) -> Check {
-        let caps = self.caps.instances.clone().unwrap_or_default();
+        let caps = self.caps.instances.unwrap_or_default();
         ensure(caps.pod_cidrs || !caps.pod_cidrs_routed, || "pod_cidrs_routed is advertised without pod_cidrs".into())?;
         if !caps.pod_cidrs {
             return Err(skip("InstancesCapabilities.pod_cidrs is not advertised"));
