@@ -10,6 +10,7 @@ mod aws;
 mod hybrid;
 mod report;
 mod scenarios;
+mod selectors;
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
@@ -65,9 +66,19 @@ pub struct Args {
     /// (the real AWS provider on moto: our core with ccm-provider-aws, upstream's
     /// aws-cloud-controller-manager; AWS calls counted at moto), or `hybrid` (one Rust core
     /// with two providers, two sims of two schemes: calls and latencies per provider,
-    /// cross-talk, and one provider throttled while the other's Nodes join).
-    #[arg(long, default_value = "sim", value_parser = ["sim", "aws", "hybrid"])]
+    /// cross-talk, and one provider throttled while the other's Nodes join), or `selectors`
+    /// (one Rust core: Services choosing their backends by node selector over
+    /// `--selectors` pools, node changes one at a time; then the load balancer repair reads
+    /// of a provider that cannot list, over `--repair-period`).
+    #[arg(long, default_value = "sim", value_parser = ["sim", "aws", "hybrid", "selectors"])]
     pub cloud: String,
+    /// With `--cloud selectors`: how many node pools (distinct selectors) the Services choose among.
+    #[arg(long, default_value_t = 10)]
+    pub selectors: usize,
+    /// With `--cloud selectors`: the core's `--load-balancer-repair-period` (the reads of one
+    /// period are counted, then three load balancers are deleted by hand).
+    #[arg(long, default_value = "60s", value_parser = humantime::parse_duration)]
+    pub repair_period: Duration,
     /// Where to write the figures as JSON.
     #[arg(long, default_value = "ccm-bench.json")]
     pub json: PathBuf,
@@ -100,8 +111,8 @@ fn main() -> anyhow::Result<()> {
 async fn run(mut args: Args) -> anyhow::Result<()> {
     let known: &[&str] = match args.cloud.as_str() {
         "aws" => &["rust", "upstream"],
-        // Upstream's cloud-controller-manager serves one provider.
-        "hybrid" => &["rust"],
+        // Upstream's cloud-controller-manager serves one provider, and knows no node selector.
+        "hybrid" | "selectors" => &["rust"],
         _ => &["rust", "upstream", "upstream-watch"],
     };
     if args.cores.is_empty() {
@@ -120,6 +131,13 @@ async fn run(mut args: Args) -> anyhow::Result<()> {
         let cp = tokio::task::spawn_blocking(ccm_harness::ControlPlane::start).await??;
         eprintln!("== two providers, one core: {} Nodes, {} Services", args.nodes, args.services);
         let report = hybrid::run(&cp, &args).await?;
+        return publish(&args, &report.table(), &report, report.missing());
+    }
+    if args.cloud == "selectors" {
+        eprintln!("starting the control plane");
+        let cp = tokio::task::spawn_blocking(ccm_harness::ControlPlane::start).await??;
+        eprintln!("== backends per Service: {} Nodes, {} Services, {} selectors", args.nodes, args.services, args.selectors);
+        let report = selectors::run(&cp, &args).await?;
         return publish(&args, &report.table(), &report, report.missing());
     }
     let peer = match &args.peer {

@@ -20,13 +20,13 @@ use kube::api::{DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use crate::Args;
 use crate::report::{Figures, PerUnit};
 
-const ZONE: &str = "sim-region-1a";
+pub(crate) const ZONE: &str = "sim-region-1a";
 const CLUSTER_CIDR: &str = "10.64.0.0/10";
 const EXCLUDE_LABEL: &str = "node.kubernetes.io/exclude-from-external-load-balancers";
 /// How many API requests the workload sends at once.
 const PARALLEL: usize = 32;
 
-fn now_ms() -> u64 {
+pub(crate) fn now_ms() -> u64 {
     SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64)
 }
 

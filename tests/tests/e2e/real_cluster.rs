@@ -15,7 +15,7 @@ use k8s_openapi::api::core::v1::{Node, Pod, Service};
 use kube::Api;
 use kube::api::{DeleteParams, ListParams, Patch, PatchParams};
 
-use crate::support::{eventually, http_get};
+use crate::support::{eventually, http_get, http_request};
 
 const UNINITIALIZED: &str = "node.cloudprovider.kubernetes.io/uninitialized";
 /// The kubelet config drop-in the node plugin writes (and the AWS phase writes itself).
@@ -42,7 +42,9 @@ fn run(mut cmd: std::process::Command, what: &str) -> String {
 /// admin API on each sidecar's node address (to read the cloud's state).
 fn helm_values(cluster: &KubeletCluster, dir: &Path) -> PathBuf {
     let path = dir.join("values.yaml");
-    std::fs::write(&path, cluster.sim_chart_values(ADMIN_PORT)).expect("values");
+    // The load balancer sweep every 5-10 s (1h by default), for the repair to be seen here.
+    let values = format!("{}extraArgs: [--load-balancer-resync-period=5s]\n", cluster.sim_chart_values(ADMIN_PORT));
+    std::fs::write(&path, values).expect("values");
     path
 }
 
@@ -280,6 +282,7 @@ async fn the_chart_and_the_kustomize_bases_run_on_real_kubelets() {
         "helm install",
     );
     check_install(cluster, "helm", begin).await;
+    load_balancers_cared_for_on_real_kubelets(cluster).await;
 
     // The node plugin wrote the kubelet drop-in on every node's host path; a kubelet started
     // with it registers its Node with the plugin's providerID (shown before the core could
@@ -514,6 +517,99 @@ async fn the_chart_and_the_kustomize_bases_run_on_real_kubelets() {
 
     hybrid_on_real_kubelets(cluster, &helm_bin, &chart, work.path()).await;
     aws_on_real_kubelets(cluster, &helm_bin, &chart, work.path()).await;
+}
+
+/// The load balancers of the sim in the leader's pod (its admin API), by Service.
+async fn lbs_by_service(leader: &str) -> Option<BTreeMap<String, (String, Vec<String>)>> {
+    let state = sim_state(leader).await?;
+    let lbs = state["load_balancers"].as_array()?;
+    let nodes = |l: &serde_json::Value| -> Vec<String> {
+        let mut n: Vec<String> =
+            l["nodes"].as_array().into_iter().flatten().filter_map(|n| n.as_str().map(String::from)).collect();
+        n.sort();
+        n
+    };
+    Some(
+        lbs.iter()
+            .map(|l| {
+                (
+                    l["service"].as_str().unwrap_or_default().to_string(),
+                    (l["name"].as_str().unwrap_or_default().to_string(), nodes(l)),
+                )
+            })
+            .collect(),
+    )
+}
+
+/// Backends chosen per Service (`ccm-rs.dev/load-balancer-node-selector`) and load balancers
+/// repaired, on the chart's install: a Service's load balancer follows its selector as Nodes
+/// are labelled, the other keeps every Node; one deleted in the cloud is made again, and one
+/// whose backends were changed by hand gets them back.
+async fn load_balancers_cared_for_on_real_kubelets(cluster: &KubeletCluster) {
+    let client = cluster.client().await.expect("client");
+    let leader = leader_ip(cluster, &client, "node selector").await;
+    let (n0, n1) = (cluster.nodes[0].name.clone(), cluster.nodes[1].name.clone());
+    let mut both = vec![n0.clone(), n1.clone()];
+    both.sort();
+    let services: Api<Service> = Api::namespaced(client.clone(), "default");
+    run(cluster.kubectl(&["label", "--overwrite", "node", &n0, "pool=edge"]), "label pool=edge");
+    let svc: Service = serde_json::from_value(serde_json::json!({
+        "apiVersion": "v1", "kind": "Service",
+        "metadata": {"name": "edge", "annotations": {"ccm-rs.dev/load-balancer-node-selector": "pool=edge"}},
+        "spec": {"type": "LoadBalancer", "selector": {"app": "web"}, "ports": [{"port": 81, "targetPort": 8080}]}
+    }))
+    .expect("service");
+    services.create(&Default::default(), &svc).await.expect("create service");
+    let lb_of = async |service: &str, want: &[String]| {
+        let lbs = lbs_by_service(&leader).await?;
+        let (name, nodes) = lbs.get(service)?;
+        (nodes == want).then(|| name.clone())
+    };
+    let started = Instant::now();
+    eventually("edge's load balancer on the pool's node only", Duration::from_secs(60), async || {
+        lb_of("default/edge", std::slice::from_ref(&n0)).await
+    })
+    .await;
+    eventually("web's load balancer on every node", Duration::from_secs(10), async || lb_of("default/web", &both).await).await;
+    run(cluster.kubectl(&["label", "--overwrite", "node", &n1, "pool=edge"]), "label pool=edge");
+    eventually("a node joining the pool", Duration::from_secs(30), async || lb_of("default/edge", &both).await).await;
+    run(cluster.kubectl(&["label", "node", &n0, "pool-"]), "unlabel");
+    let edge = eventually("a node leaving the pool", Duration::from_secs(30), async || {
+        lb_of("default/edge", std::slice::from_ref(&n1)).await
+    })
+    .await;
+    eprintln!("node selector on real kubelets: {:.1} s", started.elapsed().as_secs_f64());
+
+    // Deleted in the cloud: made again at the next sweep (every 5-10 s here).
+    let admin = format!("http://{leader}:{ADMIN_PORT}");
+    let (status, body) = http_request(&admin, "DELETE", &format!("/load-balancers/{edge}"), None).await.expect("admin");
+    assert_eq!(status, 204, "{body}");
+    let removed = Instant::now();
+    eventually("edge's load balancer made again", Duration::from_secs(60), async || {
+        lb_of("default/edge", std::slice::from_ref(&n1)).await
+    })
+    .await;
+    eprintln!("a load balancer deleted in the cloud made again after {:.1} s", removed.elapsed().as_secs_f64());
+    let events: Api<k8s_openapi::api::core::v1::Event> = Api::namespaced(client.clone(), "default");
+    eventually("the LoadBalancerRecreated Event", Duration::from_secs(30), async || {
+        let list = events.list(&ListParams::default().fields("involvedObject.name=edge")).await.ok()?;
+        list.items.iter().any(|e| e.reason.as_deref() == Some("LoadBalancerRecreated")).then_some(())
+    })
+    .await;
+    // Backends changed by hand: given back.
+    let web = lb_of("default/web", &both).await.expect("web's load balancer");
+    let hosts = serde_json::json!([n0]);
+    let (status, body) = http_request(&admin, "PUT", &format!("/load-balancers/{web}/hosts"), Some(&hosts)).await.expect("admin");
+    assert_eq!(status, 204, "{body}");
+    eventually("web's backends given back", Duration::from_secs(60), async || lb_of("default/web", &both).await).await;
+
+    services.delete("edge", &DeleteParams::default()).await.expect("delete edge");
+    eventually("edge deleted with its load balancer", Duration::from_secs(60), async || {
+        let gone = services.get_opt("edge").await.ok()?.is_none();
+        (gone && !lbs_by_service(&leader).await?.contains_key("default/edge")).then_some(())
+    })
+    .await;
+    run(cluster.kubectl(&["label", "node", &n1, "pool-"]), "unlabel");
 }
 
 /// A hybrid cluster on real kubelets, installed as `deploy/examples/hybrid-values.yaml` shows:

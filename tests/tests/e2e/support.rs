@@ -184,10 +184,20 @@ pub async fn eventually<T>(what: &str, timeout: Duration, mut check: impl AsyncF
 
 /// A minimal HTTP GET on loopback; returns (status, body).
 pub async fn http_get(base: &str, path: &str) -> Option<(u16, String)> {
+    http_request(base, "GET", path, None).await
+}
+
+/// A minimal HTTP request (a JSON body, if any); returns (status, body).
+pub async fn http_request(base: &str, method: &str, path: &str, json: Option<&serde_json::Value>) -> Option<(u16, String)> {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
     let hostport = base.trim_start_matches("http://");
     let mut stream = tokio::net::TcpStream::connect(hostport).await.ok()?;
-    stream.write_all(format!("GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n").as_bytes()).await.ok()?;
+    let body = json.map(|j| j.to_string()).unwrap_or_default();
+    let head = format!(
+        "{method} {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n",
+        body.len()
+    );
+    stream.write_all(format!("{head}{body}").as_bytes()).await.ok()?;
     let mut buf = Vec::new();
     stream.read_to_end(&mut buf).await.ok()?;
     let text = String::from_utf8_lossy(&buf).into_owned();
