@@ -124,7 +124,14 @@ pub const CONTROLLERS: &[Controller] = &[
         queue: "cidrallocator_node",
         component: "cidrAllocator",
         starts: crate::options::Options::allocate_node_cidrs,
-        start: |ctx, stop| Ok(Box::pin(ipam::IpamController::new(ctx)?.run(stop))),
+        start: |ctx, stop| {
+            // From the cloud, each provider gives its own Nodes theirs; a range is one for all.
+            if ctx.options.cloud_allocator() {
+                let runs = per_provider(&ctx, |ctx| Ok(Box::pin(ipam::IpamController::new(ctx)?.run(stop.clone()))))?;
+                return Ok(together(runs, stop));
+            }
+            Ok(Box::pin(ipam::IpamController::new(ctx)?.run(stop)))
+        },
     },
     Controller {
         name: tagging::NAME,
