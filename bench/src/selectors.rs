@@ -360,7 +360,10 @@ pub async fn run(cp: &ControlPlane, args: &Args) -> anyhow::Result<Report> {
     let gets = async || -> anyhow::Result<u64> {
         Ok(calls(&admin).await?.get("LoadBalancersService/GetLoadBalancer").copied().unwrap_or(0))
     };
-    // Two periods, halved: a window of one need not line up with the reads' cycle.
+    // The reads start within a period of the first load balancer (the core looks for
+    // load balancers to read once a period while it has none); then two periods, halved.
+    let started_at = gets().await?;
+    until("the repair reads started", period * 3, async || Ok((gets().await? > started_at).then_some(()))).await?;
     let first = gets().await?;
     tokio::time::sleep(period * 2).await;
     report.repair_reads_per_period = (gets().await? - first) / 2;

@@ -427,6 +427,10 @@ impl runner::Controller for IpamController {
             Some(Change::Deleted(node)) => {
                 let name = node_util::name(&node).to_string();
                 queue.forget(&name);
+                if self.cloud {
+                    let uid = node.metadata.uid.clone().unwrap_or_default();
+                    self.settled.locked().retain(|(u, _)| *u != uid);
+                }
                 let freed = {
                     let mut state = self.state();
                     let freed = state.held.remove(&name).unwrap_or_default();

@@ -130,12 +130,16 @@ impl ServiceController {
                 continue;
             }
             keys.sort();
+            // Each read at its own point of the period, however long the reads take: the
+            // period is the cycle, so the calls an hour are what the flag says.
             let gap = period / keys.len() as u32;
-            for k in keys {
-                if !crate::controllers::sleep_or_stop(gap, &stop).await {
+            let cycle = Instant::now();
+            for (i, k) in keys.iter().enumerate() {
+                let at = cycle + gap * (i as u32 + 1);
+                if !crate::controllers::sleep_or_stop(at.saturating_duration_since(Instant::now()), &stop).await {
                     return;
                 }
-                self.check_one(&k, period).await;
+                self.check_one(k, period).await;
             }
         }
     }
