@@ -121,7 +121,8 @@ impl Report {
         t += &row("load balancer writes per change (median)", self.calls_per_change_p50.to_string());
         t += &row("without selectors, every load balancer per change", self.without_selectors_per_change.to_string());
         t += &row("hosts updated: p50 / p99 (ms)", format!("{} / {}", self.hosts_p50_ms, self.hosts_p99_ms));
-        t += &row("floor: affected calls / rate limit (ms, median)", self.floor_p50_ms.to_string());
+        t += &row("floor at the sustained rate: affected calls / limit (ms, median)", self.floor_p50_ms.to_string());
+        t += &row("  (the sim's burst lets a change of few calls beat it)", String::new());
         t += &row(
             &format!("repair reads per period ({:.0} s)", self.repair_period_seconds),
             self.repair_reads_per_period.to_string(),

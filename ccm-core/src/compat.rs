@@ -46,12 +46,14 @@ pub struct UpstreamFlags {
     #[arg(long, value_name = "URL")]
     pub master: Option<String>,
     /// Give Nodes without podCIDRs one from each --cluster-cidr (the node IPAM controller, a
-    /// range allocator; --node-cidr-mask-size-ipv4/-ipv6 set their size).
+    /// range allocator; --node-cidr-mask-size-ipv4/-ipv6 set their size), or with
+    /// --cidr-allocator-type=CloudAllocator their instances' own from the cloud.
     #[arg(long, num_args = 0..=1, require_equals = true, default_missing_value = "true", action = clap::ArgAction::Set)]
     pub allocate_node_cidrs: Option<bool>,
-    /// The CIDR allocator: `RangeAllocator` (over --cluster-cidr, the default) or
-    /// `CloudAllocator` (each Node's podCIDRs from its instance's metadata, when the provider
-    /// gives them: GCP's alias ranges, AWS's prefix delegation).
+    /// The CIDR allocator of --allocate-node-cidrs: `RangeAllocator` (over --cluster-cidr, the
+    /// default) or `CloudAllocator` (each Node's podCIDRs from its instance's metadata, when the
+    /// provider gives them: GCP's alias ranges, AWS's prefix delegation). Without
+    /// --allocate-node-cidrs=true it has no effect.
     #[arg(long, value_name = "TYPE")]
     pub cidr_allocator_type: Option<String>,
     /// Only `leases` (upstream's only lock since 1.24).

@@ -284,7 +284,7 @@ pub struct Options {
 
     /// Node labels the tagging controller copies to the Node's instance as tags of the same
     /// key and value (comma-separated label keys, repeatable), on the same terms as
-    /// --instance-tags.
+    /// --instance-tags; on a Node that has one, it wins over --instance-tags of its key.
     #[arg(long, value_name = "LABEL,...", value_delimiter = ',')]
     pub instance_tags_from_labels: Vec<String>,
 
@@ -766,6 +766,12 @@ impl Options {
         if self.reconcile_backoff_base > self.reconcile_backoff_max {
             return Err("--reconcile-backoff-base must not exceed --reconcile-backoff-max".into());
         }
+        // Checked here too (the controllers check them again when they start), so that a
+        // check of the arguments alone (`CCM_CHECK_ARGS=1`) refuses what the process would.
+        self.instance_tags()?;
+        for selector in &self.node_exclude_selector {
+            crate::labels::parse_selector(selector).map_err(|why| format!("--node-exclude-selector {selector:?}: {why}"))?;
+        }
         Ok(())
     }
 }
@@ -854,6 +860,12 @@ mod tests {
         assert_eq!(tags.get("env").map(String::as_str), Some(""));
         assert_eq!(tags.len(), 3);
         assert!(parse(&["--instance-tags=a=1", "--instance-tags=a=2"]).instance_tags().is_err(), "two values of one tag");
+        assert!(
+            parse(&["--instance-tags=a=1", "--instance-tags=a=2"]).validate().is_err(),
+            "refused by the check of the arguments"
+        );
+        assert!(parse(&["--node-exclude-selector=pool in (a"]).validate().is_err());
+        assert!(parse(&["--node-exclude-selector=pool in (a,b)"]).validate().is_ok());
         assert!(Options::try_parse_from(["ccm", "--instance-tags=novalue"]).is_err());
         assert!(Options::try_parse_from(["ccm", "--instance-tags==x"]).is_err());
         let o = parse(&["--instance-tags-from-labels=team,example.com/owner"]);
