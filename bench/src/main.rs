@@ -57,8 +57,9 @@ pub struct Args {
     /// uses them; the floors are then per bulk call.
     #[arg(long)]
     pub bulk: bool,
-    /// Which cores: `rust`, `upstream` (routes on a 10 s timer), `upstream-watch` (upstream
-    /// with the watch-based route reconciliation feature gate on). With `--cloud aws`:
+    /// Which cores: `rust`, `rust-musl` (the binary the images ship, from `--core-binary`),
+    /// `upstream` (routes on a 10 s timer), `upstream-watch` (upstream with the watch-based
+    /// route reconciliation feature gate on); default: all but `rust-musl`. With `--cloud aws`:
     /// `rust` and `upstream` (aws-cloud-controller-manager); default both.
     #[arg(long, value_delimiter = ',')]
     pub cores: Vec<String>,
@@ -82,6 +83,10 @@ pub struct Args {
     /// Where to write the figures as JSON.
     #[arg(long, default_value = "ccm-bench.json")]
     pub json: PathBuf,
+    /// The `rust-musl` core's binary: the static build the images ship, as
+    /// `deploy/images/build-binaries.sh target/musl cloud-controller-manager` makes it.
+    #[arg(long)]
+    pub core_binary: Option<PathBuf>,
     /// upstream's binary; default: `harness/envtest/setup.sh peer` builds (or finds) it.
     #[arg(long)]
     pub peer: Option<PathBuf>,
@@ -113,10 +118,19 @@ async fn run(mut args: Args) -> anyhow::Result<()> {
         "aws" => &["rust", "upstream"],
         // Upstream's cloud-controller-manager serves one provider, and knows no node selector.
         "hybrid" | "selectors" => &["rust"],
-        _ => &["rust", "upstream", "upstream-watch"],
+        _ => &["rust", "rust-musl", "upstream", "upstream-watch"],
     };
     if args.cores.is_empty() {
-        args.cores = known.iter().map(|c| c.to_string()).collect();
+        args.cores = known.iter().filter(|c| **c != "rust-musl").map(|c| c.to_string()).collect();
+    }
+    if args.cores.iter().any(|c| c == "rust-musl") {
+        match &args.core_binary {
+            Some(b) if b.is_file() => {}
+            Some(b) => anyhow::bail!("--core-binary {}: no such file", b.display()),
+            None => anyhow::bail!(
+                "the rust-musl core needs --core-binary (build it: deploy/images/build-binaries.sh target/musl cloud-controller-manager)"
+            ),
+        }
     }
     for core in &args.cores {
         if !known.contains(&core.as_str()) {

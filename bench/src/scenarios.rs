@@ -114,17 +114,24 @@ async fn start_core(
     let kubeconfig = cp.kubeconfig_path().display().to_string();
     let log = PathBuf::from(format!("{}.{core}.log", args.json.display()));
     let mut cmd = match core {
-        "rust" => {
+        "rust" | "rust-musl" => {
+            // `rust` is this benchmark's own build of the core (`ccm-bench __core`); `rust-musl`
+            // the binary the images ship (--core-binary), with the same flags.
+            let (binary, sub) = match (core, &args.core_binary) {
+                ("rust-musl", Some(b)) => (b.clone(), None),
+                ("rust-musl", None) => bail!("the rust-musl core needs --core-binary"),
+                _ => (std::env::current_exe()?, Some("__core")),
+            };
             // CCM_BENCH_CORE_WRAPPER=heaptrack (or another profiler) runs the core under it.
             let mut c = match std::env::var_os("CCM_BENCH_CORE_WRAPPER") {
                 Some(wrapper) => {
                     let mut c = tokio::process::Command::new(wrapper);
-                    c.arg(std::env::current_exe()?);
+                    c.arg(&binary);
                     c
                 }
-                None => tokio::process::Command::new(std::env::current_exe()?),
+                None => tokio::process::Command::new(&binary),
             };
-            c.arg("__core").args([
+            c.args(sub).args([
                 format!("--kubeconfig={kubeconfig}"),
                 format!("--provider-endpoint={endpoint}"),
                 "--cluster-name=bench".into(),
@@ -251,6 +258,7 @@ pub(crate) async fn heartbeats(nodes: &Api<Node>, names: &[String], steady: Dura
 pub async fn run_core(cp: &ControlPlane, args: &Args, core: &str, peer: Option<&Path>) -> anyhow::Result<Figures> {
     let tag = match core {
         "rust" => "rs",
+        "rust-musl" => "rm",
         "upstream" => "up",
         _ => "uw",
     };
