@@ -68,6 +68,9 @@ fn parse_term(term: &str) -> Result<(String, Op), String> {
         let (head, list) = term.split_at(open);
         let list = list.strip_prefix('(').and_then(|l| l.trim_end().strip_suffix(')'));
         let list = list.ok_or_else(|| format!("{term:?}: a set is written (v1,v2)"))?;
+        if list.trim().is_empty() {
+            return Err(format!("{term:?}: a set needs at least one value"));
+        }
         let values: BTreeSet<String> = list.split(',').map(|v| v.trim().to_string()).collect();
         let mut words = head.split_whitespace();
         let (key, op, rest) = (words.next(), words.next(), words.next());
@@ -172,7 +175,17 @@ mod tests {
         assert!(!selector_matches(&terms, &labels(&[("pool", "edge"), ("zone", "z3"), ("cores", "8"), ("env", "")])));
         assert!(!selector_matches(&terms, &labels(&[("pool", "edge"), ("cores", "three"), ("env", "")])));
         assert!(selector_matches(&parse_selector("cores<2").expect("lt"), &labels(&[("cores", "1")])));
-        for bad in ["pool in (a", "pool in a)", "pool within (a)", "pool in (a b)", "cores>x", "k=not a value", "k in (-x)"] {
+        for bad in [
+            "pool in (a",
+            "pool in a)",
+            "pool within (a)",
+            "pool in (a b)",
+            "cores>x",
+            "k=not a value",
+            "k in (-x)",
+            "k in ()",
+            "!k=v",
+        ] {
             assert!(parse_selector(bad).is_err(), "{bad:?} is refused");
         }
     }
