@@ -331,7 +331,8 @@ pub struct Options {
     /// spread evenly over the period (200 Services at 24h: 8.3 calls an hour). A load balancer
     /// found gone is made again, one whose reported backends drifted is given its own again.
     /// A provider that lists load balancers is checked at every sweep instead
-    /// (--load-balancer-resync-period), at no extra call. `0s` turns the reads off.
+    /// (--load-balancer-resync-period), at no extra call, unless that is `0s`. `0s` turns the
+    /// reads off.
     #[arg(long, value_name = "DURATION", default_value = "24h", value_parser = parse_duration)]
     pub load_balancer_repair_period: Duration,
 

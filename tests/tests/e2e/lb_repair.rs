@@ -176,3 +176,18 @@ async fn without_listing_reads_spread_over_the_period_repair_within_the_bound() 
     core.stop().await.expect("stop");
     env.cleanup().await.expect("cleanup");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_listing_provider_swept_only_at_start_is_read_over_the_repair_period() {
+    let flags = ["--load-balancer-resync-period=0s", "--load-balancer-repair-period=2s"];
+    let (env, sim, core, [n1, n2], _) = world("lbrepairnosweep", true, &["a"], &flags).await;
+    let both = vec![n1.clone(), n2.clone()];
+    let before = lbs(&sim).await;
+    sim.admin.remove_load_balancer(&before["a"].0).await.expect("remove");
+    eventually("a's load balancer made again", Duration::from_secs(15), async || {
+        lbs(&sim).await.get("a").is_some_and(|(_, nodes)| *nodes == both).then_some(())
+    })
+    .await;
+    core.stop().await.expect("stop");
+    env.cleanup().await.expect("cleanup");
+}

@@ -3,8 +3,9 @@
 //!
 //! - Where the provider lists load balancers, the sweep that lists them for orphans
 //!   ([`super::orphans`]) also finds the load balancers this process made that the listing
-//!   misses: no extra call. Where it cannot (every Go provider the adapter serves), one
-//!   GetLoadBalancer per load balancer, spread over `--load-balancer-repair-period`.
+//!   misses: no extra call. Where it cannot (every Go provider the adapter serves), or the
+//!   sweep runs only at start (`--load-balancer-resync-period=0s`), one GetLoadBalancer per
+//!   load balancer, spread over `--load-balancer-repair-period`.
 //! - The evidence rules of deletions: a load balancer is made again only when a complete
 //!   listing misses it **and** a GetLoadBalancer that names it says it does not exist (an
 //!   explicit `exists=false`; an error or a timeout is nothing), and only when nothing was
@@ -120,7 +121,10 @@ impl ServiceController {
                 stop.cancelled().await;
                 return;
             }
-            let lists = self.ctx.provider.identity().map(|i| i.lists_load_balancers());
+            // A provider that lists is looked at by the sweep, unless the sweep runs only at
+            // start (`--load-balancer-resync-period=0s`): then by these reads too.
+            let sweeps = !self.ctx.options.load_balancer_resync_period.is_zero();
+            let lists = self.ctx.provider.identity().map(|i| i.lists_load_balancers() && sweeps);
             let mut keys: Vec<String> = self.state().ensured.keys().cloned().collect();
             if lists != Some(false) || keys.is_empty() {
                 // Not known yet, listed by the sweep, or nothing made yet: looked at again soon.
