@@ -15,13 +15,14 @@ use ccm_harness::cluster::{NodeBuilder, UNINITIALIZED_TAINT, load_balancer_ip, l
 use ccm_provider_sim::AdminClient;
 use ccm_provider_sim::config::RateLimit;
 use k8s_openapi::api::core::v1::{Namespace, Node, Service};
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::Api;
 use kube::api::{DeleteParams, ListParams, PostParams};
 use serde::Serialize;
 
 use crate::Args;
-use crate::scenarios::{CoreProcess, calls, create_all, delete_services, node_name, ready, sim_config, start_sim_with, until};
+use crate::scenarios::{
+    CoreProcess, calls, create_all, create_namespace, delete_services, node_name, ready, sim_config, start_sim_with, until,
+};
 
 const CLASS_B: &str = "b.bench.ccm-rs.dev/lb";
 const PROVIDER_LABEL: &str = "ccm-rs.dev/provider";
@@ -191,13 +192,7 @@ pub async fn run(cp: &ControlPlane, args: &Args) -> anyhow::Result<Report> {
     let client = cp.client().await?;
     let nodes: Api<Node> = Api::all(client.clone());
     let ns = "bench-hybrid";
-    Api::<Namespace>::all(client.clone())
-        .create(
-            &PostParams::default(),
-            &Namespace { metadata: ObjectMeta { name: Some(ns.into()), ..Default::default() }, ..Default::default() },
-        )
-        .await
-        .with_context(|| format!("creating namespace {ns}"))?;
+    create_namespace(&client, ns).await?;
     let services: Api<Service> = Api::namespaced(client.clone(), ns);
     let half = (args.nodes / 2).max(1);
     let extra = (args.churn).max(1);

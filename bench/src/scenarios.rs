@@ -254,6 +254,16 @@ pub(crate) async fn heartbeats(nodes: &Api<Node>, names: &[String], steady: Dura
     started.elapsed()
 }
 
+/// Creates the namespace `ns` of one run.
+pub(crate) async fn create_namespace(client: &kube::Client, ns: &str) -> anyhow::Result<()> {
+    let namespace = Namespace { metadata: ObjectMeta { name: Some(ns.into()), ..Default::default() }, ..Default::default() };
+    Api::<Namespace>::all(client.clone())
+        .create(&PostParams::default(), &namespace)
+        .await
+        .with_context(|| format!("creating namespace {ns}"))?;
+    Ok(())
+}
+
 /// Runs every scenario against `core` and cleans up after it.
 pub async fn run_core(cp: &ControlPlane, args: &Args, core: &str, peer: Option<&Path>) -> anyhow::Result<Figures> {
     let tag = match core {
@@ -265,13 +275,7 @@ pub async fn run_core(cp: &ControlPlane, args: &Args, core: &str, peer: Option<&
     let client = cp.client().await?;
     let nodes: Api<Node> = Api::all(client.clone());
     let ns = format!("bench-{tag}");
-    Api::<Namespace>::all(client.clone())
-        .create(
-            &PostParams::default(),
-            &Namespace { metadata: ObjectMeta { name: Some(ns.clone()), ..Default::default() }, ..Default::default() },
-        )
-        .await
-        .with_context(|| format!("creating namespace {ns}"))?;
+    create_namespace(&client, &ns).await?;
     let services: Api<Service> = Api::namespaced(client.clone(), &ns);
 
     let dir = tempfile::tempdir()?;

@@ -21,15 +21,14 @@ use anyhow::{Context, bail};
 use ccm_harness::ControlPlane;
 use ccm_harness::cluster::{NodeBuilder, load_balancer_ip, load_balancer_service};
 use k8s_openapi::api::core::v1::{Namespace, Node, Service};
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::Api;
 use kube::api::{DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use serde::Serialize;
 
 use crate::Args;
 use crate::scenarios::{
-    CoreProcess, calls, create_all, delete_services, instance_id, instance_ip, node_name, percentile, sim_config, start_sim_with,
-    until,
+    CoreProcess, calls, create_all, create_namespace, delete_services, instance_id, instance_ip, node_name, percentile,
+    sim_config, start_sim_with, until,
 };
 
 const TAG: &str = "sel";
@@ -206,13 +205,7 @@ pub async fn run(cp: &ControlPlane, args: &Args) -> anyhow::Result<Report> {
     let client = cp.client().await?;
     let nodes: Api<Node> = Api::all(client.clone());
     let ns = "bench-selectors";
-    Api::<Namespace>::all(client.clone())
-        .create(
-            &PostParams::default(),
-            &Namespace { metadata: ObjectMeta { name: Some(ns.into()), ..Default::default() }, ..Default::default() },
-        )
-        .await
-        .with_context(|| format!("creating namespace {ns}"))?;
+    create_namespace(&client, ns).await?;
     let services: Api<Service> = Api::namespaced(client.clone(), ns);
     let dir = tempfile::tempdir()?;
     let mut config = sim_config(args, TAG);
