@@ -329,9 +329,12 @@ async fn the_chart_and_the_kustomize_bases_run_on_real_kubelets() {
     let mut handovers = Vec::new();
     for _ in 0..3 {
         let old = eventually("a leader", Duration::from_secs(30), async || lease_holder(&client).await).await;
+        // The leader's pod is the running one on the holder's node: the pod deleted in the
+        // round before may still be listed there, terminating, while its replacement leads.
         let pod = kube_system_pods(&client, CORE_PODS)
             .await
             .into_iter()
+            .filter(|p| p.metadata.deletion_timestamp.is_none())
             .find(|p| p.spec.as_ref().and_then(|s| s.node_name.as_deref()).is_some_and(|n| old.starts_with(&format!("{n}_"))))
             .expect("the leader's pod");
         let pods: Api<Pod> = Api::namespaced(client.clone(), "kube-system");
@@ -354,8 +357,10 @@ async fn the_chart_and_the_kustomize_bases_run_on_real_kubelets() {
             }
         }
         handovers.push(t0.elapsed());
-        eventually("two Ready core pods", Duration::from_secs(90), async || {
-            (ready_pods(&client, CORE_PODS).await.len() == 2).then_some(())
+        // The next round starts with the deleted pod gone and two Ready pods.
+        eventually("two Ready core pods and no terminating one", Duration::from_secs(90), async || {
+            let listed = kube_system_pods(&client, CORE_PODS).await.len();
+            (listed == 2 && ready_pods(&client, CORE_PODS).await.len() == 2).then_some(())
         })
         .await;
     }
