@@ -8,6 +8,7 @@
 
 mod aws;
 mod hybrid;
+mod replicas;
 mod report;
 mod scenarios;
 mod selectors;
@@ -70,8 +71,10 @@ pub struct Args {
     /// cross-talk, and one provider throttled while the other's Nodes join), or `selectors`
     /// (one Rust core: Services choosing their backends by node selector over
     /// `--selectors` pools, node changes one at a time; then the load balancer repair reads
-    /// of a provider that cannot list, over `--repair-period`).
-    #[arg(long, default_value = "sim", value_parser = ["sim", "aws", "hybrid", "selectors"])]
+    /// of a provider that cannot list, over `--repair-period`), or `replicas` (two Rust
+    /// replicas, one killed: time to a new leader per controller and the work redone, with one
+    /// Lease for all and with a Lease per controller shared by the replicas).
+    #[arg(long, default_value = "sim", value_parser = ["sim", "aws", "hybrid", "selectors", "replicas"])]
     pub cloud: String,
     /// With `--cloud selectors`: how many node pools (distinct selectors) the Services choose among.
     #[arg(long, default_value_t = 10)]
@@ -117,7 +120,7 @@ async fn run(mut args: Args) -> anyhow::Result<()> {
     let known: &[&str] = match args.cloud.as_str() {
         "aws" => &["rust", "upstream"],
         // Upstream's cloud-controller-manager serves one provider, and knows no node selector.
-        "hybrid" | "selectors" => &["rust"],
+        "hybrid" | "selectors" | "replicas" => &["rust"],
         _ => &["rust", "rust-musl", "upstream", "upstream-watch"],
     };
     if args.cores.is_empty() {
@@ -152,6 +155,13 @@ async fn run(mut args: Args) -> anyhow::Result<()> {
         let cp = tokio::task::spawn_blocking(ccm_harness::ControlPlane::start).await??;
         eprintln!("== backends per Service: {} Nodes, {} Services, {} selectors", args.nodes, args.services, args.selectors);
         let report = selectors::run(&cp, &args).await?;
+        return publish(&args, &report.table(), &report, report.missing());
+    }
+    if args.cloud == "replicas" {
+        eprintln!("starting the control plane");
+        let cp = tokio::task::spawn_blocking(ccm_harness::ControlPlane::start).await??;
+        eprintln!("== two replicas, one killed: {} Nodes, {} Services", args.nodes, args.services);
+        let report = replicas::run(&cp, &args).await?;
         return publish(&args, &report.table(), &report, report.missing());
     }
     let peer = match &args.peer {

@@ -95,6 +95,11 @@ impl CoreProcess {
         rss_mib_of(self.pid)
     }
 
+    /// Kills it (SIGKILL: nothing is released) and reaps it.
+    pub(crate) async fn kill(mut self) {
+        let _ = self.child.kill().await;
+    }
+
     pub(crate) async fn stop(mut self) {
         let _ = tokio::process::Command::new("kill").args(["-TERM", &self.pid.to_string()]).status().await;
         if tokio::time::timeout(Duration::from_secs(15), self.child.wait()).await.is_err() {

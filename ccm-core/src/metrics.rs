@@ -58,6 +58,7 @@ pub struct Metrics {
     reconcile_errors: Family<ControllerLabels, Counter>,
     leader: Gauge<i64, AtomicI64>,
     leases: Family<LeaseLabels, Gauge>,
+    handovers: Family<LeaseLabels, Counter>,
     held: Arc<std::sync::Mutex<std::collections::BTreeSet<String>>>,
     route_syncs: Counter,
     routes_created: Counter,
@@ -103,6 +104,7 @@ impl Metrics {
         let reconcile_errors = Family::<ControllerLabels, Counter>::default();
         let leader = Gauge::<i64, AtomicI64>::default();
         let leases = Family::<LeaseLabels, Gauge>::default();
+        let handovers = Family::<LeaseLabels, Counter>::default();
         let route_syncs = Counter::default();
         let routes_created = Counter::default();
         let routes_deleted = Counter::default();
@@ -179,6 +181,11 @@ impl Metrics {
         registry.register("ccm_reconcile_errors", "Failed reconciles, by controller", reconcile_errors.clone());
         registry.register("ccm_leader_is_leader", "1 while this process holds at least one of its leader Leases", leader.clone());
         registry.register("ccm_leader_lease_held", "1 while this process holds the Lease, by Lease name", leases.clone());
+        registry.register(
+            "ccm_leader_handovers",
+            "Leases this process gave up to the replica they are assigned to (--leader-elect-per-controller), by Lease name",
+            handovers.clone(),
+        );
         let upstream = crate::upstream_metrics::UpstreamMetrics::register(&mut registry);
         Self {
             upstream,
@@ -194,6 +201,7 @@ impl Metrics {
             reconcile_errors,
             leader,
             leases,
+            handovers,
             held: Default::default(),
             route_syncs,
             routes_created,
@@ -317,6 +325,11 @@ impl Metrics {
             set.remove(lease);
         }
         self.leader.set(i64::from(!set.is_empty()));
+    }
+
+    /// A Lease handed over to the replica it is assigned to.
+    pub fn lease_handed_over(&self, lease: &str) {
+        self.handovers.get_or_create(&LeaseLabels { lease: lease.to_string() }).inc();
     }
 
     /// A Kubernetes client for `config` whose requests are counted and timed

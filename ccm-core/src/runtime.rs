@@ -444,14 +444,18 @@ async fn run_controllers(
     for (name, _) in &tasks {
         ctx.metrics.controller_running(name, false);
     }
-    for (_, t) in tasks.iter_mut() {
+    for (name, t) in tasks.iter_mut() {
         if outcome.is_err() {
             // The lead is lost (or the process is failing): nothing more is written, not even
             // an in-flight reconcile's next request (the renew deadline is shorter than the
             // lease: another replica cannot have taken over yet).
             t.abort();
-        } else {
-            let _ = tokio::time::timeout(Duration::from_secs(5), t).await;
+        } else if tokio::time::timeout(Duration::from_secs(5), &mut *t).await.is_err() {
+            // Not stopped within 5 s: aborted, so that nothing of it runs once the Lease is
+            // released (a Lease handed over is taken by another replica at once).
+            tracing::warn!(controller = *name, "did not stop within 5 s; aborted");
+            t.abort();
+            let _ = (&mut *t).await;
         }
     }
     match outcome {

@@ -38,6 +38,10 @@ pub struct Settings {
     pub renew_deadline: Duration,
     /// How often to try (acquiring, and renewing).
     pub retry_period: Duration,
+    /// Labels and annotations the holder keeps on the Lease (a member Lease is labelled as
+    /// one, and says which controller Leases its replica competes for).
+    pub labels: std::collections::BTreeMap<String, String>,
+    pub annotations: std::collections::BTreeMap<String, String>,
 }
 
 /// The lead, held: `lost` is cancelled when it is lost (and the renewing task ends);
@@ -111,9 +115,11 @@ pub fn lease_config(config: &kube::Config, renew_deadline: Duration) -> kube::Co
 
 /// The Lease as last read, and when this process saw its holder or renewal change.
 #[derive(Debug, Default)]
-struct Observed {
+pub struct Observed {
     record: Option<(String, Option<MicroTime>)>,
     at: Option<Instant>,
+    /// Since when the Lease has been seen free to take (absent, released or expired), in a row.
+    available: Option<Instant>,
 }
 
 impl Observed {
@@ -126,6 +132,15 @@ impl Observed {
         }
         self.at.is_some_and(|at| at.elapsed() > duration)
     }
+
+    /// Records whether the Lease is free to take; true once it has been for `patience`.
+    fn waited(&mut self, available: bool, patience: Duration) -> bool {
+        if !available {
+            self.available = None;
+            return false;
+        }
+        self.available.get_or_insert_with(Instant::now).elapsed() >= patience
+    }
 }
 
 fn now() -> MicroTime {
@@ -133,12 +148,29 @@ fn now() -> MicroTime {
 }
 
 /// Takes or renews the Lease for `s.identity`: true when it is ours afterwards, false when
-/// another holds it (or won a race for it).
-async fn try_acquire_or_renew(api: &Api<Lease>, s: &Settings, observed: &mut Observed) -> Result<bool, kube::Error> {
+/// another holds it (or won a race for it), or when it is free but has not been for
+/// `patience` yet (a replica that does not prefer this Lease leaves it to one that does).
+pub async fn try_acquire_or_renew(
+    api: &Api<Lease>,
+    s: &Settings,
+    observed: &mut Observed,
+    patience: Duration,
+) -> Result<bool, kube::Error> {
     let seconds = i32::try_from(s.lease_duration.as_secs().max(1)).unwrap_or(i32::MAX);
+    let annotations = (!s.annotations.is_empty()).then(|| s.annotations.clone());
+    let labels = (!s.labels.is_empty()).then(|| s.labels.clone());
     let Some(mut lease) = api.get_opt(&s.name).await? else {
+        if !observed.waited(true, patience) {
+            return Ok(false);
+        }
         let lease = Lease {
-            metadata: ObjectMeta { name: Some(s.name.clone()), namespace: Some(s.namespace.clone()), ..Default::default() },
+            metadata: ObjectMeta {
+                name: Some(s.name.clone()),
+                namespace: Some(s.namespace.clone()),
+                annotations,
+                labels,
+                ..Default::default()
+            },
             spec: Some(LeaseSpec {
                 holder_identity: Some(s.identity.clone()),
                 lease_duration_seconds: Some(seconds),
@@ -157,17 +189,28 @@ async fn try_acquire_or_renew(api: &Api<Lease>, s: &Settings, observed: &mut Obs
     let spec = lease.spec.clone().unwrap_or_default();
     let holder = spec.holder_identity.clone().unwrap_or_default();
     let ours = holder == s.identity;
-    if !ours && !holder.is_empty() {
-        let duration = Duration::from_secs(u64::try_from(spec.lease_duration_seconds.unwrap_or(seconds).max(1)).unwrap_or(1));
-        let wall_expired = spec.renew_time.as_ref().is_none_or(|t| {
-            let expires = t.0.as_millisecond() + i64::try_from(duration.as_millis()).unwrap_or(i64::MAX);
-            expires < crate::clock::now().as_millisecond()
-        });
-        let seen_expired = observed.stale(&holder, &spec.renew_time, duration);
-        if !(wall_expired && seen_expired) {
+    if !ours {
+        let available = holder.is_empty() || {
+            let duration = Duration::from_secs(u64::try_from(spec.lease_duration_seconds.unwrap_or(seconds).max(1)).unwrap_or(1));
+            let wall_expired = spec.renew_time.as_ref().is_none_or(|t| {
+                let expires = t.0.as_millisecond() + i64::try_from(duration.as_millis()).unwrap_or(i64::MAX);
+                expires < crate::clock::now().as_millisecond()
+            });
+            let seen_expired = observed.stale(&holder, &spec.renew_time, duration);
+            wall_expired && seen_expired
+        };
+        if !observed.waited(available, patience) {
             return Ok(false);
         }
-        tracing::info!(lease = %s.name, previous = %holder, "leader election: the Lease expired; taking it");
+        if !holder.is_empty() {
+            tracing::info!(lease = %s.name, previous = %holder, "leader election: the Lease expired; taking it");
+        }
+    }
+    if let Some(annotations) = annotations {
+        lease.metadata.annotations.get_or_insert_with(Default::default).extend(annotations);
+    }
+    if let Some(labels) = labels {
+        lease.metadata.labels.get_or_insert_with(Default::default).extend(labels);
     }
     lease.spec = Some(LeaseSpec {
         holder_identity: Some(s.identity.clone()),
@@ -204,18 +247,24 @@ async fn release(api: &Api<Lease>, s: &Settings) {
 }
 
 /// Waits until `s.identity` holds the Lease, trying every retry period; `None` when `stop`
-/// is cancelled first. The returned lead is renewed in the background until lost or released.
-pub async fn acquire(client: &kube::Client, s: &Settings, stop: &CancellationToken) -> Option<Leadership> {
+/// is cancelled first. `patience` says, at each try, how long the Lease must have been free
+/// before this process takes it (zero: at once). The returned lead is renewed in the
+/// background until lost or released.
+pub async fn acquire(
+    client: &kube::Client,
+    s: &Settings,
+    stop: &CancellationToken,
+    patience: impl Fn() -> Duration,
+) -> Option<Leadership> {
     let api: Api<Lease> = Api::namespaced(client.clone(), &s.namespace);
     let mut observed = Observed::default();
-    let mut last;
     loop {
         // The lead counts from when the winning request was sent, not from its answer: an
         // answer that comes late must not stretch the fence past the Lease others see.
-        last = Instant::now();
-        let attempt = tokio::time::timeout(s.renew_deadline, try_acquire_or_renew(&api, s, &mut observed)).await;
+        let sent = Instant::now();
+        let attempt = tokio::time::timeout(s.renew_deadline, try_acquire_or_renew(&api, s, &mut observed, patience())).await;
         match attempt {
-            Ok(Ok(true)) => break,
+            Ok(Ok(true)) => return Some(hold(api, s.clone(), sent, observed)),
             Ok(Ok(false)) => {}
             Ok(Err(error)) => tracing::warn!(lease = %s.name, %error, "leader election: reading or taking the Lease failed"),
             Err(_) => tracing::warn!(lease = %s.name, "leader election: no answer from the API server within the renew deadline"),
@@ -228,10 +277,14 @@ pub async fn acquire(client: &kube::Client, s: &Settings, stop: &CancellationTok
             return None;
         }
     }
+}
+
+/// The Lease, just taken by a request sent at `last`: renewed in the background every retry
+/// period until it is lost or released.
+pub fn hold(api: Api<Lease>, s: Settings, mut last: Instant, mut observed: Observed) -> Leadership {
     let (lost, give_up) = (CancellationToken::new(), CancellationToken::new());
     let fence = Fence::default();
     fence.set(Some(last + s.renew_deadline));
-    let s = s.clone();
     let renewed = fence.clone();
     let (lost_tx, released) = (lost.clone(), give_up.clone());
     let task = tokio::spawn(async move {
@@ -249,7 +302,7 @@ pub async fn acquire(client: &kube::Client, s: &Settings, stop: &CancellationTok
             }
             let deadline = last + s.renew_deadline;
             let sent = Instant::now();
-            match tokio::time::timeout_at(deadline, try_acquire_or_renew(&api, &s, &mut observed)).await {
+            match tokio::time::timeout_at(deadline, try_acquire_or_renew(&api, &s, &mut observed, Duration::ZERO)).await {
                 Ok(Ok(true)) => {
                     // Anchored to when the renewal was sent (see above).
                     last = sent;
@@ -272,5 +325,5 @@ pub async fn acquire(client: &kube::Client, s: &Settings, stop: &CancellationTok
             return;
         }
     });
-    Some(Leadership { lost, fence, release: give_up, task })
+    Leadership { lost, fence, release: give_up, task }
 }

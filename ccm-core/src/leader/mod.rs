@@ -8,14 +8,18 @@
 //! election cleanly).
 
 mod lease;
+mod members;
 mod plan;
 
 use std::future::Future;
 use std::time::Duration;
 
+use tokio::time::Instant;
+
 use tokio_util::sync::CancellationToken;
 
 pub use lease::{Fence, client, lease_config};
+pub use members::{ANNOTATION_LEASES, LABEL_MEMBERS_OF, MAX_MEMBERS, Members, View};
 pub use plan::{COMPONENT, ControllerLeader, LeaseGroup, MIGRATION_GROUP, MigrationConfig, PlanError, plan};
 
 use crate::metrics::Metrics;
@@ -46,6 +50,10 @@ pub struct Election {
     lease_duration: Duration,
     renew_deadline: Duration,
     retry_period: Duration,
+    /// `--leader-elect-resource-name`: the member Leases' base.
+    base: String,
+    /// Share the groups with other replicas (member Leases; several groups only).
+    share: bool,
     metrics: Metrics,
 }
 
@@ -70,6 +78,8 @@ impl Election {
             lease_duration: options.leader_elect_lease_duration,
             renew_deadline: options.leader_elect_renew_deadline,
             retry_period: options.leader_elect_retry_period.max(Duration::from_millis(200)),
+            base: options.leader_elect_resource_name.clone(),
+            share: options.leader_elect_per_controller,
             metrics,
         }
     }
@@ -83,7 +93,9 @@ impl Election {
     /// Competes for every Lease of `groups` at once (a group with `after` only once that group
     /// leads) and, while a group's Lease is held, runs `run(group, leading, stop)`. Ends `Ok`
     /// once every group stopped for `shutdown`; with the first error when a Lease was lost or
-    /// `run` failed, after stopping the other groups.
+    /// `run` failed, after stopping the other groups. With `--leader-elect-per-controller`,
+    /// the replicas share the groups ([`members`]): a group assigned to another live replica
+    /// is handed over (its `stop` cancelled, then its Lease released) and competed for again.
     pub async fn lead<F, Fut, E>(&self, groups: Vec<LeaseGroup>, shutdown: &CancellationToken, run: F) -> Result<(), LeadError<E>>
     where
         F: Fn(LeaseGroup, Leading, CancellationToken) -> Fut + Clone + Send + 'static,
@@ -92,12 +104,22 @@ impl Election {
     {
         // Every group stops when the process shuts down or one group lost its Lease.
         let stop = shutdown.child_token();
+        let (members, membership) = match self.share && groups.len() > 1 && groups.iter().all(|g| g.after.is_none()) {
+            true => {
+                let leases: Vec<String> = groups.iter().map(|g| g.lease.clone()).collect();
+                let (members, task) =
+                    Members::start(self.client.clone(), &self.base, &self.settings(&self.base), &leases, stop.clone());
+                (Some(members), Some(task))
+            }
+            false => (None, None),
+        };
         let acquired: Vec<CancellationToken> = groups.iter().map(|_| CancellationToken::new()).collect();
         let mut tasks = tokio::task::JoinSet::new();
         for (i, group) in groups.into_iter().enumerate() {
             let after = group.after.and_then(|j| acquired.get(j)).cloned();
             let (election, stop, acquired, run) = (self.clone(), stop.clone(), acquired[i].clone(), run.clone());
-            tasks.spawn(async move { election.lead_group(group, after, acquired, stop, run).await });
+            let members = members.clone();
+            tasks.spawn(async move { election.lead_group(group, after, acquired, members, stop, run).await });
         }
         let mut result = Ok(());
         while let Some(done) = tasks.join_next().await {
@@ -109,7 +131,27 @@ impl Election {
                 }
             }
         }
+        // The member Lease is released once every group stopped.
+        stop.cancel();
+        if let Some(task) = membership
+            && let Err(error) = task.await
+        {
+            tracing::error!(%error, "leader election: the member task failed");
+        }
         result
+    }
+
+    fn settings(&self, name: &str) -> lease::Settings {
+        lease::Settings {
+            namespace: self.namespace.clone(),
+            name: name.to_string(),
+            identity: self.identity.clone(),
+            lease_duration: self.lease_duration,
+            renew_deadline: self.renew_deadline,
+            retry_period: self.retry_period,
+            labels: Default::default(),
+            annotations: Default::default(),
+        }
     }
 
     async fn lead_group<F, Fut, E>(
@@ -117,6 +159,7 @@ impl Election {
         group: LeaseGroup,
         after: Option<CancellationToken>,
         acquired: CancellationToken,
+        members: Option<Members>,
         stop: CancellationToken,
         run: F,
     ) -> Result<(), LeadError<E>>
@@ -132,25 +175,66 @@ impl Election {
             }
         }
         let controllers: Vec<&str> = group.controllers.iter().copied().collect();
-        tracing::info!(identity = %self.identity, lease = %group.lease, ?controllers, "waiting to acquire the lease");
-        let settings = lease::Settings {
-            namespace: self.namespace.clone(),
-            name: group.lease.clone(),
-            identity: self.identity.clone(),
-            lease_duration: self.lease_duration,
-            renew_deadline: self.renew_deadline,
-            retry_period: self.retry_period,
-        };
-        let Some(held) = lease::acquire(&self.client, &settings, &stop).await else { return Ok(()) };
-        tracing::info!(identity = %self.identity, lease = %group.lease, ?controllers, "acquired the lease; starting its controllers");
-        // "Acquired" is a token too: cancelled once, it lets the groups that wait for this one go.
-        acquired.cancel();
-        let lease_name = group.lease.clone();
-        self.metrics.lease_held(&lease_name, true);
-        let leading = Leading { lost: held.lost.clone(), fence: held.fence.clone() };
-        let result = run(group, leading, stop).await.map_err(|source| LeadError::Group { lease: lease_name.clone(), source });
-        self.metrics.lease_held(&lease_name, false);
-        held.release().await;
-        result
+        let settings = self.settings(&group.lease);
+        // How long a Lease handed over must be held before it is handed over again: a lease
+        // duration, doubled each time no other replica took it (a replica assigned a Lease
+        // it does not compete for would otherwise bounce it back and forth).
+        let mut hold_for = self.lease_duration;
+        let mut handed_over_at: Option<Instant> = None;
+        loop {
+            tracing::info!(identity = %self.identity, lease = %group.lease, ?controllers, "waiting to acquire the lease");
+            // A Lease assigned to another replica is taken only after it has been free for two
+            // retry periods: the assigned replica, trying every retry period, gets it first.
+            let patience = || match &members {
+                Some(m) if !m.view().mine(&group.lease) => self.retry_period * 2,
+                _ => Duration::ZERO,
+            };
+            let Some(held) = lease::acquire(&self.client, &settings, &stop, patience).await else { return Ok(()) };
+            if let Some(at) = handed_over_at.take() {
+                if at.elapsed() < self.lease_duration * 2 {
+                    hold_for = (hold_for * 2).min(Duration::from_secs(600));
+                    tracing::warn!(lease = %group.lease, hold_for = ?hold_for, "leader election: no replica took the Lease handed over; keeping it longer before trying again");
+                } else {
+                    hold_for = self.lease_duration;
+                }
+            }
+            tracing::info!(identity = %self.identity, lease = %group.lease, ?controllers, "acquired the lease; starting its controllers");
+            // "Acquired" is a token too: cancelled once, it lets the groups that wait for this one go.
+            acquired.cancel();
+            let lease_name = group.lease.clone();
+            self.metrics.lease_held(&lease_name, true);
+            let leading = Leading { lost: held.lost.clone(), fence: held.fence.clone() };
+            let group_stop = stop.child_token();
+            let running = run(group.clone(), leading, group_stop.clone());
+            tokio::pin!(running);
+            let since = Instant::now();
+            let hand_over = async {
+                let Some(members) = &members else { return std::future::pending().await };
+                loop {
+                    tokio::time::sleep(self.retry_period).await;
+                    if let Some(to) = members::hand_over_to(&members.view(), &group.lease, self.lease_duration)
+                        && since.elapsed() >= hold_for
+                    {
+                        return to;
+                    }
+                }
+            };
+            let (result, handed) = tokio::select! {
+                result = &mut running => (result, false),
+                to = hand_over => {
+                    tracing::info!(lease = %group.lease, to = %to, ?controllers, "leader election: handing the Lease over to the replica it is assigned to; stopping its controllers");
+                    group_stop.cancel();
+                    ((&mut running).await, true)
+                }
+            };
+            self.metrics.lease_held(&lease_name, false);
+            held.release().await;
+            result.map_err(|source| LeadError::Group { lease: lease_name.clone(), source })?;
+            if !handed || stop.is_cancelled() {
+                return Ok(());
+            }
+            self.metrics.lease_handed_over(&lease_name);
+            handed_over_at = Some(Instant::now());
+        }
     }
 }

@@ -469,7 +469,7 @@ async fn the_shipped_roles_are_enough_for_every_controller_and_no_broader() {
     }
 
     // No broader than needed: what a controller does not do stays forbidden.
-    let checks: [(&str, &str, &str, Option<&str>, bool); 17] = [
+    let checks: [(&str, &str, &str, Option<&str>, bool); 19] = [
         ("route-controller", "patch", "nodes/status", None, true),
         ("route-controller", "delete", "nodes", None, false),
         ("route-controller", "patch", "nodes", None, false),
@@ -488,6 +488,9 @@ async fn the_shipped_roles_are_enough_for_every_controller_and_no_broader() {
         ("cloud-controller-manager", "update", "leases", Some("cloud-controller-manager"), true),
         ("cloud-controller-manager", "update", "leases", Some("kube-controller-manager"), false),
         ("cloud-controller-manager", "create", "leases", None, true),
+        // Replicas sharing the controllers: their member Leases, found by a list.
+        ("cloud-controller-manager", "update", "leases", Some("cloud-controller-manager-member-0"), true),
+        ("cloud-controller-manager", "list", "leases", None, true),
     ];
     let mut wrong = Vec::new();
     for (account, verb, resource, name, want) in checks {

@@ -79,7 +79,7 @@ service-controller:
 (leaderElection.perController), and the leader migration one (its config's leaderName).
 The same names whatever the values, so that switching a value needs no new RBAC. */}}
 {{- define "ccm-rs.leaseNames" -}}
-{{- $names := list "cloud-controller-manager" "cloud-controller-manager-cloud-node-controller" "cloud-controller-manager-cloud-node-lifecycle-controller" "cloud-controller-manager-node-route-controller" "cloud-controller-manager-service-lb-controller" "cloud-controller-manager-node-ipam-controller" "cloud-controller-manager-tagging-controller" "cloud-provider-extraction-migration" -}}
+{{- $names := list "cloud-controller-manager" "cloud-controller-manager-cloud-node-controller" "cloud-controller-manager-cloud-node-lifecycle-controller" "cloud-controller-manager-node-route-controller" "cloud-controller-manager-service-lb-controller" "cloud-controller-manager-node-ipam-controller" "cloud-controller-manager-tagging-controller" "cloud-provider-extraction-migration" "cloud-controller-manager-member-0" "cloud-controller-manager-member-1" "cloud-controller-manager-member-2" "cloud-controller-manager-member-3" "cloud-controller-manager-member-4" "cloud-controller-manager-member-5" "cloud-controller-manager-member-6" "cloud-controller-manager-member-7" -}}
 {{- with .Values.leaderMigration.config -}}
 {{- $config := . | fromYaml -}}
 {{- if and $config.leaderName (not (has $config.leaderName $names)) -}}
