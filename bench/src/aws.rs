@@ -337,7 +337,7 @@ pub async fn run_core(cp: &ControlPlane, args: &Args, tools: &Tools, core: &str,
     // === steady state: heartbeats only ===
     let before = now;
     let names: Vec<String> = instances.iter().map(|i| i.private_dns.clone()).collect();
-    f.steady_seconds = crate::scenarios::heartbeats(&nodes, &names, args.steady).await.as_secs_f64();
+    f.steady_seconds = crate::scenarios::heartbeats(&nodes, &names, args.steady, args.status_period).await.as_secs_f64();
     let steady = since(&moto.calls().await?, &before);
     let per_hour = |n: u64| n as f64 * 3600.0 / f.steady_seconds;
     f.steady_calls_per_hour = steady.iter().map(|(k, n)| (k.clone(), per_hour(*n))).collect();

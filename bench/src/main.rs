@@ -33,9 +33,15 @@ pub struct Args {
     /// Node changes (add, remove, exclude) for the churn latency.
     #[arg(long, default_value_t = 9)]
     pub churn: usize,
-    /// How long the steady state is observed (heartbeats every 10 s per Node).
+    /// How long the steady state is observed (a status update per Node every `--status-period`).
     #[arg(long, default_value = "60s", value_parser = humantime::parse_duration)]
     pub steady: Duration,
+    /// How often each Node's status is written in the steady states: 10 s is the kubelet's
+    /// heartbeat before node Leases; a large cluster's kubelets write it every 5 min
+    /// (`nodeStatusReportFrequency`) when nothing changed, their heartbeats going to Leases,
+    /// which the core does not watch.
+    #[arg(long, default_value = "10s", value_parser = humantime::parse_duration)]
+    pub status_period: Duration,
     /// How long the steady state with 1% of the Nodes NotReady and 1% shut down is observed
     /// (what the lifecycle controller costs); 0 leaves it out.
     #[arg(long, default_value = "60s", value_parser = humantime::parse_duration)]

@@ -129,6 +129,8 @@ pub struct Report {
     pub churn: usize,
     /// Steady state seconds.
     pub steady_seconds: u64,
+    /// Seconds between two status writes of a Node in the steady states.
+    pub status_period_seconds: u64,
     /// Simulated API latency.
     pub latency_ms: u64,
     /// Simulated rate limit.
@@ -153,6 +155,7 @@ impl Report {
             services: args.services,
             churn: args.churn,
             steady_seconds: args.steady.as_secs(),
+            status_period_seconds: args.status_period.as_secs(),
             latency_ms: args.latency_ms,
             rate_limit: args.rate_limit,
             kube_api_qps: args.kube_api_qps,
@@ -213,12 +216,13 @@ impl Report {
             ("peak RSS (MiB)", |f| f.rss_peak_mib),
         ];
         let mut out = format!(
-            "{} Nodes, {} LoadBalancer Services, {} churn changes, {} s steady state; cloud API {} ms per call, {} calls/s{}; \
-             --kube-api-qps {}\n{}\n\n",
+            "{} Nodes, {} LoadBalancer Services, {} churn changes, {} s steady state (a Node's status every {} s); cloud API {} ms \
+             per call, {} calls/s{}; --kube-api-qps {}\n{}\n\n",
             self.nodes,
             self.services,
             self.churn,
             self.steady_seconds,
+            self.status_period_seconds,
             self.latency_ms,
             self.rate_limit,
             if self.bulk { ", bulk calls offered" } else { "" },

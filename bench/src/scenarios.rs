@@ -242,11 +242,11 @@ pub(crate) async fn ready(api: &Api<Node>, name: &str) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// Heartbeat-like status updates, every Node every 10 s, spread evenly, for `steady`: what a
-/// quiet cluster sends. Returns how long it ran.
-pub(crate) async fn heartbeats(nodes: &Api<Node>, names: &[String], steady: Duration) -> Duration {
+/// Status updates as kubelets write them, every Node every `period`, spread evenly, for
+/// `steady`: what a quiet cluster sends. Returns how long it ran.
+pub(crate) async fn heartbeats(nodes: &Api<Node>, names: &[String], steady: Duration, period: Duration) -> Duration {
     let started = Instant::now();
-    let beat = Duration::from_secs(10).checked_div(names.len().max(1) as u32).unwrap_or_default();
+    let beat = period.checked_div(names.len().max(1) as u32).unwrap_or_default();
     while started.elapsed() < steady {
         for name in names {
             if started.elapsed() >= steady {
@@ -618,7 +618,7 @@ impl Bench<'_> {
             nodes.list(&ListParams::default().labels(label)).await?.items.into_iter().filter_map(|n| n.metadata.name).collect();
         admin.reset_calls().await?;
         let cpu_before = process.cpu_seconds();
-        let elapsed = heartbeats(nodes, &names, args.steady).await.as_secs_f64();
+        let elapsed = heartbeats(nodes, &names, args.steady, args.status_period).await.as_secs_f64();
         f.steady_seconds = elapsed;
         let per_hour = |n: u64| n as f64 * 3600.0 / elapsed;
         let steady = calls(admin).await?;
@@ -661,7 +661,7 @@ impl Bench<'_> {
             nodes.patch_status(name, &PatchParams::default(), &Patch::Strategic(&patch)).await?;
         }
         admin.reset_calls().await?;
-        let elapsed = heartbeats(nodes, healthy, args.unhealthy).await.as_secs_f64();
+        let elapsed = heartbeats(nodes, healthy, args.unhealthy, args.status_period).await.as_secs_f64();
         f.unhealthy_seconds = elapsed;
         let cloud: BTreeMap<String, u64> =
             calls(admin).await?.into_iter().filter(|(m, _)| !m.starts_with("IdentityService/")).collect();

@@ -18,7 +18,10 @@
 //!
 //! A NotReady Node whose state does not change is asked about less and less often: first at
 //! the next pass, then after twice the interval each time, up to [`MAX_RECHECK`] (5 s, 10 s,
-//! 20 s … 5 min with the default period), all that are due (or half-way there) in one batch.
+//! 20 s … 5 min with the default period, and at that interval a tenth later), all that are due
+//! (or half-way there) in one batch. An answer the node controller's periodic refresh read
+//! (the same BatchInstanceMetadata, in this process) since a Node's last question stands for
+//! the question: at steady state a NotReady Node costs no call of its own.
 //! A change of the Node (its Ready condition, taints, providerID) or of the provider's answer
 //! (running, shut down, gone) starts it at the period again.
 //!
@@ -84,6 +87,8 @@ struct Recheck {
     state: u64,
     /// The provider's last answer: (exists, shut down); `None` after an error.
     answer: Option<(bool, bool)>,
+    /// When that question was asked.
+    at: Instant,
     /// The current interval.
     interval: Duration,
     /// When it is due.
@@ -204,14 +209,27 @@ impl Rechecks {
             _ => None,
         }
         .or((answer == Some((true, true))).then_some((now, 1)));
-        let mut due = now + interval;
+        // At the longest interval, a little later: the node controller's refresh, reading
+        // every instance each --node-status-update-frequency (5 min), answers first.
+        let mut due = now + if interval == MAX_RECHECK { interval + interval / 10 } else { interval };
         // A Node that may be taken out of service is asked about when its time comes.
         if let (Some(after), Some((since, _))) = (self.out_of_service_after, shut_down)
             && !node_util::has_taint(node, TAINT_OUT_OF_SERVICE)
         {
             due = due.min((since + after).max(now + period));
         }
-        rechecks.insert(node_util::name(node).to_string(), (Recheck { state, answer, interval, due, shut_down }, instance));
+        rechecks
+            .insert(node_util::name(node).to_string(), (Recheck { state, answer, at: now, interval, due, shut_down }, instance));
+    }
+
+    /// Whether an answer about `node`'s instance read at `at` by another controller of this
+    /// process (the node refresh, the same call) stands for the question now due: the Node
+    /// is unchanged since its last question, the answer is newer than that question, and
+    /// asked at `at` it would not be due yet.
+    fn answered_by(&self, node: &Node, at: Instant, now: Instant) -> bool {
+        self.by_node.get(node_util::name(node)).is_some_and(|(r, instance)| {
+            r.state == state_of(node) && *instance == instance_key(node) && at > r.at && at + r.interval > now
+        })
     }
 
     /// Asks about `node` again by `at` at the latest (a Node whose action waits for room in
@@ -238,6 +256,8 @@ impl Rechecks {
 pub struct Pass {
     /// Nodes asked about.
     pub checked: usize,
+    /// Of those, Nodes whose answer came from the node refresh's read (no call).
+    pub answered_by_refresh: usize,
     /// Nodes deleted.
     pub deleted: Vec<String>,
     /// Nodes tainted as shut down.
@@ -427,24 +447,38 @@ impl NodeLifecycleController {
             return pass;
         }
         pass.checked = candidates.len();
-        let lookups = InstanceLookups::of(candidates.iter().map(|n| n.as_ref()));
-        let results = self.ctx.provider.instance_metadata(&lookups).await;
+        // What the node refresh read since a Node's last question answers it: no call of its own.
+        let (mut answered, mut asked) = (Vec::new(), Vec::new());
+        for node in candidates {
+            match self.ctx.provider.recent_state(&node) {
+                Some((at, state)) if self.state().rechecks.answered_by(&node, at, now) => answered.push((node, at, Ok(state))),
+                _ => asked.push(node),
+            }
+        }
+        pass.answered_by_refresh = answered.len();
+        let lookups = InstanceLookups::of(asked.iter().map(|n| n.as_ref()));
+        let results = match asked.is_empty() {
+            true => Vec::new(),
+            false => self.ctx.provider.instance_metadata(&lookups).await,
+        };
+        let results = asked.into_iter().zip(results).map(|(node, r)| (node, now, r.map(|m| m.map(|m| m.state))));
         let mut gone = Vec::new();
         let mut shut_down = Vec::new();
-        for (node, result) in candidates.iter().zip(results) {
+        for (node, at, result) in answered.into_iter().chain(results) {
+            let node = &node;
             let name = node_util::name(node).to_string();
             match result {
                 Err(error) => {
                     // Never read as "gone".
-                    self.state().rechecks.asked(node, None, now);
+                    self.state().rechecks.asked(node, None, at);
                     tracing::warn!(node = %name, %error, "instance check failed; node left as is");
                     self.ctx.report_invalid(NAME, node.as_ref(), &error).await;
                     pass.errors += 1;
                 }
-                Ok(meta) => {
-                    let exists = meta.as_ref().is_some_and(|m| m.state != InstanceState::Terminated);
-                    let shutdown = meta.as_ref().is_some_and(|m| m.state == InstanceState::Stopped);
-                    self.state().rechecks.asked(node, Some((exists, shutdown)), now);
+                Ok(state) => {
+                    let exists = state.is_some_and(|s| s != InstanceState::Terminated);
+                    let shutdown = state == Some(InstanceState::Stopped);
+                    self.state().rechecks.asked(node, Some((exists, shutdown)), at);
                     if shutdown
                         && !node_util::has_taint(node, TAINT_OUT_OF_SERVICE)
                         && let Some(lasted) = self.state().rechecks.out_of_service_for(node, now)
@@ -865,6 +899,25 @@ mod tests {
     }
 
     #[test]
+    fn an_answer_read_by_the_refresh_stands_for_a_question_only_when_newer_and_about_the_same_node() {
+        let mut r = Rechecks { period: Duration::from_secs(5), out_of_service_after: None, by_node: HashMap::new() };
+        let node = nodes("a", 1).remove(0);
+        let start = Instant::now();
+        assert!(!r.answered_by(&node, start, start), "a Node never asked about is asked");
+        r.asked(&node, Some((true, false)), start);
+        let later = start + Duration::from_secs(5);
+        assert!(!r.answered_by(&node, start, later), "not newer than its own question");
+        assert!(r.answered_by(&node, start + Duration::from_secs(2), later), "read since: it stands");
+        assert!(
+            !r.answered_by(&node, start + Duration::from_secs(1), start + Duration::from_secs(60)),
+            "read too long ago to put the question off"
+        );
+        let mut changed = node.clone();
+        Arc::make_mut(&mut changed).spec.get_or_insert_default().provider_id = Some("sim://z/other".into());
+        assert!(!r.answered_by(&changed, start + Duration::from_secs(2), later), "another instance: asked");
+    }
+
+    #[test]
     fn an_unchanged_not_ready_node_is_asked_less_and_less_often_and_a_change_starts_it_again() {
         let mut r = Rechecks { period: Duration::from_secs(5), out_of_service_after: None, by_node: HashMap::new() };
         let node = |ready: &str| {
@@ -890,8 +943,9 @@ mod tests {
             }
             t += Duration::from_secs(5);
         }
-        assert_eq!(&asked_at[..8], &[0, 5, 15, 35, 75, 155, 315, 615], "doubling from the period");
-        assert!(asked_at.windows(2).all(|w| w[1] - w[0] <= 300), "at most 5 min apart: {asked_at:?}");
+        // At the longest interval, 5 min and a tenth: the node refresh (every 5 min) answers first.
+        assert_eq!(&asked_at[..8], &[0, 5, 15, 35, 75, 155, 315, 645], "doubling from the period");
+        assert!(asked_at.windows(2).all(|w| w[1] - w[0] <= 330), "at most 5.5 min apart: {asked_at:?}");
         assert!(asked_at.len() <= 20, "{} questions in an hour", asked_at.len());
         // The Node changes (Ready flips to Unknown): asked at once, then after the period.
         assert_eq!(r.due(vec![node("Unknown")], t).len(), 1);

@@ -196,6 +196,9 @@ pub struct Provider {
     changes: Arc<tokio::sync::watch::Sender<Changes>>,
     /// Wakes [`Provider::watch`] when a call finds the connection broken.
     broken: Arc<tokio::sync::Notify>,
+    /// What the last instance reads said of each instance's state (shared by the controllers
+    /// of this process: the lifecycle controller takes the node refresh's answers).
+    recent: Arc<std::sync::Mutex<api::instances::RecentStates>>,
 }
 
 /// How often the provider changed under the core since it started: counters the controllers
@@ -260,6 +263,7 @@ impl Provider {
             state: Arc::new(RwLock::new(State { reason: "provider not contacted yet".into(), ..Default::default() })),
             changes: Arc::new(tokio::sync::watch::channel(Changes::default()).0),
             broken: Default::default(),
+            recent: Default::default(),
         }
     }
 

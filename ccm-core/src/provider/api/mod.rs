@@ -34,7 +34,7 @@ client!(load_balancers_client, LoadBalancersServiceClient);
 /// One answer per lookup, in the lookups' order.
 pub type PerLookup<T> = Vec<Result<T, Error>>;
 
-mod instances;
+pub(crate) mod instances;
 mod load_balancers;
 mod routes;
 mod tags;
