@@ -7,6 +7,7 @@
 //! measured from the API change to the call reaching the sim (its timestamps), not from logs.
 
 mod aws;
+mod growth;
 mod hybrid;
 mod replicas;
 mod report;
@@ -93,9 +94,11 @@ pub struct Args {
     #[arg(long, default_value = "ccm-bench.json")]
     pub json: PathBuf,
     /// The `rust-musl` core's binary: the static build the images ship, as
-    /// `deploy/images/build-binaries.sh target/musl cloud-controller-manager` makes it.
+    /// `deploy/images/build-binaries.sh target/musl cloud-controller-manager` makes it. Also
+    /// `NAME=PATH`, repeatable: a core NAME (for `--cores`) running that binary, so that builds
+    /// (allocators, say) compare in one run.
     #[arg(long)]
-    pub core_binary: Option<PathBuf>,
+    pub core_binary: Vec<String>,
     /// upstream's binary; default: `harness/envtest/setup.sh peer` builds (or finds) it.
     #[arg(long)]
     pub peer: Option<PathBuf>,
@@ -105,6 +108,27 @@ pub struct Args {
     /// Exit with an error unless every figure of every core was measured (for CI).
     #[arg(long)]
     pub check: bool,
+    /// A large-cluster run of this many Nodes, one command per size for `--fit`: Services
+    /// 200 at 1000 Nodes, else 5000; a Node's status every 5 min; 10 min of steady state and
+    /// of 1% unhealthy; `--kube-api-qps 200 --kube-api-burst 300`; the bulk calls; 3 churn
+    /// changes; the figures in `results-<size>-nodes.json`. Flags given as well win.
+    #[arg(long)]
+    pub size: Option<usize>,
+    /// Runs nothing: fits the reports (`--json` files of runs at several sizes) for growth
+    /// with the Nodes, projects to 65,000 and 100,000 Nodes, writes the fit to `--json` and
+    /// the plot to `--plot`.
+    #[arg(long, value_delimiter = ',')]
+    pub fit: Vec<PathBuf>,
+    /// With `--fit`: the core whose figures are fitted (default: rust-musl, else rust).
+    #[arg(long)]
+    pub fit_core: Option<String>,
+    /// With `--fit`: the API server budget the projections assume (default: the largest
+    /// run's `--kube-api-qps`).
+    #[arg(long)]
+    pub assume_qps: Option<f64>,
+    /// With `--fit`: where the SVG plot goes (default: `--json` with `.svg`).
+    #[arg(long)]
+    pub plot: Option<PathBuf>,
 }
 
 fn main() -> anyhow::Result<()> {
@@ -116,34 +140,41 @@ fn main() -> anyhow::Result<()> {
         let code = runtime.block_on(ccm_core::runtime::main_with_args(argv));
         std::process::exit(if code == std::process::ExitCode::SUCCESS { 0 } else { 1 });
     }
-    let args = Args::parse();
+    let matches = <Args as clap::CommandFactory>::command().get_matches();
+    let mut args = <Args as clap::FromArgMatches>::from_arg_matches(&matches)?;
+    if let Some(size) = args.size {
+        apply_size(&mut args, size, |id| matches.value_source(id) == Some(clap::parser::ValueSource::CommandLine));
+    }
     tracing_subscriber::fmt().with_env_filter(tracing_subscriber::EnvFilter::new("warn")).with_writer(std::io::stderr).init();
     let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build().context("runtime")?;
     runtime.block_on(run(args))
 }
 
 async fn run(mut args: Args) -> anyhow::Result<()> {
-    let known: &[&str] = match args.cloud.as_str() {
-        "aws" => &["rust", "upstream"],
-        // Upstream's cloud-controller-manager serves one provider, and knows no node selector.
-        "hybrid" | "selectors" | "replicas" => &["rust"],
-        _ => &["rust", "rust-musl", "upstream", "upstream-watch"],
-    };
-    if args.cores.is_empty() {
-        args.cores = known.iter().filter(|c| **c != "rust-musl").map(|c| c.to_string()).collect();
+    if !args.fit.is_empty() {
+        return fit(&args);
     }
-    if args.cores.iter().any(|c| c == "rust-musl") {
-        match &args.core_binary {
-            Some(b) if b.is_file() => {}
-            Some(b) => anyhow::bail!("--core-binary {}: no such file", b.display()),
-            None => anyhow::bail!(
-                "the rust-musl core needs --core-binary (build it: deploy/images/build-binaries.sh target/musl cloud-controller-manager)"
-            ),
-        }
+    let mut known: Vec<String> = match args.cloud.as_str() {
+        "aws" => vec!["rust".into(), "upstream".into()],
+        // Upstream's cloud-controller-manager serves one provider, and knows no node selector.
+        "hybrid" | "selectors" | "replicas" => vec!["rust".into()],
+        _ => vec!["rust".into(), "rust-musl".into(), "upstream".into(), "upstream-watch".into()],
+    };
+    let binaries = core_binaries(&args.core_binary)?;
+    if known.iter().any(|k| k == "rust-musl") {
+        known.extend(binaries.keys().filter(|k| k.as_str() != "rust-musl").cloned());
+    }
+    if args.cores.is_empty() {
+        args.cores = known.iter().filter(|c| !binaries.contains_key(*c) && c.as_str() != "rust-musl").cloned().collect();
     }
     for core in &args.cores {
-        if !known.contains(&core.as_str()) {
+        if !known.contains(core) {
             anyhow::bail!("--cores: unknown core {core:?} for --cloud {} ({})", args.cloud, known.join(", "));
+        }
+        if core == "rust-musl" && !binaries.contains_key(core) {
+            anyhow::bail!(
+                "the rust-musl core needs --core-binary (build it: deploy/images/build-binaries.sh target/musl cloud-controller-manager)"
+            );
         }
     }
     if args.cloud == "aws" {
@@ -188,6 +219,83 @@ async fn run(mut args: Args) -> anyhow::Result<()> {
     }
     let report = report::Report::new(&args, results);
     publish(&args, &report.table(), &report, report.missing())
+}
+
+/// `--size N`: the large-cluster settings of a size, except where `given(flag)`.
+fn apply_size(args: &mut Args, size: usize, given: impl Fn(&str) -> bool) {
+    let set = |flag: &str| !given(flag);
+    if set("nodes") {
+        args.nodes = size;
+    }
+    if set("services") {
+        args.services = if size <= 1000 { 200 } else { 5000 };
+    }
+    if set("churn") {
+        args.churn = 3;
+    }
+    if set("steady") {
+        args.steady = Duration::from_secs(600);
+    }
+    if set("unhealthy") {
+        args.unhealthy = Duration::from_secs(600);
+    }
+    if set("status_period") {
+        args.status_period = Duration::from_secs(300);
+    }
+    if set("kube_api_qps") {
+        args.kube_api_qps = 200.0;
+    }
+    if set("kube_api_burst") {
+        args.kube_api_burst = 300;
+    }
+    if set("bulk") {
+        args.bulk = true;
+    }
+    if set("json") {
+        args.json = PathBuf::from(format!("results-{size}-nodes.json"));
+    }
+    // Our core, and the binaries named (upstream's takes hours at these sizes: `--cores` asks).
+    if args.cores.is_empty() {
+        args.cores =
+            std::iter::once("rust".to_string()).chain(core_binaries(&args.core_binary).unwrap_or_default().into_keys()).collect();
+    }
+}
+
+/// `--fit`: the growth of the reports given, printed, written and plotted.
+fn fit(args: &Args) -> anyhow::Result<()> {
+    let qps = match args.assume_qps {
+        Some(q) => q,
+        None => {
+            let largest = growth::fit_files(&args.fit, args.fit_core.as_deref(), 1.0)?;
+            largest.points.last().map_or(200.0, |p| p.kube_api_qps)
+        }
+    };
+    let growth = growth::fit_files(&args.fit, args.fit_core.as_deref(), qps)?;
+    let plot = args.plot.clone().unwrap_or_else(|| args.json.with_extension("svg"));
+    std::fs::write(&plot, growth.svg()).with_context(|| format!("writing {}", plot.display()))?;
+    eprintln!("plot written to {}", plot.display());
+    publish(args, &growth.table(), &growth, Vec::new())
+}
+
+/// The cores `--core-binary` names: `PATH` is `rust-musl`, `NAME=PATH` is NAME; each a file.
+pub fn core_binaries(given: &[String]) -> anyhow::Result<BTreeMap<String, PathBuf>> {
+    let mut out = BTreeMap::new();
+    for g in given {
+        let (name, path) = match g.split_once('=') {
+            Some((name, path)) => (name.to_string(), PathBuf::from(path)),
+            None => ("rust-musl".to_string(), PathBuf::from(g)),
+        };
+        if ["rust", "upstream", "upstream-watch"].contains(&name.as_str()) || name.is_empty() {
+            anyhow::bail!("--core-binary {g}: {name:?} cannot name a binary");
+        }
+        if !path.is_file() {
+            anyhow::bail!("--core-binary {g}: {} is no file", path.display());
+        }
+        if out.insert(name.clone(), path).is_some() {
+            anyhow::bail!("--core-binary: {name} given twice");
+        }
+    }
+    Ok(out)
 }
 
 /// Prints the table, writes the JSON, and with `--check` fails on figures not measured.

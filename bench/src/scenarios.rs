@@ -118,14 +118,15 @@ async fn start_core(
 ) -> anyhow::Result<CoreProcess> {
     let kubeconfig = cp.kubeconfig_path().display().to_string();
     let log = PathBuf::from(format!("{}.{core}.log", args.json.display()));
+    let binaries = crate::core_binaries(&args.core_binary)?;
     let mut cmd = match core {
-        "rust" | "rust-musl" => {
+        _ if core == "rust" || binaries.contains_key(core) => {
             // `rust` is this benchmark's own build of the core (`ccm-bench __core`); `rust-musl`
-            // the binary the images ship (--core-binary), with the same flags.
-            let (binary, sub) = match (core, &args.core_binary) {
-                ("rust-musl", Some(b)) => (b.clone(), None),
-                ("rust-musl", None) => bail!("the rust-musl core needs --core-binary"),
-                _ => (std::env::current_exe()?, Some("__core")),
+            // the binary the images ship (--core-binary), and any other binary named there,
+            // with the same flags.
+            let (binary, sub) = match binaries.get(core) {
+                Some(b) => (b.clone(), None),
+                None => (std::env::current_exe()?, Some("__core")),
             };
             // CCM_BENCH_CORE_WRAPPER=heaptrack (or another profiler) runs the core under it.
             let mut c = match std::env::var_os("CCM_BENCH_CORE_WRAPPER") {
@@ -271,12 +272,15 @@ pub(crate) async fn create_namespace(client: &kube::Client, ns: &str) -> anyhow:
 
 /// Runs every scenario against `core` and cleans up after it.
 pub async fn run_core(cp: &ControlPlane, args: &Args, core: &str, peer: Option<&Path>) -> anyhow::Result<Figures> {
+    // Each core's Nodes, namespace and instances are its own.
     let tag = match core {
-        "rust" => "rs",
-        "rust-musl" => "rm",
-        "upstream" => "up",
-        _ => "uw",
+        "rust" => "rs".to_string(),
+        "rust-musl" => "rm".to_string(),
+        "upstream" => "up".to_string(),
+        "upstream-watch" => "uw".to_string(),
+        other => format!("b{}", args.cores.iter().position(|c| c == other).unwrap_or(0)),
     };
+    let tag = tag.as_str();
     let client = cp.client().await?;
     let nodes: Api<Node> = Api::all(client.clone());
     let ns = format!("bench-{tag}");

@@ -63,5 +63,13 @@ export CCM_GIT_COMMIT=${GIT_COMMIT:-${CCM_GIT_COMMIT:-}}
 t=${target//-/_}
 cargo_home=${CARGO_HOME:-$HOME/.cargo}
 export "CARGO_TARGET_${t^^}_RUSTFLAGS=--cfg tokio_unstable --remap-path-prefix=$(pwd)=/ccm-rs --remap-path-prefix=$cargo_home=/cargo"
-cargo build --release --locked --target "$target" "${bins[@]}" >&2
+# The core's allocator (CCM_ALLOCATOR): musl's own (system), mimalloc or jemalloc.
+allocator=${CCM_ALLOCATOR:-system}
+features=()
+case "$allocator" in
+  system) ;;
+  mimalloc|jemalloc) features=(--features "ccm-core/$allocator") ;;
+  *) echo "build-binaries.sh: CCM_ALLOCATOR=$allocator: expected system, mimalloc or jemalloc" >&2; exit 2 ;;
+esac
+cargo build --release --locked --target "$target" "${features[@]}" "${bins[@]}" >&2
 for b in "${rust[@]}"; do install -m 0755 "target/$target/release/$b" "$out/$b"; done
