@@ -63,13 +63,17 @@ export CCM_GIT_COMMIT=${GIT_COMMIT:-${CCM_GIT_COMMIT:-}}
 t=${target//-/_}
 cargo_home=${CARGO_HOME:-$HOME/.cargo}
 export "CARGO_TARGET_${t^^}_RUSTFLAGS=--cfg tokio_unstable --remap-path-prefix=$(pwd)=/ccm-rs --remap-path-prefix=$cargo_home=/cargo"
-# The core's allocator (CCM_ALLOCATOR): musl's own (system), mimalloc or jemalloc.
-allocator=${CCM_ALLOCATOR:-system}
+# The core's allocator (CCM_ALLOCATOR): jemalloc (the default: measured, bench/README), musl's
+# own (system) or mimalloc. jemalloc on arm64 is built for pages up to 64 KiB (some arm64
+# kernels use them; a 4 KiB build would not start there).
+allocator=${CCM_ALLOCATOR:-jemalloc}
 features=()
 case "$allocator" in
   system) ;;
   mimalloc|jemalloc) features=(--features "ccm-core/$allocator") ;;
-  *) echo "build-binaries.sh: CCM_ALLOCATOR=$allocator: expected system, mimalloc or jemalloc" >&2; exit 2 ;;
+  *) echo "build-binaries.sh: CCM_ALLOCATOR=$allocator: expected jemalloc, system or mimalloc" >&2; exit 2 ;;
 esac
+case " ${rust[*]} " in *" cloud-controller-manager "*) ;; *) features=() ;; esac
+case "$target" in aarch64-*) export JEMALLOC_SYS_WITH_LG_PAGE=16 ;; esac
 cargo build --release --locked --target "$target" "${features[@]}" "${bins[@]}" >&2
 for b in "${rust[@]}"; do install -m 0755 "target/$target/release/$b" "$out/$b"; done
