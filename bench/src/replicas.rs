@@ -55,7 +55,8 @@ pub struct Mode {
     pub new_leader_seconds: BTreeMap<String, f64>,
     /// A Node created a second after the kill: seconds until initialised.
     pub join_during_loss_seconds: f64,
-    /// Cloud calls from the kill until the cloud was quiet for 5 s, by method.
+    /// Cloud calls from the kill until the cloud was quiet for 5 s, by method (those refused
+    /// for the rate limit as `<method> refused`).
     pub redone_calls: BTreeMap<String, u64>,
     /// API writes in that time, by verb and resource (the benchmark's own left out).
     pub redone_writes: BTreeMap<String, u64>,
@@ -110,11 +111,15 @@ impl Report {
             });
         }
         row(&mut t, "a Node joining 1 s after the kill: initialised (s)", &|m| format!("{:.1}", m.join_during_loss_seconds));
-        row(&mut t, "work redone: cloud calls", &|m| total(&m.redone_calls).to_string());
+        let refused = |c: &BTreeMap<String, u64>| c.iter().filter(|(k, _)| k.ends_with(" refused")).map(|(_, v)| v).sum::<u64>();
+        row(&mut t, "work redone: cloud calls (of them refused, rate limit)", &|m| {
+            format!("{} ({})", total(&m.redone_calls), refused(&m.redone_calls))
+        });
         row(&mut t, "work redone: API writes", &|m| total(&m.redone_writes).to_string());
         row(&mut t, "killed replica back: leading its share again (s)", &|m| secs(m.rebalanced_seconds));
-        row(&mut t, "  that handover: cloud calls", &|m| {
-            if m.rebalanced_seconds.is_some() { total(&m.handover_calls).to_string() } else { "-".into() }
+        row(&mut t, "  that handover: cloud calls (refused)", &|m| match m.rebalanced_seconds {
+            Some(_) => format!("{} ({})", total(&m.handover_calls), refused(&m.handover_calls)),
+            None => "-".into(),
         });
         row(&mut t, "  that handover: API writes", &|m| {
             if m.rebalanced_seconds.is_some() { total(&m.handover_writes).to_string() } else { "-".into() }
@@ -244,6 +249,18 @@ fn start_replica(
     ]);
     let process = CoreProcess::spawn(&mut cmd, &log, "a replica")?;
     Ok(Replica { process, host: host.to_string() })
+}
+
+/// Cloud calls by method, those the cloud refused for its rate limit counted apart
+/// (`<method> refused`): a refused call is a retry, not work done.
+async fn calls_by_outcome(admin: &ccm_provider_sim::AdminClient) -> anyhow::Result<BTreeMap<String, u64>> {
+    let mut out = BTreeMap::new();
+    for c in admin.calls().await?.counts {
+        let refused = matches!(c.code.as_str(), "RESOURCE_EXHAUSTED" | "ResourceExhausted");
+        let key = if refused { format!("{} refused", c.method) } else { c.method };
+        *out.entry(key).or_default() += c.count;
+    }
+    Ok(out)
 }
 
 /// Waits until the cloud has had no call for `quiet`, at most `limit`.
@@ -395,7 +412,7 @@ async fn run_mode(cp: &ControlPlane, args: &Args, per_controller: bool) -> anyho
     }
     report.join_during_loss_seconds = joined.unwrap_or(f64::NAN);
     quiet(&admin, Duration::from_secs(5), Duration::from_secs(300)).await?;
-    report.redone_calls = calls(&admin).await?;
+    report.redone_calls = calls_by_outcome(&admin).await?;
     let mut writes = diff(&api_writes(&client).await?, &writes_before);
     // The benchmark's own: the joining Node, its addresses and its Ready condition.
     for (own, n) in [("POST nodes", 1), ("PATCH nodes/status", 2)] {
@@ -427,7 +444,7 @@ async fn run_mode(cp: &ControlPlane, args: &Args, per_controller: bool) -> anyho
         .await?;
         report.rebalanced_seconds = Some(returned_at.elapsed().as_secs_f64());
         quiet(&admin, Duration::from_secs(5), Duration::from_secs(300)).await?;
-        report.handover_calls = calls(&admin).await?;
+        report.handover_calls = calls_by_outcome(&admin).await?;
         report.handover_writes = diff(&api_writes(&client).await?, &writes_before);
         eprintln!(
             "   {mode}: back, sharing again after {:.1} s: {} calls, {} writes",
