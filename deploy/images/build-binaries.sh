@@ -74,6 +74,9 @@ case "$allocator" in
   *) echo "build-binaries.sh: CCM_ALLOCATOR=$allocator: expected jemalloc, system or mimalloc" >&2; exit 2 ;;
 esac
 case " ${rust[*]} " in *" cloud-controller-manager "*) ;; *) features=() ;; esac
+if [ "$allocator" = jemalloc ] && [ ${#features[@]} -gt 0 ]; then
+  command -v make >/dev/null || { echo "build-binaries.sh: jemalloc's build needs make (Debian: apt-get install make), or CCM_ALLOCATOR=system" >&2; exit 1; }
+fi
 case "$target" in aarch64-*) export JEMALLOC_SYS_WITH_LG_PAGE=16 ;; esac
 cargo build --release --locked --target "$target" "${features[@]}" "${bins[@]}" >&2
 for b in "${rust[@]}"; do install -m 0755 "target/$target/release/$b" "$out/$b"; done
