@@ -154,6 +154,13 @@ async fn run(mut args: Args) -> anyhow::Result<()> {
     if !args.fit.is_empty() {
         return fit(&args);
     }
+    if args.nodes + args.churn > scenarios::MAX_NODES {
+        anyhow::bail!(
+            "--nodes: at most {} Nodes with the churn's (one /24 each of the pod network {})",
+            scenarios::MAX_NODES,
+            scenarios::CLUSTER_CIDR
+        );
+    }
     let mut known: Vec<String> = match args.cloud.as_str() {
         "aws" => vec!["rust".into(), "upstream".into()],
         // Upstream's cloud-controller-manager serves one provider, and knows no node selector.

@@ -28,10 +28,10 @@ use serde::Serialize;
 
 use crate::Args;
 use crate::scenarios::{
-    CoreProcess, calls, create_all, create_namespace, delete_services, node_name, ready, sim_config, start_sim_with, until,
+    CLUSTER_CIDR, CoreProcess, calls, create_all, create_namespace, delete_services, node_name, pod_cidr, ready, sim_config,
+    start_sim_with, until,
 };
 
-const CLUSTER_CIDR: &str = "10.64.0.0/10";
 /// The controllers both replicas run, as their Leases are named.
 const CONTROLLERS: [&str; 4] =
     ["cloud-node-controller", "cloud-node-lifecycle-controller", "node-route-controller", "service-lb-controller"];
@@ -283,7 +283,7 @@ async fn quiet(admin: &ccm_provider_sim::AdminClient, quiet: Duration, limit: Du
 /// then Ready.
 async fn joining_node(client: &kube::Client, nodes: &Api<Node>, ns: &str, tag: &str, i: usize) -> anyhow::Result<()> {
     let name = node_name(tag, i);
-    let cidr = format!("10.{}.{}.0/24", 64 + i / 256, i % 256);
+    let cidr = pod_cidr(i);
     NodeBuilder::new(&name)
         .uninitialized()
         .label("bench", ns)

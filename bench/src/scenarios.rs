@@ -21,7 +21,13 @@ use crate::Args;
 use crate::report::{Figures, PerUnit};
 
 pub(crate) const ZONE: &str = "sim-region-1a";
-const CLUSTER_CIDR: &str = "10.64.0.0/10";
+/// The cluster's pod network: a /24 per Node, room for [`MAX_NODES`], beside the instances'
+/// addresses (10.128.0.0/9). (A /10 once left the Nodes past 16,384 without routes, as
+/// `--cluster-cidr` says it should.)
+pub(crate) const CLUSTER_CIDR: &str = "10.0.0.0/9";
+
+/// The Nodes (with the churn's) that [`CLUSTER_CIDR`] has a /24 for.
+pub(crate) const MAX_NODES: usize = 1 << 15;
 const EXCLUDE_LABEL: &str = "node.kubernetes.io/exclude-from-external-load-balancers";
 /// How many API requests the workload sends at once.
 const PARALLEL: usize = 32;
@@ -219,8 +225,9 @@ pub(crate) fn instance_ip(i: usize) -> String {
     format!("10.{}.{}.{}", 128 + i / 65536, (i / 256) % 256, i % 256)
 }
 
-fn pod_cidr(i: usize) -> String {
-    format!("10.{}.{}.0/24", 64 + i / 256, i % 256)
+/// Node `i`'s podCIDR, one /24 of [`CLUSTER_CIDR`] (`i` below [`MAX_NODES`]).
+pub(crate) fn pod_cidr(i: usize) -> String {
+    format!("10.{}.{}.0/24", (i / 256) % 128, i % 256)
 }
 
 pub(crate) async fn create_all<F, Fut>(count: usize, make: F) -> anyhow::Result<()>
