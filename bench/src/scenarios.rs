@@ -363,6 +363,9 @@ pub(crate) fn sim_config(args: &Args, tag: &str) -> Config {
             latency_ms: args.latency_ms,
             jitter_ms: 0,
             rate_limit: Some(RateLimit { rps: args.rate_limit, burst: args.rate_limit.ceil() as u32 }),
+            // Declared in the sim's capabilities: our core paces its calls to it (upstream's
+            // framework has no such thing and finds the limit by being refused).
+            undeclared_rate_limit: false,
             consistency_delay_ms: 0,
         },
         route_tables: vec![RouteTableSpec {

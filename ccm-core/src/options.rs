@@ -288,8 +288,11 @@ pub struct Options {
     #[arg(long, value_name = "LABEL,...", value_delimiter = ',')]
     pub instance_tags_from_labels: Vec<String>,
 
-    /// Services the service controller reconciles at once.
-    #[arg(long, default_value_t = 4)]
+    /// Services the service controller reconciles at once. Enough to keep a cloud's rate
+    /// limit busy when each sync is slow (a large cluster's node set in every
+    /// EnsureLoadBalancer, two API writes around it); a provider that declares its call rate
+    /// is never sent calls faster than that however many run.
+    #[arg(long, default_value_t = 8)]
     pub concurrent_service_syncs: usize,
 
     /// Handle LoadBalancer Services of this `spec.loadBalancerClass` (besides those without

@@ -415,10 +415,16 @@ impl Routes {
             .filter_map(|r| r.target.as_ref().map(|t| t.node_name.clone()))
             .collect();
         let mut changes = self.plan(&known, &desired, &tables, &caps, &mut sync);
+        // Not held over the cloud calls: the cache replaces these copies meanwhile (a burst of
+        // podCIDRs, the conditions written below), and holding them would keep both.
+        drop(nodes);
         self.confirm_deletions(&mut changes, &known, &mut sync).await;
         let first_error = self.apply(changes, &mut known, &mut sync).await;
-        self.known = Some(known.clone());
+        let nodes: Vec<Arc<Node>> = self.ctx.managed_nodes().collect();
         self.conditions.update(&nodes, &desired, &known, &sync.without_route, &targeted, caps.target_addresses);
+        // Ours again, as the cloud now is. (A reconcile that failed before here leaves none:
+        // the next one lists afresh, as after any failure.)
+        self.known = Some(known);
         self.progress = sync.created + sync.deleted;
         match first_error {
             Some(e) => Err(e),
@@ -428,6 +434,8 @@ impl Routes {
 
     /// The cloud's routes: as last known, or listed afresh after a resync (counting, and
     /// reporting, what changed behind the controller's back since the previous listing).
+    /// Taken, not copied (at 20,000 Nodes every copy is megabytes): the reconcile gives them
+    /// back when it is done.
     async fn known_routes(&mut self, caps: &RouteCapabilities, sync: &mut RouteSync) -> Result<Known, Error> {
         if self.known.is_none() {
             let fresh = self.list(caps).await?;
@@ -449,7 +457,7 @@ impl Routes {
             }
             self.known = Some(fresh);
         }
-        Ok(self.known.clone().unwrap_or_default())
+        Ok(self.known.take().unwrap_or_default())
     }
 
     /// What the Nodes want, table → route name → (Node, route), and each Node's tables.
@@ -503,10 +511,11 @@ impl Routes {
         sync: &mut RouteSync,
     ) -> Changes {
         let mut changes = Changes::default();
+        let (no_routes, none_wanted) = (BTreeMap::new(), BTreeMap::new());
         for table in &known.tables {
-            let have = known.routes.get(&table.id).cloned().unwrap_or_default();
-            let want = desired.get(&table.id).cloned().unwrap_or_default();
-            let plan = plan_table(&have, &want, caps.target_addresses, |cidr| self.in_cluster(cidr));
+            let have = known.routes.get(&table.id).unwrap_or(&no_routes);
+            let want = desired.get(&table.id).unwrap_or(&none_wanted);
+            let plan = plan_table(have, want, caps.target_addresses, |cidr| self.in_cluster(cidr));
             for (ours, theirs) in &plan.adopted {
                 if self.adopted.insert((table.id.clone(), theirs.clone())) {
                     tracing::info!(table = %table.id, route = %theirs, instead_of = %ours, "adopted a route made under another name");
@@ -514,7 +523,7 @@ impl Routes {
             }
             sync.adopted += plan.adopted.len() as u64;
             for name in plan.deletes {
-                match have.get(&name).and_then(|r| self.still_wanted(r, &want, tables)) {
+                match have.get(&name).and_then(|r| self.still_wanted(r, want, tables)) {
                     Some(why) => {
                         sync.kept += 1;
                         tracing::debug!(table = %table.id, route = %name, "route kept: {why}");
@@ -656,6 +665,15 @@ impl Routes {
     }
 }
 
+/// One Node's NetworkUnavailable to write: whether its routes exist, and whether it is
+/// without one because its table is full.
+struct ConditionWrite {
+    name: String,
+    uid: String,
+    ok: bool,
+    full: bool,
+}
+
 impl ConditionWriter {
     /// Works out each Node's condition now and writes the changed ones in the background.
     fn update(
@@ -684,7 +702,9 @@ impl ConditionWriter {
                 .get(&(table, want.destination_cidr.as_str()))
                 .is_some_and(|routes| routes.iter().any(|have| serves(have, want, addresses)))
         };
-        let mut todo: Vec<(Arc<Node>, bool, bool)> = Vec::new();
+        // Names and UIDs, not the Nodes: the writes take a while, and the copies they would
+        // pin are replaced in the cache meanwhile (their podCIDRs, this very condition).
+        let mut todo: Vec<ConditionWrite> = Vec::new();
         {
             let mut written = self.written.locked();
             // `nodes` are every managed Node: what was written for one no longer here is
@@ -713,8 +733,8 @@ impl ConditionWriter {
                 if written.get(&uid) == Some(&ok) {
                     continue;
                 }
-                written.insert(uid, ok);
-                todo.push((node.clone(), ok, without_route.contains(name)));
+                written.insert(uid.clone(), ok);
+                todo.push(ConditionWrite { name: name.to_string(), uid, ok, full: without_route.contains(name) });
             }
         }
         if todo.is_empty() {
@@ -727,9 +747,9 @@ impl ConditionWriter {
         });
     }
 
-    async fn write(&self, todo: Vec<(Arc<Node>, bool, bool)>) {
-        for (node, ok, full) in todo {
-            let name = node_util::name(&node);
+    async fn write(&self, todo: Vec<ConditionWrite>) {
+        for ConditionWrite { name, uid, ok, full } in todo {
+            let name = name.as_str();
             let (status, reason, message) = if ok {
                 ("False", "RouteCreated", "RouteController created a route")
             } else {
@@ -743,11 +763,11 @@ impl ConditionWriter {
             if let Err(error) = self.ctx.patch_node_conditions(name, &patch).await {
                 tracing::warn!(node = %name, %error, "updating NetworkUnavailable failed");
                 // Not written after all: the next reconcile tries again.
-                let uid = node.metadata.uid.clone().unwrap_or_default();
                 self.written.locked().remove(&uid);
             }
             let first_report = !ok && full && self.reported.locked().insert(name.to_string());
-            if first_report {
+            let node = first_report.then(|| self.ctx.nodes.store().get(&ObjectRef::new(name))).flatten();
+            if let Some(node) = node.filter(|n| n.metadata.uid.as_deref() == Some(uid.as_str())) {
                 let note = "Could not create a route: the route table is full (provider quota)".to_string();
                 self.ctx.event(NAME, node.as_ref(), EventType::Warning, reason::FAILED_TO_CREATE_ROUTE, note).await;
             }

@@ -1,7 +1,7 @@
 //! The client of the provider sidecar: a lazily connected channel that reconnects by itself,
 //! the plugin's identity and capabilities read at start and after every reconnect, readiness
-//! from Probe, a deadline on every call, retries of retryable codes honouring RetryInfo, a
-//! client-side concurrency limit, and metrics by method, code and latency. The typed methods
+//! from Probe, a deadline on every call, retries of retryable codes honouring RetryInfo, calls
+//! paced to the rate the plugin declares, a client-side concurrency limit, and metrics by method, code and latency. The typed methods
 //! the controllers call are in [`api`]; the checks their answers pass in [`check`].
 
 mod api;
@@ -187,6 +187,10 @@ pub struct Provider {
     /// Until when the provider asked every caller to hold back (its last RetryInfo): calls
     /// wait for it before they start, instead of each finding out by being refused.
     throttled_until: Arc<std::sync::Mutex<Option<Instant>>>,
+    /// The pace the provider declared for its calls (its capabilities' `call_rate`): every
+    /// call but identity calls takes a token first, so that they are not sent only to be
+    /// refused.
+    pace: Arc<std::sync::Mutex<Option<Pace>>>,
     /// The longest RetryInfo delay honoured.
     max_retry_after: Duration,
     /// The deadline of a call that changes the cloud.
@@ -214,6 +218,23 @@ pub struct Changes {
     /// Times its identity was read where there was none (its first connection): what is its
     /// (Nodes of its schemes, Services of its classes) is known from then on.
     pub connected: u64,
+}
+
+/// A declared call rate and the bucket that paces calls to it.
+struct Pace {
+    per_second: f64,
+    burst: u32,
+    bucket: Arc<ccm_protocol::ratelimit::TokenBucket>,
+}
+
+/// The rate a plugin declared, if it is one the core can pace to (finite, above zero; a burst
+/// of 0 read as 1), or why not.
+fn declared_rate(rate: Option<&pb::CallRate>) -> Result<Option<(f64, u32)>, String> {
+    match rate {
+        None => Ok(None),
+        Some(r) if r.per_second.is_finite() && r.per_second > 0.0 => Ok(Some((r.per_second, r.burst.max(1)))),
+        Some(r) => Err(format!("call_rate.per_second is {}, not a finite number above zero", r.per_second)),
+    }
 }
 
 #[derive(Debug, Default)]
@@ -257,6 +278,7 @@ impl Provider {
             timeout,
             limit: Arc::new(Semaphore::new(concurrency.max(1))),
             throttled_until: Default::default(),
+            pace: Default::default(),
             max_retry_after: DEFAULT_MAX_RETRY_AFTER,
             mutation_timeout: DEFAULT_MUTATION_TIMEOUT,
             metrics,
@@ -335,12 +357,40 @@ impl Provider {
         s.ready = ready;
         s.reason = reason;
         if let Some(identity) = identity {
+            if let Some(identity) = &identity {
+                self.set_pace(identity.capabilities.call_rate.as_ref());
+            }
             let first = s.identity.is_none() && identity.is_some();
             s.identity = identity.map(Arc::new);
             drop(s);
             if first {
                 self.changes.send_modify(|c| c.connected += 1);
             }
+        }
+    }
+
+    /// Paces calls to the rate the provider declared: a new bucket (full) when the rate
+    /// changed, none when it declares none or one that is not a rate.
+    fn set_pace(&self, declared: Option<&pb::CallRate>) {
+        let wanted = declared_rate(declared).unwrap_or_else(|problem| {
+            tracing::warn!(provider = %self.name, %problem, "the provider declared an invalid call rate; its calls are not paced");
+            None
+        });
+        let mut pace = self.pace.locked();
+        if pace.as_ref().map(|p| (p.per_second, p.burst)) == wanted {
+            return;
+        }
+        *pace = wanted.map(|(per_second, burst)| {
+            tracing::info!(provider = %self.name, per_second, burst, "pacing calls to the provider's declared call rate");
+            Pace { per_second, burst, bucket: Arc::new(ccm_protocol::ratelimit::TokenBucket::new(per_second, burst)) }
+        });
+    }
+
+    /// Waits for a token of the declared call rate, if the provider declared one.
+    async fn wait_for_pace(&self) {
+        let bucket = self.pace.locked().as_ref().map(|p| p.bucket.clone());
+        if let Some(bucket) = bucket {
+            bucket.acquire().await;
         }
     }
 
@@ -356,7 +406,7 @@ impl Provider {
     }
 
     /// Calls the provider: a deadline on every attempt, up to three attempts for transient
-    /// codes, waiting out RetryInfo delays
+    /// codes, paced to the call rate the provider declared, waiting out RetryInfo delays
     /// up to 2 s (longer ones are returned, for the caller's queue to back off), never
     /// retrying UNIMPLEMENTED or other final codes. A RetryInfo delay, at most
     /// `--provider-max-retry-after`, holds back every call of this process but identity calls,
@@ -407,6 +457,7 @@ impl Provider {
             // the end of a RetryInfo.
             if !method.starts_with("IdentityService/") {
                 self.wait_out_throttle().await;
+                self.wait_for_pace().await;
             }
             let result = {
                 let _permit = self.limit.acquire().await.map_err(|_| Error::unavailable("provider client closed"))?;
@@ -570,5 +621,36 @@ mod tests {
         assert!(connection_lost(&status), "{status:?}");
         assert!(!connection_lost(&Status::unavailable("transport: the cloud's API is down")), "an answer, whatever it says");
         assert!(!connection_lost(&Status::deadline_exceeded("no answer within the deadline")));
+    }
+
+    #[test]
+    fn a_declared_call_rate_is_paced_to_only_when_it_is_a_rate() {
+        let rate = |per_second, burst| pb::CallRate { per_second, burst };
+        assert_eq!(declared_rate(None), Ok(None));
+        assert_eq!(declared_rate(Some(&rate(20.0, 40))), Ok(Some((20.0, 40))));
+        assert_eq!(declared_rate(Some(&rate(0.5, 0))), Ok(Some((0.5, 1))), "a burst of 0 is one call");
+        for bad in [0.0, -1.0, f64::NAN, f64::INFINITY] {
+            let problem = declared_rate(Some(&rate(bad, 5))).expect_err("not a rate");
+            assert!(problem.contains("call_rate.per_second"), "{problem}");
+        }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn calls_wait_for_the_declared_pace_until_it_is_withdrawn() {
+        let provider =
+            Provider::new("unix:///nonexistent/provider.sock", Duration::from_secs(1), 4, Metrics::default()).expect("client");
+        provider.set_pace(Some(&pb::CallRate { per_second: 2.0, burst: 1 }));
+        let started = Instant::now();
+        for _ in 0..3 {
+            provider.wait_for_pace().await;
+        }
+        assert_eq!(started.elapsed(), Duration::from_secs(1), "one at once, then one every 500 ms");
+        // A new identity without a rate: no pacing any more.
+        provider.set_pace(None);
+        let started = Instant::now();
+        for _ in 0..10 {
+            provider.wait_for_pace().await;
+        }
+        assert_eq!(started.elapsed(), Duration::ZERO);
     }
 }

@@ -150,6 +150,7 @@ pub struct ProviderServer {
     probe: Option<Arc<dyn Probe>>,
     observers: Vec<Arc<dyn CallObserver>>,
     socket_mode: u32,
+    call_rate: Option<pb::CallRate>,
     tls: Option<crate::tls::TlsFiles>,
     insecure_tcp: bool,
     metrics: Option<(Listen, Arc<prometheus_client::registry::Registry>)>,
@@ -174,6 +175,7 @@ impl ProviderServer {
             probe: None,
             observers: Vec::new(),
             socket_mode: 0o600,
+            call_rate: None,
             tls: None,
             insecure_tcp: false,
             metrics: None,
@@ -287,6 +289,17 @@ impl ProviderServer {
         self
     }
 
+    /// Declares the rate at which the caller may send calls that reach the cloud (every call
+    /// but identity calls): `per_second` on average, `burst` at once after a quiet spell. Give
+    /// your cloud's API budget for this plugin divided by the cloud calls one of its calls
+    /// makes. The core paces its calls to it instead of learning the limit from refusals
+    /// (it still honours RetryInfo). A `per_second` that is not finite and above zero
+    /// declares nothing.
+    pub fn call_rate(mut self, per_second: f64, burst: u32) -> Self {
+        self.call_rate = (per_second.is_finite() && per_second > 0.0).then_some(pb::CallRate { per_second, burst });
+        self
+    }
+
     /// The capabilities this server advertises, derived from the services it was given.
     pub fn capabilities(&self) -> pb::GetPluginCapabilitiesResponse {
         let mut caps = pb::GetPluginCapabilitiesResponse::default();
@@ -312,6 +325,7 @@ impl ProviderServer {
         if self.image_credentials.is_some() {
             caps.services.push(ServiceType::ImageCredentials as i32);
         }
+        caps.call_rate = self.call_rate;
         caps
     }
 

@@ -54,6 +54,12 @@ type Options struct {
 	// AllowInsecureTCP serves a tcp:// Listen without TLS on an address other hosts can
 	// reach; refused otherwise (every call would cross the network in the clear).
 	AllowInsecureTCP bool
+	// CallRate, when above zero, is declared as GetPluginCapabilities' call_rate: the calls
+	// per second the core may send (every service but Identity), CallBurst at once. Give the
+	// cloud's API budget for this provider divided by the cloud calls one call makes; the
+	// core paces to it instead of learning the limit from refusals.
+	CallRate  float64
+	CallBurst uint32
 	// LoadBalancerClasses are the Service loadBalancerClass values advertised
 	// (LoadBalancersCapabilities.classes): a core serving several providers sends Services of
 	// these classes here.

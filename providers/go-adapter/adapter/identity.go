@@ -34,6 +34,9 @@ func (s *identity) GetPluginCapabilities(context.Context, *pb.GetPluginCapabilit
 			out.LoadBalancers = &pb.LoadBalancersCapabilities{BulkUpdateHosts: s.opts.Bulk, Classes: s.opts.LoadBalancerClasses}
 		}
 	}
+	if s.opts.CallRate > 0 {
+		out.CallRate = &pb.CallRate{PerSecond: s.opts.CallRate, Burst: s.opts.CallBurst}
+	}
 	return out, nil
 }
 

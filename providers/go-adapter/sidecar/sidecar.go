@@ -12,6 +12,7 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"math"
 	"net"
 	"net/http"
 	"os"
@@ -75,6 +76,8 @@ func Run(ctx context.Context, defaultProvider string, args []string, stdout io.W
 	tlsClientCA := fs.String("tls-client-ca-file", "", "the CA whose client certificates are accepted (PEM)")
 	insecureTCP := fs.Bool("allow-insecure-tcp", false, "serve a tcp:// --listen without TLS on an address other hosts can reach (refused otherwise: only loopback is served in the clear)")
 	metricsListen := fs.String("metrics-listen", "", "serve the provider's Prometheus metrics (component-base's legacyregistry, e.g. the AWS provider's cloudprovider_aws_api_*) at /metrics on http://host:port; off when empty")
+	callRate := fs.Float64("call-rate", 0, "declare to the core how many calls a second it may send (its cloud's API budget for this provider divided by the cloud calls one call makes); the core paces to it; 0 declares none")
+	callBurst := fs.Uint("call-burst", 1, "the calls the core may send at once after a quiet spell, with --call-rate")
 	var classes stringList
 	fs.Var(&classes, "load-balancer-class", "a Service loadBalancerClass this provider's load balancers serve (repeatable): a core with several providers sends Services of it here")
 	version := fs.Bool("version", false, "print the version and exit")
@@ -96,6 +99,12 @@ func Run(ctx context.Context, defaultProvider string, args []string, stdout io.W
 	}
 	if *name == "" {
 		return usageError{errors.New("--cloud-provider is required")}
+	}
+	if math.IsNaN(*callRate) || math.IsInf(*callRate, 0) || *callRate < 0 {
+		return usageError{fmt.Errorf("--call-rate %v: expected a number of calls per second, 0 or more", *callRate)}
+	}
+	if *callBurst > math.MaxUint32 {
+		return usageError{fmt.Errorf("--call-burst %d: too large", *callBurst)}
 	}
 	metricsAddr, err := metricsAddress(*metricsListen)
 	if err != nil {
@@ -138,6 +147,8 @@ func Run(ctx context.Context, defaultProvider string, args []string, stdout io.W
 		RoutesIPv6:          *routesIPv6,
 		Bulk:                *bulk,
 		LoadBalancerClasses: classes,
+		CallRate:            *callRate,
+		CallBurst:           uint32(*callBurst),
 		TLSCertFile:         *tlsCert,
 		TLSKeyFile:          *tlsKey,
 		TLSClientCAFile:     *tlsClientCA,

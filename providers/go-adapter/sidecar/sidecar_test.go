@@ -46,6 +46,11 @@ func TestFlagsAndErrorsAreClear(t *testing.T) {
 	if err := Run(context.Background(), "sidecar-test", []string{"stray"}, io.Discard); !errors.As(err, &usage) {
 		t.Errorf("a stray argument: %v", err)
 	}
+	for _, rate := range []string{"-1", "NaN", "+Inf"} {
+		if err := Run(context.Background(), "sidecar-test", []string{"--call-rate", rate}, io.Discard); !errors.As(err, &usage) || !strings.Contains(err.Error(), "--call-rate") {
+			t.Errorf("--call-rate %s: %v", rate, err)
+		}
+	}
 	config := filepath.Join(t.TempDir(), "cloud.conf")
 	if err := writeFile(config, "broken"); err != nil {
 		t.Fatal(err)
@@ -66,7 +71,7 @@ func TestItServesTheRegisteredProviderUntilCancelled(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	go func() {
-		done <- Run(ctx, "sidecar-test", []string{"--listen", "unix://" + sock, "--plugin-name", "test.example.com"}, io.Discard)
+		done <- Run(ctx, "sidecar-test", []string{"--listen", "unix://" + sock, "--plugin-name", "test.example.com", "--call-rate", "2.5", "--call-burst", "5"}, io.Discard)
 	}()
 	conn, err := grpc.NewClient("unix://"+sock, grpc.WithTransportCredentials(insecure.NewCredentials()))
 	if err != nil {
@@ -84,6 +89,12 @@ func TestItServesTheRegisteredProviderUntilCancelled(t *testing.T) {
 	}
 	if err != nil || info.GetName() != "test.example.com" || info.GetProviderIdScheme() != "sidecar-test" {
 		t.Fatalf("info %v, %v", info, err)
+	}
+	c, cancelCall := context.WithTimeout(context.Background(), time.Second)
+	caps, err := pb.NewIdentityServiceClient(conn).GetPluginCapabilities(c, &pb.GetPluginCapabilitiesRequest{})
+	cancelCall()
+	if err != nil || caps.GetCallRate().GetPerSecond() != 2.5 || caps.GetCallRate().GetBurst() != 5 {
+		t.Errorf("the declared call rate: %v, %v", caps.GetCallRate(), err)
 	}
 	cancel()
 	if err := <-done; err != nil {

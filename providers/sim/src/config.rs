@@ -129,6 +129,11 @@ pub struct ApiConfig {
     pub jitter_ms: u64,
     /// Account-wide rate limit; unset means unlimited.
     pub rate_limit: Option<RateLimit>,
+    /// Leaves the rate limit out of the plugin's capabilities (`call_rate`), so that the core
+    /// learns it from refusals only, as with a provider that does not declare it. By default
+    /// the rate limit the sim starts with is declared (one set later through the admin API
+    /// is not: the core finds it out from RetryInfo, as it would a cloud busier than it said).
+    pub undeclared_rate_limit: bool,
     /// How long a write takes to show in reads, in milliseconds (eventual consistency).
     pub consistency_delay_ms: u64,
 }

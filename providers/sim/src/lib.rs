@@ -98,6 +98,10 @@ pub async fn serve(
         server = server.tls(files);
     }
     server = server.allow_insecure_tcp(config.allow_insecure_tcp);
+    if let Some(limit) = config.api.rate_limit.filter(|_| !config.api.undeclared_rate_limit) {
+        // Every call of the sim's services is one call through its API gate.
+        server = server.call_rate(limit.rps, limit.burst);
+    }
     if let Some(listen) = endpoints.metrics.clone() {
         server = server.metrics(listen, registry.clone());
     }

@@ -703,3 +703,50 @@ async fn a_load_balancer_without_node_ports_gets_the_ready_pods_and_follows_them
     core.stop().await.expect("stop");
     env.cleanup().await.expect("cleanup");
 }
+
+/// A provider that declares its call rate (GetPluginCapabilities' `call_rate`) is paced to it:
+/// a burst of Services, more than its cloud allows at once, gets its load balancers without a
+/// call refused. The same sim not declaring its limit, as a provider that does not, is
+/// refused calls (which the core waits out).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn calls_are_paced_to_the_rate_the_provider_declares() {
+    use ccm_provider_sim::config::RateLimit;
+    const SERVICES: usize = 12;
+    let cp = ccm_harness::shared().expect("control plane");
+    for declared in [true, false] {
+        let env =
+            TestEnv::new(cp.client().await.expect("client"), if declared { "paced" } else { "unpaced" }).await.expect("env");
+        let node = env.node_name("n1");
+        let mut config = Config::default();
+        config.instances.push(instance("i-1", &node, "sim-region-1a"));
+        config.api.rate_limit = Some(RateLimit { rps: 4.0, burst: 1 });
+        config.api.undeclared_rate_limit = !declared;
+        let sim = Sim::start(config).await;
+        backend_node(&env, &node, "i-1").await;
+        let core = start(cp, &env, &sim, &service_flags(&env));
+        for i in 0..SERVICES {
+            create_load_balancer_service(&env, &format!("web-{i}"), &[80]).await.expect("service");
+        }
+        eventually("every Service addressed", Duration::from_secs(60), async || {
+            for i in 0..SERVICES {
+                ingress_ip(&env, &format!("web-{i}")).await?;
+            }
+            Some(())
+        })
+        .await;
+        let calls = sim.admin.call_log().await.expect("log");
+        let cloud: Vec<_> = calls.iter().filter(|c| !c.method.starts_with("IdentityService/")).collect();
+        let refused = cloud.iter().filter(|c| c.code == "RESOURCE_EXHAUSTED").count();
+        if declared {
+            assert_eq!(refused, 0, "no call refused when paced to the declared rate: {cloud:?}");
+            // Paced, not merely lucky: the calls went out at the cloud's rate (4/s, burst 1).
+            let (first, last) = (cloud.first().expect("calls").at_unix_ms, cloud.last().expect("calls").at_unix_ms);
+            let floor = (cloud.len() as u64 - 1) * 1000 / 4;
+            assert!(last - first + 100 >= floor, "{} calls in {} ms, floor {floor} ms", cloud.len(), last - first);
+        } else {
+            assert!(refused > 0, "without a declared rate the core finds the limit by being refused: {cloud:?}");
+        }
+        core.stop().await.expect("stop");
+        env.cleanup().await.expect("cleanup");
+    }
+}

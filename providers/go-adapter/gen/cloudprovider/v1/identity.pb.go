@@ -611,7 +611,14 @@ type GetPluginCapabilitiesResponse struct {
 	// Features of LoadBalancersService; unset when it is not implemented.
 	LoadBalancers *LoadBalancersCapabilities `protobuf:"bytes,4,opt,name=load_balancers,json=loadBalancers,proto3" json:"load_balancers,omitempty"`
 	// Features of TagsService; unset when it is not implemented or has none.
-	Tags          *TagsCapabilities `protobuf:"bytes,5,opt,name=tags,proto3" json:"tags,omitempty"`
+	Tags *TagsCapabilities `protobuf:"bytes,5,opt,name=tags,proto3" json:"tags,omitempty"`
+	// The rate at which the caller may send this plugin calls that reach the cloud (every
+	// service but IdentityService) without being refused: the plugin's share of its cloud's
+	// API budget divided by the cloud calls one of its calls makes. The core paces every such
+	// call to it, so that the budget goes to answers rather than to refusals, and still honours
+	// RetryInfo when the cloud is busier than declared. Unset: no pacing; the caller learns the
+	// limit from refusals only. Additive: a plugin need not declare it.
+	CallRate      *CallRate `protobuf:"bytes,6,opt,name=call_rate,json=callRate,proto3" json:"call_rate,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -681,6 +688,68 @@ func (x *GetPluginCapabilitiesResponse) GetTags() *TagsCapabilities {
 	return nil
 }
 
+func (x *GetPluginCapabilitiesResponse) GetCallRate() *CallRate {
+	if x != nil {
+		return x.CallRate
+	}
+	return nil
+}
+
+// A token-bucket rate of calls (see GetPluginCapabilitiesResponse.call_rate).
+type CallRate struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Calls per second on average; must be finite and greater than zero.
+	PerSecond float64 `protobuf:"fixed64,1,opt,name=per_second,json=perSecond,proto3" json:"per_second,omitempty"`
+	// Calls that may be sent at once after a quiet spell; 0 is read as 1.
+	Burst         uint32 `protobuf:"varint,2,opt,name=burst,proto3" json:"burst,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *CallRate) Reset() {
+	*x = CallRate{}
+	mi := &file_cloudprovider_v1_identity_proto_msgTypes[8]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *CallRate) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*CallRate) ProtoMessage() {}
+
+func (x *CallRate) ProtoReflect() protoreflect.Message {
+	mi := &file_cloudprovider_v1_identity_proto_msgTypes[8]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use CallRate.ProtoReflect.Descriptor instead.
+func (*CallRate) Descriptor() ([]byte, []int) {
+	return file_cloudprovider_v1_identity_proto_rawDescGZIP(), []int{8}
+}
+
+func (x *CallRate) GetPerSecond() float64 {
+	if x != nil {
+		return x.PerSecond
+	}
+	return 0
+}
+
+func (x *CallRate) GetBurst() uint32 {
+	if x != nil {
+		return x.Burst
+	}
+	return 0
+}
+
 // Request of Probe. Empty.
 type ProbeRequest struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
@@ -690,7 +759,7 @@ type ProbeRequest struct {
 
 func (x *ProbeRequest) Reset() {
 	*x = ProbeRequest{}
-	mi := &file_cloudprovider_v1_identity_proto_msgTypes[8]
+	mi := &file_cloudprovider_v1_identity_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -702,7 +771,7 @@ func (x *ProbeRequest) String() string {
 func (*ProbeRequest) ProtoMessage() {}
 
 func (x *ProbeRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_cloudprovider_v1_identity_proto_msgTypes[8]
+	mi := &file_cloudprovider_v1_identity_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -715,7 +784,7 @@ func (x *ProbeRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ProbeRequest.ProtoReflect.Descriptor instead.
 func (*ProbeRequest) Descriptor() ([]byte, []int) {
-	return file_cloudprovider_v1_identity_proto_rawDescGZIP(), []int{8}
+	return file_cloudprovider_v1_identity_proto_rawDescGZIP(), []int{9}
 }
 
 // Response of Probe.
@@ -733,7 +802,7 @@ type ProbeResponse struct {
 
 func (x *ProbeResponse) Reset() {
 	*x = ProbeResponse{}
-	mi := &file_cloudprovider_v1_identity_proto_msgTypes[9]
+	mi := &file_cloudprovider_v1_identity_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -745,7 +814,7 @@ func (x *ProbeResponse) String() string {
 func (*ProbeResponse) ProtoMessage() {}
 
 func (x *ProbeResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_cloudprovider_v1_identity_proto_msgTypes[9]
+	mi := &file_cloudprovider_v1_identity_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -758,7 +827,7 @@ func (x *ProbeResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ProbeResponse.ProtoReflect.Descriptor instead.
 func (*ProbeResponse) Descriptor() ([]byte, []int) {
-	return file_cloudprovider_v1_identity_proto_rawDescGZIP(), []int{9}
+	return file_cloudprovider_v1_identity_proto_rawDescGZIP(), []int{10}
 }
 
 func (x *ProbeResponse) GetReady() bool {
@@ -821,13 +890,18 @@ const file_cloudprovider_v1_identity_proto_rawDesc = "" +
 	"\x04list\x18\x03 \x01(\bR\x04list\x12*\n" +
 	"\x11bulk_update_hosts\x18\x04 \x01(\bR\x0fbulkUpdateHosts\x12#\n" +
 	"\rpod_endpoints\x18\x05 \x01(\bR\fpodEndpoints\x12\x18\n" +
-	"\aclasses\x18\x06 \x03(\tR\aclasses\"\xeb\x02\n" +
+	"\aclasses\x18\x06 \x03(\tR\aclasses\"\xa4\x03\n" +
 	"\x1dGetPluginCapabilitiesResponse\x129\n" +
 	"\bservices\x18\x01 \x03(\x0e2\x1d.cloudprovider.v1.ServiceTypeR\bservices\x12E\n" +
 	"\tinstances\x18\x02 \x01(\v2'.cloudprovider.v1.InstancesCapabilitiesR\tinstances\x12<\n" +
 	"\x06routes\x18\x03 \x01(\v2$.cloudprovider.v1.RoutesCapabilitiesR\x06routes\x12R\n" +
 	"\x0eload_balancers\x18\x04 \x01(\v2+.cloudprovider.v1.LoadBalancersCapabilitiesR\rloadBalancers\x126\n" +
-	"\x04tags\x18\x05 \x01(\v2\".cloudprovider.v1.TagsCapabilitiesR\x04tags\"\x0e\n" +
+	"\x04tags\x18\x05 \x01(\v2\".cloudprovider.v1.TagsCapabilitiesR\x04tags\x127\n" +
+	"\tcall_rate\x18\x06 \x01(\v2\x1a.cloudprovider.v1.CallRateR\bcallRate\"?\n" +
+	"\bCallRate\x12\x1d\n" +
+	"\n" +
+	"per_second\x18\x01 \x01(\x01R\tperSecond\x12\x14\n" +
+	"\x05burst\x18\x02 \x01(\rR\x05burst\"\x0e\n" +
 	"\fProbeRequest\"w\n" +
 	"\rProbeResponse\x12\x14\n" +
 	"\x05ready\x18\x01 \x01(\bR\x05ready\x12\x18\n" +
@@ -860,7 +934,7 @@ func file_cloudprovider_v1_identity_proto_rawDescGZIP() []byte {
 }
 
 var file_cloudprovider_v1_identity_proto_enumTypes = make([]protoimpl.EnumInfo, 1)
-var file_cloudprovider_v1_identity_proto_msgTypes = make([]protoimpl.MessageInfo, 11)
+var file_cloudprovider_v1_identity_proto_msgTypes = make([]protoimpl.MessageInfo, 12)
 var file_cloudprovider_v1_identity_proto_goTypes = []any{
 	(ServiceType)(0),                      // 0: cloudprovider.v1.ServiceType
 	(*GetPluginInfoRequest)(nil),          // 1: cloudprovider.v1.GetPluginInfoRequest
@@ -871,30 +945,32 @@ var file_cloudprovider_v1_identity_proto_goTypes = []any{
 	(*RoutesCapabilities)(nil),            // 6: cloudprovider.v1.RoutesCapabilities
 	(*LoadBalancersCapabilities)(nil),     // 7: cloudprovider.v1.LoadBalancersCapabilities
 	(*GetPluginCapabilitiesResponse)(nil), // 8: cloudprovider.v1.GetPluginCapabilitiesResponse
-	(*ProbeRequest)(nil),                  // 9: cloudprovider.v1.ProbeRequest
-	(*ProbeResponse)(nil),                 // 10: cloudprovider.v1.ProbeResponse
-	nil,                                   // 11: cloudprovider.v1.GetPluginInfoResponse.ManifestEntry
-	(*durationpb.Duration)(nil),           // 12: google.protobuf.Duration
+	(*CallRate)(nil),                      // 9: cloudprovider.v1.CallRate
+	(*ProbeRequest)(nil),                  // 10: cloudprovider.v1.ProbeRequest
+	(*ProbeResponse)(nil),                 // 11: cloudprovider.v1.ProbeResponse
+	nil,                                   // 12: cloudprovider.v1.GetPluginInfoResponse.ManifestEntry
+	(*durationpb.Duration)(nil),           // 13: google.protobuf.Duration
 }
 var file_cloudprovider_v1_identity_proto_depIdxs = []int32{
-	11, // 0: cloudprovider.v1.GetPluginInfoResponse.manifest:type_name -> cloudprovider.v1.GetPluginInfoResponse.ManifestEntry
+	12, // 0: cloudprovider.v1.GetPluginInfoResponse.manifest:type_name -> cloudprovider.v1.GetPluginInfoResponse.ManifestEntry
 	0,  // 1: cloudprovider.v1.GetPluginCapabilitiesResponse.services:type_name -> cloudprovider.v1.ServiceType
 	4,  // 2: cloudprovider.v1.GetPluginCapabilitiesResponse.instances:type_name -> cloudprovider.v1.InstancesCapabilities
 	6,  // 3: cloudprovider.v1.GetPluginCapabilitiesResponse.routes:type_name -> cloudprovider.v1.RoutesCapabilities
 	7,  // 4: cloudprovider.v1.GetPluginCapabilitiesResponse.load_balancers:type_name -> cloudprovider.v1.LoadBalancersCapabilities
 	5,  // 5: cloudprovider.v1.GetPluginCapabilitiesResponse.tags:type_name -> cloudprovider.v1.TagsCapabilities
-	12, // 6: cloudprovider.v1.ProbeResponse.cache_ttl:type_name -> google.protobuf.Duration
-	1,  // 7: cloudprovider.v1.IdentityService.GetPluginInfo:input_type -> cloudprovider.v1.GetPluginInfoRequest
-	3,  // 8: cloudprovider.v1.IdentityService.GetPluginCapabilities:input_type -> cloudprovider.v1.GetPluginCapabilitiesRequest
-	9,  // 9: cloudprovider.v1.IdentityService.Probe:input_type -> cloudprovider.v1.ProbeRequest
-	2,  // 10: cloudprovider.v1.IdentityService.GetPluginInfo:output_type -> cloudprovider.v1.GetPluginInfoResponse
-	8,  // 11: cloudprovider.v1.IdentityService.GetPluginCapabilities:output_type -> cloudprovider.v1.GetPluginCapabilitiesResponse
-	10, // 12: cloudprovider.v1.IdentityService.Probe:output_type -> cloudprovider.v1.ProbeResponse
-	10, // [10:13] is the sub-list for method output_type
-	7,  // [7:10] is the sub-list for method input_type
-	7,  // [7:7] is the sub-list for extension type_name
-	7,  // [7:7] is the sub-list for extension extendee
-	0,  // [0:7] is the sub-list for field type_name
+	9,  // 6: cloudprovider.v1.GetPluginCapabilitiesResponse.call_rate:type_name -> cloudprovider.v1.CallRate
+	13, // 7: cloudprovider.v1.ProbeResponse.cache_ttl:type_name -> google.protobuf.Duration
+	1,  // 8: cloudprovider.v1.IdentityService.GetPluginInfo:input_type -> cloudprovider.v1.GetPluginInfoRequest
+	3,  // 9: cloudprovider.v1.IdentityService.GetPluginCapabilities:input_type -> cloudprovider.v1.GetPluginCapabilitiesRequest
+	10, // 10: cloudprovider.v1.IdentityService.Probe:input_type -> cloudprovider.v1.ProbeRequest
+	2,  // 11: cloudprovider.v1.IdentityService.GetPluginInfo:output_type -> cloudprovider.v1.GetPluginInfoResponse
+	8,  // 12: cloudprovider.v1.IdentityService.GetPluginCapabilities:output_type -> cloudprovider.v1.GetPluginCapabilitiesResponse
+	11, // 13: cloudprovider.v1.IdentityService.Probe:output_type -> cloudprovider.v1.ProbeResponse
+	11, // [11:14] is the sub-list for method output_type
+	8,  // [8:11] is the sub-list for method input_type
+	8,  // [8:8] is the sub-list for extension type_name
+	8,  // [8:8] is the sub-list for extension extendee
+	0,  // [0:8] is the sub-list for field type_name
 }
 
 func init() { file_cloudprovider_v1_identity_proto_init() }
@@ -908,7 +984,7 @@ func file_cloudprovider_v1_identity_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_cloudprovider_v1_identity_proto_rawDesc), len(file_cloudprovider_v1_identity_proto_rawDesc)),
 			NumEnums:      1,
-			NumMessages:   11,
+			NumMessages:   12,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

@@ -30,8 +30,10 @@ const (
 //
 // TagsService returns the cloud's tags of instances, which the core turns into Node labels
 // under a prefix of the cluster operator's choosing (keys and values are sanitised by the
-// core to valid label syntax). Read-only and idempotent. Unknown instances are exists=false.
-// Errors as for InstancesService.
+// core to valid label syntax), and, when TagsCapabilities.set_tags is advertised, writes the
+// cluster's tags to instances (the core's tagging controller, `--instance-tags`). Reads are
+// read-only, every call idempotent. Unknown instances are exists=false. Errors as for
+// InstancesService.
 type TagsServiceClient interface {
 	// The tags of one instance.
 	GetInstanceTags(ctx context.Context, in *GetInstanceTagsRequest, opts ...grpc.CallOption) (*GetInstanceTagsResponse, error)
@@ -90,8 +92,10 @@ func (c *tagsServiceClient) BatchSetInstanceTags(ctx context.Context, in *BatchS
 //
 // TagsService returns the cloud's tags of instances, which the core turns into Node labels
 // under a prefix of the cluster operator's choosing (keys and values are sanitised by the
-// core to valid label syntax). Read-only and idempotent. Unknown instances are exists=false.
-// Errors as for InstancesService.
+// core to valid label syntax), and, when TagsCapabilities.set_tags is advertised, writes the
+// cluster's tags to instances (the core's tagging controller, `--instance-tags`). Reads are
+// read-only, every call idempotent. Unknown instances are exists=false. Errors as for
+// InstancesService.
 type TagsServiceServer interface {
 	// The tags of one instance.
 	GetInstanceTags(context.Context, *GetInstanceTagsRequest) (*GetInstanceTagsResponse, error)
