@@ -61,6 +61,11 @@ impl<F: FnMut(&CheckResult)> Suite<F> {
             })?;
             ensure(classes.insert(class), || format!("load balancer class {class:?} is advertised twice"))?;
         }
+        if let Some(rate) = &caps.call_rate {
+            ensure(rate.per_second.is_finite() && rate.per_second > 0.0, || {
+                format!("call_rate.per_second {} is not a rate (finite, above zero): the core would not pace to it", rate.per_second)
+            })?;
+        }
         Ok(())
     }
 
