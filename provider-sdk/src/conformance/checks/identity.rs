@@ -63,7 +63,10 @@ impl<F: FnMut(&CheckResult)> Suite<F> {
         }
         if let Some(rate) = &caps.call_rate {
             ensure(rate.per_second.is_finite() && rate.per_second > 0.0, || {
-                format!("call_rate.per_second {} is not a rate (finite, above zero): the core would not pace to it", rate.per_second)
+                format!(
+                    "call_rate.per_second {} is not a rate (finite, above zero): the core would not pace to it",
+                    rate.per_second
+                )
             })?;
         }
         Ok(())
