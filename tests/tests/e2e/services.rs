@@ -738,13 +738,14 @@ async fn calls_are_paced_to_the_rate_the_provider_declares() {
         let cloud: Vec<_> = calls.iter().filter(|c| !c.method.starts_with("IdentityService/")).collect();
         let refused = cloud.iter().filter(|c| c.code == "RESOURCE_EXHAUSTED").count();
         if declared {
-            assert_eq!(refused, 0, "no call refused when paced to the declared rate: {cloud:?}");
+            // At most one, should a call's arrival jitter beat the core's 2% margin on a busy machine.
+            assert!(refused <= 1, "calls paced to the declared rate are not refused: {cloud:?}");
             // Paced, not merely lucky: the calls went out at the cloud's rate (4/s, burst 1).
             let (first, last) = (cloud.first().expect("calls").at_unix_ms, cloud.last().expect("calls").at_unix_ms);
             let floor = (cloud.len() as u64 - 1) * 1000 / 4;
             assert!(last - first + 100 >= floor, "{} calls in {} ms, floor {floor} ms", cloud.len(), last - first);
         } else {
-            assert!(refused > 0, "without a declared rate the core finds the limit by being refused: {cloud:?}");
+            assert!(refused >= 3, "without a declared rate the core finds the limit by being refused: {cloud:?}");
         }
         core.stop().await.expect("stop");
         env.cleanup().await.expect("cleanup");
