@@ -112,6 +112,9 @@ struct State<K> {
     /// Keys that became ready (not ready already) since the last [`WorkQueue::take_adds`]:
     /// upstream's `workqueue_adds_total`.
     adds: u64,
+    /// Keys added with [`WorkQueue::add_first`] while in process: ahead of the others when
+    /// they are ready again.
+    first: HashSet<K>,
 }
 
 /// Counters a queue keeps, for metrics.
@@ -158,6 +161,7 @@ impl<K: Clone + Eq + Hash> WorkQueue<K> {
                 started: HashMap::new(),
                 waits: Vec::new(),
                 adds: 0,
+                first: HashSet::new(),
             }),
             notify: Notify::new(),
         }
@@ -217,10 +221,15 @@ impl<K: Clone + Eq + Hash> WorkQueue<K> {
         if let Some(at) = s.due.remove(&key) {
             s.waiting.remove(&at);
         }
+        let first = s.first.remove(&key);
         if s.queued.insert(key.clone()) {
             s.adds += 1;
             s.ready_since.insert(key.clone(), Instant::now());
-            s.ready.push_back(key);
+            if first {
+                s.ready.push_front(key);
+            } else {
+                s.ready.push_back(key);
+            }
         }
     }
 
@@ -242,6 +251,33 @@ impl<K: Clone + Eq + Hash> WorkQueue<K> {
     /// Adds a key after `delay`, unless it is ready or due sooner already. Like a trigger
     /// without news, it does not cut a backoff short. A key that comes due while it is being
     /// processed is processed again once it is done.
+    /// A trigger for work that every other key's work depends on or makes redundant (one bulk
+    /// pass over every load balancer's hosts): it goes ahead of every ready key, instead of
+    /// behind a backlog of them; while in process, it runs again first once done. Like
+    /// [`WorkQueue::add`], it does not cut a backoff short.
+    pub fn add_first(&self, key: K) {
+        let mut s = self.lock();
+        if s.shutdown || (s.failures.contains_key(&key) && s.due.contains_key(&key)) {
+            return;
+        }
+        if s.processing.contains(&key) {
+            s.dirty.entry(key.clone()).or_insert(None);
+            s.first.insert(key);
+            return;
+        }
+        if s.queued.contains(&key) {
+            if let Some(at) = s.ready.iter().position(|k| k == &key) {
+                s.ready.remove(at);
+                s.ready.push_front(key);
+            }
+        } else {
+            s.first.insert(key.clone());
+            Self::make_ready(&mut s, key);
+        }
+        drop(s);
+        self.notify.notify_one();
+    }
+
     pub fn add_after(&self, key: K, delay: Duration) {
         let mut s = self.lock();
         if s.shutdown || s.queued.contains(&key) {
@@ -389,6 +425,7 @@ impl<K: Clone + Eq + Hash> WorkQueue<K> {
             s.ready.retain(|k| k != key);
         }
         s.ready_since.remove(key);
+        s.first.remove(key);
     }
 
     /// How long each key taken since the last call had waited in the queue.
@@ -468,6 +505,38 @@ mod tests {
         assert_eq!(q.next().await, Some("b"), "a delayed key comes due");
         assert_eq!(q.take_adds(), 1, "and is counted then");
         assert_eq!(q.take_adds(), 0);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_key_added_first_goes_ahead_of_a_backlog_and_again_after_it_ran() {
+        let q = queue();
+        for k in ["a", "b", "c"] {
+            q.add(k);
+        }
+        q.add_first("hosts");
+        assert_eq!(q.next().await, Some("hosts"));
+        q.add_first("hosts"); // in process: again once done, ahead of the rest
+        q.add("d");
+        q.done(&"hosts", Outcome::Success);
+        assert_eq!(q.next().await, Some("hosts"));
+        q.done(&"hosts", Outcome::Success);
+        // Queued already, behind others: moved ahead, not queued twice.
+        q.add("hosts");
+        q.add_first("hosts");
+        assert_eq!(q.next().await, Some("hosts"));
+        q.done(&"hosts", Outcome::Success);
+        for want in ["a", "b", "c", "d"] {
+            assert_eq!(q.next().await, Some(want));
+        }
+        assert_eq!(next_within(&q, Duration::from_secs(1)).await, None);
+        // In backoff: no news, no jump.
+        q.add_first("hosts");
+        assert_eq!(q.next().await, Some("hosts"));
+        q.done(&"hosts", Outcome::Retry { fingerprint: None, retry_after: None });
+        q.add("e");
+        q.add_first("hosts");
+        assert_eq!(q.next().await, Some("e"));
+        assert_eq!(next_within(&q, Duration::from_secs(1)).await, None, "hosts waits out its backoff");
     }
 
     #[tokio::test(start_paused = true)]

@@ -552,6 +552,67 @@ async fn a_bulk_provider_gets_one_call_for_every_load_balancer_and_a_failed_item
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_change_reaches_made_load_balancers_in_bulk_ahead_of_a_backlog_of_services() {
+    // Twelve Services wait to be made (two workers, 2 s a load balancer: some 12 s of work)
+    // when a Node joins. The two load balancers made already follow it in one bulk call at
+    // once: not after the backlog, and not each by its own call when its Service (touched
+    // meanwhile, so queued behind the backlog) comes up. Seen at 20,000 Nodes: 757 single
+    // calls while 5000 load balancers were made, and minutes of node-change latency.
+    let cp = ccm_harness::shared().expect("control plane");
+    let (env, [n1, n2, _], sim) = bulk_hosts_world(cp, "lbfirst").await;
+    let mut flags = service_flags(&env);
+    flags.push("--concurrent-service-syncs=2".into());
+    let core = start(cp, &env, &sim, &flags);
+    let made = ["web-a", "web-b"];
+    for s in made {
+        create_load_balancer_service(&env, s, &[80]).await.expect("service");
+    }
+    eventually("two Services addressed", Duration::from_secs(20), async || {
+        for s in made {
+            let svc = env.services().get_opt(s).await.ok().flatten()?;
+            load_balancer_ip(&svc)?;
+        }
+        Some(())
+    })
+    .await;
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let fault = Fault { method: "EnsureLoadBalancer".into(), delay_ms: Some(2000), ..Default::default() };
+    sim.admin.set_faults(&[fault]).await.expect("fault");
+    for i in 0..12 {
+        create_load_balancer_service(&env, &format!("slow-{i}"), &[80]).await.expect("service");
+    }
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    for s in made {
+        let patch = serde_json::json!({ "metadata": { "labels": { "touched": "yes" } } });
+        env.services().patch(s, &PatchParams::default(), &Patch::Merge(&patch)).await.expect("touch");
+    }
+    let single = async || sim.admin.call_count("LoadBalancersService/UpdateLoadBalancerHosts").await.expect("calls");
+    let batch = async || sim.admin.call_count("LoadBalancersService/BatchUpdateLoadBalancerHosts").await.expect("calls");
+    let batches_before = batch().await;
+    let joined = std::time::Instant::now();
+    backend_node(&env, &n2, "i-2").await;
+    let both = vec![n1.clone(), n2.clone()];
+    eventually("the two load balancers made on both nodes", Duration::from_secs(30), async || {
+        for s in made {
+            if lb_of(&sim, s).await?.nodes != both {
+                return None;
+            }
+        }
+        Some(())
+    })
+    .await;
+    let took = joined.elapsed();
+    let (singles, batches) = (single().await, batch().await - batches_before);
+    assert_eq!(singles, 0, "the made load balancers followed the node by single calls, not the bulk pass");
+    assert!(batches >= 1, "no BatchUpdateLoadBalancerHosts");
+    assert!(took < Duration::from_secs(6), "the node change waited {took:?} behind the backlog");
+    let slow = lbs(&sim).await.len();
+    assert!(slow < 14, "the backlog was done before the node change arrived ({slow} load balancers): no test");
+    core.stop().await.expect("stop");
+    env.cleanup().await.expect("cleanup");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_load_balancer_slower_to_make_than_the_call_timeout_is_made_by_one_call() {
     // The cloud takes 3 s to make a load balancer; reads time out after 1 s. The Ensure has
     // the mutation deadline (--provider-mutation-timeout), so it is made by one call, not
