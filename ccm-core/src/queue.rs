@@ -248,9 +248,6 @@ impl<K: Clone + Eq + Hash> WorkQueue<K> {
         s.started.insert(key.clone(), now);
     }
 
-    /// Adds a key after `delay`, unless it is ready or due sooner already. Like a trigger
-    /// without news, it does not cut a backoff short. A key that comes due while it is being
-    /// processed is processed again once it is done.
     /// A trigger for work that every other key's work depends on or makes redundant (one bulk
     /// pass over every load balancer's hosts): it goes ahead of every ready key, instead of
     /// behind a backlog of them; while in process, it runs again first once done. Like
@@ -278,6 +275,9 @@ impl<K: Clone + Eq + Hash> WorkQueue<K> {
         self.notify.notify_one();
     }
 
+    /// Adds a key after `delay`, unless it is ready or due sooner already. Like a trigger
+    /// without news, it does not cut a backoff short. A key that comes due while it is being
+    /// processed is processed again once it is done.
     pub fn add_after(&self, key: K, delay: Duration) {
         let mut s = self.lock();
         if s.shutdown || s.queued.contains(&key) {

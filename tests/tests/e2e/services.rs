@@ -477,6 +477,18 @@ async fn a_naming_change_keeps_load_balancers_unless_renaming_is_allowed() {
     env.cleanup().await.expect("cleanup");
 }
 
+/// Waits until every one of the Services `names` has an ingress address.
+async fn all_addressed(env: &TestEnv, names: &[&str]) {
+    eventually("the Services addressed", Duration::from_secs(20), async || {
+        for s in names {
+            let svc = env.services().get_opt(s).await.ok().flatten()?;
+            load_balancer_ip(&svc)?;
+        }
+        Some(())
+    })
+    .await;
+}
+
 /// A sim that updates hosts in bulk, with three instances for Nodes n1, n2 and n3, of which
 /// only n1 is a backend Node yet.
 async fn bulk_hosts_world(cp: &ccm_harness::ControlPlane, label: &str) -> (TestEnv, [String; 3], Sim) {
@@ -511,14 +523,7 @@ async fn a_bulk_provider_gets_one_call_for_every_load_balancer_and_a_failed_item
     eventually("four load balancers on one node", Duration::from_secs(20), async || all(vec![n1.clone()]).await).await;
     // Each Service's own writes (finalizer, ingress) done and their watch events through, so
     // that no Service's own sync (which updates its hosts alone) meets the node changes below.
-    eventually("four Services addressed", Duration::from_secs(20), async || {
-        for s in names {
-            let svc = env.services().get_opt(s).await.ok().flatten()?;
-            load_balancer_ip(&svc)?;
-        }
-        Some(())
-    })
-    .await;
+    all_addressed(&env, &names).await;
     tokio::time::sleep(Duration::from_secs(1)).await;
     // One load balancer's item of every bulk call fails (INTERNAL, not transient): it alone
     // takes the single call.
@@ -567,14 +572,7 @@ async fn a_node_change_reaches_made_load_balancers_in_bulk_ahead_of_a_backlog_of
     for s in made {
         create_load_balancer_service(&env, s, &[80]).await.expect("service");
     }
-    eventually("two Services addressed", Duration::from_secs(20), async || {
-        for s in made {
-            let svc = env.services().get_opt(s).await.ok().flatten()?;
-            load_balancer_ip(&svc)?;
-        }
-        Some(())
-    })
-    .await;
+    all_addressed(&env, &made).await;
     tokio::time::sleep(Duration::from_secs(1)).await;
     let fault = Fault { method: "EnsureLoadBalancer".into(), delay_ms: Some(2000), ..Default::default() };
     sim.admin.set_faults(&[fault]).await.expect("fault");
