@@ -270,9 +270,11 @@ async fn the_chart_and_the_kustomize_bases_run_on_real_kubelets() {
     let chart = deploy_dir().join("helm/ccm-rs").display().to_string();
     let values = helm_values(cluster, work.path()).display().to_string();
     let ips: Vec<String> = cluster.nodes.iter().map(|n| n.ip.to_string()).collect();
-    // To work on one phase alone (not in CI): CCM_E2E_REAL_CLUSTER_PHASE=hybrid.
-    if std::env::var("CCM_E2E_REAL_CLUSTER_PHASE").as_deref() == Ok("hybrid") {
-        return hybrid_on_real_kubelets(cluster, &helm_bin, &chart, work.path()).await;
+    // To work on one phase alone (not in CI): CCM_E2E_REAL_CLUSTER_PHASE=hybrid or aws.
+    match std::env::var("CCM_E2E_REAL_CLUSTER_PHASE").as_deref() {
+        Ok("hybrid") => return hybrid_on_real_kubelets(cluster, &helm_bin, &chart, work.path()).await,
+        Ok("aws") => return aws_on_real_kubelets(cluster, &helm_bin, &chart, work.path()).await,
+        _ => {}
     }
 
     // === Helm ===
@@ -1035,11 +1037,32 @@ async fn aws_on_real_kubelets(cluster: &KubeletCluster, helm_bin: &Path, chart: 
     };
     let mut every = ids.clone();
     every.sort();
-    let before = eventually("AWS: every instance registered", Duration::from_secs(60), async || {
-        let list = registered().await;
-        (list == every).then_some(list)
-    })
-    .await;
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let before = loop {
+        let last = registered().await;
+        if last == every {
+            break last;
+        }
+        if Instant::now() >= deadline {
+            // What an operator would look at: the Nodes, the cloud's ELBs and both pods' logs.
+            let elbs = moto.query("elbs").await.map(|v| v.to_string()).unwrap_or_else(|e| e.to_string());
+            let mut logs =
+                cluster.kubectl(&["-n", "kube-system", "logs", "-l", CORE_PODS, "--all-containers", "--prefix", "--tail=300"]);
+            let mut wide = cluster.kubectl(&["get", "nodes", "-o", "wide", "--show-labels"]);
+            let show = |cmd: &mut std::process::Command| {
+                cmd.output().map_or_else(
+                    |e| e.to_string(),
+                    |o| format!("{}{}", String::from_utf8_lossy(&o.stdout), String::from_utf8_lossy(&o.stderr)),
+                )
+            };
+            panic!(
+                "AWS: after 60 s the ELB has instances {last:?}, not {every:?}\nELBs: {elbs}\nnodes:\n{}\nlogs:\n{}",
+                show(&mut wide),
+                show(&mut logs)
+            );
+        }
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    };
 
     // KEP-3458: the cluster autoscaler's taint on a Node does not take its instance out of the
     // ELB (connections drain through kube-proxy's health check until the Node is deleted).
