@@ -611,6 +611,68 @@ async fn a_node_change_reaches_made_load_balancers_in_bulk_ahead_of_a_backlog_of
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn load_balancers_given_pods_follow_a_node_change_in_bulk_too() {
+    // A provider that updates hosts in bulk and forwards to pods: load balancers without node
+    // ports (given their Services' ready pods) follow a node change in the bulk call with the
+    // others, not each by its own call, and keep their pods.
+    use k8s_openapi::api::discovery::v1::EndpointSlice;
+    let cp = ccm_harness::shared().expect("control plane");
+    let env = TestEnv::new(cp.client().await.expect("client"), "epsbulk").await.expect("env");
+    let (n1, n2) = (env.node_name("n1"), env.node_name("n2"));
+    let mut config = Config::default();
+    config.load_balancers.bulk_hosts = true;
+    config.load_balancers.pod_endpoints = true;
+    config.instances.push(instance("i-1", &n1, "sim-region-1a"));
+    config.instances.push(instance("i-2", &n2, "sim-region-1a"));
+    let sim = Sim::start(config).await;
+    backend_node(&env, &n1, "i-1").await;
+    let core = start(cp, &env, &sim, &service_flags(&env));
+    let slices: Api<EndpointSlice> = Api::namespaced(env.client.clone(), &env.namespace);
+    let names = ["web-a", "web-b"];
+    for (i, name) in names.iter().enumerate() {
+        let pod = format!("10.244.1.{}", i + 5);
+        slices.create(&PostParams::default(), &endpoint_slice(&format!("{name}-1"), name, &[(&pod, true)])).await.expect("slice");
+        let svc: Service = serde_json::from_value(serde_json::json!({
+            "metadata": {"name": name},
+            "spec": {"type": "LoadBalancer", "allocateLoadBalancerNodePorts": false, "selector": {"app": name},
+                     "ports": [{"port": 80, "targetPort": 8080, "protocol": "TCP"}]}
+        }))
+        .expect("service");
+        env.services().create(&PostParams::default(), &svc).await.expect("service");
+    }
+    let pods = |name: &str| vec![format!("80:10.244.1.{}:8080", if name == "web-a" { 5 } else { 6 })];
+    let on = async |nodes: &[String]| {
+        for name in names {
+            let lb = lb_of(&sim, name).await?;
+            if lb.nodes != nodes || lb.port_endpoints != pods(name) {
+                return None;
+            }
+        }
+        Some(())
+    };
+    eventually("both load balancers with their pods on one node", Duration::from_secs(20), async || {
+        on(std::slice::from_ref(&n1)).await
+    })
+    .await;
+    all_addressed(&env, &names).await;
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let single = async || sim.admin.call_count("LoadBalancersService/UpdateLoadBalancerHosts").await.expect("calls");
+    let batch = async || sim.admin.call_count("LoadBalancersService/BatchUpdateLoadBalancerHosts").await.expect("calls");
+    let ensure = async || sim.admin.call_count("LoadBalancersService/EnsureLoadBalancer").await.expect("calls");
+    let (singles, batches, ensures) = (single().await, batch().await, ensure().await);
+
+    backend_node(&env, &n2, "i-2").await;
+    let both = [n1.clone(), n2.clone()];
+    eventually("both load balancers with their pods on both nodes", Duration::from_secs(10), async || on(&both).await).await;
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    assert_eq!(single().await - singles, 0, "load balancers given pods followed the node by single calls");
+    assert_eq!(ensure().await - ensures, 0, "a node change made a full Ensure");
+    assert!(batch().await - batches >= 1, "no BatchUpdateLoadBalancerHosts");
+    core.stop().await.expect("stop");
+    env.cleanup().await.expect("cleanup");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_load_balancer_slower_to_make_than_the_call_timeout_is_made_by_one_call() {
     // The cloud takes 3 s to make a load balancer; reads time out after 1 s. The Ensure has
     // the mutation deadline (--provider-mutation-timeout), so it is made by one call, not

@@ -17,10 +17,7 @@ use k8s_openapi::api::core::v1::{Node, Service};
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
-use super::{
-    Ensured, Key, NAME, ServiceController, SyncError, has_finalizer, has_ingress, provider_fingerprint, service_key,
-    source_ranges,
-};
+use super::{Ensured, Key, NAME, ServiceController, SyncError, has_finalizer, has_ingress, service_key, source_ranges};
 use crate::controllers::Context;
 use crate::events::{EventType, reason};
 use crate::informer::Change;
@@ -327,7 +324,7 @@ impl ServiceController {
 
     /// After the node set changed, with a provider that updates hosts in bulk: one
     /// BatchUpdateLoadBalancerHosts per 500 load balancers whose Service is as it was last
-    /// ensured under its recorded name. Every other Service (not ensured yet, changed, being
+    /// ensured under its recorded name (its spec and, when it is given pods, its pods). Every other Service (not ensured yet, changed, being
     /// renamed, or with no backend left, which keeps its hosts) takes its own reconcile, and
     /// so does each load balancer whose item failed: at once when it failed for good, after
     /// the item's RetryInfo (or the first backoff) when transiently, then with its own
@@ -360,7 +357,7 @@ impl ServiceController {
                 (state.ensured.get(&k).copied(), state.names.get(uid).cloned())
             };
             let ranges = source_ranges(&svc);
-            let as_ensured = last.is_some_and(|e| e.spec == provider_fingerprint(&svc))
+            let as_ensured = last.is_some_and(|e| e.spec == self.ensured_spec(&svc))
                 && has_finalizer(&svc)
                 && name.is_some()
                 && super::naming::recorded_name(&svc) == name.as_deref()
