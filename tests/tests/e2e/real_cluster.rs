@@ -38,6 +38,14 @@ fn run(mut cmd: std::process::Command, what: &str) -> String {
     String::from_utf8_lossy(&out.stdout).into_owned()
 }
 
+/// What `cmd` printed (stdout then stderr), or why it could not run: for a failure's report.
+fn printed(mut cmd: std::process::Command) -> String {
+    cmd.output().map_or_else(
+        |e| e.to_string(),
+        |o| format!("{}{}", String::from_utf8_lossy(&o.stdout), String::from_utf8_lossy(&o.stderr)),
+    )
+}
+
 /// Helm values for the test: the sim's inventory of the real nodes, routes, and the sim's
 /// admin API on each sidecar's node address (to read the cloud's state).
 fn helm_values(cluster: &KubeletCluster, dir: &Path) -> PathBuf {
@@ -685,10 +693,8 @@ async fn hybrid_on_real_kubelets(cluster: &KubeletCluster, helm_bin: &Path, char
         let core_logs =
             cluster.kubectl(&["-n", "kube-system", "logs", "deploy/cloud-controller-manager", "--all-containers", "--tail=80"]);
         move || {
-            for (mut cmd, what) in [(cluster_nodes, "nodes"), (core_logs, "core logs")] {
-                let out =
-                    cmd.output().map(|o| String::from_utf8_lossy(&o.stdout).into_owned() + &String::from_utf8_lossy(&o.stderr));
-                eprintln!("hybrid: {what}:\n{}", out.unwrap_or_else(|e| e.to_string()));
+            for (cmd, what) in [(cluster_nodes, "nodes"), (core_logs, "core logs")] {
+                eprintln!("hybrid: {what}:\n{}", printed(cmd));
             }
         }
     };
@@ -1046,19 +1052,13 @@ async fn aws_on_real_kubelets(cluster: &KubeletCluster, helm_bin: &Path, chart: 
         if Instant::now() >= deadline {
             // What an operator would look at: the Nodes, the cloud's ELBs and both pods' logs.
             let elbs = moto.query("elbs").await.map(|v| v.to_string()).unwrap_or_else(|e| e.to_string());
-            let mut logs =
+            let logs =
                 cluster.kubectl(&["-n", "kube-system", "logs", "-l", CORE_PODS, "--all-containers", "--prefix", "--tail=300"]);
-            let mut wide = cluster.kubectl(&["get", "nodes", "-o", "wide", "--show-labels"]);
-            let show = |cmd: &mut std::process::Command| {
-                cmd.output().map_or_else(
-                    |e| e.to_string(),
-                    |o| format!("{}{}", String::from_utf8_lossy(&o.stdout), String::from_utf8_lossy(&o.stderr)),
-                )
-            };
+            let wide = cluster.kubectl(&["get", "nodes", "-o", "wide", "--show-labels"]);
             panic!(
                 "AWS: after 60 s the ELB has instances {last:?}, not {every:?}\nELBs: {elbs}\nnodes:\n{}\nlogs:\n{}",
-                show(&mut wide),
-                show(&mut logs)
+                printed(wide),
+                printed(logs)
             );
         }
         tokio::time::sleep(Duration::from_millis(500)).await;

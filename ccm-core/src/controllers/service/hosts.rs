@@ -324,13 +324,14 @@ impl ServiceController {
 
     /// After the node set changed, with a provider that updates hosts in bulk: one
     /// BatchUpdateLoadBalancerHosts per 500 load balancers whose Service is as it was last
-    /// ensured under its recorded name (its spec and, when it is given pods, its pods). Every other Service (not ensured yet, changed, being
-    /// renamed, or with no backend left, which keeps its hosts) takes its own reconcile, and
-    /// so does each load balancer whose item failed: at once when it failed for good, after
-    /// the item's RetryInfo (or the first backoff) when transiently, then with its own
-    /// per-key backoff. Only a failure of the whole call retries the pass: one failing load
-    /// balancer must not hold back the others' next node change (the shared key's backoff
-    /// grows to minutes and a node change cannot cut it short).
+    /// ensured under its recorded name (its spec and, when it is given pods, its pods). Every
+    /// other Service (not ensured yet, changed, being renamed, or with no backend left, which
+    /// keeps its hosts) takes its own reconcile, and so does each load balancer whose item
+    /// failed: at once when it failed for good, after the item's RetryInfo (or the first
+    /// backoff) when transiently, then with its own per-key backoff. Only a failure of the
+    /// whole call retries the pass: one failing load balancer must not hold back the others'
+    /// next node change (the shared key's backoff grows to minutes and a node change cannot
+    /// cut it short).
     pub(super) async fn update_all_hosts(&self) -> Outcome {
         let Some(identity) = self.ctx.provider.identity() else {
             return Outcome::of_provider_error(None, &Error::unavailable("provider not ready"));
