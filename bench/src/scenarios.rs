@@ -70,6 +70,15 @@ pub(crate) fn rss_mib_of(pid: u32) -> (f64, f64) {
     (kb("VmRSS:"), kb("VmHWM:"))
 }
 
+/// Sends SIG`signal` to the children of `pid` (a wrapper's core), if any.
+fn signal_children(pid: u32, signal: &str) {
+    let _ = std::process::Command::new("pkill")
+        .args([format!("-{signal}"), "-P".into(), pid.to_string()])
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .status();
+}
+
 /// A core process.
 pub(crate) struct CoreProcess {
     child: tokio::process::Child,
@@ -103,13 +112,28 @@ impl CoreProcess {
 
     /// Kills it (SIGKILL: nothing is released) and reaps it.
     pub(crate) async fn kill(mut self) {
+        signal_children(self.pid, "KILL");
         let _ = self.child.kill().await;
     }
 
+    /// Stops it (SIGTERM, then SIGKILL after 15 s). A core run under `CCM_BENCH_CORE_WRAPPER`
+    /// is the wrapper's child: it is stopped first, so the wrapper (a profiler) ends and
+    /// writes what it recorded, and no core outlives the run.
     pub(crate) async fn stop(mut self) {
+        signal_children(self.pid, "TERM");
         let _ = tokio::process::Command::new("kill").args(["-TERM", &self.pid.to_string()]).status().await;
         if tokio::time::timeout(Duration::from_secs(15), self.child.wait()).await.is_err() {
             let _ = self.child.kill().await;
+        }
+    }
+}
+
+/// A core dropped while running (a run that failed) takes a wrapper's core with it, as
+/// `kill_on_drop` takes the process itself.
+impl Drop for CoreProcess {
+    fn drop(&mut self) {
+        if matches!(self.child.try_wait(), Ok(None)) {
+            signal_children(self.pid, "KILL");
         }
     }
 }
