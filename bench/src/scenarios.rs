@@ -70,15 +70,6 @@ pub(crate) fn rss_mib_of(pid: u32) -> (f64, f64) {
     (kb("VmRSS:"), kb("VmHWM:"))
 }
 
-/// Sends SIG`signal` to the children of `pid` (a wrapper's core), if any.
-fn signal_children(pid: u32, signal: &str) {
-    let _ = std::process::Command::new("pkill")
-        .args([format!("-{signal}"), "-P".into(), pid.to_string()])
-        .stdout(std::process::Stdio::null())
-        .stderr(std::process::Stdio::null())
-        .status();
-}
-
 /// A core process.
 pub(crate) struct CoreProcess {
     child: tokio::process::Child,
@@ -100,14 +91,16 @@ impl CoreProcess {
         Ok(self.child.try_wait()?)
     }
 
-    /// CPU seconds (user + system) so far.
+    /// CPU seconds (user + system) so far: a wrapper's and its core's together.
     pub(crate) fn cpu_seconds(&self) -> f64 {
-        cpu_seconds_of(self.pid)
+        cpu_seconds_of(self.pid) + children_of(self.pid).into_iter().map(cpu_seconds_of).sum::<f64>()
     }
 
-    /// (current, peak) resident memory in MiB.
+    /// (current, peak) resident memory in MiB: the core's, not its wrapper's (a profiler's
+    /// own memory in the core's process counts).
     pub(crate) fn rss_mib(&self) -> (f64, f64) {
-        rss_mib_of(self.pid)
+        let core = children_of(self.pid).into_iter().map(rss_mib_of).max_by(|a, b| a.1.total_cmp(&b.1));
+        core.unwrap_or_else(|| rss_mib_of(self.pid))
     }
 
     /// Kills it (SIGKILL: nothing is released) and reaps it.
@@ -117,15 +110,36 @@ impl CoreProcess {
     }
 
     /// Stops it (SIGTERM, then SIGKILL after 15 s). A core run under `CCM_BENCH_CORE_WRAPPER`
-    /// is the wrapper's child: it is stopped first, so the wrapper (a profiler) ends and
-    /// writes what it recorded, and no core outlives the run.
+    /// is the wrapper's child: the core is stopped and the wrapper (a profiler) left to end
+    /// by itself and write what it recorded, so that no core outlives the run.
     pub(crate) async fn stop(mut self) {
-        signal_children(self.pid, "TERM");
-        let _ = tokio::process::Command::new("kill").args(["-TERM", &self.pid.to_string()]).status().await;
+        if !signal_children(self.pid, "TERM") {
+            let _ = tokio::process::Command::new("kill").args(["-TERM", &self.pid.to_string()]).status().await;
+        }
         if tokio::time::timeout(Duration::from_secs(15), self.child.wait()).await.is_err() {
+            signal_children(self.pid, "KILL");
             let _ = self.child.kill().await;
         }
     }
+}
+
+/// Sends SIG`signal` to the children of `pid` (a wrapper's core); whether there were any.
+fn signal_children(pid: u32, signal: &str) -> bool {
+    std::process::Command::new("pkill")
+        .args([format!("-{signal}"), "-P".into(), pid.to_string()])
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .status()
+        .is_ok_and(|s| s.success())
+}
+
+/// The children of `pid`: a wrapper's core.
+fn children_of(pid: u32) -> Vec<u32> {
+    std::fs::read_to_string(format!("/proc/{pid}/task/{pid}/children"))
+        .unwrap_or_default()
+        .split_whitespace()
+        .filter_map(|c| c.parse().ok())
+        .collect()
 }
 
 /// A core dropped while running (a run that failed) takes a wrapper's core with it, as
