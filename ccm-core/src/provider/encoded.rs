@@ -5,7 +5,8 @@
 //! each attempt) was most of the service controller's CPU. Here the node set is encoded once
 //! into protobuf bytes, and each request is its own small fields followed by those bytes: the
 //! same wire format (fields may come in any order; a repeated field's entries are concatenated),
-//! decoded by the provider as the generated message.
+//! decoded by the provider as the generated message. Every call in flight sends those same
+//! bytes, not a copy of them ([`unary`]).
 
 use bytes::{BufMut, Bytes};
 use ccm_proto::v1 as pb;
