@@ -98,6 +98,7 @@ impl<M> WithNodes<M> {
     }
 }
 
+#[cfg(test)]
 impl<M: Message> WithNodes<M> {
     /// The message as it goes on the wire (without gRPC's frame header): its head's fields,
     /// then the node set.
