@@ -89,6 +89,11 @@ pub fn pod_cidrs(node: &Node) -> Vec<String> {
     }
 }
 
+/// Whether the Node has a podCIDR (as [`pod_cidrs`] reads them, without copying them).
+pub fn has_pod_cidrs(node: &Node) -> bool {
+    node.spec.as_ref().is_some_and(|s| s.pod_cidrs.as_ref().is_some_and(|c| !c.is_empty()) || s.pod_cidr.is_some())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -374,7 +374,9 @@ pub struct Options {
     pub node_cidr_mask_size_ipv6: Option<u8>,
 
     /// The shortest interval between two full route reconciles. Node changes trigger
-    /// reconciles (there is no timer); changes within this interval share one.
+    /// reconciles (there is no timer); changes within this interval share one. In a large
+    /// cluster the interval is longer: 19 times the last reconcile's own computation (about
+    /// 30 ms at 20,000 Nodes), so that reconciles take at most a twentieth of a CPU.
     #[arg(long, value_name = "DURATION", default_value = "500ms", value_parser = parse_duration)]
     pub route_min_interval: Duration,
 

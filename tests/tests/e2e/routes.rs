@@ -225,6 +225,56 @@ async fn a_burst_costs_a_handful_of_reconciles_and_steady_state_lists_nothing() 
     env.cleanup().await.expect("cleanup");
 }
 
+/// Nodes that join without podCIDRs (before IPAM gives them one) want no route: a join of
+/// many costs no reconcile over every Node, and neither does their deletion; a podCIDR given
+/// later gets its route at once, and a Node with routes that goes takes them with it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn nodes_without_pod_cidrs_cost_no_reconcile() {
+    let cp = ccm_harness::shared().expect("control plane");
+    let env = TestEnv::new(cp.client().await.expect("client"), "nocidr").await.expect("env");
+    let a = env.node_name("a");
+    let names: Vec<String> = (0..30).map(|i| env.node_name(&format!("j{i:02}"))).collect();
+    let mut config = Config::default();
+    config.instances.push(instance("i-a", &a, "sim-region-1a"));
+    for (i, n) in names.iter().enumerate() {
+        config.instances.push(instance(&format!("i-j{i}"), n, "sim-region-1a"));
+    }
+    let sim = Sim::start(config).await;
+    node(&env, &a, &["10.244.1.0/24"]).await;
+    let port = free_port();
+    let flags = route_flags(&env, &[&format!("--secure-port={port}"), "--insecure-serving", "--bind-address=127.0.0.1"]);
+    let core = start(cp, &env, &sim, &flags);
+    let base = core.health.clone().expect("health");
+    eventually("a's route", Duration::from_secs(20), async || (routes(&sim, &env.prefix).await.len() == 1).then_some(())).await;
+    tokio::time::sleep(Duration::from_secs(1)).await;
+
+    // They join over 3 s: a reconcile each `--route-min-interval` (500 ms) if they counted.
+    // (Other tests' Nodes that go, with podCIDRs, may count: they are evidence for routes.)
+    let syncs = async || metric(&base, "ccm_route_syncs_total").await.expect("metric");
+    let before = syncs().await;
+    for n in &names {
+        node(&env, n, &[]).await;
+        ccm_harness::cluster::set_ready(&env.client, n, "True").await.expect("ready");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    env.nodes().delete(&names[29], &DeleteParams::default()).await.expect("delete");
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let took = syncs().await - before;
+    assert!(took <= 2.0, "30 Nodes joining without podCIDRs (and one leaving) took {took} reconciles");
+
+    // One of them gets a podCIDR: its route, at once; a goes, and its route with it.
+    let patch = serde_json::json!({ "spec": { "podCIDR": "10.244.2.0/24", "podCIDRs": ["10.244.2.0/24"] } });
+    env.nodes().patch(&names[0], &PatchParams::default(), &Patch::Merge(&patch)).await.expect("podCIDR");
+    env.nodes().delete(&a, &DeleteParams::default()).await.expect("delete a");
+    let want = set(&[("rt-main", "10.244.2.0/24", &names[0])]);
+    eventually("the new Node's route, and a's gone", Duration::from_secs(10), async || {
+        (routes(&sim, &env.prefix).await == want).then_some(())
+    })
+    .await;
+    core.stop().await.expect("stop");
+    env.cleanup().await.expect("cleanup");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_full_table_creates_what_fits_and_does_not_loop() {
     let cp = ccm_harness::shared().expect("control plane");
