@@ -214,13 +214,29 @@ pub fn fit_files(files: &[PathBuf], core: Option<&str>, assumed_qps: f64) -> any
         }
     }
     let (first, last) = (&points[0], &points[points.len() - 1]);
-    for (what, a, b) in [
-        ("CPU per Node initialised", first.cpu_ms_per_node_initialised, last.cpu_ms_per_node_initialised),
-        ("CPU per load balancer update", first.cpu_ms_per_load_balancer_update, last.cpu_ms_per_load_balancer_update),
+    // A Node initialised and a route created are the same work at any size: the largest
+    // size's cost is held to the cheapest smaller size's (the smallest one carries the
+    // start's fixed costs, and comparing with it alone hid a per-Node cost growing with the
+    // Nodes). A load balancer update carries every Node, so its cost may grow with them.
+    let cheapest = |f: fn(&Point) -> f64| {
+        points[..points.len() - 1].iter().map(|p| (f(p), p.nodes)).filter(|(v, _)| *v > 0.0).min_by(|a, b| a.0.total_cmp(&b.0))
+    };
+    for (what, f) in [
+        ("CPU per Node initialised", (|p: &Point| p.cpu_ms_per_node_initialised) as fn(&Point) -> f64),
+        ("CPU per route created", |p: &Point| p.cpu_ms_per_route_created),
     ] {
-        if b > 1.5 * a {
-            worse.push(format!("{what}: {b:.2} ms at {} Nodes against {a:.2} ms at {} Nodes", last.nodes, first.nodes));
+        if let Some((a, at)) = cheapest(f)
+            && f(last) > 1.25 * a
+        {
+            worse.push(format!("{what}: {:.2} ms at {} Nodes against {a:.2} ms at {at} Nodes", f(last), last.nodes));
         }
+    }
+    let (a, b) = (first.cpu_ms_per_load_balancer_update, last.cpu_ms_per_load_balancer_update);
+    if b > 1.5 * a {
+        worse.push(format!(
+            "CPU per load balancer update: {b:.2} ms at {} Nodes against {a:.2} ms at {} Nodes",
+            last.nodes, first.nodes
+        ));
     }
     let ratio = join_over_floor.iter().copied().filter(|r| r.is_finite()).fold(f64::NAN, f64::max);
     let services = last.services;
@@ -578,6 +594,35 @@ mod tests {
         let quadratic: Vec<Point> =
             points.iter().map(|q| p(q.nodes, q.services, 20.0 + (q.nodes / 1000.0).powi(2), 1.0, 1.0)).collect();
         assert!(fit(&quadratic, |p| p.rss_steady_mib, true).largest_over_smaller_fit > 1.15);
+    }
+
+    #[test]
+    fn a_cost_per_node_initialised_that_grows_with_the_nodes_is_flagged() {
+        let dir = tempfile::tempdir().expect("dir");
+        let fit_of = |per_node: [f64; 4]| {
+            let mut files = Vec::new();
+            for ((n, s), cpu) in [(1000, 200), (5000, 5000), (10_000, 5000), (20_000, 5000)].into_iter().zip(per_node) {
+                let report = serde_json::json!({
+                    "nodes": n, "services": s, "kube_api_qps": 200.0,
+                    "floors": { "join_seconds": 2.0 * f64::from(n) / 200.0 },
+                    "cores": { "rust": {
+                        "rss_steady_mib": 30.0 + f64::from(n) / 256.0, "rss_peak_mib": 35.0 + f64::from(n) / 256.0,
+                        "per_unit": { "node_initialised": cpu, "load_balancer_made": 3.0, "route_created": 0.15, "load_balancer_update": 0.1 },
+                        "join_seconds": 2.0 * f64::from(n) / 200.0 * 1.02, "steady_cloud_calls_per_hour": 24.0
+                    } }
+                });
+                let path = dir.path().join(format!("{n}.json"));
+                std::fs::write(&path, report.to_string()).expect("write");
+                files.push(path);
+            }
+            fit_files(&files, None, 200.0).expect("fit").worse_than_linear
+        };
+        // The figures of 2026-12-06 before the route reconciles stopped following joins.
+        let grows = fit_of([1.12, 0.93, 1.21, 1.66]);
+        assert!(grows.iter().any(|w| w.contains("CPU per Node initialised")), "{grows:?}");
+        // Flat but for the smallest size's fixed costs, and noise.
+        let flat = fit_of([1.12, 0.93, 0.98, 1.05]);
+        assert!(flat.is_empty(), "{flat:?}");
     }
 
     #[test]

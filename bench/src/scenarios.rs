@@ -367,6 +367,10 @@ pub async fn run_core(cp: &ControlPlane, args: &Args, core: &str, peer: Option<&
     bench.churn(&mut f).await?;
     f.churn_cpu_seconds = lap(&process);
     let per = |cpu: f64, units: usize| cpu * 1000.0 / units.max(1) as f64;
+    eprintln!(
+        "   CPU: join {:.1} s, load balancers {:.1} s, routes {:.1} s, churn {:.1} s",
+        f.join_cpu_seconds, f.lb_cpu_seconds, f.routes_cpu_seconds, f.churn_cpu_seconds
+    );
     f.per_unit = PerUnit {
         node_initialised: per(f.join_cpu_seconds, args.nodes),
         load_balancer_made: per(f.lb_cpu_seconds, args.services),
