@@ -375,8 +375,8 @@ pub struct Options {
 
     /// The shortest interval between two full route reconciles. Node changes trigger
     /// reconciles (there is no timer); changes within this interval share one. In a large
-    /// cluster the interval is longer: 19 times the last reconcile's own computation (about
-    /// 30 ms at 20,000 Nodes), so that reconciles take at most a twentieth of a CPU.
+    /// cluster the interval can be longer: 4 times the last reconcile's own computation, so that
+    /// reconciles take at most a quarter of a CPU.
     #[arg(long, value_name = "DURATION", default_value = "500ms", value_parser = parse_duration)]
     pub route_min_interval: Duration,
 

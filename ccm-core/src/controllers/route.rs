@@ -6,8 +6,8 @@
 //!   routes still name). Heartbeats, labels and conditions trigger nothing, and neither do
 //!   Nodes that join without podCIDRs nor excluded ones. A burst
 //!   is coalesced: the reconcile starts `--route-coalesce-delay` after the first trigger, and
-//!   never sooner than `--route-min-interval` after the previous one, nor than 19 times its
-//!   own computation (a reconcile computes over every Node: at most a twentieth of the time,
+//!   never sooner than `--route-min-interval` after the previous one, nor than 3 times its own
+//!   computation after it (a reconcile computes over every Node: at most a quarter of a CPU,
 //!   however large the cluster). `--route-reconciliation-period`, when given, adds upstream's
 //!   periodic reconcile (a listing every period).
 //! - The cloud's routes are listed once, then kept up to date from the outcomes of this
@@ -844,11 +844,12 @@ struct Pending {
     cool_until: Option<Instant>,
 }
 
-/// A reconcile computes over every Node (about 30 ms at 20,000 Nodes). The next one waits at
-/// least this many times as long, on top of `--route-min-interval`: reconciles compute at most
-/// a twentieth of the time however large the cluster, and a burst of changes costs CPU in
-/// proportion to its length, not to its length times the Nodes.
-const BUSY_SHARE: u32 = 20;
+/// A reconcile computes over every Node (tens of milliseconds at 20,000 Nodes). From its start
+/// to the next one's is at least this many times its computation, as well as
+/// `--route-min-interval`: reconciles compute at most a quarter of the time however large the
+/// cluster. Latency is kept over CPU below that: at 20,000 Nodes the 500 ms interval still
+/// decides, and a burst's reconciles cost its length times the Nodes.
+const BUSY_SHARE: u32 = 4;
 
 /// The route controller (see the module's documentation), on the runner: one key, coalesced
 /// triggers (`--route-coalesce-delay`), at most one reconcile per `--route-min-interval` (the
