@@ -152,7 +152,17 @@ fn main() -> anyhow::Result<()> {
     }
     tracing_subscriber::fmt().with_env_filter(tracing_subscriber::EnvFilter::new("warn")).with_writer(std::io::stderr).init();
     let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build().context("runtime")?;
-    runtime.block_on(run(args))
+    runtime.block_on(async {
+        // Ctrl-C or SIGTERM ends the run as a failure would: what it started (the cores, the
+        // provider sidecars, the API server and etcd) is stopped by their drops, not orphaned.
+        let mut terminate =
+            tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()).context("listening for SIGTERM")?;
+        tokio::select! {
+            result = run(args) => result,
+            _ = tokio::signal::ctrl_c() => Err(anyhow::anyhow!("interrupted (SIGINT): stopped what the run had started")),
+            _ = terminate.recv() => Err(anyhow::anyhow!("terminated (SIGTERM): stopped what the run had started")),
+        }
+    })
 }
 
 async fn run(mut args: Args) -> anyhow::Result<()> {

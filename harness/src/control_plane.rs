@@ -6,6 +6,7 @@
 //! itself dies without dropping it (as a `static` shared control plane never is).
 
 use std::net::TcpListener;
+use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
@@ -241,8 +242,11 @@ impl ControlPlane {
             me = std::process::id(),
             dir = dir.display()
         );
+        // A process group of its own: a terminal's Ctrl-C, which reaches the whole foreground
+        // group, must not stop the watchdog with the process it watches.
         Command::new("sh")
             .args(["-c", &script])
+            .process_group(0)
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(Stdio::null())

@@ -256,3 +256,105 @@ fn the_real_kubelet_test_checks_the_machine_before_it_builds_images() {
     }
     eprintln!("the real-kubelet test skipped in {:.1} s: {}", begin.elapsed().as_secs_f64(), skipped[0]);
 }
+
+/// Every process below `pid`, children first found first.
+fn descendants(pid: u32) -> Vec<u32> {
+    let mut out = Vec::new();
+    let mut todo = vec![pid];
+    while let Some(p) = todo.pop() {
+        let tasks = std::fs::read_dir(format!("/proc/{p}/task")).map(|d| d.flatten().collect::<Vec<_>>()).unwrap_or_default();
+        for task in tasks {
+            let children = std::fs::read_to_string(task.path().join("children")).unwrap_or_default();
+            for c in children.split_whitespace().filter_map(|c| c.parse::<u32>().ok()) {
+                out.push(c);
+                todo.push(c);
+            }
+        }
+    }
+    out
+}
+
+/// Whether `pid` still runs (a zombie does not).
+fn running(pid: u32) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/stat"))
+        .ok()
+        .and_then(|s| s.rsplit_once(')').map(|(_, rest)| !rest.trim_start().starts_with('Z')))
+        .unwrap_or(false)
+}
+
+/// A user stops `ccm-bench` half-way, with Ctrl-C in a terminal (SIGINT to the whole foreground
+/// process group: the API server and etcd get it too) or with SIGTERM to the benchmark alone:
+/// it says so, and leaves no core, API server, etcd or control plane directory behind.
+#[test]
+fn an_interrupted_benchmark_leaves_nothing_running() {
+    use std::os::unix::process::CommandExt;
+    let bench = crate::support::workspace_binary("ccm-bench");
+    for (signal, whole_group) in [("INT", true), ("TERM", false)] {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let log = dir.path().join("bench.log");
+        let file = std::fs::File::create(&log).expect("log");
+        let mut child = std::process::Command::new(&bench)
+            .args(["--nodes", "100", "--services", "2", "--churn", "1", "--steady", "30s", "--unhealthy", "0s"])
+            .args(["--cores", "rust", "--core-log", "warn", "--json"])
+            .arg(dir.path().join("b.json"))
+            .current_dir(dir.path())
+            .process_group(0)
+            .stdin(std::process::Stdio::null())
+            .stdout(file.try_clone().expect("log"))
+            .stderr(file)
+            .spawn()
+            .expect("ccm-bench");
+        let pid = child.id();
+        // Until the core runs beside the API server and etcd: the join has started.
+        let begin = std::time::Instant::now();
+        let started = loop {
+            let ours = descendants(pid);
+            let text = std::fs::read_to_string(&log).unwrap_or_default();
+            if text.contains("== rust:") && ours.len() >= 3 {
+                break ours;
+            }
+            if let Some(status) = child.try_wait().expect("wait") {
+                panic!("ccm-bench ended before the signal ({status}):\n{text}");
+            }
+            assert!(begin.elapsed() < std::time::Duration::from_secs(300), "the core never started:\n{text}");
+            std::thread::sleep(std::time::Duration::from_millis(200));
+        };
+        std::thread::sleep(std::time::Duration::from_secs(2));
+        let mut ours = descendants(pid);
+        ours.extend(started);
+        // The control plane's directory, from the API server's `--cert-dir=<dir>/certs`.
+        let cmdline = |p: &u32| std::fs::read_to_string(format!("/proc/{p}/cmdline")).unwrap_or_default().replace('\0', " ");
+        let plane_dir = ours
+            .iter()
+            .map(cmdline)
+            .find_map(|c| c.split_whitespace().find_map(|w| w.strip_prefix("--cert-dir=").map(str::to_string)))
+            .and_then(|certs| std::path::Path::new(&certs).parent().map(std::path::Path::to_path_buf))
+            .expect("the API server among the run's processes");
+        let target = if whole_group { format!("-{pid}") } else { pid.to_string() };
+        let sent = std::process::Command::new("kill").args([&format!("-{signal}"), "--", &target]).status().expect("kill");
+        assert!(sent.success(), "kill -{signal} {target}");
+        let status = loop {
+            if let Some(status) = child.try_wait().expect("wait") {
+                break status;
+            }
+            assert!(begin.elapsed() < std::time::Duration::from_secs(360), "ccm-bench still ran after SIG{signal}");
+            std::thread::sleep(std::time::Duration::from_millis(100));
+        };
+        let text = std::fs::read_to_string(&log).unwrap_or_default();
+        assert!(!status.success(), "an interrupted run fails: {status}");
+        // A terminal's SIGINT may reach the benchmark's children before the benchmark itself.
+        assert!(text.contains("interrupted") || text.contains("terminated") || whole_group, "it says why it stopped:\n{text}");
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(15);
+        let mut left: Vec<u32> = ours.iter().copied().filter(|p| running(*p)).collect();
+        while !left.is_empty() && std::time::Instant::now() < deadline {
+            std::thread::sleep(std::time::Duration::from_millis(200));
+            left.retain(|p| running(*p));
+        }
+        let names: Vec<String> = left.iter().map(cmdline).collect();
+        assert!(names.is_empty(), "SIG{signal}: processes of the run left behind: {names:#?}");
+        while plane_dir.exists() && std::time::Instant::now() < deadline {
+            std::thread::sleep(std::time::Duration::from_millis(200));
+        }
+        assert!(!plane_dir.exists(), "SIG{signal}: {} is left behind", plane_dir.display());
+    }
+}
