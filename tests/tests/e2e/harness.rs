@@ -289,6 +289,9 @@ fn running(pid: u32) -> bool {
 fn an_interrupted_benchmark_leaves_nothing_running() {
     use std::os::unix::process::CommandExt;
     let bench = crate::support::workspace_binary("ccm-bench");
+    // On a fresh machine the control plane's binaries are built first (minutes), not inside
+    // the benchmark's start below, whose wait is bounded.
+    ccm_harness::Assets::find().expect("the control plane's binaries");
     for (signal, whole_group) in [("INT", true), ("TERM", false)] {
         let dir = tempfile::tempdir().expect("tempdir");
         let log = dir.path().join("bench.log");
