@@ -4,7 +4,7 @@
 //! expire), and measures the time until the other replica leads (its
 //! `ccm_leader_is_leader` metric).
 //!
-//! `cargo build -p ccm-core && cargo run -p ccm-bench --example bench_failover -- [ROUNDS] [LEASE_SECONDS]`
+//! `cargo run -p ccm-bench --example bench_failover -- [ROUNDS] [LEASE_SECONDS]`
 //! (defaults 3 rounds, the production lease of 15 s with a 10 s renew deadline and 2 s retry).
 
 #[path = "bench/mod.rs"]
@@ -18,14 +18,9 @@ use anyhow::{Context, bail};
 use bench::{World, arg, percentile};
 use ccm_provider_sim::Config;
 
+/// The core's binary, built first when missing or out of date.
 fn core_binary() -> anyhow::Result<PathBuf> {
-    let exe = std::env::current_exe()?;
-    let dir = exe.parent().and_then(|p| p.parent()).context("no target directory")?;
-    let bin = dir.join("cloud-controller-manager");
-    if !bin.is_file() {
-        bail!("{} is missing: run `cargo build -p ccm-core` first", bin.display());
-    }
-    Ok(bin)
+    ccm_harness::workspace::binary("cloud-controller-manager")
 }
 
 fn free_port() -> anyhow::Result<u16> {

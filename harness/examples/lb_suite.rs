@@ -2,7 +2,7 @@
 //! kubelet cluster, with the sim's load balancers carrying traffic, and prints test →
 //! outcome (see `ccm_harness::lb_suite`):
 //!
-//! `cargo build --workspace --bins && cargo run -p ccm-harness --example lb_suite -- [--procs N] [--focus REGEX] [--skip REGEX] [--out DIR]`
+//! `cargo run -p ccm-harness --example lb_suite -- [--procs N] [--focus REGEX] [--skip REGEX] [--out DIR]`
 //!
 //! Needs root and what `.ci/run` installs; the first run builds e2e.test, ginkgo and agnhost
 //! (minutes). Exits non-zero when a test failed.
@@ -10,10 +10,8 @@
 use std::path::PathBuf;
 
 fn main() -> anyhow::Result<()> {
-    let exe = std::env::current_exe()?;
-    // target/<profile>/examples/lb_suite → target/<profile>/ccm-provider-sim
-    let sim = exe.parent().and_then(|p| p.parent()).map(|p| p.join("ccm-provider-sim")).unwrap_or_default();
-    anyhow::ensure!(sim.is_file(), "{} is missing: run `cargo build --workspace --bins` first", sim.display());
+    // Built first when missing or out of date, in this example's target directory and profile.
+    let sim = ccm_harness::workspace::binary("ccm-provider-sim")?;
     let mut options = ccm_harness::lb_suite::Options::new(sim, PathBuf::from("target/lb-suite"));
     let mut args = std::env::args().skip(1);
     while let Some(flag) = args.next() {

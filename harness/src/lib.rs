@@ -19,6 +19,7 @@ pub mod kubelet_cluster;
 pub mod lb_suite;
 pub mod machine;
 pub mod pki;
+pub mod workspace;
 
 use std::sync::OnceLock;
 

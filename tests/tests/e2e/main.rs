@@ -3,6 +3,7 @@
 //! plane shared by all its tests, each isolated by namespace and Node-name prefix.
 
 mod aws;
+mod ci_script;
 mod cloud_cidrs;
 mod deploy;
 mod faults;

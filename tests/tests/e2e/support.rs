@@ -294,11 +294,8 @@ pub fn kubeconfig_via(kubeconfig: &std::path::Path, server: &str, addr: std::net
     path
 }
 
-/// The workspace's binaries beside this test binary (`target/<profile>/`).
+/// The workspace binary `name`, built first when it is missing or out of date (cargo test
+/// builds only the binaries of the packages it tests: see `ccm_harness::workspace`).
 pub fn workspace_binary(name: &str) -> std::path::PathBuf {
-    let exe = std::env::current_exe().expect("test binary path");
-    let dir = exe.parent().and_then(std::path::Path::parent).expect("target/<profile>");
-    let path = dir.join(name);
-    assert!(path.is_file(), "{} is not built (cargo build --workspace --bins)", path.display());
-    path
+    ccm_harness::workspace::binary(name).unwrap_or_else(|e| panic!("the workspace binary {name}: {e:#}"))
 }
