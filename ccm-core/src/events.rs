@@ -121,6 +121,10 @@ pub mod reason {
     pub const LOAD_BALANCER_NAME_KEPT: &str = "LoadBalancerNameKept";
     /// A load balancer was made anew under its new name.
     pub const RENAMED_LOAD_BALANCER: &str = "RenamedLoadBalancer";
+    /// A Service's recorded load balancer name is not one of its own (ours; upstream records none).
+    pub const LOAD_BALANCER_NAME_REFUSED: &str = "LoadBalancerNameRefused";
+    /// A Service's recorded provider holds no load balancer of it (ours; upstream has one provider).
+    pub const LOAD_BALANCER_PROVIDER_REFUSED: &str = "LoadBalancerProviderRefused";
     /// An instance has a tag of a key the tagging controller writes, with another value.
     pub const INSTANCE_TAG_CONFLICT: &str = "InstanceTagConflict";
     /// Writing tags to an instance failed.

@@ -103,7 +103,14 @@ pub async fn release_finalizers(
         let its_class = svc.spec.as_ref().and_then(|s| s.load_balancer_class.as_deref());
         // A Service of another class is ours only when our service controller recorded the
         // name of its load balancer on it (the class of one provider among several).
-        let recorded = svc.metadata.annotations.as_ref().is_some_and(|a| a.contains_key(ANNOTATION_LOAD_BALANCER_NAME));
+        // (A name that is not one of the Service's own was not recorded by us: a user wrote it.)
+        let uid = svc.metadata.uid.as_deref().unwrap_or_default();
+        let recorded = svc
+            .metadata
+            .annotations
+            .as_ref()
+            .and_then(|a| a.get(ANNOTATION_LOAD_BALANCER_NAME))
+            .is_some_and(|name| ccm_protocol::names::is_load_balancer_name_of(name, uid));
         if its_class.is_some() && its_class != class && !recorded {
             continue; // another load balancer controller's
         }

@@ -24,6 +24,9 @@ pub mod reason {
     pub const ALREADY_EXISTS: &str = "ALREADY_EXISTS";
     /// The system is not in a state that allows the call.
     pub const FAILED_PRECONDITION: &str = "FAILED_PRECONDITION";
+    /// A call about a load balancer for another Service than the one it was made for (its
+    /// recorded owner's UID differs): refused, never taken over or deleted.
+    pub const OWNED_BY_ANOTHER_SERVICE: &str = "OWNED_BY_ANOTHER_SERVICE";
     /// Too many calls: wait for the RetryInfo delay.
     pub const RATE_LIMITED: &str = "RATE_LIMITED";
     /// A quota that waiting does not fix.

@@ -136,6 +136,30 @@ pub fn upstream_load_balancer_name(uid: &str, limits: &NameLimits) -> String {
     name.chars().take(UPSTREAM_LENGTH.min(limits.max_length)).collect()
 }
 
+/// Whether `name` is one this project derives for the Service whose UID is `uid`, under
+/// either naming and whatever the cluster's name or the provider's limits were when it was
+/// made: upstream's (`a` and the UID without dashes, cut to no fewer than [`MIN_MAX_LENGTH`]
+/// characters) or a readable one (ending in `-` and the UID's hash).
+///
+/// ## Warning
+/// A name recorded on a Service is user-writable (an annotation). The protocol keys every
+/// call by the name, so a recorded name that fails this check would steer calls onto
+/// another Service's load balancer, across namespaces: such a name must never be used
+/// (issue 54).
+pub fn is_load_balancer_name_of(name: &str, uid: &str) -> bool {
+    if uid.is_empty() || name.is_empty() {
+        return false;
+    }
+    let upstream: String = std::iter::once('a').chain(uid.chars().filter(|c| *c != '-')).collect();
+    let cut = name.len() >= MIN_MAX_LENGTH.min(upstream.len()) && name.len() <= UPSTREAM_LENGTH;
+    if cut && upstream.starts_with(name) {
+        return true;
+    }
+    let digest = Sha256::digest(uid.as_bytes());
+    let hash: String = digest.iter().take(HASH_LEN / 2).map(|b| format!("{b:02x}")).collect();
+    name.strip_suffix(hash.as_str()).is_some_and(|rest| rest.ends_with('-'))
+}
+
 #[cfg(test)]
 mod tests {
     use proptest::prelude::*;
@@ -205,6 +229,46 @@ mod tests {
             prop_assume!(u1 != u2);
             let l = NameLimits::new(20, "");
             prop_assert_ne!(load_balancer_name("k", &ns, &name, &u1, &l), load_balancer_name("k", &ns, &name, &u2, &l));
+        }
+    }
+
+    #[test]
+    fn a_name_is_the_services_own_only_when_derived_from_its_uid() {
+        let uid = "0b5c2f55-1c2d-4a9e-8f7e-3d2b1a0c9e8f";
+        let other = "7d1e0a42-9b3c-4f5d-8e6f-1a2b3c4d5e6f";
+        for limits in [NameLimits::default(), NameLimits::new(16, ""), NameLimits::new(32, "")] {
+            for cluster in ["kubernetes", "prod", ""] {
+                let readable = load_balancer_name(cluster, "shop", "frontend", uid, &limits);
+                assert!(is_load_balancer_name_of(&readable, uid), "{readable}");
+                assert!(!is_load_balancer_name_of(&readable, other), "{readable} is not the other Service's");
+            }
+            let upstream = upstream_load_balancer_name(uid, &limits);
+            assert!(is_load_balancer_name_of(&upstream, uid), "{upstream}");
+            assert!(!is_load_balancer_name_of(&upstream, other), "{upstream}");
+        }
+        // Another Service's names, or names nobody derives, are refused.
+        let victim = load_balancer_name("kubernetes", "payments", "checkout", other, &NameLimits::default());
+        assert!(!is_load_balancer_name_of(&victim, uid));
+        assert!(!is_load_balancer_name_of(&upstream_load_balancer_name(other, &NameLimits::default()), uid));
+        for name in ["", "a", "a0b5c2f5", "my-load-balancer", "payments-checkout"] {
+            assert!(!is_load_balancer_name_of(name, uid), "{name:?}");
+        }
+        assert!(!is_load_balancer_name_of("anything", ""), "a Service without a UID has no name of its own");
+        // The hash alone, without the separator a derived name always has, is refused.
+        let hash = load_balancer_name("", "", "", uid, &NameLimits::default());
+        assert!(hash.starts_with("lb-"), "{hash}");
+        assert!(!is_load_balancer_name_of(hash.trim_start_matches("lb-"), uid));
+    }
+
+    proptest! {
+        #[test]
+        fn derived_names_are_their_services_own(
+            cluster in "[a-z0-9-]{0,20}", ns in "[a-z0-9-]{1,30}", name in "[a-z0-9-]{1,30}",
+            uid in "[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}", max in 16usize..80,
+        ) {
+            let limits = NameLimits::new(max, "");
+            prop_assert!(is_load_balancer_name_of(&load_balancer_name(&cluster, &ns, &name, &uid, &limits), &uid));
+            prop_assert!(is_load_balancer_name_of(&upstream_load_balancer_name(&uid, &limits), &uid));
         }
     }
 }

@@ -16,6 +16,7 @@ pub mod conformance;
 mod locks;
 pub mod metrics;
 pub mod node_plugin;
+pub mod owner;
 pub mod page;
 pub mod provider;
 pub mod server;

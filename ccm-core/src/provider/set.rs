@@ -8,6 +8,15 @@
 //! its `spec.loadBalancerClass`, or, without a class, to the `--default-load-balancer-provider`
 //! (none with `--ignore-unclassed-services`). With one provider, every Node whose providerID
 //! it does not disown and every Service without a foreign class is its own, as before.
+//!
+//! With several providers, the provider that made a Service's load balancer is recorded on it
+//! (`ccm-rs.dev/load-balancer-provider`) and keeps it when the flags change. That annotation is
+//! user-writable, so where it disagrees with the class it is believed only on evidence: the
+//! provider it names must hold a load balancer of this Service (checked once with
+//! GetLoadBalancer, whose answer the provider gives only to the Service it was made for). A
+//! value nobody can back is refused ([`Providers::settle_recorded_provider`]): the Service goes
+//! where its class sends it, so no annotation takes a Service around the operator's
+//! class-based admission (issue 54).
 
 use k8s_openapi::api::core::v1::{Node, Service};
 
@@ -54,6 +63,22 @@ pub struct Providers {
     found: std::sync::Mutex<std::collections::HashMap<String, (String, usize)>>,
     /// Tells the node controllers of Nodes the lookups gave to their provider.
     announce: tokio::sync::broadcast::Sender<(usize, Arc<[String]>)>,
+    /// What was found of recorded providers that disagree with the class: Service UID →
+    /// (the provider recorded, whether it holds the Service's load balancer).
+    recorded: std::sync::Mutex<std::collections::HashMap<String, (usize, bool)>>,
+}
+
+/// How many verdicts on recorded providers are kept (a re-check costs one GetLoadBalancer).
+const RECORDED_VERDICTS_KEPT: usize = 10_000;
+
+/// Where a Service's recorded provider stands against its class.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RecordedProvider {
+    /// Nothing to check: no annotation, one provider, the class's own provider, or a verdict.
+    Settled,
+    /// The annotation names this provider (index), which the class does not: it must show a
+    /// load balancer of the Service before it acts.
+    Unchecked(usize),
 }
 
 impl Providers {
@@ -69,6 +94,7 @@ impl Providers {
             lookup_order: vec![0],
             found: Default::default(),
             announce: tokio::sync::broadcast::channel(ANNOUNCE_CAPACITY).0,
+            recorded: Default::default(),
         }
     }
 
@@ -93,6 +119,7 @@ impl Providers {
             lookup_order,
             found: Default::default(),
             announce: tokio::sync::broadcast::channel(ANNOUNCE_CAPACITY).0,
+            recorded: Default::default(),
         }
     }
 
@@ -191,16 +218,69 @@ impl Providers {
 
     /// The provider of a LoadBalancer Service: with several providers, the one whose load
     /// balancer it has (`ccm-rs.dev/load-balancer-provider`, kept whatever the flags say now;
-    /// none when that provider is no longer configured); else by its class, none when no
-    /// provider serves its class (it is left alone, as upstream leaves a class no controller
-    /// serves).
+    /// none when that provider is no longer configured) where the class agrees or that
+    /// provider was found to hold it, or, not checked yet, that provider, which checks it
+    /// before it acts ([`Self::recorded_provider`]); else by its class, none when no provider
+    /// serves its class (it is left alone, as upstream leaves a class no controller serves).
     pub fn service_owner(&self, svc: &Service) -> Option<usize> {
-        if self.several() {
-            let recorded = svc.metadata.annotations.as_ref().and_then(|a| a.get(ANNOTATION_LOAD_BALANCER_PROVIDER));
-            if let Some(name) = recorded {
-                return self.members.iter().position(|p| p.name() == name);
-            }
+        let by_class = self.owner_by_class(svc);
+        let Some(recorded) = self.recorded_index(svc) else { return by_class };
+        // A provider no longer configured: left alone, as a class no provider serves.
+        let recorded = recorded?;
+        if by_class == Some(recorded) {
+            return by_class;
         }
+        let uid = svc.metadata.uid.as_deref().unwrap_or_default();
+        match self.recorded.locked().get(uid) {
+            Some((i, holds)) if *i == recorded => {
+                if *holds {
+                    Some(recorded)
+                } else {
+                    by_class
+                }
+            }
+            _ => Some(recorded),
+        }
+    }
+
+    /// The provider the Service's annotation names, with several providers: `None` without
+    /// one, `Some(None)` when it names no configured provider.
+    fn recorded_index(&self, svc: &Service) -> Option<Option<usize>> {
+        if !self.several() {
+            return None;
+        }
+        let recorded = svc.metadata.annotations.as_ref()?.get(ANNOTATION_LOAD_BALANCER_PROVIDER)?;
+        Some(self.members.iter().position(|p| p.name() == recorded))
+    }
+
+    /// Whether the Service's recorded provider must still show that it holds a load balancer
+    /// of the Service: it disagrees with the class and no verdict is known.
+    pub fn recorded_provider(&self, svc: &Service) -> RecordedProvider {
+        let Some(Some(recorded)) = self.recorded_index(svc) else { return RecordedProvider::Settled };
+        if self.owner_by_class(svc) == Some(recorded) {
+            return RecordedProvider::Settled;
+        }
+        let uid = svc.metadata.uid.as_deref().unwrap_or_default();
+        match self.recorded.locked().get(uid) {
+            Some((i, _)) if *i == recorded => RecordedProvider::Settled,
+            _ => RecordedProvider::Unchecked(recorded),
+        }
+    }
+
+    /// Records what the recorded provider (`index`) showed of the Service's load balancer:
+    /// `holds` keeps the Service with it; otherwise the annotation is refused and the Service
+    /// goes where its class sends it.
+    pub fn settle_recorded_provider(&self, svc: &Service, index: usize, holds: bool) {
+        let Some(uid) = svc.metadata.uid.clone() else { return };
+        let mut recorded = self.recorded.locked();
+        if recorded.len() >= RECORDED_VERDICTS_KEPT {
+            recorded.clear();
+        }
+        recorded.insert(uid, (index, holds));
+    }
+
+    /// The provider of the Service's class (or of unclassed Services), if any serves it.
+    fn owner_by_class(&self, svc: &Service) -> Option<usize> {
         match svc.spec.as_ref().and_then(|s| s.load_balancer_class.as_deref()) {
             None => self.unclassed,
             Some(class) => self
@@ -375,6 +455,45 @@ mod tests {
         assert_eq!(single.service_owner(&service(Some("other"))), None);
         let gke = Providers::single(one(), Rules { ignore_unclassed: true, ..Default::default() });
         assert_eq!(gke.service_owner(&service(None)), None, "--ignore-unclassed-services with one provider too");
+    }
+
+    #[tokio::test]
+    async fn a_recorded_provider_the_class_does_not_name_must_show_the_load_balancer() {
+        let members =
+            || vec![provider("cloud", &["hcloud"], &["hcloud.example.com/lb"]), provider("metal", &["robot"], &["metallb"])];
+        let set = Providers::new(members(), Rules::default());
+        let annotated = |class: Option<&str>, recorded: &str, uid: &str| {
+            let mut svc = service(class);
+            svc.metadata.uid = Some(uid.into());
+            svc.metadata.annotations = Some([(ANNOTATION_LOAD_BALANCER_PROVIDER.to_string(), recorded.to_string())].into());
+            svc
+        };
+        // Agreeing with the class: nothing to check.
+        let agrees = annotated(Some("metallb"), "metal", "u-1");
+        assert_eq!(set.recorded_provider(&agrees), RecordedProvider::Settled);
+        assert_eq!(set.service_owner(&agrees), Some(1));
+        // A user writes the other provider on a Service of the cloud's class: the provider it
+        // names checks first, and the Service is that provider's only while unchecked.
+        let written = annotated(Some("hcloud.example.com/lb"), "metal", "u-2");
+        assert_eq!(set.recorded_provider(&written), RecordedProvider::Unchecked(1));
+        assert_eq!(set.service_owner(&written), Some(1), "the recorded provider checks before it acts");
+        set.settle_recorded_provider(&written, 1, false);
+        assert_eq!(set.recorded_provider(&written), RecordedProvider::Settled);
+        assert_eq!(set.service_owner(&written), Some(0), "refused: the class decides");
+        // The same value on another Service (another UID) is checked for that one.
+        let other = annotated(Some("hcloud.example.com/lb"), "metal", "u-3");
+        assert_eq!(set.recorded_provider(&other), RecordedProvider::Unchecked(1));
+        // A provider that does hold the Service's load balancer (made before the flags
+        // changed) keeps it.
+        set.settle_recorded_provider(&other, 1, true);
+        assert_eq!(set.service_owner(&other), Some(1));
+        // The annotation changed to another provider after a verdict: checked again.
+        let changed = annotated(Some("metallb"), "cloud", "u-3");
+        assert_eq!(set.recorded_provider(&changed), RecordedProvider::Unchecked(0));
+        // One provider: the annotation means nothing.
+        let single = Providers::single(provider("default", &["sim"], &[]), Rules::default());
+        assert_eq!(single.recorded_provider(&annotated(None, "other", "u-4")), RecordedProvider::Settled);
+        assert_eq!(single.service_owner(&annotated(None, "other", "u-4")), Some(0));
     }
 
     #[tokio::test]

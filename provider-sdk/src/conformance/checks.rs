@@ -288,6 +288,7 @@ impl<F: FnMut(&CheckResult)> Suite<F> {
         gated!(lbs, why, "load-balancers.ensure", self.lb_ensure());
         gated!(lbs, why, "load-balancers.ensure-idempotent", self.lb_ensure_again());
         gated!(lbs, why, "load-balancers.get-present", self.lb_get_present());
+        gated!(lbs, why, "load-balancers.other-services-name", self.lb_other_services_name());
         gated!(lbs, why, "load-balancers.update-hosts", self.lb_update_hosts());
         gated!(lbs, why, "load-balancers.hosts-reported", self.lb_hosts_reported());
         gated!(lbs, why, "load-balancers.list", self.lb_list());

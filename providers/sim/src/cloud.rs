@@ -975,6 +975,7 @@ impl Cloud {
         let delay = self.delay();
         let names = sorted_names(nodes);
         let mut world = self.world();
+        Self::owned_by(&world, service)?;
         let node_names = world.hosts(&names, nodes);
         let name = &service.load_balancer_name;
         let current_ip = world.load_balancers.get(name).filter(|lb| lb.exists.current).map(|lb| lb.ip);
@@ -999,6 +1000,22 @@ impl Cloud {
             lb.exists.set(true, delay);
         }
         Ok(self.status(lb))
+    }
+
+    /// Refuses a call for `service` about a load balancer made for another Service
+    /// (FAILED_PRECONDITION, `OWNED_BY_ANOTHER_SERVICE`): a load balancer belongs to the
+    /// Service it was made for. The SDK server runs one mutation of a name at a time, so a
+    /// check before a mutation holds for it.
+    pub fn check_owner(&self, service: &pb::LoadBalancerService) -> Result<()> {
+        Self::owned_by(&self.world(), service)
+    }
+
+    fn owned_by(world: &World, service: &pb::LoadBalancerService) -> Result<()> {
+        let name = &service.load_balancer_name;
+        match world.load_balancers.get(name).filter(|lb| lb.exists.current) {
+            Some(lb) => ccm_provider_sdk::owner::check(name, &lb.service.uid, service),
+            None => Ok(()),
+        }
     }
 
     /// Replaces a load balancer's backends; NOT_FOUND when it does not exist.

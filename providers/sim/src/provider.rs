@@ -227,11 +227,13 @@ impl ccm_provider_sdk::LoadBalancers for SimProvider {
 
     async fn get_load_balancer(&self, service: &pb::LoadBalancerService) -> Result<Option<pb::LoadBalancerStatus>> {
         self.cloud.api_call_on("GetLoadBalancer", &service.load_balancer_name).await?;
+        self.cloud.check_owner(service)?;
         Ok(self.cloud.load_balancer(&service.load_balancer_name))
     }
 
     /// Read with the load balancer (one describe call on most clouds): no call of its own.
     async fn load_balancer_hosts(&self, service: &pb::LoadBalancerService) -> Result<Option<Vec<String>>> {
+        self.cloud.check_owner(service)?;
         Ok(self.cloud.load_balancer_hosts(&service.load_balancer_name))
     }
 
@@ -253,12 +255,14 @@ impl ccm_provider_sdk::LoadBalancers for SimProvider {
 
     async fn update_load_balancer_hosts(&self, service: &pb::LoadBalancerService, nodes: &[pb::LoadBalancerNode]) -> Result<()> {
         self.cloud.api_call_on("UpdateLoadBalancerHosts", &service.load_balancer_name).await?;
+        self.cloud.check_owner(service)?;
         self.cloud.update_load_balancer_hosts(&service.load_balancer_name, nodes)?;
         self.push().await
     }
 
     async fn ensure_load_balancer_deleted(&self, service: &pb::LoadBalancerService) -> Result<()> {
         self.cloud.api_call_on("EnsureLoadBalancerDeleted", &service.load_balancer_name).await?;
+        self.cloud.check_owner(service)?;
         self.cloud.delete_load_balancer(&service.load_balancer_name);
         self.push().await
     }
@@ -289,7 +293,10 @@ impl ccm_provider_sdk::LoadBalancers for SimProvider {
             .iter()
             .map(|s| match self.cloud.item_fault(METHOD, &s.load_balancer_name) {
                 Some(e) => Err(e),
-                None => self.cloud.set_load_balancer_hosts(&s.load_balancer_name, hosts.clone()),
+                None => self
+                    .cloud
+                    .check_owner(s)
+                    .and_then(|()| self.cloud.set_load_balancer_hosts(&s.load_balancer_name, hosts.clone())),
             })
             .collect();
         if results.iter().any(Result::is_ok) {

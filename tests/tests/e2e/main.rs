@@ -26,4 +26,5 @@ mod serving;
 mod smoke;
 mod support;
 mod tagging;
+mod trust;
 mod upstream;

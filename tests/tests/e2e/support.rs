@@ -124,6 +124,21 @@ impl Core {
 
     /// Starts the core with the identity of `kubeconfig` against any provider endpoint.
     pub fn start_on(kubeconfig: &std::path::Path, env: &TestEnv, endpoint: &str, extra: &[&str]) -> Self {
+        Self::launch(kubeconfig, env, endpoint, extra, true)
+    }
+
+    /// Starts the core for the Services of every namespace (no `--service-namespace`): `extra`
+    /// must keep it to the test's own (a `--load-balancer-class` of the test's, with
+    /// `--ignore-unclassed-services`), since the API server is shared by every test.
+    pub fn start_cluster_wide(cp: &ControlPlane, env: &TestEnv, endpoint: &str, extra: &[&str]) -> Self {
+        assert!(
+            extra.iter().any(|a| a.starts_with("--load-balancer-class=")) && extra.contains(&"--ignore-unclassed-services"),
+            "a cluster-wide core in a shared API server keeps to its test's own load balancer class"
+        );
+        Self::launch(cp.kubeconfig_path(), env, endpoint, extra, false)
+    }
+
+    fn launch(kubeconfig: &std::path::Path, env: &TestEnv, endpoint: &str, extra: &[&str], namespaced: bool) -> Self {
         let kubeconfig = kubeconfig.display().to_string();
         let exclude = format!("--node-exclude-selector={TEST_LABEL}!={}", env.prefix);
         let mut args = vec!["cloud-controller-manager", "--kubeconfig", &kubeconfig, "--provider-endpoint", endpoint, &exclude];
@@ -133,8 +148,11 @@ impl Core {
         let service_ns = format!("--service-namespace={}", env.namespace);
         let lease = format!("--leader-elect-resource-name={}", env.prefix);
         let lease_ns = format!("--leader-elect-resource-namespace={}", env.namespace);
-        let defaults =
-            ["--secure-port=0", "--reconcile-backoff-base=200ms", "--reconcile-backoff-max=5s", &service_ns, &lease, &lease_ns];
+        let mut defaults =
+            vec!["--secure-port=0", "--reconcile-backoff-base=200ms", "--reconcile-backoff-max=5s", &lease, &lease_ns];
+        if namespaced {
+            defaults.push(&service_ns);
+        }
         for default in defaults {
             let flag = default.split('=').next().unwrap_or(default);
             if !extra.iter().any(|a| a.split('=').next() == Some(flag)) {

@@ -196,6 +196,9 @@ impl Ensured {
     }
 }
 
+/// How many refused recorded names the controller remembers (each is told once).
+const REFUSED_NAMES_KEPT: usize = 4096;
+
 /// What the controller keeps between reconciles, under one lock.
 #[derive(Default)]
 struct State {
@@ -216,6 +219,10 @@ struct State {
     last_backends: Arc<HostSet>,
     /// Services told that their load balancer keeps its name (once per process).
     kept_names: HashSet<String>,
+    /// Services told that the name recorded on them is not theirs, with that name (once per
+    /// process and name; forgotten past [`REFUSED_NAMES_KEPT`], so that a user writing name
+    /// after name cannot grow it without bound).
+    refused_names: HashSet<(String, String)>,
     /// Counts the records of `ensured`.
     records: u64,
     /// Services whose load balancer was found gone from the cloud and is being made again.
@@ -369,12 +376,11 @@ impl ServiceController {
             return Outcome::Success;
         };
         let fp = fingerprint(&svc);
-        let result = if self.wants_load_balancer(&svc) {
-            self.ensure(&svc).await
-        } else if has_finalizer(&svc) && self.ours(&svc) {
-            self.delete(&svc).await
-        } else {
-            Ok(())
+        let result = match self.recorded_provider_holds(&svc).await {
+            Ok(true) if self.wants_load_balancer(&svc) => self.ensure(&svc).await,
+            Ok(true) if has_finalizer(&svc) && self.ours(&svc) => self.delete(&svc).await,
+            Ok(_) => Ok(()),
+            Err(error) => Err(error),
         };
         match result {
             Ok(()) => Outcome::Success,

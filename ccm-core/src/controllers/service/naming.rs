@@ -3,27 +3,48 @@
 //! changes; one made before names were recorded (by upstream, or under the other naming) is
 //! found and adopted; `--allow-load-balancer-renaming` makes it anew under the configured
 //! name and deletes the old one.
+//!
+//! The annotation is user-writable, and the protocol keys every call by the name: a name on
+//! it is used only when it is one the core derives for this Service's UID
+//! ([`is_load_balancer_name_of`]). Any other is a Warning and ignored, then overwritten with
+//! the Service's own name, so no Service can ensure, take the address of or delete another's
+//! load balancer by naming it (issue 54).
 
 use ccm_protocol::Error;
-use ccm_protocol::names::{NameLimits, load_balancer_name, upstream_load_balancer_name};
+use ccm_protocol::names::{NameLimits, is_load_balancer_name_of, load_balancer_name, upstream_load_balancer_name};
 use k8s_openapi::api::core::v1::Service;
 
 use super::{NAME, ServiceController, SyncError, has_ingress, service_key, source_ranges};
 use crate::events::{EventType, reason};
 use crate::options::LoadBalancerNaming;
 use crate::provider::convert::LoadBalancerRequest;
-use crate::wellknown::ANNOTATION_LOAD_BALANCER_NAME;
+use crate::provider::set::RecordedProvider;
+use crate::wellknown::{ANNOTATION_LOAD_BALANCER_NAME, ANNOTATION_LOAD_BALANCER_PROVIDER};
 
-pub(super) fn recorded_name(svc: &Service) -> Option<&str> {
+/// What the annotation says, whoever wrote it.
+fn annotated_name(svc: &Service) -> Option<&str> {
     svc.metadata.annotations.as_ref()?.get(ANNOTATION_LOAD_BALANCER_NAME).map(String::as_str).filter(|n| !n.is_empty())
+}
+
+/// The name `svc`'s load balancer was recorded under, when it is one of the Service's own
+/// names (derived from its UID); `None` for any other.
+pub(super) fn recorded_name(svc: &Service) -> Option<&str> {
+    let uid = svc.metadata.uid.as_deref()?;
+    annotated_name(svc).filter(|name| is_load_balancer_name_of(name, uid))
+}
+
+/// A name on `svc`'s annotation that is not one of its own: never used.
+pub(super) fn foreign_name(svc: &Service) -> Option<&str> {
+    annotated_name(svc).filter(|_| recorded_name(svc).is_none())
 }
 
 impl ServiceController {
     /// Deletes `svc`'s load balancer under every name it may have: the one it was made under
     /// (either naming's when that was never recorded) and the configured naming's (a rename
-    /// half done). Each name is the Service's own (it holds its UID), so none can be another
-    /// Service's load balancer.
+    /// half done). Each name is the Service's own (derived from its UID: a recorded name that
+    /// is not is ignored), so none can be another Service's load balancer.
     pub(super) async fn delete_every_name(&self, svc: &Service) -> Result<(), Error> {
+        self.refuse_foreign_name(svc).await;
         let mut names = vec![self.lb_name(svc)];
         match recorded_name(svc) {
             Some(recorded) => names.push(recorded.to_string()),
@@ -42,6 +63,73 @@ impl ServiceController {
             self.state().names.remove(uid);
         }
         Ok(())
+    }
+
+    /// Says once per Service and name, with a Warning, that the name on its
+    /// `ccm-rs.dev/load-balancer-name` is not one of its own and is ignored.
+    pub(super) async fn refuse_foreign_name(&self, svc: &Service) {
+        let Some(foreign) = foreign_name(svc) else { return };
+        let first = {
+            let mut state = self.state();
+            if state.refused_names.len() >= super::REFUSED_NAMES_KEPT {
+                state.refused_names.clear();
+            }
+            state.refused_names.insert((service_key(svc), foreign.to_string()))
+        };
+        if !first {
+            return;
+        }
+        let own = self.name_under(svc, self.ctx.options.load_balancer_naming);
+        tracing::warn!(service = %service_key(svc), refused = %foreign, load_balancer = %own, "the recorded load balancer name is not this service's own; ignored");
+        let note = format!(
+            "{ANNOTATION_LOAD_BALANCER_NAME} names {foreign}, which is not a load balancer name of this Service (none derived from its UID): \
+             ignored, and replaced with the Service's own ({own}); a Service reaches only its own load balancer"
+        );
+        self.ctx.event(NAME, svc, EventType::Warning, reason::LOAD_BALANCER_NAME_REFUSED, note).await;
+    }
+
+    /// With several providers, a provider recorded on the Service
+    /// (`ccm-rs.dev/load-balancer-provider`) that its class does not name acts only once it
+    /// has shown that it holds a load balancer of this Service (GetLoadBalancer under each of
+    /// the Service's own names). Without one, the annotation is refused with a Warning and
+    /// removed, and the provider of the class takes the Service: `false`, nothing to do here.
+    pub(super) async fn recorded_provider_holds(&self, svc: &Service) -> Result<bool, SyncError> {
+        // Unchecked, the Service is the recorded provider's: only its controller checks.
+        let RecordedProvider::Unchecked(index) = self.ctx.providers.recorded_provider(svc) else { return Ok(true) };
+        if !self.ours(svc) {
+            return Ok(true);
+        }
+        let mut names = vec![self.lb_name(svc)];
+        names.extend([LoadBalancerNaming::Upstream, LoadBalancerNaming::Readable].map(|n| self.name_under(svc, n)));
+        names.sort();
+        names.dedup();
+        let ranges = source_ranges(svc).unwrap_or_default();
+        let mut holds = false;
+        for name in names {
+            match self.ctx.provider.get_load_balancer(self.request(svc, name, ranges.clone())).await {
+                Ok(found) => holds |= found.is_some(),
+                // Under that name is another Service's load balancer: not this one's.
+                Err(error) if error.reason() == ccm_protocol::reason::OWNED_BY_ANOTHER_SERVICE => {}
+                Err(error) => return Err(SyncError::Provider(error)),
+            }
+            if holds {
+                break;
+            }
+        }
+        self.ctx.providers.settle_recorded_provider(svc, index, holds);
+        if holds {
+            return Ok(true);
+        }
+        let provider = self.ctx.provider.name();
+        tracing::warn!(service = %service_key(svc), %provider, "the recorded provider holds no load balancer of this service; the annotation is refused");
+        let note = format!(
+            "{ANNOTATION_LOAD_BALANCER_PROVIDER} names provider {provider}, which holds no load balancer of this Service: \
+             refused and removed; the Service's load balancer class decides its provider"
+        );
+        self.ctx.event(NAME, svc, EventType::Warning, reason::LOAD_BALANCER_PROVIDER_REFUSED, note).await;
+        let patch = serde_json::json!({ "metadata": { "annotations": { ANNOTATION_LOAD_BALANCER_PROVIDER: null } } });
+        self.ctx.patch_service(svc, &patch).await.map_err(SyncError::Kube)?;
+        Ok(false)
     }
 
     /// The provider's limits on names.
@@ -85,6 +173,7 @@ impl ServiceController {
     /// upstream's cloud-controller-manager, or by this core under the other naming) is looked
     /// up under the other naming first, and kept under it when it exists there.
     pub(super) async fn naming(&self, svc: &Service, ranges: &[String]) -> Result<(String, Option<String>), Error> {
+        self.refuse_foreign_name(svc).await;
         let naming = self.ctx.options.load_balancer_naming;
         let configured = self.name_under(svc, naming);
         let recorded = recorded_name(svc).map(str::to_string);

@@ -92,6 +92,72 @@ impl<F: FnMut(&CheckResult)> Suite<F> {
         .await
     }
 
+    /// Calls for another Service under the main load balancer's name (a name a user could
+    /// write on their Service) neither read, take over nor delete it: each is refused with
+    /// FAILED_PRECONDITION (the SDK's `owner::check`), or, from a provider that names load
+    /// balancers itself from the Service (the Go adapter), answered for that Service's own
+    /// load balancer. Either way the main one still exists afterwards with its address and,
+    /// where listing is advertised, is still listed for its own Service.
+    pub(super) async fn lb_other_services_name(&mut self) -> Check {
+        let owner = self.lb_service("main");
+        let ensured = self.ensure_lb(owner.clone()).await?;
+        let mut intruder = self.lb_service("intruder");
+        intruder.load_balancer_name = owner.load_balancer_name.clone();
+        let refused_or_own = |what: &str, r: Result<(), Status>| match r {
+            Err(s) if s.code() != Code::FailedPrecondition => Err(fail(format!(
+                "{what}: expected FAILED_PRECONDITION, or an answer for that Service's own load balancer; got {} {}",
+                code_name(s.code()),
+                s.message()
+            ))),
+            _ => Ok(()),
+        };
+        let get =
+            self.lbs.clone().get_load_balancer(self.req(pb::GetLoadBalancerRequest { service: Some(intruder.clone()) })).await;
+        let get = get.map(Response::into_inner).and_then(|r| {
+            if r.exists {
+                Err(Status::internal("answered that it exists: the owner's load balancer, read by another Service"))
+            } else {
+                Ok(())
+            }
+        });
+        refused_or_own("GetLoadBalancer for another Service under this one's name (never ensured for it)", get)?;
+        let nodes = self.lb_nodes();
+        let request = pb::EnsureLoadBalancerRequest { service: Some(intruder.clone()), nodes };
+        let ensure_call = self.lbs.clone().ensure_load_balancer(self.req(request)).await;
+        if ensure_call.is_ok() {
+            self.created_lbs.push(intruder.clone());
+        }
+        refused_or_own("EnsureLoadBalancer for another Service under this one's name", ensure_call.map(|_| ()))?;
+        if self.caps.load_balancers.as_ref().is_some_and(|c| c.list) {
+            let listed = all_pages("ListLoadBalancers", 100, async |page_token| {
+                let request =
+                    pb::ListLoadBalancersRequest { cluster_name: owner.cluster_name.clone(), page_size: 100, page_token };
+                let page = self.lbs.clone().list_load_balancers(self.req(request)).await.ctx("ListLoadBalancers")?;
+                Ok((page.load_balancers, page.next_page_token))
+            })
+            .await?;
+            let found = listed.iter().find(|l| l.load_balancer_name == owner.load_balancer_name);
+            ensure(found.is_none_or(|l| l.uid == owner.uid), || {
+                format!("another Service's EnsureLoadBalancer under its name took it over: listed for {found:?}")
+            })?;
+        }
+        let delete = self
+            .lbs
+            .clone()
+            .ensure_load_balancer_deleted(self.req(pb::EnsureLoadBalancerDeletedRequest { service: Some(intruder) }))
+            .await
+            .map(|_| ());
+        refused_or_own("EnsureLoadBalancerDeleted for another Service under this one's name", delete)?;
+        let r = self.get_lb(owner).await?;
+        ensure(r.exists, || "the load balancer is gone after another Service's EnsureLoadBalancerDeleted under its name".into())?;
+        let status = r.status.unwrap_or_default();
+        ensure(status.ingress == ensured.ingress, || {
+            format!(
+                "the load balancer's status changed after another Service's calls under its name: {status:?}, was {ensured:?}"
+            )
+        })
+    }
+
     /// When listing is advertised: the ensured load balancers are listed, page by page, with
     /// the Service each was ensured for, and only for their own cluster.
     pub(super) async fn lb_list(&mut self) -> Check {

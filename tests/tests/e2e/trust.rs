@@ -1,0 +1,124 @@
+//! The sidecar line as a security boundary, tried as an attacker would: a user who may edit
+//! Services in one namespace reaches nothing outside it (issue 54).
+
+use std::time::Duration;
+
+use ccm_harness::ControlPlane;
+use ccm_harness::cluster::{NodeBuilder, TestEnv};
+use ccm_provider_sim::Config;
+use k8s_openapi::api::core::v1::{Event, Service};
+use kube::Api;
+use kube::api::{DeleteParams, ListParams, PostParams};
+
+use crate::support::{Core, Sim, TEST_LABEL, eventually, instance};
+
+const NAME_ANNOTATION: &str = "ccm-rs.dev/load-balancer-name";
+
+/// A LoadBalancer Service of `class`, with `annotations`.
+fn service(env: &TestEnv, name: &str, class: &str, annotations: serde_json::Value) -> Service {
+    serde_json::from_value(serde_json::json!({
+        "metadata": { "name": name, "namespace": env.namespace, "annotations": annotations },
+        "spec": {
+            "type": "LoadBalancer",
+            "loadBalancerClass": class,
+            "ports": [{ "name": "http", "port": 80, "protocol": "TCP" }],
+            "selector": { "app": name },
+        },
+    }))
+    .expect("service")
+}
+
+async fn ingress_ip(env: &TestEnv, name: &str) -> Option<String> {
+    let svc = env.services().get(name).await.ok()?;
+    svc.status?.load_balancer?.ingress?.first()?.ip.clone()
+}
+
+fn recorded_name(svc: &Service) -> Option<String> {
+    svc.metadata.annotations.as_ref()?.get(NAME_ANNOTATION).cloned()
+}
+
+async fn warned(env: &TestEnv, name: &str, reason: &str) -> Event {
+    eventually(&format!("a {reason} Warning on {name}"), Duration::from_secs(20), async || {
+        let events: Api<Event> = Api::namespaced(env.client.clone(), &env.namespace);
+        let list = events.list(&ListParams::default().fields(&format!("involvedObject.name={name}"))).await.ok()?;
+        list.items.into_iter().find(|e| e.reason.as_deref() == Some(reason) && e.type_.as_deref() == Some("Warning"))
+    })
+    .await
+}
+
+/// The core serving every namespace, kept to this test's Services by a class of its own.
+fn cluster_wide_core(cp: &ControlPlane, env: &TestEnv, endpoint: &str, class: &str) -> Core {
+    let class_flag = format!("--load-balancer-class={class}");
+    let flags = ["--leader-elect=false", "--controllers=service", "--ignore-unclassed-services", class_flag.as_str()];
+    Core::start_cluster_wide(cp, env, endpoint, &flags)
+}
+
+/// The victim's Service in one namespace gets its load balancer; a Service in another
+/// namespace recording the victim's load balancer name as its own gets a load balancer of
+/// its own (and a Warning), never the victim's address, and deleting it leaves the victim's
+/// load balancer in place.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_service_naming_another_namespaces_load_balancer_gets_neither_its_address_nor_its_deletion() {
+    let cp = ccm_harness::shared().expect("control plane");
+    let client = cp.client().await.expect("client");
+    let victim = TestEnv::new(client.clone(), "victim").await.expect("env");
+    let intruder = TestEnv::new(client, "intruder").await.expect("env");
+    let node = victim.node_name("n1");
+    let mut config = Config::default();
+    config.instances.push(instance("i-1", &node, "sim-region-1a"));
+    let sim = Sim::start(config).await;
+    NodeBuilder::new(&node)
+        .label(TEST_LABEL, &victim.prefix)
+        .provider_id("sim://sim-region-1a/i-1")
+        .address("InternalIP", "10.0.0.9")
+        .create(&victim.client)
+        .await
+        .expect("node");
+    let class = format!("e2e.ccm-rs.dev/{}", victim.prefix);
+    let core = cluster_wide_core(cp, &victim, &sim.endpoint, &class);
+
+    victim.services().create(&PostParams::default(), &service(&victim, "web", &class, serde_json::json!({}))).await.expect("svc");
+    let victim_ip = eventually("the victim's address", Duration::from_secs(20), async || ingress_ip(&victim, "web").await).await;
+    let victim_name = eventually("the victim's recorded name", Duration::from_secs(10), async || {
+        recorded_name(&victim.services().get("web").await.ok()?)
+    })
+    .await;
+
+    // The intruder writes the victim's name on a Service of their own namespace.
+    let stolen = serde_json::json!({ NAME_ANNOTATION: victim_name });
+    intruder.services().create(&PostParams::default(), &service(&intruder, "web", &class, stolen)).await.expect("svc");
+    let intruder_ip =
+        eventually("the intruder's own address", Duration::from_secs(20), async || ingress_ip(&intruder, "web").await).await;
+    assert_ne!(intruder_ip, victim_ip, "the intruder got the victim's address");
+    warned(&intruder, "web", "LoadBalancerNameRefused").await;
+    let own = eventually("the intruder's annotation set to its own name", Duration::from_secs(10), async || {
+        recorded_name(&intruder.services().get("web").await.ok()?).filter(|n| *n != victim_name)
+    })
+    .await;
+    let lbs = sim.admin.state().await.expect("state").load_balancers;
+    let victims = lbs.iter().find(|l| l.name == victim_name).expect("the victim's load balancer");
+    assert_eq!(victims.service, format!("{}/web", victim.namespace), "the victim's load balancer names its own Service");
+    assert_eq!(victims.ip, victim_ip);
+    assert!(lbs.iter().any(|l| l.name == own && l.service == format!("{}/web", intruder.namespace)), "{lbs:?}");
+
+    // Deleting the intruder deletes its own load balancer, not the victim's.
+    intruder.services().delete("web", &DeleteParams::default()).await.expect("delete");
+    eventually("the intruder's Service gone", Duration::from_secs(20), async || {
+        intruder.services().get_opt("web").await.ok()?.is_none().then_some(())
+    })
+    .await;
+    let lbs = sim.admin.state().await.expect("state").load_balancers;
+    assert!(!lbs.iter().any(|l| l.name == own), "the intruder's own load balancer is deleted: {lbs:?}");
+    let victims = lbs.iter().find(|l| l.name == victim_name).expect("the victim's load balancer is still there");
+    assert_eq!(victims.ip, victim_ip);
+    assert_eq!(ingress_ip(&victim, "web").await.as_deref(), Some(victim_ip.as_str()));
+
+    victim.services().delete("web", &DeleteParams::default()).await.expect("delete");
+    eventually("the victim's Service gone", Duration::from_secs(20), async || {
+        victim.services().get_opt("web").await.ok()?.is_none().then_some(())
+    })
+    .await;
+    core.stop().await.expect("stop");
+    victim.cleanup().await.expect("cleanup");
+    intruder.cleanup().await.expect("cleanup");
+}
