@@ -38,7 +38,9 @@ const (
 // Errors: INVALID_ARGUMENT for an empty or over-long name, characters outside the advertised
 // set, no ports, a malformed source range or requested IP; NOT_FOUND from
 // UpdateLoadBalancerHosts when the load balancer does not exist; FAILED_PRECONDITION when a
-// requested IP is taken or not the cloud's; RESOURCE_EXHAUSTED with reason QUOTA_EXCEEDED
+// requested IP is taken or not the cloud's, and with reason OWNED_BY_ANOTHER_SERVICE from any
+// call (reads included) for another Service than the one whose UID the provider recorded for
+// that name (a load balancer belongs to the Service it was made for); RESOURCE_EXHAUSTED with reason QUOTA_EXCEEDED
 // when no address is left; throttling and transient errors as everywhere.
 type LoadBalancersServiceClient interface {
 	// Whether the load balancer exists, and its status when it does. Read-only.
@@ -147,7 +149,9 @@ func (c *loadBalancersServiceClient) BatchUpdateLoadBalancerHosts(ctx context.Co
 // Errors: INVALID_ARGUMENT for an empty or over-long name, characters outside the advertised
 // set, no ports, a malformed source range or requested IP; NOT_FOUND from
 // UpdateLoadBalancerHosts when the load balancer does not exist; FAILED_PRECONDITION when a
-// requested IP is taken or not the cloud's; RESOURCE_EXHAUSTED with reason QUOTA_EXCEEDED
+// requested IP is taken or not the cloud's, and with reason OWNED_BY_ANOTHER_SERVICE from any
+// call (reads included) for another Service than the one whose UID the provider recorded for
+// that name (a load balancer belongs to the Service it was made for); RESOURCE_EXHAUSTED with reason QUOTA_EXCEEDED
 // when no address is left; throttling and transient errors as everywhere.
 type LoadBalancersServiceServer interface {
 	// Whether the load balancer exists, and its status when it does. Read-only.
