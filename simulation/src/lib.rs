@@ -16,6 +16,8 @@
 //! Invariants, checked while it runs (at the API server and at the cloud) and after:
 //! - no Node deleted whose instance exists; every Node's providerID names its own instance;
 //! - no route or load balancer removed for a live Node or Service;
+//! - no load balancer called for by another Service than the one it was made for (a name a
+//!   user recorded on their Service steers nothing);
 //! - at most one mutation of an object in flight;
 //! - no write, to the API or to the cloud, by a replica that does not hold the Lease;
 //! - after the faults stop, convergence within [`SETTLE_BOUND`]: every Node initialised,
@@ -82,6 +84,7 @@ pub const FAULT_KINDS: &[&str] = &[
     "Lease answered late, then silent",
     "providerIDs in the kubelet's form",
     "half-open connections",
+    "a Service records another's load balancer name",
 ];
 
 const CLUSTER: &str = "sim";
@@ -512,7 +515,7 @@ impl World {
             "EnsureLoadBalancerDeleted",
         ];
         let lasts = Duration::from_secs(self.rng.random_range(5..=90));
-        let roll = self.rng.random_range(0..110);
+        let roll = self.rng.random_range(0..113);
         match roll {
             0..=11 => {
                 // Now and then a scale-up: several Nodes join at once (and are read in one
@@ -756,6 +759,23 @@ impl World {
                     self.log(format!("{}'s controller connections half-open for {}s", r.identity, lasts.as_secs()));
                     self.active.push((Instant::now() + lasts, Active::HalfOpen(slot)));
                 }
+            }
+            110..=112 => {
+                // A user who may edit one Service writes another Service's load balancer name
+                // on it (the annotation the core records names in): the core must ignore it,
+                // and neither ensure, read nor delete the other's load balancer for it.
+                let live: Vec<usize> = (0..self.services.len()).filter(|&i| !self.services[i].deleted).collect();
+                let (Some(thief), Some(victim)) = (self.pick(&live), self.pick(&live)) else { return };
+                if thief == victim {
+                    return;
+                }
+                let (thief, victim) = (self.services[thief].name.clone(), self.services[victim].name.clone());
+                let Some(stolen) = self.load_balancer_name(&victim) else { return };
+                self.model.update(&Key::service(NAMESPACE, &thief), |svc| {
+                    svc["metadata"]["annotations"]["ccm-rs.dev/load-balancer-name"] = json!(stolen);
+                });
+                self.faults.insert("a Service records another's load balancer name");
+                self.log(format!("service {thief} records {victim}'s load balancer name {stolen}"));
             }
             _ => {
                 let latency = self.rng.random_range(0..=2_000);

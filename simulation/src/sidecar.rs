@@ -137,6 +137,23 @@ impl Watched {
         }
     }
 
+    /// A load balancer is called for only by the Service it was made for: a call naming
+    /// another Service's load balancer (a name a user recorded on their own Service) is the
+    /// core steered across Services, whatever the provider then refuses.
+    fn check_lb_owner(&self, method: &str, service: &pb::LoadBalancerService) {
+        let owner = self
+            .inner_cloud()
+            .load_balancers_of(None)
+            .into_iter()
+            .find(|l| l.load_balancer_name == service.load_balancer_name && !l.uid.is_empty());
+        if let Some(owner) = owner.filter(|o| o.uid != service.uid) {
+            self.model.violation(format!(
+                "{} called {method} for {}/{} on load balancer {} of another Service ({}/{})",
+                self.identity, service.namespace, service.name, service.load_balancer_name, owner.namespace, owner.name
+            ));
+        }
+    }
+
     /// A route may be deleted only when its Node is gone, being deleted, or no longer has its
     /// destination as a podCIDR, or when the route is a blackhole.
     fn check_route_deletion(&self, cluster: &str, table_id: &str, name: &str) {
@@ -294,6 +311,7 @@ impl ccm_provider_sdk::LoadBalancers for Watched {
     }
 
     async fn get_load_balancer(&self, service: &pb::LoadBalancerService) -> Result<Option<pb::LoadBalancerStatus>> {
+        self.check_lb_owner("GetLoadBalancer", service);
         self.inner.get_load_balancer(service).await
     }
 
@@ -307,12 +325,14 @@ impl ccm_provider_sdk::LoadBalancers for Watched {
         nodes: &[pb::LoadBalancerNode],
     ) -> Result<pb::LoadBalancerStatus> {
         let m = self.begin("EnsureLoadBalancer", vec![Self::load_balancer(service)]);
+        self.check_lb_owner("EnsureLoadBalancer", service);
         let (service, nodes) = (service.clone(), nodes.to_vec());
         self.mutate(m, |p| async move { p.ensure_load_balancer(&service, &nodes).await }).await
     }
 
     async fn update_load_balancer_hosts(&self, service: &pb::LoadBalancerService, nodes: &[pb::LoadBalancerNode]) -> Result<()> {
         let m = self.begin("UpdateLoadBalancerHosts", vec![Self::load_balancer(service)]);
+        self.check_lb_owner("UpdateLoadBalancerHosts", service);
         let (service, nodes) = (service.clone(), nodes.to_vec());
         self.mutate(m, |p| async move { p.update_load_balancer_hosts(&service, &nodes).await }).await
     }
@@ -320,6 +340,7 @@ impl ccm_provider_sdk::LoadBalancers for Watched {
     async fn ensure_load_balancer_deleted(&self, service: &pb::LoadBalancerService) -> Result<()> {
         let m = self.begin("EnsureLoadBalancerDeleted", vec![Self::load_balancer(service)]);
         self.check_lb_deletion(service);
+        self.check_lb_owner("EnsureLoadBalancerDeleted", service);
         let service = service.clone();
         self.mutate(m, |p| async move { p.ensure_load_balancer_deleted(&service).await }).await
     }
@@ -334,6 +355,9 @@ impl ccm_provider_sdk::LoadBalancers for Watched {
         nodes: &[pb::LoadBalancerNode],
     ) -> Result<Vec<Result<()>>> {
         let m = self.begin("BatchUpdateLoadBalancerHosts", services.iter().map(Self::load_balancer).collect());
+        for service in services {
+            self.check_lb_owner("BatchUpdateLoadBalancerHosts", service);
+        }
         let (services, nodes) = (services.to_vec(), nodes.to_vec());
         self.mutate(m, |p| async move { p.batch_update_load_balancer_hosts(&services, &nodes).await }).await
     }
