@@ -122,3 +122,87 @@ async fn a_service_naming_another_namespaces_load_balancer_gets_neither_its_addr
     victim.cleanup().await.expect("cleanup");
     intruder.cleanup().await.expect("cleanup");
 }
+
+/// The same attack against a Go provider behind the adapter (upstream's fake cloud): the core
+/// refuses the recorded name the same way, and the Go provider names load balancers from the
+/// Service it is given, so the victim's load balancer survives the intruder's deletion.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn behind_the_go_adapter_a_recorded_name_steers_nothing_either() {
+    use ccm_harness::assets::Assets;
+    use ccm_harness::aws::Sidecar;
+    use ccm_proto::v1 as pb;
+    let binary = match Assets::tool("fake-provider") {
+        Ok(b) => b,
+        Err(e) if std::env::var_os(crate::aws::REQUIRE).is_some() => {
+            panic!("{} is set and ccm-provider-fake is missing: {e:#}", crate::aws::REQUIRE)
+        }
+        Err(e) => return eprintln!("skipped: the fake cloud's sidecar needs Go: {e:#}"),
+    };
+    let cp = ccm_harness::shared().expect("control plane");
+    let client = cp.client().await.expect("client");
+    let victim = TestEnv::new(client.clone(), "gvictim").await.expect("env");
+    let intruder = TestEnv::new(client, "gintruder").await.expect("env");
+    let node = victim.node_name("n1");
+    let dir = tempfile::tempdir().expect("tempdir");
+    let instances = serde_json::json!([{
+        "name": node, "providerID": format!("fake://{node}"), "type": "fake.large",
+        "addresses": [{ "type": "InternalIP", "address": "10.0.0.1" }],
+    }]);
+    let config =
+        serde_json::json!({ "zone": "zone-a", "region": "region-1", "externalIP": "203.0.113.10", "instances": instances });
+    let path = dir.path().join("cloud.json");
+    std::fs::write(&path, config.to_string()).expect("cloud config");
+    let args = ["--cloud-provider=fake".to_string(), format!("--cloud-config={}", path.display())];
+    let sidecar = Sidecar::run(&binary, dir.path(), &args, &[]).await.expect("ccm-provider-fake");
+    NodeBuilder::new(&node)
+        .label(TEST_LABEL, &victim.prefix)
+        .provider_id(&format!("fake://{node}"))
+        .address("InternalIP", "10.0.0.1")
+        .create(&victim.client)
+        .await
+        .expect("node");
+    let class = format!("e2e.ccm-rs.dev/{}", victim.prefix);
+    let core = cluster_wide_core(cp, &victim, &sidecar.endpoint, &class);
+
+    victim.services().create(&PostParams::default(), &service(&victim, "web", &class, serde_json::json!({}))).await.expect("svc");
+    eventually("the victim's address", Duration::from_secs(30), async || ingress_ip(&victim, "web").await).await;
+    let victim_svc = victim.services().get("web").await.expect("svc");
+    let victim_name = recorded_name(&victim_svc).expect("the victim's recorded name");
+    let stolen = serde_json::json!({ NAME_ANNOTATION: victim_name });
+    intruder.services().create(&PostParams::default(), &service(&intruder, "web", &class, stolen)).await.expect("svc");
+    eventually("the intruder's own address", Duration::from_secs(30), async || ingress_ip(&intruder, "web").await).await;
+    warned(&intruder, "web", "LoadBalancerNameRefused").await;
+    eventually("the intruder's annotation set to its own name", Duration::from_secs(10), async || {
+        recorded_name(&intruder.services().get("web").await.ok()?).filter(|n| *n != victim_name)
+    })
+    .await;
+    intruder.services().delete("web", &DeleteParams::default()).await.expect("delete");
+    eventually("the intruder's Service gone", Duration::from_secs(30), async || {
+        intruder.services().get_opt("web").await.ok()?.is_none().then_some(())
+    })
+    .await;
+
+    // The victim's load balancer, asked for as the core asks for it, still exists.
+    let channel = ccm_provider_sdk::client::connect_lazy(&sidecar.endpoint).expect("channel");
+    let mut lbs = pb::load_balancers_service_client::LoadBalancersServiceClient::new(channel);
+    let service = pb::LoadBalancerService {
+        cluster_name: "kubernetes".into(),
+        namespace: victim.namespace.clone(),
+        name: "web".into(),
+        uid: victim_svc.metadata.uid.clone().expect("uid"),
+        load_balancer_name: victim_name,
+        load_balancer_class: class.clone(),
+        ..Default::default()
+    };
+    let got = lbs.get_load_balancer(pb::GetLoadBalancerRequest { service: Some(service) }).await.expect("GetLoadBalancer");
+    assert!(got.into_inner().exists, "the victim's load balancer was deleted with the intruder's Service");
+
+    victim.services().delete("web", &DeleteParams::default()).await.expect("delete");
+    eventually("the victim's Service gone", Duration::from_secs(30), async || {
+        victim.services().get_opt("web").await.ok()?.is_none().then_some(())
+    })
+    .await;
+    core.stop().await.expect("stop");
+    victim.cleanup().await.expect("cleanup");
+    intruder.cleanup().await.expect("cleanup");
+}
