@@ -272,6 +272,31 @@ async fn a_hybrid_cluster_routes_every_node_and_load_balancer_to_its_own_provide
     })
     .await;
     assert!(lb_of(&metal_sim, "web").await.is_none(), "never made twice");
+    // A user writes the cloud as the provider of a Service of metal's class (to go around
+    // class-based admission): the cloud holds no load balancer of it, so the annotation is
+    // refused and removed, and metal, the class's provider, makes its load balancer.
+    let mut forged: Service = load_balancer_service(&env.namespace, "forged", &[80]);
+    if let Some(spec) = forged.spec.as_mut() {
+        spec.load_balancer_class = Some(METAL_CLASS.into());
+    }
+    forged.metadata.annotations = Some([("ccm-rs.dev/load-balancer-provider".to_string(), "cloud".to_string())].into());
+    env.services().create(&PostParams::default(), &forged).await.expect("forged");
+    eventually("forged's load balancer on metal", Duration::from_secs(30), async || lb_of(&metal_sim, "forged").await).await;
+    assert!(lb_of(&cloud_sim, "forged").await.is_none(), "the annotation took the Service to the cloud");
+    eventually("a LoadBalancerProviderRefused Warning", Duration::from_secs(10), async || {
+        let events: Api<Event> = Api::namespaced(env.client.clone(), &env.namespace);
+        let list = events.list(&ListParams::default().fields("involvedObject.name=forged")).await.ok()?;
+        list.items
+            .into_iter()
+            .any(|e| e.reason.as_deref() == Some("LoadBalancerProviderRefused") && e.type_.as_deref() == Some("Warning"))
+            .then_some(())
+    })
+    .await;
+    eventually("forged's recorded provider rewritten by the core", Duration::from_secs(10), async || {
+        let annotations = env.services().get("forged").await.ok()?.metadata.annotations.unwrap_or_default();
+        (annotations.get("ccm-rs.dev/load-balancer-provider").map(String::as_str) == Some("metal")).then_some(())
+    })
+    .await;
     assert_eq!(initialised(&env, &both).await, "metal://metal-zone-a/m-both", "only metal asked: metal's");
     // A label naming no provider of this core: told, and left alone.
     let nope = env.node_name("nope");
