@@ -180,13 +180,19 @@ impl KubeletFlags {
 pub fn kubelet_config(m: &pb::InstanceMetadata, endpoint: &str) -> String {
     // A JSON string is a valid YAML double-quoted scalar: no escaping rules of our own.
     let quote = |s: &str| serde_json::Value::String(s.to_string()).to_string();
+    // In the comment, anything but printable ASCII is escaped (JSON leaves U+2028 and U+2029
+    // as they are, and they end a YAML comment): the answer was checked already
+    // (`answer::node_metadata`), this keeps the file safe whatever is passed here.
+    let printable = |s: &str| -> String {
+        s.chars().map(|c| if c.is_ascii_graphic() || c == ' ' { c.to_string() } else { c.escape_unicode().to_string() }).collect()
+    };
     format!(
         "# Written by ccm-node-metadata from the node-metadata plugin at {endpoint}.\n\
          # Instance {instance}; rewritten at every run, do not edit.\n\
          apiVersion: kubelet.config.k8s.io/v1beta1\n\
          kind: KubeletConfiguration\n\
          providerID: {provider_id}\n",
-        instance = m.instance_id.replace('\n', " "),
+        instance = quote(&printable(&m.instance_id)),
         provider_id = quote(&m.provider_id),
     )
 }
@@ -262,6 +268,23 @@ mod tests {
         let text = kubelet_config(&m, "unix:///p.sock");
         assert!(text.contains("providerID: \"sim://zone-a/i-1: #x\"\n"), "{text}");
         assert!(text.contains("kind: KubeletConfiguration\n"));
+    }
+
+    #[test]
+    fn no_line_break_in_an_instance_id_adds_a_field_to_the_drop_in() {
+        for c in ['\n', '\r', '\u{85}', '\u{2028}', '\u{2029}'] {
+            let mut m = metadata();
+            m.instance_id = format!("i-1{c}authorization: {{mode: AlwaysAllow}}");
+            let text = kubelet_config(&m, "unix:///p.sock");
+            // Every line break of any YAML version: what is not a comment is ours alone.
+            let lines: Vec<&str> = text.split(['\n', '\r', '\u{85}', '\u{2028}', '\u{2029}']).filter(|l| !l.is_empty()).collect();
+            let fields: Vec<&str> = lines.iter().copied().filter(|l| !l.starts_with('#')).collect();
+            assert_eq!(fields.len(), 3, "{c:?}: {text}");
+            let parsed: std::collections::BTreeMap<String, serde_json::Value> =
+                serde_saphyr::from_str(&text).unwrap_or_else(|e| panic!("{c:?}: {e}: {text}"));
+            let keys: Vec<&str> = parsed.keys().map(String::as_str).collect();
+            assert_eq!(keys, ["apiVersion", "kind", "providerID"], "{c:?}: {text}");
+        }
     }
 
     #[test]

@@ -125,6 +125,12 @@ pub fn hosts(h: &v1::LoadBalancerHosts) -> Result<(), String> {
     Ok(())
 }
 
+/// Whether `c` is a control character (C0, DEL, C1 with NEL) or a Unicode line or paragraph
+/// separator: text from the cloud that ends a line in a file or a YAML comment.
+pub fn breaks_text(c: char) -> bool {
+    c.is_control() || matches!(c, '\u{2028}' | '\u{2029}')
+}
+
 /// Checks a NodeMetadata answer: an instance id and a providerID of the form
 /// `<scheme>://<rest>`, zone, region and instance type usable as label values, addresses
 /// that are IP addresses (or names, for Hostname and DNS types), no whitespace anywhere a
@@ -133,6 +139,25 @@ pub fn node_metadata(m: &InstanceMetadata) -> Result<()> {
     let bad = |what: String| Err(Error::internal(format!("invalid node metadata: {what}")));
     if m.instance_id.is_empty() {
         return bad("no instance_id".into());
+    }
+    // What the node plugin writes goes into files the kubelet reads as root (a YAML drop-in,
+    // a flag): a line break of any kind (`\r`, NEL and U+2028/U+2029 end a YAML comment too)
+    // or a control character in any field could add a field of its own.
+    let strings = [
+        ("instance_id", &m.instance_id),
+        ("provider_id", &m.provider_id),
+        ("instance_type", &m.instance_type),
+        ("zone", &m.zone),
+        ("region", &m.region),
+        ("hostname", &m.hostname),
+        ("node_name", &m.node_name),
+    ];
+    let maps = m.additional_labels.iter().chain(&m.tags).flat_map(|(k, v)| [("a label or tag", k), ("a label or tag", v)]);
+    let listed = m.addresses.iter().map(|a| ("an address", &a.address)).chain(m.pod_cidrs.iter().map(|c| ("a pod CIDR", c)));
+    for (field, value) in strings.into_iter().chain(maps).chain(listed) {
+        if let Some(c) = value.chars().find(|c| breaks_text(*c)) {
+            return bad(format!("{field} {value:?} contains the control or line-break character {:?}", c));
+        }
     }
     match m.provider_id.split_once("://") {
         Some((scheme, rest)) if !scheme.is_empty() && !rest.is_empty() => {}
@@ -176,6 +201,29 @@ mod tests {
             addresses: vec![v1::NodeAddress { r#type: v1::NodeAddressType::InternalIp as i32, address: ip.into() }],
             zone: "zone-a".into(),
             ..Default::default()
+        }
+    }
+
+    #[test]
+    fn node_metadata_with_a_line_break_or_control_character_anywhere_is_refused() {
+        let good = || v1::InstanceMetadata { instance_id: "i-1".into(), ..meta("sim://zone-a/i-1", "10.0.0.1") };
+        assert!(node_metadata(&good()).is_ok());
+        for c in ['\n', '\r', '\u{85}', '\u{2028}', '\u{2029}', '\u{0}', '\u{1b}', '\u{7f}'] {
+            let mut m = good();
+            m.instance_id = format!("i-1{c}authorization: {{mode: AlwaysAllow}}");
+            assert!(node_metadata(&m).is_err(), "instance_id with {c:?}");
+            let mut m = good();
+            m.hostname = format!("node{c}x");
+            assert!(node_metadata(&m).is_err(), "hostname with {c:?}");
+            let mut m = good();
+            m.tags.insert("team".into(), format!("a{c}b"));
+            assert!(node_metadata(&m).is_err(), "a tag with {c:?}");
+            let mut m = good();
+            m.additional_labels.insert(format!("k{c}"), "v".into());
+            assert!(node_metadata(&m).is_err(), "a label key with {c:?}");
+            let mut m = good();
+            m.pod_cidrs.push(format!("10.0.0.0/24{c}"));
+            assert!(node_metadata(&m).is_err(), "a pod CIDR with {c:?}");
         }
     }
 
