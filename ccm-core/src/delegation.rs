@@ -5,6 +5,10 @@
 //! `--authorization-always-allow-paths` (the probes) pass without either. A request without a
 //! token is `system:anonymous` and is authorised as such (usually: forbidden).
 //!
+//! As upstream, without an API server to ask (no kubeconfig for it, and not in a cluster)
+//! nothing is open: without an authenticator every request is anonymous, and without an
+//! authoriser only the always-allowed paths and members of `system:masters` pass.
+//!
 //! Answers are cached for [`CACHE_TTL`] per token, path and verb, as upstream caches them,
 //! so a scraper costs the API server two reviews per ten seconds at most. The cache holds at
 //! most [`CACHE_ENTRIES`] answers (least recently used forgotten), and reviews of requests not
@@ -56,10 +60,15 @@ enum Decision {
     Forbidden(String),
 }
 
+/// The group upstream allows everything when no authoriser is configured.
+pub const ALWAYS_ALLOWED_GROUP: &str = "system:masters";
+
 /// The delegated checks, with their clients and cache.
 pub struct Delegation {
-    authentication: kube::Client,
-    authorization: kube::Client,
+    /// TokenReviews; without it every request is anonymous.
+    authentication: Option<kube::Client>,
+    /// SubjectAccessReviews; without it only [`ALWAYS_ALLOWED_GROUP`] passes.
+    authorization: Option<kube::Client>,
     always_allow: Vec<String>,
     cache: Mutex<lru::LruCache<[u8; 32], (Instant, Decision)>>,
     reviews: ccm_protocol::ratelimit::TokenBucket,
@@ -67,8 +76,9 @@ pub struct Delegation {
 
 impl Delegation {
     /// Checks with TokenReviews through `authentication` and SubjectAccessReviews through
-    /// `authorization`; `always_allow` paths (exact, or a prefix ending in `*`) pass unchecked.
-    pub fn new(authentication: kube::Client, authorization: kube::Client, always_allow: Vec<String>) -> Self {
+    /// `authorization` (either may be missing: see the module's documentation);
+    /// `always_allow` paths (exact, or a prefix ending in `*`) pass unchecked.
+    pub fn new(authentication: Option<kube::Client>, authorization: Option<kube::Client>, always_allow: Vec<String>) -> Self {
         let entries = std::num::NonZeroUsize::new(CACHE_ENTRIES).unwrap_or(std::num::NonZeroUsize::MIN);
         Self {
             authentication,
@@ -111,18 +121,19 @@ impl Delegation {
     }
 
     async fn review(&self, token: Option<&str>, path: &str, verb: &str) -> Result<Decision, Error> {
-        let user = match token {
-            None => UserInfo {
-                username: Some("system:anonymous".into()),
-                groups: Some(vec!["system:unauthenticated".into()]),
-                ..Default::default()
-            },
-            Some(token) => {
+        let anonymous = || UserInfo {
+            username: Some("system:anonymous".into()),
+            groups: Some(vec!["system:unauthenticated".into()]),
+            ..Default::default()
+        };
+        let user = match (token, &self.authentication) {
+            (None, _) | (_, None) => anonymous(),
+            (Some(token), Some(authentication)) => {
                 let review = TokenReview {
                     spec: TokenReviewSpec { token: token.to_string(), ..Default::default() },
                     ..Default::default()
                 };
-                let answer = Api::<TokenReview>::all(self.authentication.clone())
+                let answer = Api::<TokenReview>::all(authentication.clone())
                     .create(&PostParams::default(), &review)
                     .await
                     .map_err(|source| Error::Review { review: "TokenReview", source })?;
@@ -133,6 +144,17 @@ impl Delegation {
             }
         };
         let name = user.username.clone().unwrap_or_default();
+        let Some(authorization) = &self.authorization else {
+            let master = user.groups.as_ref().is_some_and(|g| g.iter().any(|g| g == ALWAYS_ALLOWED_GROUP));
+            return Ok(if master {
+                Decision::Allowed
+            } else {
+                Decision::Forbidden(format!(
+                    "forbidden: User \"{name}\" cannot {verb} path \"{path}\" (no authorizer: no --authorization-kubeconfig \
+                     and not in a cluster; only the always-allowed paths and {ALWAYS_ALLOWED_GROUP})"
+                ))
+            });
+        };
         let review = SubjectAccessReview {
             spec: SubjectAccessReviewSpec {
                 user: user.username,
@@ -144,7 +166,7 @@ impl Delegation {
             },
             ..Default::default()
         };
-        let answer = Api::<SubjectAccessReview>::all(self.authorization.clone())
+        let answer = Api::<SubjectAccessReview>::all(authorization.clone())
             .create(&PostParams::default(), &review)
             .await
             .map_err(|source| Error::Review { review: "SubjectAccessReview", source })?;
@@ -194,7 +216,7 @@ mod tests {
     async fn always_allowed_paths_match_exactly_or_by_prefix() {
         let config = kube::Config::new("http://127.0.0.1:1".parse().expect("url"));
         let client = kube::Client::try_from(config).expect("client");
-        let d = Delegation::new(client.clone(), client, vec!["/healthz".into(), "/readyz".into(), "/debug/*".into()]);
+        let d = Delegation::new(Some(client.clone()), Some(client), vec!["/healthz".into(), "/readyz".into(), "/debug/*".into()]);
         assert!(d.always_allowed("/healthz") && d.always_allowed("/debug/pprof"));
         assert!(!d.always_allowed("/metrics") && !d.always_allowed("/healthz/x"));
     }
@@ -204,7 +226,7 @@ mod tests {
         // An API server that does not answer (nothing listens): every review fails fast.
         let config = kube::Config::new("http://127.0.0.1:1".parse().expect("url"));
         let client = kube::Client::try_from(config).expect("client");
-        let d = Delegation::new(client.clone(), client, Vec::new());
+        let d = Delegation::new(Some(client.clone()), Some(client), Vec::new());
         let (mut asked, mut refused) = (0, 0);
         for i in 0..10_000 {
             match d.decide(Some(&format!("random-{i}")), "/metrics", "get").await {
@@ -215,5 +237,19 @@ mod tests {
         assert!(asked <= 2 * REVIEWS_PER_SECOND as usize + 5, "{asked} reviews asked for 10,000 random tokens at once");
         assert!(refused >= 9_900, "{refused}");
         assert!(d.cache.lock().expect("cache").len() <= CACHE_ENTRIES);
+    }
+
+    #[tokio::test]
+    async fn without_an_api_server_to_ask_nothing_but_the_always_allowed_paths_passes() {
+        // No authenticator, no authoriser (not in a cluster, no kubeconfig for them): no
+        // review is ever sent, and /metrics is forbidden to anonymous and to any token.
+        let d = Delegation::new(None, None, vec!["/healthz".into()]);
+        assert!(d.always_allowed("/healthz"));
+        for token in [None, Some("a-token")] {
+            match d.decide(token, "/metrics", "get").await {
+                Ok(Decision::Forbidden(why)) => assert!(why.contains("no authorizer"), "{why}"),
+                other => panic!("{token:?}: {other:?}"),
+            }
+        }
     }
 }

@@ -101,9 +101,11 @@ fn watch_timeout(read: Duration) -> u32 {
     u32::try_from(read.as_secs().saturating_sub(15).max(5)).unwrap_or(u32::MAX)
 }
 
-/// The delegated checks of the health and metrics server: with the kubeconfigs given, else
-/// in a cluster with the pod's own credentials (as upstream), else none. Plain HTTP
-/// (`--insecure-serving`) is never checked.
+/// The delegated checks of the health and metrics server, as upstream's: with the
+/// kubeconfigs given, else with the pod's own in-cluster credentials whatever `--kubeconfig`
+/// says (static-pod manifests pass one), else without an authenticator or authoriser, which
+/// lets only the always-allowed paths through (and `system:masters`). Plain HTTP
+/// (`--insecure-serving`) is never checked: it is the operator's explicit choice.
 async fn delegation(options: &Options) -> anyhow::Result<Option<Arc<crate::delegation::Delegation>>> {
     if options.insecure_serving {
         return Ok(None);
@@ -116,19 +118,31 @@ async fn delegation(options: &Options) -> anyhow::Result<Option<Arc<crate::deleg
             .with_context(|| format!("loading {flag} {}", path.display()))?;
         kube::Client::try_from(config).with_context(|| format!("{flag}: building the client"))
     };
+    let in_cluster = || -> anyhow::Result<Option<kube::Client>> {
+        if std::env::var_os("KUBERNETES_SERVICE_HOST").is_none() {
+            return Ok(None);
+        }
+        let config = kube::Config::incluster().context("in-cluster credentials for delegated authentication")?;
+        Ok(Some(kube::Client::try_from(config).context("building the delegated authentication client")?))
+    };
     let authn = options.authentication_kubeconfig.as_deref();
     let authz = options.authorization_kubeconfig.as_deref().or(authn);
-    let (authentication, authorization) = match (authn.or(authz), authz) {
-        (Some(n), Some(z)) => {
-            (client_from(n, "--authentication-kubeconfig").await?, client_from(z, "--authorization-kubeconfig").await?)
-        }
-        _ if options.kubeconfig.is_none() && std::env::var_os("KUBERNETES_SERVICE_HOST").is_some() => {
-            let config = kube::Config::incluster().context("in-cluster credentials for delegated authentication")?;
-            let client = kube::Client::try_from(config).context("building the delegated authentication client")?;
-            (client.clone(), client)
-        }
-        _ => return Ok(None),
+    let authentication = match authn.or(authz) {
+        Some(path) => Some(client_from(path, "--authentication-kubeconfig").await?),
+        None => in_cluster()?,
     };
+    let authorization = match authz {
+        Some(path) => Some(client_from(path, "--authorization-kubeconfig").await?),
+        None => in_cluster()?,
+    };
+    if authentication.is_none() {
+        tracing::warn!("no --authentication-kubeconfig and not in a cluster: every request to the secure port is anonymous");
+    }
+    if authorization.is_none() {
+        tracing::warn!(
+            "no --authorization-kubeconfig and not in a cluster: only --authorization-always-allow-paths and system:masters are allowed on the secure port"
+        );
+    }
     Ok(Some(Arc::new(crate::delegation::Delegation::new(
         authentication,
         authorization,

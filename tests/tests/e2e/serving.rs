@@ -289,3 +289,40 @@ fn answers(scrape: &str, query: &str) -> bool {
             })
         })
 }
+
+/// Started with `--kubeconfig` (as static-pod manifests start it), the secure port and no
+/// delegation kubeconfig, outside a cluster: nothing can check a caller, so only the probes
+/// answer; /metrics is forbidden with or without a token, never open (issue 54).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_a_kubeconfig_and_nothing_to_check_callers_with_metrics_are_closed_and_probes_open() {
+    let cp = ccm_harness::shared().expect("control plane");
+    let env = TestEnv::new(cp.client().await.expect("client"), "closed").await.expect("env");
+    let sim = Sim::start(Config::default()).await;
+    let dir = tempfile::tempdir().expect("tempdir");
+    let ca = Ca::new().expect("ca");
+    write_pair(dir.path(), &ca);
+    let port = free_port();
+    let flags = [
+        "--leader-elect=false".to_string(),
+        format!("--secure-port={port}"),
+        "--bind-address=127.0.0.1".to_string(),
+        format!("--tls-cert-file={}", dir.path().join("tls.crt").display()),
+        format!("--tls-private-key-file={}", dir.path().join("tls.key").display()),
+    ];
+    let flags: Vec<&str> = flags.iter().map(String::as_str).collect();
+    // Core::start passes --kubeconfig; the test process is not in a cluster.
+    assert!(std::env::var_os("KUBERNETES_SERVICE_HOST").is_none(), "run outside a cluster");
+    let core = Core::start(cp, &env, &sim, &flags);
+    let ca_file = dir.path().join("ca.crt");
+    let (code, body) =
+        eventually("/healthz", Duration::from_secs(20), async || get(port, "/healthz", &ca_file, None).await).await;
+    assert_eq!((code, body.as_str()), (200, "ok"));
+    let (code, body) = get(port, "/metrics", &ca_file, None).await.expect("answer");
+    assert_eq!(code, 403, "anonymous /metrics: {body}");
+    assert!(!body.contains("ccm_"), "no metric leaked: {body}");
+    let token = service_account_token(&env.client, &env.namespace, &format!("{}-scraper", env.prefix)).await;
+    let (code, body) = get(port, "/metrics", &ca_file, Some(&token)).await.expect("answer");
+    assert_eq!(code, 403, "a token nobody can check: {body}");
+    core.stop().await.expect("stop");
+    env.cleanup().await.expect("cleanup");
+}
