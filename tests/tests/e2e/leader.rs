@@ -309,10 +309,20 @@ async fn a_leader_stopped_past_its_lease_writes_nothing_when_it_resumes() {
     };
     let (user_a, user_b) = (format!("{}-a", env.prefix), format!("{}-b", env.prefix));
     let mut a = start(&user_a, &sim_a);
-    let ensures = async |sim: &Sim, since: i64| {
+    // The load balancer mutations a sim received since `since` (reads are no writes: a
+    // resumed process may read before it notices the loss, as any standby reads).
+    let mutations = async |sim: &Sim, since: i64| -> Vec<String> {
+        const MUTATIONS: [&str; 4] =
+            ["EnsureLoadBalancer", "UpdateLoadBalancerHosts", "BatchUpdateLoadBalancerHosts", "EnsureLoadBalancerDeleted"];
         let log = sim.admin.call_log().await.expect("call log");
-        log.iter().filter(|c| c.method.starts_with("LoadBalancersService/") && c.at_unix_ms as i64 >= since).count()
+        // When the sim began the call (it logs calls as they end).
+        log.iter()
+            .filter(|c| (c.at_unix_ms as i64) - (c.micros / 1000) as i64 >= since)
+            .filter(|c| c.method.strip_prefix("LoadBalancersService/").is_some_and(|m| MUTATIONS.contains(&m)))
+            .map(|c| format!("{} at {}", c.method, c.at_unix_ms))
+            .collect()
     };
+    let ensures = async |sim: &Sim, since: i64| mutations(sim, since).await.len();
     eventually("the first process leading and retrying", Duration::from_secs(30), async || {
         (ensures(&sim_a, 0).await >= 2).then_some(())
     })
@@ -332,7 +342,14 @@ async fn a_leader_stopped_past_its_lease_writes_nothing_when_it_resumes() {
     let status = tokio::time::timeout(Duration::from_secs(10), a.wait()).await.expect("it exits").expect("wait");
     assert!(!status.success(), "losing the lead is an error exit: {status}");
     tokio::time::sleep(Duration::from_millis(500)).await;
-    assert_eq!(ensures(&sim_a, resumed).await, 0, "no load balancer call by the resumed process");
+    let after = mutations(&sim_a, resumed).await;
+    let log = sim_a.admin.call_log().await.expect("call log");
+    let calls: Vec<String> =
+        log.iter().filter(|c| c.at_unix_ms as i64 >= resumed).map(|c| format!("{} at {}", c.method, c.at_unix_ms)).collect();
+    assert!(
+        after.is_empty(),
+        "load balancer mutations by the resumed process (resumed at {resumed}): {after:?}; every call since: {calls:?}"
+    );
     let audit = std::fs::read_to_string(cp.audit_log()).expect("audit log");
     let writes: Vec<String> = audit
         .lines()
