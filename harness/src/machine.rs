@@ -31,12 +31,15 @@ pub fn on_path(tool: &str) -> bool {
     })
 }
 
-/// `Err` naming the first of `tools` that is not on `PATH`, for `what`, with `hint` (where the
-/// tool comes from).
+/// `Err` naming every one of `tools` that is not on `PATH`, for `what`, each with its `hint`
+/// (where the tool comes from): a user installs them all at once, not one per run.
 pub fn require(what: &str, tools: &[(&str, &str)]) -> Result<(), Unavailable> {
-    match tools.iter().find(|(tool, _)| !on_path(tool)) {
-        Some((tool, hint)) => Err(Unavailable(format!("{what} needs {tool} on PATH ({hint})"))),
-        None => Ok(()),
+    let missing: Vec<String> =
+        tools.iter().filter(|(tool, _)| !on_path(tool)).map(|(tool, hint)| format!("{tool} ({hint})")).collect();
+    match missing.as_slice() {
+        [] => Ok(()),
+        [one] => Err(Unavailable(format!("{what} needs {one} on PATH"))),
+        many => Err(Unavailable(format!("{what} needs on PATH: {}", many.join(", ")))),
     }
 }
 
@@ -73,6 +76,12 @@ mod tests {
         assert!(on_path("sh"));
         assert!(!on_path("no-such-tool-ccm-rs"));
         let e = require("the thing", &[("sh", "-"), ("no-such-tool-ccm-rs", "Debian: nothing")]).expect_err("missing");
-        assert_eq!(e.to_string(), "the thing needs no-such-tool-ccm-rs on PATH (Debian: nothing)");
+        assert_eq!(e.to_string(), "the thing needs no-such-tool-ccm-rs (Debian: nothing) on PATH");
+        let both = [("no-such-tool-ccm-rs", "Debian: nothing"), ("sh", "-"), ("nor-this-one", "Debian: neither")];
+        let e = require("the thing", &both).expect_err("missing");
+        assert_eq!(
+            e.to_string(),
+            "the thing needs on PATH: no-such-tool-ccm-rs (Debian: nothing), nor-this-one (Debian: neither)"
+        );
     }
 }

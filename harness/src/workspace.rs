@@ -13,7 +13,8 @@
 //! dev-dependencies' features, as `cargo test --workspace` does, so the dependencies resolve
 //! to the very artifacts the test build made and only the missing binaries are compiled
 //! (`--bins` alone would build the dependency tree again without `tokio/test-util` and the
-//! like). Several tests may ask at once: one build runs per process and the others wait for
+//! like), and it runs without the variables cargo sets for the test (see
+//! [`Place::build`]). Several tests may ask at once: one build runs per process and the others wait for
 //! it; several processes wait on cargo's own lock on the target directory.
 
 use std::path::{Path, PathBuf};
@@ -99,6 +100,15 @@ impl Place {
         let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
         let mut cmd = Command::new(&cargo);
         cmd.args(["build", "--quiet", "--workspace", "--bins", "--examples"]).args(&self.args).current_dir(&root);
+        // Cargo runs a test with the variables of its package (CARGO_MANIFEST_DIR,
+        // CARGO_PKG_*, …). Passed on, they reach build scripts that watch them (ring's does),
+        // which then run again and rebuild everything above them, here and in the next
+        // `cargo test`: the build must see the environment the user's cargo saw.
+        for (key, _) in std::env::vars_os() {
+            if key.to_str().is_some_and(set_by_cargo_for_a_test) {
+                cmd.env_remove(&key);
+            }
+        }
         eprintln!(
             "building the workspace's binaries for the tests that run them (cargo build --workspace --bins --examples {}; minutes the first time)",
             self.args.join(" ")
@@ -109,6 +119,21 @@ impl Place {
         }
         Ok(())
     }
+}
+
+/// Whether `key` is one of the variables cargo sets for the test binaries it runs (never one
+/// a user sets to configure cargo, such as CARGO_HOME or CARGO_TARGET_DIR).
+fn set_by_cargo_for_a_test(key: &str) -> bool {
+    const SET: [&str; 7] = [
+        "CARGO_MANIFEST_DIR",
+        "CARGO_MANIFEST_PATH",
+        "CARGO_CRATE_NAME",
+        "CARGO_BIN_NAME",
+        "CARGO_PRIMARY_PACKAGE",
+        "CARGO_TARGET_TMPDIR",
+        "OUT_DIR",
+    ];
+    SET.contains(&key) || key.starts_with("CARGO_PKG_") || key.starts_with("CARGO_BIN_EXE_")
 }
 
 #[cfg(test)]
@@ -145,6 +170,16 @@ mod tests {
                 "--target=x86_64-unknown-linux-musl".to_string()
             ]
         );
+    }
+
+    #[test]
+    fn the_nested_build_drops_what_cargo_set_for_the_test_and_keeps_what_the_user_set() {
+        for key in ["CARGO_MANIFEST_DIR", "CARGO_PKG_NAME", "CARGO_PKG_VERSION_MAJOR", "CARGO_BIN_EXE_ccm-bench", "OUT_DIR"] {
+            assert!(set_by_cargo_for_a_test(key), "{key}");
+        }
+        for key in ["CARGO_HOME", "CARGO_TARGET_DIR", "CARGO_INCREMENTAL", "CARGO_BUILD_JOBS", "CARGO", "RUSTFLAGS", "PATH"] {
+            assert!(!set_by_cargo_for_a_test(key), "{key}");
+        }
     }
 
     #[test]

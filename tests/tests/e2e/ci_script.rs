@@ -31,23 +31,62 @@ fn builds(line: &str) -> bool {
     MARKS.iter().any(|m| line.contains(m))
 }
 
-/// Checks that the first line of `script` that builds anything runs exactly `command` (its
+/// The commands of one shell line: split at `;`, `&&`, `||` and `|` outside quotes, each
+/// trimmed of the braces and keywords that open a block.
+fn commands(line: &str) -> Vec<String> {
+    let (mut out, mut current, mut quote) = (Vec::new(), String::new(), None::<char>);
+    for c in line.chars() {
+        match (quote, c) {
+            (Some(q), c) if c == q => quote = None,
+            (None, '\'' | '"') => quote = Some(c),
+            (None, ';' | '&' | '|') => {
+                out.push(std::mem::take(&mut current));
+                continue;
+            }
+            _ => {}
+        }
+        current.push(c);
+    }
+    out.push(current);
+    out.into_iter()
+        .map(|c| {
+            let mut c = c.trim();
+            loop {
+                let before = c;
+                for opener in ["(", "{", "!", "if ", "then ", "do ", "else "] {
+                    c = c.strip_prefix(opener).unwrap_or(c).trim_start();
+                }
+                if c == before {
+                    break;
+                }
+            }
+            c.to_string()
+        })
+        .filter(|c| !c.is_empty())
+        .collect()
+}
+
+/// Whether a command only reports or checks for a tool: a message, a step title, `command -v`,
+/// the Rust toolchain's own components and targets.
+fn harmless(command: &str) -> bool {
+    ["command -v ", "rustup component ", "rustup target ", "echo ", "echo", "step "].iter().any(|p| command.starts_with(p))
+}
+
+/// Checks that the first command of `script` that builds anything runs exactly `command` (its
 /// output may be piped or redirected, nothing else).
 fn check(script: &str, command: &str) -> Result<(), String> {
     let first = script
         .lines()
         .map(str::trim)
         .filter(|l| !l.is_empty() && !l.starts_with('#'))
-        // What only reports or checks for a tool: step titles, messages, `command -v`, the
-        // Rust toolchain's own components and targets.
-        .filter(|l| !l.starts_with("step ") && !l.starts_with("echo ") && !l.contains("command -v") && !l.contains("rustup "))
-        .find(|l| builds(l))
+        .flat_map(commands)
+        .find(|c| !harmless(c) && builds(c))
         .ok_or_else(|| format!("the CI script never runs the README's test command `{command}`"))?;
     let rest = first.strip_prefix(command).ok_or_else(|| {
         format!("the CI script's first build is `{first}`, not the README's test command `{command}`: run the tests first")
     })?;
     let rest = rest.trim_start();
-    if rest.is_empty() || rest.starts_with('|') || rest.starts_with("2>&1") || rest.starts_with('>') {
+    if rest.is_empty() || rest.starts_with("2>") || rest.starts_with('>') {
         Ok(())
     } else {
         Err(format!("the CI script runs `{first}`, not the README's test command `{command}` as it stands"))
@@ -75,6 +114,13 @@ fn a_ci_script_that_builds_first_or_changes_the_command_is_refused() {
     let other_package = "cargo test -p ccm-e2e\n";
     assert!(check(other_package, cmd).is_err());
     assert!(check("echo \"cargo test --workspace\"\n", cmd).is_err());
+    // A build hidden behind a harmless-looking check or the toolchain's own runner.
+    let behind_a_check = "command -v cargo >/dev/null && cargo build --workspace --bins\ncargo test --workspace\n";
+    assert!(check(behind_a_check, cmd).expect_err("hidden build").contains("cargo build"));
+    let through_rustup = "rustup run stable cargo build --workspace --bins\ncargo test --workspace\n";
+    assert!(check(through_rustup, cmd).is_err());
+    let in_a_block = "if true; then cargo build --workspace; fi\ncargo test --workspace\n";
+    assert!(check(in_a_block, cmd).is_err());
     // What CI does now.
     let ok = "step \"tools\"\ncommand -v go >/dev/null || { echo \"go is required\"; exit 1; }\n# cargo build first? no\n\
         cargo test --workspace 2>&1 | tee \"$work/tests.log\"\nbash harness/envtest/setup.sh helm\n";
