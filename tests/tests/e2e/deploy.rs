@@ -706,6 +706,8 @@ async fn release_finalizers_waits_for_the_leader_then_frees_every_service() {
     use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
     use k8s_openapi::apimachinery::pkg::apis::meta::v1::{MicroTime, ObjectMeta};
 
+    // Built (when missing or stale) before the Lease below is made, whose 15 s a build could outlast.
+    let core_binary = workspace_binary("cloud-controller-manager");
     let cp = ccm_harness::shared().expect("control plane");
     let env = TestEnv::new(cp.client().await.expect("client"), "uninstall").await.expect("env");
     let svc = create_load_balancer_service(&env, "web", &[80]).await.expect("service");
@@ -721,11 +723,23 @@ async fn release_finalizers_waits_for_the_leader_then_frees_every_service() {
     services.create(&PostParams::default(), &other).await.expect("a Service of another class");
     // A classed Service whose load balancer the core made (one provider's class among several):
     // the core recorded its load balancer's name on it, so it is the core's to release.
-    let mut classed = ccm_harness::cluster::load_balancer_service(&env.namespace, "metal-web", &[80]);
-    classed.spec.as_mut().expect("spec").load_balancer_class = Some("metal.example.com/lb".into());
-    classed.metadata.finalizers = Some(vec!["service.kubernetes.io/load-balancer-cleanup".into()]);
-    classed.metadata.annotations = Some([("ccm-rs.dev/load-balancer-name".to_string(), "a0123".to_string())].into());
-    services.create(&PostParams::default(), &classed).await.expect("a classed Service of ours");
+    // (The name is one the core derives from the Service's UID: upstream's `a` and the UID.)
+    let classed_service = |name: &str| {
+        let mut classed = ccm_harness::cluster::load_balancer_service(&env.namespace, name, &[80]);
+        classed.spec.as_mut().expect("spec").load_balancer_class = Some("metal.example.com/lb".into());
+        classed.metadata.finalizers = Some(vec!["service.kubernetes.io/load-balancer-cleanup".into()]);
+        classed
+    };
+    let made = services.create(&PostParams::default(), &classed_service("metal-web")).await.expect("a classed Service");
+    let uid = made.metadata.uid.expect("uid").replace('-', "");
+    let own: String = format!("a{uid}").chars().take(32).collect();
+    let patch = serde_json::json!({"metadata": {"annotations": {"ccm-rs.dev/load-balancer-name": own}}});
+    services.patch("metal-web", &kube::api::PatchParams::default(), &kube::api::Patch::Merge(&patch)).await.expect("recorded");
+    // The same, with a name a user wrote (not derived from its UID): not the core's record, so
+    // not the core's to release.
+    let mut forged = classed_service("metal-forged");
+    forged.metadata.annotations = Some([("ccm-rs.dev/load-balancer-name".to_string(), own.clone())].into());
+    services.create(&PostParams::default(), &forged).await.expect("a classed Service with another's name");
     // A live leader, in a namespace of the test's own (as the chart's kube-system Lease).
     let leases: Api<Lease> = Api::namespaced(env.client.clone(), &env.namespace);
     let lease = Lease {
@@ -739,7 +753,7 @@ async fn release_finalizers_waits_for_the_leader_then_frees_every_service() {
     };
     leases.create(&PostParams::default(), &lease).await.expect("lease");
     let release = |wait: &str| {
-        let mut cmd = std::process::Command::new(workspace_binary("cloud-controller-manager"));
+        let mut cmd = std::process::Command::new(&core_binary);
         cmd.arg(format!("--kubeconfig={}", cp.kubeconfig_path().display()))
             .arg(format!("--leader-elect-resource-namespace={}", env.namespace))
             .arg(format!("--service-namespace={}", env.namespace))
@@ -772,8 +786,12 @@ async fn release_finalizers_waits_for_the_leader_then_frees_every_service() {
     assert_eq!(svc.metadata.name.as_deref(), Some("web"));
     let theirs = services.get("theirs").await.expect("service").metadata.finalizers.unwrap_or_default();
     assert_eq!(theirs, vec!["service.kubernetes.io/load-balancer-cleanup".to_string()], "another class's Service is left alone");
-    let patch = serde_json::json!({"metadata": {"finalizers": null}});
-    services.patch("theirs", &kube::api::PatchParams::default(), &kube::api::Patch::Merge(&patch)).await.expect("clear");
+    let forged = services.get("metal-forged").await.expect("service").metadata.finalizers.unwrap_or_default();
+    assert_eq!(forged, vec!["service.kubernetes.io/load-balancer-cleanup".to_string()], "a forged record releases nothing");
+    for name in ["theirs", "metal-forged"] {
+        let patch = serde_json::json!({"metadata": {"finalizers": null}});
+        services.patch(name, &kube::api::PatchParams::default(), &kube::api::Patch::Merge(&patch)).await.expect("clear");
+    }
     let patch = serde_json::json!({"metadata": {"finalizers": null}});
     services.patch("web", &kube::api::PatchParams::default(), &kube::api::Patch::Merge(&patch)).await.expect("clear");
     env.cleanup().await.expect("cleanup");
