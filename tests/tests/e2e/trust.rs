@@ -128,32 +128,18 @@ async fn a_service_naming_another_namespaces_load_balancer_gets_neither_its_addr
 /// Service it is given, so the victim's load balancer survives the intruder's deletion.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn behind_the_go_adapter_a_recorded_name_steers_nothing_either() {
-    use ccm_harness::assets::Assets;
-    use ccm_harness::aws::Sidecar;
     use ccm_proto::v1 as pb;
-    let binary = match Assets::tool("fake-provider") {
-        Ok(b) => b,
-        Err(e) if std::env::var_os(crate::aws::REQUIRE).is_some() => {
-            panic!("{} is set and ccm-provider-fake is missing: {e:#}", crate::aws::REQUIRE)
-        }
-        Err(e) => return eprintln!("skipped: the fake cloud's sidecar needs Go: {e:#}"),
-    };
     let cp = ccm_harness::shared().expect("control plane");
     let client = cp.client().await.expect("client");
     let victim = TestEnv::new(client.clone(), "gvictim").await.expect("env");
     let intruder = TestEnv::new(client, "gintruder").await.expect("env");
     let node = victim.node_name("n1");
     let dir = tempfile::tempdir().expect("tempdir");
-    let instances = serde_json::json!([{
-        "name": node, "providerID": format!("fake://{node}"), "type": "fake.large",
-        "addresses": [{ "type": "InternalIP", "address": "10.0.0.1" }],
-    }]);
-    let config =
-        serde_json::json!({ "zone": "zone-a", "region": "region-1", "externalIP": "203.0.113.10", "instances": instances });
-    let path = dir.path().join("cloud.json");
-    std::fs::write(&path, config.to_string()).expect("cloud config");
-    let args = ["--cloud-provider=fake".to_string(), format!("--cloud-config={}", path.display())];
-    let sidecar = Sidecar::run(&binary, dir.path(), &args, &[]).await.expect("ccm-provider-fake");
+    let Some(sidecar) = crate::go_adapter::fake_cloud(dir.path(), std::slice::from_ref(&node)).await else {
+        victim.cleanup().await.expect("cleanup");
+        intruder.cleanup().await.expect("cleanup");
+        return;
+    };
     NodeBuilder::new(&node)
         .label(TEST_LABEL, &victim.prefix)
         .provider_id(&format!("fake://{node}"))
