@@ -2,13 +2,19 @@
 //! ServiceAccount in `kube-system` ([`service_account`]: upstream's accounts by default,
 //! `--service-account-names`; created when missing and allowed), so
 //! audit logs tell controllers apart and each can be granted only what it does. Tokens come
-//! from the TokenRequest API, live an hour, and are renewed every 20 minutes into a file the
+//! from the TokenRequest API, live an hour, are bound to this Pod when it runs in one of the
+//! accounts' namespace (POD_NAME, POD_UID and POD_NAMESPACE from the downward API: a token
+//! stops working when the Pod is gone), and are renewed every 20 minutes into a file the
 //! client re-reads.
+//!
+//! `--provider-token` ([`hand_over`]): the same for a provider's own ServiceAccount, written
+//! with `ca.crt` and `namespace` into a volume only that provider mounts, so that the
+//! provider reads the cluster as itself and never holds the core's credentials.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use k8s_openapi::api::authentication::v1::{TokenRequest, TokenRequestSpec};
+use k8s_openapi::api::authentication::v1::{BoundObjectReference, TokenRequest, TokenRequestSpec};
 use k8s_openapi::api::core::v1::ServiceAccount;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::Api;
@@ -45,7 +51,7 @@ pub enum CredentialsError {
     #[error("creating the token directory")]
     TokenDir(#[source] std::io::Error),
     /// An API call about the ServiceAccount failed (`what` says which).
-    #[error("{what} {NAMESPACE}/{account}")]
+    #[error("{what} {account}")]
     Api {
         what: &'static str,
         account: String,
@@ -53,7 +59,7 @@ pub enum CredentialsError {
         source: kube::Error,
     },
     /// The TokenRequest was answered without a token.
-    #[error("the token request for {NAMESPACE}/{0} returned no token")]
+    #[error("the token request for {0} returned no token")]
     NoToken(String),
     /// The token file could not be written.
     #[error("writing the token file {path}")]
@@ -91,7 +97,7 @@ impl Credentials {
 
     async fn token(root: &kube::Client, name: &str) -> Result<String, CredentialsError> {
         let api: Api<ServiceAccount> = Api::namespaced(root.clone(), NAMESPACE);
-        let failed = |what| move |source| CredentialsError::Api { what, account: name.to_string(), source };
+        let failed = |what| move |source| CredentialsError::Api { what, account: format!("{NAMESPACE}/{name}"), source };
         if api.get_opt(name).await.map_err(failed("reading service account"))?.is_none() {
             let sa =
                 ServiceAccount { metadata: ObjectMeta { name: Some(name.into()), ..Default::default() }, ..Default::default() };
@@ -101,28 +107,11 @@ impl Credentials {
                 Err(e) => return Err(failed("creating service account")(e)),
             }
         }
-        let request = TokenRequest {
-            spec: Some(TokenRequestSpec { expiration_seconds: Some(TOKEN_SECONDS), ..Default::default() }),
-            ..Default::default()
-        };
-        let answer =
-            api.create_token_request(name, &PostParams::default(), &request).await.map_err(failed("requesting a token for"))?;
-        answer.status.and_then(|s| s.token).filter(|t| !t.is_empty()).ok_or_else(|| CredentialsError::NoToken(name.to_string()))
+        request_token(root, NAMESPACE, name).await
     }
 
-    fn write(path: &PathBuf, token: &str) -> Result<(), CredentialsError> {
-        use std::io::Write;
-        use std::os::unix::fs::OpenOptionsExt;
-        let tmp = path.with_extension("new");
-        let written = std::fs::OpenOptions::new()
-            .write(true)
-            .create(true)
-            .truncate(true)
-            .mode(0o600)
-            .open(&tmp)
-            .and_then(|mut f| f.write_all(token.as_bytes()))
-            .and_then(|()| std::fs::rename(&tmp, path));
-        written.map_err(|source| CredentialsError::Write { path: path.clone(), source })
+    fn write(path: &Path, token: &str) -> Result<(), CredentialsError> {
+        write_file(path, token.as_bytes(), 0o600)
     }
 
     /// A client acting as the ServiceAccount of `controller` ([`service_account`]), renewing
@@ -153,5 +142,169 @@ impl Credentials {
         config.auth_info = kube::config::AuthInfo { token_file: Some(path.display().to_string()), ..Default::default() };
         tracing::info!(controller, service_account = %format!("{NAMESPACE}/{account}"), "using the controller's own credentials");
         self.metrics.kube_client(config).map_err(CredentialsError::Client)
+    }
+}
+
+/// This Pod, when the downward API gives its name and UID and it runs in `namespace` (the
+/// API server binds a token only to an object of the account's namespace).
+fn bound_pod(namespace: &str) -> Option<BoundObjectReference> {
+    let var = |name| std::env::var(name).ok().filter(|v| !v.is_empty());
+    let (name, uid) = (var("POD_NAME")?, var("POD_UID")?);
+    (var("POD_NAMESPACE")?.as_str() == namespace).then(|| BoundObjectReference {
+        api_version: Some("v1".into()),
+        kind: Some("Pod".into()),
+        name: Some(name),
+        uid: Some(uid),
+    })
+}
+
+/// A token of `namespace/name` for the API server (no audience: the API server's own), for an
+/// hour, bound to this Pod when it can be ([`bound_pod`]).
+async fn request_token(root: &kube::Client, namespace: &str, name: &str) -> Result<String, CredentialsError> {
+    let api: Api<ServiceAccount> = Api::namespaced(root.clone(), namespace);
+    let account = format!("{namespace}/{name}");
+    let request = TokenRequest {
+        spec: Some(TokenRequestSpec {
+            expiration_seconds: Some(TOKEN_SECONDS),
+            bound_object_ref: bound_pod(namespace),
+            ..Default::default()
+        }),
+        ..Default::default()
+    };
+    let answer = api
+        .create_token_request(name, &PostParams::default(), &request)
+        .await
+        .map_err(|source| CredentialsError::Api { what: "requesting a token for", account: account.clone(), source })?;
+    answer.status.and_then(|s| s.token).filter(|t| !t.is_empty()).ok_or(CredentialsError::NoToken(account))
+}
+
+/// Writes `bytes` to `path` with `mode`, whole or not at all (a reader never sees half).
+fn write_file(path: &Path, bytes: &[u8], mode: u32) -> Result<(), CredentialsError> {
+    use std::io::Write;
+    use std::os::unix::fs::OpenOptionsExt;
+    let tmp = path.with_extension("new");
+    let written = std::fs::OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .mode(mode)
+        .open(&tmp)
+        .and_then(|mut f| f.write_all(bytes))
+        .and_then(|()| std::fs::set_permissions(&tmp, std::os::unix::fs::PermissionsExt::from_mode(mode)))
+        .and_then(|()| std::fs::rename(&tmp, path));
+    written.map_err(|source| CredentialsError::Write { path: path.to_path_buf(), source })
+}
+
+/// The API server's CA bundle of `config` as PEM, for a provider's in-cluster client.
+fn ca_pem(config: &kube::Config) -> String {
+    use base64::Engine;
+    let mut pem = String::new();
+    for der in config.root_cert.iter().flatten() {
+        let text = base64::engine::general_purpose::STANDARD.encode(der);
+        pem.push_str("-----BEGIN CERTIFICATE-----\n");
+        for line in text.as_bytes().chunks(64) {
+            pem.push_str(&String::from_utf8_lossy(line));
+            pem.push('\n');
+        }
+        pem.push_str("-----END CERTIFICATE-----\n");
+    }
+    pem
+}
+
+/// Writes what a provider's in-cluster client reads into `handover.dir`: `token` (of its
+/// own ServiceAccount), `ca.crt` and `namespace`, readable by the volume's group (the pod's
+/// fsGroup; the provider runs as a user of its own).
+async fn hand_over_once(
+    root: &kube::Client,
+    ca: &str,
+    handover: &crate::provider::access::Handover,
+) -> Result<(), CredentialsError> {
+    let token = request_token(root, &handover.namespace, &handover.account).await?;
+    write_file(&handover.dir.join("ca.crt"), ca.as_bytes(), 0o640)?;
+    write_file(&handover.dir.join("namespace"), handover.namespace.as_bytes(), 0o640)?;
+    write_file(&handover.dir.join("token"), token.as_bytes(), 0o640)
+}
+
+/// How soon a provider's token is tried again after a failure (the API server restarting,
+/// the ServiceAccount not there yet, RBAC missing: each is logged).
+const HANDOVER_RETRY: Duration = Duration::from_secs(5);
+/// The longest wait between those tries.
+const HANDOVER_RETRY_MAX: Duration = Duration::from_secs(80);
+
+/// `--provider-token`: writes each provider's token as soon as it can (the first failure is
+/// logged as an error and retried after 5 s, doubling to 80 s: the provider waits for its token), then renews
+/// it every 20 minutes under `supervisor` until `stop` (a failed renewal keeps the current
+/// token, an hour long, and is retried sooner).
+pub fn hand_over(
+    config: &kube::Config,
+    handovers: Vec<crate::provider::access::Handover>,
+    metrics: &crate::metrics::Metrics,
+    supervisor: &crate::supervisor::Supervisor,
+    stop: CancellationToken,
+) -> Result<(), CredentialsError> {
+    if handovers.is_empty() {
+        return Ok(());
+    }
+    let root = metrics.kube_client(config.clone()).map_err(CredentialsError::Client)?;
+    let ca = ca_pem(config);
+    for handover in handovers {
+        let account = format!("{}/{}", handover.namespace, handover.account);
+        let (root, ca, stop) = (root.clone(), ca.clone(), stop.clone());
+        supervisor.spawn(&format!("the provider token handover of {account}"), &stop.clone(), async move {
+            let (mut handed, mut retry) = (false, HANDOVER_RETRY);
+            loop {
+                let wait = match hand_over_once(&root, &ca, &handover).await {
+                    Ok(()) => {
+                        if !handed {
+                            tracing::info!(service_account = %account, dir = %handover.dir.display(), bound_to_pod = bound_pod(&handover.namespace).is_some(), "handed the provider a token of its own ServiceAccount");
+                        }
+                        (handed, retry) = (true, HANDOVER_RETRY);
+                        RENEW_EVERY
+                    }
+                    Err(error) => {
+                        let error = crate::metrics::chain(&error);
+                        if handed {
+                            tracing::warn!(service_account = %account, %error, "renewing the provider's token failed; the current one stays");
+                        } else {
+                            tracing::error!(service_account = %account, %error, "cannot hand the provider its token; it cannot read the cluster until then");
+                        }
+                        let wait = retry;
+                        retry = (retry * 2).min(HANDOVER_RETRY_MAX);
+                        wait
+                    }
+                };
+                tokio::select! {
+                    _ = tokio::time::sleep(wait) => {}
+                    _ = stop.cancelled() => return,
+                }
+            }
+        });
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn files_are_replaced_whole_with_their_mode() {
+        use std::os::unix::fs::PermissionsExt;
+        let dir = tempfile::tempdir().expect("dir");
+        let path = dir.path().join("token");
+        write_file(&path, b"first", 0o640).expect("write");
+        write_file(&path, b"second", 0o640).expect("rewrite");
+        assert_eq!(std::fs::read_to_string(&path).expect("read"), "second");
+        assert_eq!(std::fs::metadata(&path).expect("meta").permissions().mode() & 0o777, 0o640);
+        assert!(!dir.path().join("token.new").exists());
+    }
+
+    #[test]
+    fn the_ca_bundle_is_pem() {
+        let mut config = kube::Config::new("https://k:6443".parse().expect("uri"));
+        config.root_cert = Some(vec![vec![1u8; 100]]);
+        let pem = ca_pem(&config);
+        assert!(pem.starts_with("-----BEGIN CERTIFICATE-----\n") && pem.ends_with("-----END CERTIFICATE-----\n"), "{pem}");
+        assert!(pem.lines().all(|l| l.len() <= 64), "{pem}");
     }
 }

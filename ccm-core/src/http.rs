@@ -50,16 +50,24 @@ pub trait Readiness: Send + Sync + 'static {
 struct Shared {
     metrics: Metrics,
     readiness: Arc<dyn Readiness>,
+    providers: crate::provider::access::Access,
 }
 
-/// The router; with `delegation`, every request passes its checks first.
-pub fn router(metrics: Metrics, readiness: Arc<dyn Readiness>, delegation: Option<Arc<Delegation>>) -> axum::Router {
-    let shared = Arc::new(Shared { metrics, readiness });
+/// The router; with `delegation`, every request passes its checks first. The metrics of the
+/// providers of `providers` (`--provider-metrics`) are at `/metrics/providers/NAME`.
+pub fn router(
+    metrics: Metrics,
+    readiness: Arc<dyn Readiness>,
+    delegation: Option<Arc<Delegation>>,
+    providers: crate::provider::access::Access,
+) -> axum::Router {
+    let shared = Arc::new(Shared { metrics, readiness, providers });
     let router = axum::Router::new()
         .route("/healthz", get(|| async { "ok" }))
         .route("/livez", get(|| async { "ok" }))
         .route("/readyz", get(readyz))
         .route("/metrics", get(metrics_text))
+        .route("/metrics/providers/{name}", get(provider_metrics))
         .with_state(shared);
     match delegation {
         Some(d) => router.layer(axum::middleware::from_fn_with_state(d, crate::delegation::check)),
@@ -92,6 +100,24 @@ async fn readyz(State(s): State<Arc<Shared>>) -> impl IntoResponse {
 
 async fn metrics_text(State(s): State<Arc<Shared>>) -> impl IntoResponse {
     ([(axum::http::header::CONTENT_TYPE, "application/openmetrics-text; version=1.0.0; charset=utf-8")], s.metrics.encode())
+}
+
+/// A provider's own metrics, read from its metrics socket when asked (nothing is kept).
+async fn provider_metrics(
+    State(s): State<Arc<Shared>>,
+    axum::extract::Path(name): axum::extract::Path<String>,
+) -> axum::response::Response {
+    let Some(path) = s.providers.metrics.get(&name) else {
+        return (StatusCode::NOT_FOUND, format!("no --provider-metrics for a provider named {name:?}\n")).into_response();
+    };
+    match crate::provider::access::scrape(path, s.providers.peer_uids.get(&name).copied()).await {
+        Ok((content_type, body)) => ([(axum::http::header::CONTENT_TYPE, content_type)], body).into_response(),
+        Err(error) => {
+            let error = crate::metrics::chain(&error);
+            tracing::warn!(provider = %name, %error, "reading the provider's metrics failed");
+            (StatusCode::BAD_GATEWAY, format!("the provider's metrics: {error}\n")).into_response()
+        }
+    }
 }
 
 /// How often the certificate files are checked for a change.

@@ -167,6 +167,26 @@ pub struct Options {
     #[arg(long, num_args = 0..=1, require_equals = true, default_missing_value = "true", action = clap::ArgAction::Set, default_value_t = false)]
     pub provider_allow_insecure_tcp: bool,
 
+    /// The user id a provider on a unix socket runs as (`[NAME=]UID`, one per provider): the
+    /// core checks the peer's credentials (SO_PEERCRED) on every connection and refuses
+    /// another process that took the socket's place. Unchecked when unset.
+    #[arg(long, value_name = "[NAME=]UID")]
+    pub provider_peer_uid: Vec<String>,
+
+    /// A provider's metrics endpoint (`[NAME=]unix:///path/metrics.sock`, one per provider):
+    /// served again at `/metrics/providers/NAME` on the secure port, behind the checks of
+    /// `/metrics`, so that the provider's metrics need not listen on the network.
+    #[arg(long, value_name = "[NAME=]unix:///PATH")]
+    pub provider_metrics: Vec<String>,
+
+    /// Hands a provider a Kubernetes token of its own ServiceAccount (`NAMESPACE/NAME=DIR`):
+    /// requested with TokenRequest (an hour, bound to this Pod when POD_NAME and POD_UID are
+    /// set, renewed every 20 minutes) and written with `ca.crt` and `namespace` into DIR, a
+    /// volume the provider mounts read-only at /var/run/secrets/kubernetes.io/serviceaccount.
+    /// The provider then holds no credential of the core's.
+    #[arg(long, value_name = "NAMESPACE/NAME=DIR")]
+    pub provider_token: Vec<String>,
+
     /// Deadline of each provider call that reads.
     #[arg(long, value_name = "DURATION", default_value = "10s", value_parser = parse_duration)]
     pub provider_call_timeout: Duration,
@@ -741,6 +761,7 @@ impl Options {
     pub fn validate(&self) -> Result<(), InvalidFlags> {
         self.enabled_controllers()?;
         self.provider_endpoints()?;
+        crate::provider::access::access(self)?;
         crate::compat::review_gates(&self.feature_gates)?;
         self.upstream.review()?;
         if self.leader_elect && self.leader_elect_renew_deadline >= self.leader_elect_lease_duration {

@@ -261,15 +261,27 @@ pub async fn run_until(options: Options, shutdown: impl Future<Output = ()> + Se
     // One client per provider: each with its own connection, concurrency limit, throttle
     // gate, identity, epochs and readiness, so that one provider's trouble stays its own.
     let mut providers = Vec::new();
+    let access = crate::provider::access::access(&options)?;
     for (name, endpoint) in options.provider_endpoints()? {
-        let provider = Provider::connect(
-            &endpoint,
-            tls.as_ref().map(|files| (files, options.provider_tls_server_name.as_deref())),
-            options.provider_allow_insecure_tcp,
-            options.provider_call_timeout,
-            options.provider_max_concurrency,
-            metrics.clone(),
-        )
+        let provider = match access.peer_uids.get(&name) {
+            Some(&uid) => crate::provider::access::checked_unix_channel(&endpoint, uid).map(|channel| {
+                Provider::over(
+                    channel,
+                    &endpoint,
+                    options.provider_call_timeout,
+                    options.provider_max_concurrency,
+                    metrics.clone(),
+                )
+            }),
+            None => Provider::connect(
+                &endpoint,
+                tls.as_ref().map(|files| (files, options.provider_tls_server_name.as_deref())),
+                options.provider_allow_insecure_tcp,
+                options.provider_call_timeout,
+                options.provider_max_concurrency,
+                metrics.clone(),
+            ),
+        }
         .with_context(|| format!("--provider-endpoint {name}={endpoint}"))?
         .named(&name)
         .with_max_retry_after(options.provider_max_retry_after)
@@ -338,6 +350,12 @@ pub async fn run_with(options: Options, parts: Parts, shutdown: impl Future<Outp
         }
         _ => None,
     };
+    let access = crate::provider::access::access(&options)?;
+    if !access.tokens.is_empty() {
+        let config = config.as_ref().context("--provider-token needs a kubeconfig to request tokens with")?;
+        crate::credentials::hand_over(config, access.tokens.clone(), &metrics, &supervisor, stop.clone())
+            .context("--provider-token")?;
+    }
     for provider in providers.all() {
         supervisor.spawn("a provider's probe", &stop, provider.clone().watch(PROBE_PERIOD, stop.clone()));
     }
@@ -359,7 +377,7 @@ pub async fn run_with(options: Options, parts: Parts, shutdown: impl Future<Outp
         });
         let delegation = delegation(&options).await?;
         let checked = delegation.is_some();
-        let app = http::router(metrics.clone(), ready, delegation);
+        let app = http::router(metrics.clone(), ready, delegation, access.clone());
         let addr = SocketAddr::new(options.bind_address, options.secure_port);
         let tls = match (&options.tls_cert_file, &options.tls_private_key_file) {
             _ if options.insecure_serving => http::Tls::None,

@@ -12,7 +12,7 @@
 //! // registry.register("mycloud_api_requests", "…", my_counter.clone());
 //! let server = ProviderServer::new("mycloud.example.com", "1.0.0")
 //!     .observe(calls)
-//!     .metrics("http://0.0.0.0:10260".parse().expect("endpoint"), Arc::new(registry));
+//!     .metrics("unix:///var/run/ccm/metrics.sock".parse().expect("endpoint"), Arc::new(registry));
 //! ```
 
 use std::sync::Arc;
@@ -76,10 +76,11 @@ impl CallObserver for CallMetrics {
 }
 
 /// Serves `registry` in Prometheus' text format at `GET /metrics` on `listen` (plain HTTP
-/// over TCP, or a unix socket) until `shutdown` resolves.
+/// over TCP, or a unix socket of `mode`) until `shutdown` resolves.
 pub async fn serve(
     registry: Arc<Registry>,
     listen: &Listen,
+    mode: u32,
     shutdown: impl std::future::Future<Output = ()> + Send + 'static,
 ) -> Result<(), ServeError> {
     let app = axum::Router::new().route(
@@ -111,7 +112,7 @@ pub async fn serve(
             axum::serve(listener, app).with_graceful_shutdown(shutdown).await.map_err(bind_error)
         }
         Listen::Unix(path) => {
-            let listener = crate::server::bind_unix(path, 0o600)?;
+            let listener = crate::server::bind_unix(path, mode)?;
             let result = axum::serve(listener, app).with_graceful_shutdown(shutdown).await.map_err(bind_error);
             let _ = std::fs::remove_file(path);
             result
@@ -150,7 +151,7 @@ mod tests {
         drop(probe);
         let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
         let server = tokio::spawn(async move {
-            serve(Arc::new(registry), &Listen::Tcp(addr), async move {
+            serve(Arc::new(registry), &Listen::Tcp(addr), 0o600, async move {
                 let _ = stopped.await;
             })
             .await

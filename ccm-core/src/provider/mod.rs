@@ -4,6 +4,7 @@
 //! paced to the rate the plugin declares, a client-side concurrency limit, and metrics by method, code and latency. The typed methods
 //! the controllers call are in [`api`]; the checks their answers pass in [`check`].
 
+pub mod access;
 mod api;
 pub mod check;
 pub mod convert;

@@ -85,6 +85,17 @@ pub enum ServeError {
          socket or loopback, or allow it explicitly (--allow-insecure-tcp)"
     )]
     Insecure(String),
+    /// The metrics asked for over plaintext TCP on an address other hosts can reach, not
+    /// allowed explicitly.
+    #[error(
+        "metrics endpoint {0}: plain HTTP on an address other hosts can reach serves the provider's metrics to anyone; \
+         serve them on a unix socket (the core serves them again behind its authentication, --provider-metrics) or on \
+         loopback, or allow it explicitly (--allow-insecure-metrics)"
+    )]
+    InsecureMetrics(String),
+    /// A unix socket mode that gives others access, or denies the owner.
+    #[error("socket mode {0:#o}: expected owner read and write, and nothing for others (0600, 0660)")]
+    SocketMode(u32),
 }
 
 impl From<crate::tls::TlsError> for ServeError {
@@ -153,6 +164,7 @@ pub struct ProviderServer {
     call_rate: Option<pb::CallRate>,
     tls: Option<crate::tls::TlsFiles>,
     insecure_tcp: bool,
+    insecure_metrics: bool,
     metrics: Option<(Listen, Arc<prometheus_client::registry::Registry>)>,
 }
 
@@ -178,6 +190,7 @@ impl ProviderServer {
             call_rate: None,
             tls: None,
             insecure_tcp: false,
+            insecure_metrics: false,
             metrics: None,
         }
     }
@@ -283,7 +296,16 @@ impl ProviderServer {
         self
     }
 
-    /// The mode of a unix socket (default 0600: only the owner may connect).
+    /// Serves the metrics ([`ProviderServer::metrics`]) over plain HTTP on an address other
+    /// hosts can reach (refused by default: a unix socket or loopback needs nothing).
+    pub fn allow_insecure_metrics(mut self, allow: bool) -> Self {
+        self.insecure_metrics = allow;
+        self
+    }
+
+    /// The mode of unix sockets, the gRPC one and the metrics one (default 0600: only the
+    /// owner may connect; 0660: the directory's group too, as a core running as another
+    /// user of the pod's fsGroup). A mode with bits for others is refused when serving.
     pub fn socket_mode(mut self, mode: u32) -> Self {
         self.socket_mode = mode;
         self
@@ -345,6 +367,15 @@ impl ProviderServer {
             return Err(ServeError::PluginName(self.name));
         }
         let mode = self.socket_mode;
+        if mode & 0o600 != 0o600 || mode & !0o770 != 0 {
+            return Err(ServeError::SocketMode(mode));
+        }
+        if let Some((Listen::Tcp(addr), _)) = &self.metrics
+            && !self.insecure_metrics
+            && !addr.ip().is_loopback()
+        {
+            return Err(ServeError::InsecureMetrics(addr.to_string()));
+        }
         if let Listen::Tcp(addr) = listen
             && self.tls.is_none()
             && !self.insecure_tcp
@@ -365,7 +396,7 @@ impl ProviderServer {
                 let stopped = async move {
                     let _ = metrics_stopped.await;
                 };
-                if let Err(error) = crate::metrics::serve(registry, &listen, stopped).await {
+                if let Err(error) = crate::metrics::serve(registry, &listen, mode, stopped).await {
                     tracing::error!(error = %error, endpoint = %listen, "serving the provider's metrics failed");
                 }
             })
@@ -503,6 +534,56 @@ mod tests {
         for bad in ["unix:///run/p", "unix://relative.sock", "nonsense", "http://host-without-port"] {
             assert!(bad.parse::<Listen>().is_err(), "{bad}");
         }
+    }
+
+    #[tokio::test]
+    async fn metrics_on_the_network_and_sockets_open_to_others_are_refused() {
+        let dir = tempfile::tempdir().expect("dir");
+        let grpc = Listen::Unix(dir.path().join("provider.sock"));
+        let registry = Arc::new(prometheus_client::registry::Registry::default());
+        let open: Listen = "http://0.0.0.0:0".parse().expect("listen");
+        let err = ProviderServer::new("test.example", "0")
+            .metrics(open.clone(), registry.clone())
+            .serve_with_shutdown(&grpc, async {})
+            .await
+            .expect_err("refused");
+        assert!(matches!(err, ServeError::InsecureMetrics(_)) && err.to_string().contains("--allow-insecure-metrics"), "{err}");
+        ProviderServer::new("test.example", "0")
+            .metrics(open, registry.clone())
+            .allow_insecure_metrics(true)
+            .serve_with_shutdown(&grpc, async {})
+            .await
+            .expect("allowed explicitly");
+        for mode in [0o666, 0o604, 0o400, 0o1660] {
+            let err = ProviderServer::new("test.example", "0").socket_mode(mode).serve_with_shutdown(&grpc, async {}).await;
+            assert!(matches!(err, Err(ServeError::SocketMode(_))), "{mode:o}: {err:?}");
+        }
+        // 0660: both sockets take the mode (the group of a pod's fsGroup reaches them).
+        let metrics = Listen::Unix(dir.path().join("metrics.sock"));
+        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+        let server = tokio::spawn(async move {
+            ProviderServer::new("test.example", "0")
+                .socket_mode(0o660)
+                .metrics(metrics, registry)
+                .serve_with_shutdown(&grpc, async move {
+                    let _ = stopped.await;
+                })
+                .await
+        });
+        for name in ["provider.sock", "metrics.sock"] {
+            let path = dir.path().join(name);
+            let mut mode = 0;
+            for _ in 0..100 {
+                if let Ok(meta) = std::fs::metadata(&path) {
+                    mode = meta.permissions().mode() & 0o777;
+                    break;
+                }
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+            assert_eq!(mode, 0o660, "{name}");
+        }
+        let _ = stop.send(());
+        server.await.expect("join").expect("served");
     }
 
     #[tokio::test]

@@ -51,6 +51,13 @@ pub struct Config {
     /// Serve cloudprovider.v1 over plaintext TCP on addresses other hosts can reach (the
     /// `--allow-insecure-tcp` flag): refused otherwise.
     pub allow_insecure_tcp: bool,
+    /// The mode of the unix sockets served (`--socket-mode`, default 0600).
+    #[serde(skip)]
+    pub socket_mode: u32,
+    /// Serve the metrics over plain HTTP on an address other hosts can reach
+    /// (`--allow-insecure-metrics`): refused otherwise.
+    #[serde(skip)]
+    pub allow_insecure_metrics: bool,
     /// The data plane (`[dataplane]`): when set, the load balancers carry traffic through
     /// the agent at its endpoint (see [`crate::dataplane`]); unset, they are records only.
     pub dataplane: Option<crate::dataplane::DataplaneConfig>,
@@ -82,6 +89,8 @@ impl Default for Config {
             cache_ttl_seconds: 0,
             registry_credentials: Vec::new(),
             allow_insecure_tcp: false,
+            socket_mode: 0o600,
+            allow_insecure_metrics: false,
             dataplane: None,
             pod_cidrs: None,
             set_tags: true,

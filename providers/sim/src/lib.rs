@@ -97,7 +97,10 @@ pub async fn serve(
     if let Some(files) = tls {
         server = server.tls(files);
     }
-    server = server.allow_insecure_tcp(config.allow_insecure_tcp);
+    server = server
+        .allow_insecure_tcp(config.allow_insecure_tcp)
+        .allow_insecure_metrics(config.allow_insecure_metrics)
+        .socket_mode(config.socket_mode);
     if let Some(limit) = config.api.rate_limit.filter(|_| !config.api.undeclared_rate_limit) {
         // Every call of the sim's services is one call through its API gate.
         server = server.call_rate(limit.rps, limit.burst);

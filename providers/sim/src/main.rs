@@ -46,6 +46,15 @@ struct Args {
     /// otherwise: only loopback is served in the clear).
     #[arg(long)]
     allow_insecure_tcp: bool,
+    /// The mode of the unix sockets served, octal: 0600 (only this user), or 0660 for a core
+    /// running as another user of the directory's group (the pod's fsGroup). Others never.
+    #[arg(long, value_name = "MODE", default_value = "0600", value_parser = socket_mode)]
+    socket_mode: u32,
+    /// Serve --metrics-listen over plain HTTP on an address other hosts can reach (refused
+    /// otherwise: a unix socket, which the core serves again behind its authentication, or
+    /// loopback).
+    #[arg(long)]
+    allow_insecure_metrics: bool,
     /// The private key of --tls-cert-file (PEM).
     #[arg(long, value_name = "FILE", requires = "tls_cert_file")]
     tls_key_file: Option<PathBuf>,
@@ -137,6 +146,12 @@ async fn main() -> anyhow::Result<()> {
         metadata: parse("--metadata-listen", args.metadata_listen.as_deref())?,
         metrics: parse("--metrics-listen", args.metrics_listen.as_deref())?,
     };
+    if let Some(Listen::Tcp(addr)) = &endpoints.metrics
+        && !addr.ip().is_loopback()
+        && !args.allow_insecure_metrics
+    {
+        return Err(ccm_provider_sdk::server::ServeError::InsecureMetrics(addr.to_string()).into());
+    }
     if check_only {
         // The config file is the pod's (a mounted ConfigMap): checked where it is mounted.
         println!("ccm-provider-sim: arguments ok");
@@ -150,10 +165,21 @@ async fn main() -> anyhow::Result<()> {
         config.node_metadata_instance = args.metadata_instance.clone();
     }
     config.allow_insecure_tcp |= args.allow_insecure_tcp;
+    config.socket_mode = args.socket_mode;
+    config.allow_insecure_metrics = args.allow_insecure_metrics;
     let tls = args.tls_cert_file.map(|cert| ccm_provider_sdk::tls::TlsFiles {
         cert,
         key: args.tls_key_file.unwrap_or_default(),
         ca: args.tls_client_ca_file.unwrap_or_default(),
     });
     ccm_provider_sim::serve(config, endpoints, tls, ccm_provider_sdk::server::shutdown_signal()).await
+}
+
+/// A `--socket-mode`: octal, owner read and write, nothing for others.
+fn socket_mode(value: &str) -> Result<u32, String> {
+    let mode = u32::from_str_radix(value.trim_start_matches("0o"), 8).map_err(|_| format!("{value:?} is not an octal mode"))?;
+    if mode & 0o600 != 0o600 || mode & !0o770 != 0 {
+        return Err(format!("{value}: expected owner read and write and nothing for others (0600, 0660)"));
+    }
+    Ok(mode)
 }
