@@ -15,6 +15,9 @@ import (
 	"path/filepath"
 	"runtime/debug"
 	"strings"
+	"sync"
+	"syscall"
+	"time"
 
 	pb "github.com/ccm-rs/go-adapter/gen/cloudprovider/v1"
 	"google.golang.org/grpc"
@@ -26,8 +29,8 @@ import (
 
 // Options says how to serve.
 type Options struct {
-	// Listen is `unix:///path/provider.sock` (created 0600, a stale file replaced) or
-	// `tcp://host:port`.
+	// Listen is `unix:///path/provider.sock` (created 0600; a stale socket replaced, a live
+	// one or any other file refused) or `tcp://host:port`.
 	Listen string
 	// Name is the plugin name (GetPluginInfo); default `<provider>.go-adapter.ccm-rs.dev`.
 	Name string
@@ -155,8 +158,8 @@ func NewServer(cloud cloudprovider.Interface, opts Options, extra ...grpc.Server
 	return server
 }
 
-// Listen opens the endpoint: a unix socket (0600, a stale socket file replaced; the path
-// must end in .sock) or TCP.
+// Listen opens the endpoint: a unix socket (see ListenUnix; the path must end in .sock) or
+// TCP.
 func Listen(endpoint string) (net.Listener, error) {
 	switch {
 	case strings.HasPrefix(endpoint, "unix://"):
@@ -164,15 +167,11 @@ func Listen(endpoint string) (net.Listener, error) {
 		if !strings.HasSuffix(path, ".sock") {
 			return nil, fmt.Errorf("--listen %q: a unix socket path must end in .sock", endpoint)
 		}
-		if info, err := os.Lstat(path); err == nil {
-			if info.Mode()&os.ModeSocket == 0 {
-				return nil, fmt.Errorf("--listen %q: the path exists and is not a socket", endpoint)
-			}
-			if err := os.Remove(path); err != nil {
-				return nil, fmt.Errorf("removing the stale socket %s: %w", path, err)
-			}
+		l, err := ListenUnix(path)
+		if err != nil {
+			return nil, fmt.Errorf("--listen %q: %w", endpoint, err)
 		}
-		return listenPrivately(path)
+		return l, nil
 	case strings.HasPrefix(endpoint, "tcp://"):
 		l, err := net.Listen("tcp", strings.TrimPrefix(endpoint, "tcp://"))
 		if err != nil {
@@ -184,9 +183,50 @@ func Listen(endpoint string) (net.Listener, error) {
 	}
 }
 
+// ListenUnix listens on a unix socket at path, mode 0600. A socket file already there is
+// replaced only when it is stale (connecting to it is refused); a socket another process
+// still serves, one whose state cannot be told, and anything that is not a socket are left
+// alone and refused: a second sidecar started by mistake (or a process that wants the core's
+// calls) must not take the place of the one serving. Closing the listener removes the socket
+// (unless something else has taken its path since).
+func ListenUnix(path string) (net.Listener, error) {
+	if err := removeStale(path); err != nil {
+		return nil, err
+	}
+	return listenPrivately(path)
+}
+
+// removeStale removes the socket at path if no process serves it; nothing at path is fine.
+func removeStale(path string) error {
+	info, err := os.Lstat(path)
+	switch {
+	case errors.Is(err, os.ErrNotExist):
+		return nil
+	case err != nil:
+		return fmt.Errorf("inspecting %s: %w", path, err)
+	case info.Mode()&os.ModeSocket == 0:
+		return fmt.Errorf("%s exists and is not a socket; refusing to remove it", path)
+	}
+	conn, err := net.DialTimeout("unix", path, time.Second)
+	if err == nil {
+		_ = conn.Close()
+		return fmt.Errorf("another process serves unix://%s; refusing to replace it", path)
+	}
+	// Only a refusal says nobody listens. A full backlog (EAGAIN) means a busy server; a
+	// permission error, a socket this user cannot judge.
+	if !errors.Is(err, syscall.ECONNREFUSED) {
+		return fmt.Errorf("cannot tell whether another process serves unix://%s (%w); refusing to replace it", path, err)
+	}
+	if err := os.Remove(path); err != nil && !errors.Is(err, os.ErrNotExist) {
+		return fmt.Errorf("removing the stale socket %s: %w", path, err)
+	}
+	return nil
+}
+
 // listenPrivately listens on a unix socket at path that is never reachable there with a
 // wider mode than 0600: it is bound in a private directory (0700) beside path, restricted,
-// then renamed into place. Closing the listener removes the socket.
+// then linked into place (a link, unlike a rename, fails when another process has put a
+// socket at path since removeStale looked). Closing the listener removes the socket.
 func listenPrivately(path string) (net.Listener, error) {
 	staging, err := os.MkdirTemp(filepath.Dir(path), ".bind-")
 	if err != nil {
@@ -208,25 +248,47 @@ func listenPrivately(path string) (net.Listener, error) {
 		_ = l.Close()
 		return nil, fmt.Errorf("restricting %s to its owner: %w", path, err)
 	}
-	if err := os.Rename(staged, path); err != nil {
-		_ = l.Close()
-		return nil, fmt.Errorf("moving the socket to %s: %w", path, err)
+	if err := os.Link(staged, path); err != nil {
+		if errors.Is(err, os.ErrExist) {
+			_ = l.Close()
+			return nil, fmt.Errorf("another process put a file at %s while this one was binding; refusing to replace it", path)
+		}
+		// A file system without hard links: renamed instead.
+		if err := os.Rename(staged, path); err != nil {
+			_ = l.Close()
+			return nil, fmt.Errorf("moving the socket to %s: %w", path, err)
+		}
 	}
-	return unlinking{Listener: l, path: path}, nil
+	bound, err := os.Lstat(path)
+	if err != nil {
+		_ = l.Close()
+		return nil, fmt.Errorf("the socket at %s: %w", path, err)
+	}
+	return &unlinking{Listener: l, path: path, bound: bound}, nil
 }
 
-// unlinking removes its socket file when closed.
+// unlinking removes its socket file when closed, if the file at its path is still the
+// socket it bound (another process's socket there is left alone).
 type unlinking struct {
 	net.Listener
-	path string
+	path  string
+	bound os.FileInfo
+	once  sync.Once
+	err   error
 }
 
-func (u unlinking) Close() error {
-	err := u.Listener.Close()
-	if rmErr := os.Remove(u.path); rmErr != nil && !errors.Is(rmErr, os.ErrNotExist) && err == nil {
-		err = rmErr
-	}
-	return err
+func (u *unlinking) Close() error {
+	u.once.Do(func() {
+		u.err = u.Listener.Close()
+		now, err := os.Lstat(u.path)
+		if err != nil || !os.SameFile(now, u.bound) {
+			return
+		}
+		if err := os.Remove(u.path); err != nil && !errors.Is(err, os.ErrNotExist) && u.err == nil {
+			u.err = err
+		}
+	})
+	return u.err
 }
 
 // Serve serves the cloud on opts.Listen until ctx ends, then stops gracefully and removes
@@ -257,11 +319,9 @@ func Serve(ctx context.Context, cloud cloudprovider.Interface, opts Options) err
 		}
 	}()
 	klog.InfoS("serving cloudprovider.v1", "provider", cloud.ProviderName(), "listen", opts.Listen)
+	// Serve closes the listener when it returns, which removes a unix socket.
 	err = server.Serve(l)
 	close(done)
-	if path, ok := strings.CutPrefix(opts.Listen, "unix://"); ok {
-		_ = os.Remove(path)
-	}
 	if errors.Is(err, grpc.ErrServerStopped) {
 		return nil
 	}

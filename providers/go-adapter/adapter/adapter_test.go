@@ -7,6 +7,7 @@ import (
 	"net"
 	"os"
 	"path/filepath"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -422,6 +423,109 @@ func TestUnixSocketsAreOwnerOnlyFromTheStart(t *testing.T) {
 	}
 	if _, err := os.Stat(path); !errors.Is(err, os.ErrNotExist) {
 		t.Errorf("closing removes the socket: %v", err)
+	}
+}
+
+func TestASocketAnotherProcessServesIsNotReplaced(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "provider.sock")
+	first, err := Listen("unix://" + path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer first.Close()
+	before, err := os.Lstat(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	second, err := Listen("unix://" + path)
+	if err == nil {
+		_ = second.Close()
+		t.Fatal("a second Listen took the place of a live socket")
+	}
+	want := "another process serves unix://" + path + "; refusing to replace it"
+	if !strings.Contains(err.Error(), want) {
+		t.Errorf("the refusal %q does not say %q", err, want)
+	}
+	after, err := os.Lstat(path)
+	if err != nil || !os.SameFile(before, after) {
+		t.Fatalf("the live socket was touched: %v", err)
+	}
+	accepted := make(chan error, 1)
+	go func() {
+		c, err := first.Accept()
+		if err == nil {
+			_ = c.Close()
+		}
+		accepted <- err
+	}()
+	conn, err := net.Dial("unix", path)
+	if err != nil {
+		t.Fatalf("the first listener no longer answers: %v", err)
+	}
+	_ = conn.Close()
+	if err := <-accepted; err != nil {
+		t.Errorf("the first listener: %v", err)
+	}
+}
+
+func TestAStaleSocketIsReplaced(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "provider.sock")
+	// What a killed process leaves: the file of a socket nobody listens on.
+	dead, err := net.Listen("unix", path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	dead.(*net.UnixListener).SetUnlinkOnClose(false)
+	_ = dead.Close()
+	if info, err := os.Lstat(path); err != nil || info.Mode()&os.ModeSocket == 0 {
+		t.Fatalf("no stale socket to replace: %v", err)
+	}
+	l, err := Listen("unix://" + path)
+	if err != nil {
+		t.Fatalf("a stale socket is replaced: %v", err)
+	}
+	defer l.Close()
+	conn, err := net.Dial("unix", path)
+	if err != nil {
+		t.Fatalf("the new socket accepts: %v", err)
+	}
+	_ = conn.Close()
+}
+
+func TestAFileThatIsNotASocketIsNeverRemoved(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "provider.sock")
+	if err := os.WriteFile(path, []byte("keep me"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	l, err := Listen("unix://" + path)
+	if err == nil {
+		_ = l.Close()
+		t.Fatal("a regular file was replaced by a socket")
+	}
+	if !strings.Contains(err.Error(), "is not a socket") {
+		t.Errorf("the refusal: %v", err)
+	}
+	if b, err := os.ReadFile(path); err != nil || string(b) != "keep me" {
+		t.Errorf("the file was changed: %q %v", b, err)
+	}
+}
+
+func TestClosingLeavesAnotherProcesssFileAlone(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "provider.sock")
+	l, err := Listen("unix://" + path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Someone removed the socket and put their own file there.
+	if err := os.Remove(path); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(path, []byte("theirs"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	_ = l.Close()
+	if b, err := os.ReadFile(path); err != nil || string(b) != "theirs" {
+		t.Errorf("closing removed a file it had not bound: %q %v", b, err)
 	}
 }
 
