@@ -29,9 +29,13 @@ import (
 
 // Options says how to serve.
 type Options struct {
-	// Listen is `unix:///path/provider.sock` (created 0600; a stale socket replaced, a live
-	// one or any other file refused) or `tcp://host:port`.
+	// Listen is `unix:///path/provider.sock` (created with SocketMode; a stale socket
+	// replaced, a live one or any other file refused) or `tcp://host:port`.
 	Listen string
+	// SocketMode is the mode of a unix socket Listen; default 0600 (the owner only). 0660
+	// lets the core reach it through a group (different users sharing the Pod's fsGroup);
+	// anything for others, or beyond 0770, is refused (CheckSocketMode).
+	SocketMode os.FileMode
 	// Name is the plugin name (GetPluginInfo); default `<provider>.go-adapter.ccm-rs.dev`.
 	Name string
 	// Version is the plugin version; default "0.0.0".
@@ -158,16 +162,32 @@ func NewServer(cloud cloudprovider.Interface, opts Options, extra ...grpc.Server
 	return server
 }
 
-// Listen opens the endpoint: a unix socket (see ListenUnix; the path must end in .sock) or
-// TCP.
-func Listen(endpoint string) (net.Listener, error) {
+// DefaultSocketMode is the mode of a unix socket when none is given: its owner's only.
+const DefaultSocketMode os.FileMode = 0o600
+
+// CheckSocketMode refuses a unix socket mode that grants anything to others or beyond
+// 0770 (set-id and sticky bits), or that does not let its owner read and write: a socket is
+// for its owner and, at most, one group (the core's, through a shared fsGroup).
+func CheckSocketMode(mode os.FileMode) error {
+	if mode&^0o770 != 0 {
+		return fmt.Errorf("%#o grants more than owner and group (at most 0770)", uint32(mode))
+	}
+	if mode&0o600 != 0o600 {
+		return fmt.Errorf("%#o does not let the owner read and write (at least 0600)", uint32(mode))
+	}
+	return nil
+}
+
+// Listen opens the endpoint: a unix socket (see ListenUnix; the path must end in .sock) of
+// socketMode (DefaultSocketMode when 0), or TCP.
+func Listen(endpoint string, socketMode os.FileMode) (net.Listener, error) {
 	switch {
 	case strings.HasPrefix(endpoint, "unix://"):
 		path := strings.TrimPrefix(endpoint, "unix://")
 		if !strings.HasSuffix(path, ".sock") {
 			return nil, fmt.Errorf("--listen %q: a unix socket path must end in .sock", endpoint)
 		}
-		l, err := ListenUnix(path)
+		l, err := ListenUnix(path, socketMode)
 		if err != nil {
 			return nil, fmt.Errorf("--listen %q: %w", endpoint, err)
 		}
@@ -183,17 +203,24 @@ func Listen(endpoint string) (net.Listener, error) {
 	}
 }
 
-// ListenUnix listens on a unix socket at path, mode 0600. A socket file already there is
+// ListenUnix listens on a unix socket at path of mode (DefaultSocketMode when 0; refused
+// unless CheckSocketMode accepts it). A socket file already there is
 // replaced only when it is stale (connecting to it is refused); a socket another process
 // still serves, one whose state cannot be told, and anything that is not a socket are left
 // alone and refused: a second sidecar started by mistake (or a process that wants the core's
 // calls) must not take the place of the one serving. Closing the listener removes the socket
 // (unless something else has taken its path since).
-func ListenUnix(path string) (net.Listener, error) {
+func ListenUnix(path string, mode os.FileMode) (net.Listener, error) {
+	if mode == 0 {
+		mode = DefaultSocketMode
+	}
+	if err := CheckSocketMode(mode); err != nil {
+		return nil, fmt.Errorf("socket mode %w", err)
+	}
 	if err := removeStale(path); err != nil {
 		return nil, err
 	}
-	return listenPrivately(path)
+	return listenPrivately(path, mode)
 }
 
 // removeStale removes the socket at path if no process serves it; nothing at path is fine.
@@ -224,10 +251,10 @@ func removeStale(path string) error {
 }
 
 // listenPrivately listens on a unix socket at path that is never reachable there with a
-// wider mode than 0600: it is bound in a private directory (0700) beside path, restricted,
-// then linked into place (a link, unlike a rename, fails when another process has put a
+// wider mode than mode: it is bound in a private directory (0700) beside path, given mode
+// there, then linked into place (a link, unlike a rename, fails when another process has put a
 // socket at path since removeStale looked). Closing the listener removes the socket.
-func listenPrivately(path string) (net.Listener, error) {
+func listenPrivately(path string, mode os.FileMode) (net.Listener, error) {
 	staging, err := os.MkdirTemp(filepath.Dir(path), ".bind-")
 	if err != nil {
 		return nil, fmt.Errorf("a private directory beside %s: %w", path, err)
@@ -244,9 +271,9 @@ func listenPrivately(path string) (net.Listener, error) {
 		return nil, fmt.Errorf("listening on %s: not a unix listener", path)
 	}
 	ul.SetUnlinkOnClose(false)
-	if err := os.Chmod(staged, 0o600); err != nil {
+	if err := os.Chmod(staged, mode); err != nil {
 		_ = l.Close()
-		return nil, fmt.Errorf("restricting %s to its owner: %w", path, err)
+		return nil, fmt.Errorf("setting the mode %#o of %s: %w", uint32(mode), path, err)
 	}
 	if err := os.Link(staged, path); err != nil {
 		if errors.Is(err, os.ErrExist) {
@@ -305,7 +332,7 @@ func Serve(ctx context.Context, cloud cloudprovider.Interface, opts Options) err
 	if creds == nil && !opts.AllowInsecureTCP && !plaintextAllowed(opts.Listen) {
 		return fmt.Errorf("--listen %s: plaintext TCP that other hosts can reach would carry every call in the clear; serve mutual TLS (--tls-cert-file, …), a unix socket or loopback, or allow it explicitly (--allow-insecure-tcp)", opts.Listen)
 	}
-	l, err := Listen(opts.Listen)
+	l, err := Listen(opts.Listen, opts.SocketMode)
 	if err != nil {
 		return err
 	}

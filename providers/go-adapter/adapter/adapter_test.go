@@ -398,7 +398,7 @@ func TestInstancesAndZonesServeProvidersWithoutInstancesV2(t *testing.T) {
 func TestUnixSocketsAreOwnerOnlyFromTheStart(t *testing.T) {
 	dir := t.TempDir()
 	path := filepath.Join(dir, "provider.sock")
-	l, err := Listen("unix://" + path)
+	l, err := Listen("unix://"+path, 0)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -426,9 +426,65 @@ func TestUnixSocketsAreOwnerOnlyFromTheStart(t *testing.T) {
 	}
 }
 
+func TestAGroupSocketModeIsTheModeFromTheStart(t *testing.T) {
+	dir := t.TempDir()
+	path := filepath.Join(dir, "provider.sock")
+	cloud := fakeCloud()
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- Serve(ctx, cloud, Options{Listen: "unix://" + path, SocketMode: 0o660}) }()
+	defer func() {
+		cancel()
+		if err := <-done; err != nil {
+			t.Errorf("Serve: %v", err)
+		}
+	}()
+	var info os.FileInfo
+	var err error
+	for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(10 * time.Millisecond) {
+		if info, err = os.Lstat(path); err == nil || time.Now().After(deadline) {
+			break
+		}
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	if info.Mode()&os.ModeSocket == 0 || info.Mode().Perm() != 0o660 {
+		t.Errorf("socket mode %v, want a socket with 0660", info.Mode())
+	}
+	if entries, err := os.ReadDir(dir); err != nil || len(entries) != 1 {
+		t.Errorf("nothing beside the socket: %v %v", entries, err)
+	}
+}
+
+func TestSocketModesForOthersOrWithoutOwnerReadWriteAreRefused(t *testing.T) {
+	for _, mode := range []os.FileMode{0o600, 0o660, 0o640, 0o770, 0o700} {
+		if err := CheckSocketMode(mode); err != nil {
+			t.Errorf("%#o refused: %v", uint32(mode), err)
+		}
+	}
+	for _, mode := range []os.FileMode{0o666, 0o604, 0o601, 0o777, 0o400, 0o200, 0o060, 0o1660, 0o2660, 0o4660, os.ModeSetgid | 0o660} {
+		if err := CheckSocketMode(mode); err == nil {
+			t.Errorf("%#o accepted", uint32(mode))
+		}
+		path := filepath.Join(t.TempDir(), "provider.sock")
+		if l, err := Listen("unix://"+path, mode); err == nil {
+			_ = l.Close()
+			t.Errorf("Listen with %#o accepted", uint32(mode))
+		}
+		if _, err := os.Lstat(path); !errors.Is(err, os.ErrNotExist) {
+			t.Errorf("a refused mode %#o left a file: %v", uint32(mode), err)
+		}
+	}
+	err := Serve(context.Background(), fakeCloud(), Options{Listen: "unix://" + filepath.Join(t.TempDir(), "p.sock"), SocketMode: 0o666})
+	if err == nil || !strings.Contains(err.Error(), "at most 0770") {
+		t.Errorf("Serve with 0666: %v", err)
+	}
+}
+
 func TestASocketAnotherProcessServesIsNotReplaced(t *testing.T) {
 	path := filepath.Join(t.TempDir(), "provider.sock")
-	first, err := Listen("unix://" + path)
+	first, err := Listen("unix://"+path, 0)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -437,7 +493,7 @@ func TestASocketAnotherProcessServesIsNotReplaced(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	second, err := Listen("unix://" + path)
+	second, err := Listen("unix://"+path, 0)
 	if err == nil {
 		_ = second.Close()
 		t.Fatal("a second Listen took the place of a live socket")
@@ -480,7 +536,7 @@ func TestAStaleSocketIsReplaced(t *testing.T) {
 	if info, err := os.Lstat(path); err != nil || info.Mode()&os.ModeSocket == 0 {
 		t.Fatalf("no stale socket to replace: %v", err)
 	}
-	l, err := Listen("unix://" + path)
+	l, err := Listen("unix://"+path, 0)
 	if err != nil {
 		t.Fatalf("a stale socket is replaced: %v", err)
 	}
@@ -497,7 +553,7 @@ func TestAFileThatIsNotASocketIsNeverRemoved(t *testing.T) {
 	if err := os.WriteFile(path, []byte("keep me"), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	l, err := Listen("unix://" + path)
+	l, err := Listen("unix://"+path, 0)
 	if err == nil {
 		_ = l.Close()
 		t.Fatal("a regular file was replaced by a socket")
@@ -512,7 +568,7 @@ func TestAFileThatIsNotASocketIsNeverRemoved(t *testing.T) {
 
 func TestClosingLeavesAnotherProcesssFileAlone(t *testing.T) {
 	path := filepath.Join(t.TempDir(), "provider.sock")
-	l, err := Listen("unix://" + path)
+	l, err := Listen("unix://"+path, 0)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -17,6 +17,7 @@ import (
 	"net/http"
 	"os"
 	"os/signal"
+	"strconv"
 	"strings"
 	"syscall"
 	"time"
@@ -66,6 +67,7 @@ func Run(ctx context.Context, defaultProvider string, args []string, stdout io.W
 	config := fs.String("cloud-config", "", "the provider's cloud configuration file")
 	kubeconfig := fs.String("kubeconfig", "", "kubeconfig for providers that read the cluster (in-cluster configuration when unset and available)")
 	listen := fs.String("listen", "unix:///var/run/ccm/provider.sock", "unix:///path/provider.sock or tcp://host:port")
+	socketMode := fs.String("socket-mode", "0600", "the mode of the unix sockets this sidecar creates, in octal: 0600 (its user only) or 0660 (its group too, as a core running as another user that shares the Pod's fsGroup); nothing for others, at most 0770, at least 0600")
 	pluginName := fs.String("plugin-name", "", "the plugin name to report (default <provider>.go-adapter.ccm-rs.dev)")
 	batchReads := fs.Bool("batch-reads", false, "advertise BatchInstanceMetadata as cheap (the provider coalesces its cloud reads)")
 	batchConcurrency := fs.Int("batch-concurrency", 16, "per-instance calls in flight for one batch read")
@@ -106,6 +108,10 @@ func Run(ctx context.Context, defaultProvider string, args []string, stdout io.W
 	if *callBurst > math.MaxUint32 {
 		return usageError{fmt.Errorf("--call-burst %d: too large", *callBurst)}
 	}
+	mode, err := parseSocketMode(*socketMode)
+	if err != nil {
+		return usageError{err}
+	}
 	metricsAddr, err := metricsAddress(*metricsListen)
 	if err != nil {
 		return usageError{err}
@@ -140,6 +146,7 @@ func Run(ctx context.Context, defaultProvider string, args []string, stdout io.W
 	}
 	return adapter.Serve(ctx, cloud, adapter.Options{
 		Listen:              *listen,
+		SocketMode:          mode,
 		Name:                *pluginName,
 		Version:             Version,
 		BatchReads:          *batchReads,
@@ -212,6 +219,19 @@ func initialise(ctx context.Context, cloud cloudprovider.Interface, config *rest
 		}
 	}
 	return nil
+}
+
+// parseSocketMode is --socket-mode's octal mode, if adapter.CheckSocketMode accepts it.
+func parseSocketMode(s string) (os.FileMode, error) {
+	n, err := strconv.ParseUint(s, 8, 32)
+	if err != nil {
+		return 0, fmt.Errorf("--socket-mode %q: expected an octal mode such as 0600 or 0660", s)
+	}
+	mode := os.FileMode(n)
+	if err := adapter.CheckSocketMode(mode); err != nil {
+		return 0, fmt.Errorf("--socket-mode %s: %w", s, err)
+	}
+	return mode, nil
 }
 
 // metricsAddress is the host:port of --metrics-listen (http://host:port, or host:port), or ""

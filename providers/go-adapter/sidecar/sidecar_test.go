@@ -65,13 +65,33 @@ func TestFlagsAndErrorsAreClear(t *testing.T) {
 	}
 }
 
+func TestSocketModesForOthersOrWithoutOwnerReadWriteAreUsageErrors(t *testing.T) {
+	t.Setenv("KUBERNETES_SERVICE_HOST", "")
+	for _, mode := range []string{"0666", "0606", "0777", "1660", "2660", "0400", "0060", "660x", "rw", "", "-0600", "0o660"} {
+		sock := filepath.Join(t.TempDir(), "p.sock")
+		err := Run(context.Background(), "sidecar-test", []string{"--listen", "unix://" + sock, "--socket-mode", mode}, io.Discard)
+		var usage usageError
+		if !errors.As(err, &usage) || !strings.Contains(err.Error(), "--socket-mode") {
+			t.Errorf("--socket-mode %q: %v", mode, err)
+		}
+		if _, err := os.Lstat(sock); !errors.Is(err, os.ErrNotExist) {
+			t.Errorf("--socket-mode %q made a socket: %v", mode, err)
+		}
+	}
+	for _, mode := range []string{"0600", "600", "0660", "0640", "0770"} {
+		if _, err := parseSocketMode(mode); err != nil {
+			t.Errorf("--socket-mode %s refused: %v", mode, err)
+		}
+	}
+}
+
 func TestItServesTheRegisteredProviderUntilCancelled(t *testing.T) {
 	t.Setenv("KUBERNETES_SERVICE_HOST", "")
 	sock := filepath.Join(t.TempDir(), "provider.sock")
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	go func() {
-		done <- Run(ctx, "sidecar-test", []string{"--listen", "unix://" + sock, "--plugin-name", "test.example.com", "--call-rate", "2.5", "--call-burst", "5"}, io.Discard)
+		done <- Run(ctx, "sidecar-test", []string{"--listen", "unix://" + sock, "--socket-mode", "0660", "--plugin-name", "test.example.com", "--call-rate", "2.5", "--call-burst", "5"}, io.Discard)
 	}()
 	conn, err := grpc.NewClient("unix://"+sock, grpc.WithTransportCredentials(insecure.NewCredentials()))
 	if err != nil {
@@ -89,6 +109,9 @@ func TestItServesTheRegisteredProviderUntilCancelled(t *testing.T) {
 	}
 	if err != nil || info.GetName() != "test.example.com" || info.GetProviderIdScheme() != "sidecar-test" {
 		t.Fatalf("info %v, %v", info, err)
+	}
+	if st, err := os.Lstat(sock); err != nil || st.Mode().Perm() != 0o660 {
+		t.Errorf("--socket-mode 0660 gave the socket %v (%v)", st.Mode(), err)
 	}
 	c, cancelCall := context.WithTimeout(context.Background(), time.Second)
 	caps, err := pb.NewIdentityServiceClient(conn).GetPluginCapabilities(c, &pb.GetPluginCapabilitiesRequest{})
