@@ -1,9 +1,10 @@
 // Package sidecar is the main of a cloudprovider.v1 sidecar built from an existing Go
 // provider: import the cloud's provider package (its init registers it with
 // k8s.io/cloud-provider), then call Main. Flags are upstream's where they exist
-// (--cloud-provider, --cloud-config, --kubeconfig, -v) plus --listen and --metrics-listen
-// (the provider's own Prometheus metrics: whatever it registers with component-base's
-// legacyregistry, as the AWS provider's cloudprovider_aws_api_* series).
+// (--cloud-provider, --cloud-config, --kubeconfig, -v) plus --listen, --socket-mode and
+// --metrics-listen (the provider's own Prometheus metrics: whatever it registers with
+// component-base's legacyregistry, as the AWS provider's cloudprovider_aws_api_* series; on a
+// unix socket the core serves on, or on loopback).
 package sidecar
 
 import (
@@ -77,7 +78,8 @@ func Run(ctx context.Context, defaultProvider string, args []string, stdout io.W
 	tlsKey := fs.String("tls-key-file", "", "the private key of --tls-cert-file (PEM)")
 	tlsClientCA := fs.String("tls-client-ca-file", "", "the CA whose client certificates are accepted (PEM)")
 	insecureTCP := fs.Bool("allow-insecure-tcp", false, "serve a tcp:// --listen without TLS on an address other hosts can reach (refused otherwise: only loopback is served in the clear)")
-	metricsListen := fs.String("metrics-listen", "", "serve the provider's Prometheus metrics (component-base's legacyregistry, e.g. the AWS provider's cloudprovider_aws_api_*) at /metrics on http://host:port; off when empty")
+	metricsListen := fs.String("metrics-listen", "", "serve the provider's Prometheus metrics (component-base's legacyregistry, e.g. the AWS provider's cloudprovider_aws_api_*) at /metrics on unix:///path/metrics.sock (of --socket-mode; the core serves them on under its own authentication) or on http://host:port of a loopback address; off when empty")
+	insecureMetrics := fs.Bool("allow-insecure-metrics", false, "serve --metrics-listen over plain HTTP on an address other hosts can reach (refused otherwise: only a unix socket or loopback)")
 	callRate := fs.Float64("call-rate", 0, "declare to the core how many calls a second it may send (its cloud's API budget for this provider divided by the cloud calls one call makes); the core paces to it; 0 declares none")
 	callBurst := fs.Uint("call-burst", 1, "the calls the core may send at once after a quiet spell, with --call-rate")
 	var classes stringList
@@ -112,7 +114,7 @@ func Run(ctx context.Context, defaultProvider string, args []string, stdout io.W
 	if err != nil {
 		return usageError{err}
 	}
-	metricsAddr, err := metricsAddress(*metricsListen)
+	metricsAt, err := parseMetricsListen(*metricsListen, *insecureMetrics)
 	if err != nil {
 		return usageError{err}
 	}
@@ -137,8 +139,8 @@ func Run(ctx context.Context, defaultProvider string, args []string, stdout io.W
 	} else {
 		klog.Warning("no --kubeconfig and no in-cluster configuration: the provider is not initialised; providers that read the cluster (AWS routes and load balancers) will fail")
 	}
-	if metricsAddr != "" {
-		_, stopMetrics, err := serveMetrics(ctx, metricsAddr)
+	if metricsAt != (metricsEndpoint{}) {
+		_, stopMetrics, err := serveMetrics(ctx, metricsAt, mode)
 		if err != nil {
 			return err
 		}
@@ -234,46 +236,93 @@ func parseSocketMode(s string) (os.FileMode, error) {
 	return mode, nil
 }
 
-// metricsAddress is the host:port of --metrics-listen (http://host:port, or host:port), or ""
-// when it is off.
-func metricsAddress(listen string) (string, error) {
+// metricsEndpoint is where --metrics-listen serves: a unix socket or a TCP address.
+type metricsEndpoint struct {
+	unixPath string
+	tcpAddr  string
+}
+
+// parseMetricsListen reads --metrics-listen: unix:///path/metrics.sock, or http://host:port
+// (host:port alone as well) on a loopback address unless allowInsecure; the zero endpoint
+// when it is empty (off). Plain HTTP elsewhere would hand the provider's metrics (and a
+// listener to probe) to every host that reaches the address; with hostNetwork, the node's.
+func parseMetricsListen(listen string, allowInsecure bool) (metricsEndpoint, error) {
 	if listen == "" {
-		return "", nil
+		return metricsEndpoint{}, nil
+	}
+	if path, ok := strings.CutPrefix(listen, "unix://"); ok {
+		if !strings.HasSuffix(path, ".sock") {
+			return metricsEndpoint{}, fmt.Errorf("--metrics-listen %q: a unix socket path must end in .sock", listen)
+		}
+		return metricsEndpoint{unixPath: path}, nil
 	}
 	addr := strings.TrimPrefix(listen, "http://")
-	if _, _, err := net.SplitHostPort(addr); err != nil || strings.Contains(addr, "/") {
-		return "", fmt.Errorf("--metrics-listen %q: expected http://host:port", listen)
+	host, _, err := net.SplitHostPort(addr)
+	if err != nil || strings.Contains(addr, "/") {
+		return metricsEndpoint{}, fmt.Errorf("--metrics-listen %q: expected unix:///path/metrics.sock or http://host:port", listen)
 	}
-	return addr, nil
+	if !allowInsecure && !isLoopback(host) {
+		return metricsEndpoint{}, fmt.Errorf("--metrics-listen %q: plain HTTP on an address other hosts can reach serves the provider's metrics to all of them; use unix:///path/metrics.sock (the core serves it under its own authentication) or a loopback address, or allow it explicitly (--allow-insecure-metrics)", listen)
+	}
+	return metricsEndpoint{tcpAddr: addr}, nil
+}
+
+// isLoopback says whether host is localhost or a loopback address (127.0.0.0/8, ::1).
+func isLoopback(host string) bool {
+	if host == "localhost" {
+		return true
+	}
+	ip := net.ParseIP(host)
+	return ip != nil && ip.IsLoopback()
 }
 
 // serveMetrics serves the provider's metrics (legacyregistry, where k8s.io/cloud-provider
-// implementations register theirs) at /metrics on addr, in plain HTTP, until ctx ends or the
-// returned function is called. It returns the address it listens on.
-func serveMetrics(ctx context.Context, addr string) (string, func(), error) {
-	listener, err := net.Listen("tcp", addr)
+// implementations register theirs) at /metrics on at, in plain HTTP, until ctx ends or the
+// returned function is called (which returns once the server is down and a unix socket is
+// removed). A unix socket gets socketMode and is refused, as --listen's, when another process
+// serves its path. It returns the address it listens on.
+func serveMetrics(ctx context.Context, at metricsEndpoint, socketMode os.FileMode) (string, func(), error) {
+	var listener net.Listener
+	var err error
+	if at.unixPath != "" {
+		listener, err = adapter.ListenUnix(at.unixPath, socketMode)
+	} else {
+		listener, err = net.Listen("tcp", at.tcpAddr)
+	}
 	if err != nil {
 		return "", nil, fmt.Errorf("--metrics-listen: %w", err)
+	}
+	// (A unix listener's own address is the staging path it was bound at.)
+	addr, url := listener.Addr().String(), "http://"+listener.Addr().String()+"/metrics"
+	if at.unixPath != "" {
+		addr, url = at.unixPath, "unix://"+at.unixPath+" (/metrics)"
 	}
 	mux := http.NewServeMux()
 	mux.Handle("/metrics", legacyregistry.Handler())
 	server := &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second}
+	served := make(chan struct{})
 	go func() {
+		defer close(served)
+		// Serve closes the listener when it returns (which removes a unix socket).
 		if err := server.Serve(listener); err != nil && !errors.Is(err, http.ErrServerClosed) {
-			klog.ErrorS(err, "serving metrics failed", "address", addr)
+			klog.ErrorS(err, "serving metrics failed", "address", url)
 		}
 	}()
-	klog.InfoS("serving the provider's metrics", "address", "http://"+listener.Addr().String()+"/metrics")
+	klog.InfoS("serving the provider's metrics", "address", url)
 	stop := func() {
 		shutdownCtx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 		defer cancel()
 		_ = server.Shutdown(shutdownCtx)
+		<-served
 	}
 	go func() {
-		<-ctx.Done()
-		stop()
+		select {
+		case <-ctx.Done():
+			stop()
+		case <-served:
+		}
 	}()
-	return listener.Addr().String(), stop, nil
+	return addr, stop, nil
 }
 
 // stringList is a repeatable string flag.

@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"io"
+	"net"
 	"net/http"
 	"net/http/httptest"
 	"os"
@@ -145,34 +146,140 @@ func TestTheProvidersClientCannotWrite(t *testing.T) {
 	}
 }
 
-func TestTheProvidersOwnMetricsAreServed(t *testing.T) {
-	// As the AWS provider registers cloudprovider_aws_api_request_duration_seconds.
-	calls := metrics.NewCounter(&metrics.CounterOpts{Name: "cloudprovider_sidecar_test_api_calls_total", Help: "test", StabilityLevel: metrics.ALPHA})
-	legacyregistry.MustRegister(calls)
-	calls.Inc()
-	ctx, cancel := context.WithCancel(context.Background())
-	defer cancel()
-	addr, stop, err := serveMetrics(ctx, "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer stop()
-	resp, err := http.Get("http://" + addr + "/metrics")
+// The metric the metrics tests look for: as the AWS provider registers
+// cloudprovider_aws_api_request_duration_seconds.
+var testCalls = func() *metrics.Counter {
+	c := metrics.NewCounter(&metrics.CounterOpts{Name: "cloudprovider_sidecar_test_api_calls_total", Help: "test", StabilityLevel: metrics.ALPHA})
+	legacyregistry.MustRegister(c)
+	c.Inc()
+	return c
+}()
+
+// getMetrics is /metrics of client at base.
+func getMetrics(t *testing.T, client *http.Client, base string) string {
+	t.Helper()
+	resp, err := client.Get(base + "/metrics")
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer resp.Body.Close()
 	body, _ := io.ReadAll(resp.Body)
-	if resp.StatusCode != http.StatusOK || !strings.Contains(string(body), "cloudprovider_sidecar_test_api_calls_total 1") {
-		t.Errorf("/metrics: %d\n%s", resp.StatusCode, body)
+	if resp.StatusCode != http.StatusOK {
+		t.Fatalf("/metrics: %d\n%s", resp.StatusCode, body)
 	}
-	for _, bad := range []string{"10260", "unix:///x.sock", "http://host:1/metrics"} {
-		if _, err := metricsAddress(bad); err == nil {
+	return string(body)
+}
+
+// unixClient is an HTTP client that reaches every URL through the socket at path.
+func unixClient(path string) *http.Client {
+	return &http.Client{Transport: &http.Transport{DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
+		return (&net.Dialer{}).DialContext(ctx, "unix", path)
+	}}}
+}
+
+func TestTheProvidersOwnMetricsAreServedOnLoopback(t *testing.T) {
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	at, err := parseMetricsListen("http://127.0.0.1:0", false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr, stop, err := serveMetrics(ctx, at, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer stop()
+	if body := getMetrics(t, http.DefaultClient, "http://"+addr); !strings.Contains(body, "cloudprovider_sidecar_test_api_calls_total 1") {
+		t.Errorf("/metrics:\n%s", body)
+	}
+}
+
+func TestTheProvidersOwnMetricsAreServedOnAUnixSocket(t *testing.T) {
+	dir := t.TempDir()
+	path := filepath.Join(dir, "metrics.sock")
+	at, err := parseMetricsListen("unix://"+path, false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	_, stop, err := serveMetrics(ctx, at, 0o660)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer stop()
+	if info, err := os.Lstat(path); err != nil || info.Mode()&os.ModeSocket == 0 || info.Mode().Perm() != 0o660 {
+		t.Fatalf("the metrics socket: %v %v", info, err)
+	}
+	if body := getMetrics(t, unixClient(path), "http://metrics"); !strings.Contains(body, "cloudprovider_sidecar_test_api_calls_total 1") {
+		t.Errorf("/metrics:\n%s", body)
+	}
+	// A second sidecar on the same path is refused and leaves the first one serving.
+	if _, stop2, err := serveMetrics(ctx, at, 0o600); err == nil {
+		stop2()
+		t.Error("a second metrics server replaced the live socket")
+	} else if !strings.Contains(err.Error(), "another process serves unix://"+path) || !strings.Contains(err.Error(), "--metrics-listen") {
+		t.Errorf("the refusal: %v", err)
+	}
+	getMetrics(t, unixClient(path), "http://metrics")
+	stop()
+	if _, err := os.Lstat(path); !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("stopping removes the socket: %v", err)
+	}
+}
+
+func TestMetricsOverHTTPOnlyOnLoopbackUnlessAllowed(t *testing.T) {
+	for _, ok := range []string{"http://127.0.0.1:10260", "http://127.3.2.1:10260", "http://[::1]:10260", "http://localhost:10260", "127.0.0.1:10260", "unix:///run/ccm/metrics.sock"} {
+		if _, err := parseMetricsListen(ok, false); err != nil {
+			t.Errorf("--metrics-listen=%s: %v", ok, err)
+		}
+	}
+	for _, reachable := range []string{"http://0.0.0.0:10260", "http://:10260", "http://10.1.2.3:10260", "http://[::]:10260", "http://[2001:db8::1]:10260", "http://node.example.com:10260", "10.1.2.3:10260"} {
+		var usage usageError
+		err := Run(context.Background(), "sidecar-test", []string{"--metrics-listen", reachable, "--listen", "unix://" + filepath.Join(t.TempDir(), "p.sock")}, io.Discard)
+		if !errors.As(err, &usage) || !strings.Contains(err.Error(), "--metrics-listen") || !strings.Contains(err.Error(), "--allow-insecure-metrics") {
+			t.Errorf("--metrics-listen=%s without --allow-insecure-metrics: %v", reachable, err)
+		}
+		if at, err := parseMetricsListen(reachable, true); err != nil || at.tcpAddr != strings.TrimPrefix(reachable, "http://") {
+			t.Errorf("--metrics-listen=%s --allow-insecure-metrics: %+v %v", reachable, at, err)
+		}
+	}
+	for _, bad := range []string{"10260", "unix:///x", "unix://", "http://host:1/metrics", "https://127.0.0.1:1", "tcp://127.0.0.1:1"} {
+		if _, err := parseMetricsListen(bad, true); err == nil {
 			t.Errorf("--metrics-listen=%s was accepted", bad)
 		}
 	}
-	if addr, err := metricsAddress("http://0.0.0.0:10260"); err != nil || addr != "0.0.0.0:10260" {
-		t.Errorf("http://0.0.0.0:10260: %q %v", addr, err)
+}
+
+func TestTheMetricsSocketIsRemovedOnExit(t *testing.T) {
+	t.Setenv("KUBERNETES_SERVICE_HOST", "")
+	dir := t.TempDir()
+	sock, metricsSock := filepath.Join(dir, "provider.sock"), filepath.Join(dir, "metrics.sock")
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() {
+		done <- Run(ctx, "sidecar-test", []string{"--listen", "unix://" + sock, "--metrics-listen", "unix://" + metricsSock, "--socket-mode", "0660"}, io.Discard)
+	}()
+	for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(20 * time.Millisecond) {
+		_, errMetrics := os.Lstat(metricsSock)
+		_, errProvider := os.Lstat(sock)
+		if errMetrics == nil && errProvider == nil {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the sockets did not appear: %v, %v", errMetrics, errProvider)
+		}
+	}
+	if info, err := os.Lstat(metricsSock); err != nil || info.Mode().Perm() != 0o660 {
+		t.Errorf("the metrics socket: %v %v", info, err)
+	}
+	getMetrics(t, unixClient(metricsSock), "http://metrics")
+	cancel()
+	if err := <-done; err != nil {
+		t.Errorf("a signal ends it cleanly: %v", err)
+	}
+	if entries, err := os.ReadDir(dir); err != nil || len(entries) != 0 {
+		t.Errorf("the sockets are removed on exit: %v %v", entries, err)
 	}
 }
 
