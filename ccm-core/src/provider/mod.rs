@@ -488,7 +488,8 @@ impl Provider {
                 // loop is woken when it just broke, not by every call while it stays broken
                 // (its own calls among them): it looks again every second then.
                 let was_ready = self.readiness().0;
-                self.set_state(false, format!("provider unreachable: {}", status.message()), None);
+                // With the causes: a refused peer (--provider-peer-uid), a missing socket.
+                self.set_state(false, format!("provider unreachable: {}", crate::metrics::chain(&status)), None);
                 if was_ready {
                     self.broken.notify_one();
                 }
@@ -520,7 +521,10 @@ impl Provider {
         let info = match info {
             Ok(info) => info,
             Err(e) => {
-                self.set_state(false, format!("provider unreachable: {e}"), None);
+                // A lost connection's reason, with its causes, was set by the call itself.
+                if e.code() != tonic::Code::Unavailable || self.readiness().1.is_empty() {
+                    self.set_state(false, format!("provider unreachable: {e}"), None);
+                }
                 return Err(e);
             }
         };

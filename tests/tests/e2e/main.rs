@@ -10,6 +10,7 @@ mod faults;
 mod go_adapter;
 mod harness;
 mod hybrid;
+mod isolation;
 mod lb_repair;
 mod lb_suite;
 mod leader;

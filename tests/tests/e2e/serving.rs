@@ -19,7 +19,7 @@ use crate::support::{Core, Sim, eventually, free_port};
 
 /// `curl` against the server, trusting only `ca`: (HTTP status, body), or None when the TLS
 /// handshake or the connection fails (a certificate `ca` did not sign, for one).
-async fn get(port: u16, path: &str, ca: &Path, token: Option<&str>) -> Option<(u16, String)> {
+pub(crate) async fn get(port: u16, path: &str, ca: &Path, token: Option<&str>) -> Option<(u16, String)> {
     let url = format!("https://127.0.0.1:{port}{path}");
     let mut cmd = tokio::process::Command::new("curl");
     cmd.args(["-s", "--max-time", "3", "-w", "\n%{http_code}", "--cacert"]).arg(ca).arg(&url);
@@ -35,7 +35,7 @@ async fn get(port: u16, path: &str, ca: &Path, token: Option<&str>) -> Option<(u
     Some((code.trim().parse().ok()?, body.to_string()))
 }
 
-fn write_pair(dir: &Path, ca: &Ca) {
+pub(crate) fn write_pair(dir: &Path, ca: &Ca) {
     let pem = ca.serving(&[]).expect("serving certificate");
     // As a Secret volume is updated: both files replaced.
     std::fs::write(dir.join("tls.key.new"), &pem.key).expect("key");
@@ -45,7 +45,7 @@ fn write_pair(dir: &Path, ca: &Ca) {
     std::fs::write(dir.join("ca.crt"), ca.cert_pem()).expect("ca");
 }
 
-async fn service_account_token(client: &kube::Client, namespace: &str, name: &str) -> String {
+pub(crate) async fn service_account_token(client: &kube::Client, namespace: &str, name: &str) -> String {
     let accounts: Api<ServiceAccount> = Api::namespaced(client.clone(), namespace);
     let account = ServiceAccount { metadata: ObjectMeta { name: Some(name.into()), ..Default::default() }, ..Default::default() };
     accounts.create(&PostParams::default(), &account).await.expect("service account");

@@ -43,6 +43,11 @@ impl Sim {
         self.dir.path().join("metadata.sock")
     }
 
+    /// The socket of the sim's Prometheus metrics (`--metrics-listen=unix://…`).
+    pub fn metrics_socket(&self) -> PathBuf {
+        self.dir.path().join("metrics.sock")
+    }
+
     /// A sim endpoint with nothing listening yet (the provider is "down").
     pub fn not_started() -> Self {
         let dir = tempfile::tempdir().expect("tempdir");
@@ -64,7 +69,7 @@ impl Sim {
             provider: ccm_provider_sdk::Listen::Unix(sock.clone()),
             admin: Some(ccm_provider_sdk::Listen::Unix(admin.clone())),
             metadata: Some(ccm_provider_sdk::Listen::Unix(self.metadata_socket())),
-            metrics: None,
+            metrics: Some(ccm_provider_sdk::Listen::Unix(self.metrics_socket())),
         };
         let task = tokio::spawn(ccm_provider_sim::run(config, endpoints, async move {
             let _ = rx.await;

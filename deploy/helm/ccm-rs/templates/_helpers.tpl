@@ -27,7 +27,7 @@ name: sim.cloudprovider.dev
 image: {{ toYaml .Values.sim.image | nindent 2 }}
 args:
   - --config=/etc/ccm-provider/sim.toml
-  - --metadata-listen=http://0.0.0.0:8169
+  - --metadata-listen=http://$(POD_IP):8169
   {{- with .Values.sim.extraArgs }}{{ toYaml . | nindent 2 }}{{ end }}
 config: {{ toYaml .Values.sim.config | nindent 2 }}
 {{- else -}}
@@ -87,4 +87,32 @@ The same names whatever the values, so that switching a value needs no new RBAC.
 {{- end -}}
 {{- end -}}
 {{- join ", " $names -}}
+{{- end -}}
+
+{{/* Every provider sidecar in the pod, as a list under `providers`: the first is provider.*
+(or the sim), then extraProviders. Each: name (its --provider-endpoint name), container, uid
+(its own user), metrics (served again by the core), account (its own ServiceAccount),
+annotations, rules (its reads, by its own account), and the rest of its item. */}}
+{{- define "ccm-rs.providers" -}}
+{{- $fullname := include "ccm-rs.fullname" . -}}
+{{- $p := .Values.provider -}}
+providers:
+  - name: {{ $p.endpointName }}
+    container: provider
+    config: ccm-provider-config
+    uid: {{ $p.runAsUser | int }}
+    metrics: {{ ($p.metrics | default dict).enabled | default false }}
+    account: {{ ($p.serviceAccount | default dict).name | default (printf "%s-provider" $fullname) }}
+    annotations: {{ toYaml (($p.serviceAccount | default dict).annotations | default dict) | nindent 6 }}
+    rules: {{ toYaml (($p.rbac | default dict).rules | default list) | nindent 6 }}
+{{- range $i, $e := .Values.extraProviders }}
+  - name: {{ $e.name }}
+    container: provider-{{ $e.name }}
+    config: ccm-provider-config-{{ $e.name }}
+    uid: {{ $e.runAsUser | default (add 65540 $i) | int }}
+    metrics: {{ ($e.metrics | default dict).enabled | default false }}
+    account: {{ ($e.serviceAccount | default dict).name | default (printf "%s-provider-%s" $fullname $e.name) }}
+    annotations: {{ toYaml (($e.serviceAccount | default dict).annotations | default dict) | nindent 6 }}
+    rules: {{ toYaml (($e.rbac | default dict).rules | default list) | nindent 6 }}
+{{- end }}
 {{- end -}}
