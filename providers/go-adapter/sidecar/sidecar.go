@@ -18,6 +18,7 @@ import (
 	"net/http"
 	"os"
 	"os/signal"
+	"path/filepath"
 	"strconv"
 	"strings"
 	"syscall"
@@ -128,7 +129,7 @@ func Run(ctx context.Context, defaultProvider string, args []string, stdout io.W
 	if cloud == nil {
 		return fmt.Errorf("cloud provider %q returned no implementation (is --cloud-config set?)", *name)
 	}
-	restConfig, err := clusterConfig(*kubeconfig)
+	restConfig, err := clusterConfig(ctx, *kubeconfig)
 	if err != nil {
 		return err
 	}
@@ -165,8 +166,25 @@ func Run(ctx context.Context, defaultProvider string, args []string, stdout io.W
 	})
 }
 
-// clusterConfig is the kubeconfig's configuration, the in-cluster one, or nil for none.
-func clusterConfig(kubeconfig string) (*rest.Config, error) {
+// Where the in-cluster configuration's files are, and how long to wait for them; variables
+// for the tests.
+//
+// The chart turns token automount off for the Pod: no token of the core's ServiceAccount
+// reaches the provider. The core instead mints (TokenRequest) a token of the provider's own
+// ServiceAccount and writes token, ca.crt and namespace into an emptyDir that the provider's
+// container mounts read-only at the standard path, so rest.InClusterConfig reads them
+// unchanged and client-go re-reads the token file as the core renews it. The core writes
+// them shortly after it starts, which may be after this sidecar starts.
+var (
+	serviceAccountDir  = "/var/run/secrets/kubernetes.io/serviceaccount"
+	serviceAccountWait = 2 * time.Minute
+	serviceAccountPoll = 500 * time.Millisecond
+	inClusterConfig    = rest.InClusterConfig
+)
+
+// clusterConfig is the kubeconfig's configuration, the in-cluster one (once the core has
+// handed over the token), or nil for none.
+func clusterConfig(ctx context.Context, kubeconfig string) (*rest.Config, error) {
 	if kubeconfig != "" {
 		c, err := clientcmd.BuildConfigFromFlags("", kubeconfig)
 		if err != nil {
@@ -177,11 +195,56 @@ func clusterConfig(kubeconfig string) (*rest.Config, error) {
 	if os.Getenv("KUBERNETES_SERVICE_HOST") == "" {
 		return nil, nil
 	}
-	c, err := rest.InClusterConfig()
+	if err := waitForServiceAccount(ctx); err != nil {
+		return nil, err
+	}
+	c, err := inClusterConfig()
 	if err != nil {
 		return nil, fmt.Errorf("in-cluster configuration: %w", err)
 	}
 	return c, nil
+}
+
+// waitForServiceAccount returns once the token and the CA are in serviceAccountDir, polling
+// every serviceAccountPoll for serviceAccountWait. Both: without ca.crt, rest.InClusterConfig
+// only logs and trusts the system's roots instead, and every call would then fail on the
+// API server's certificate.
+func waitForServiceAccount(ctx context.Context) error {
+	files := []string{filepath.Join(serviceAccountDir, "token"), filepath.Join(serviceAccountDir, "ca.crt")}
+	missing := firstMissing(files)
+	if missing == "" {
+		return nil
+	}
+	klog.InfoS("waiting for the Kubernetes token the core hands over (of the provider's own ServiceAccount)", "missing", missing, "timeout", serviceAccountWait)
+	deadline := time.NewTimer(serviceAccountWait)
+	defer deadline.Stop()
+	poll := time.NewTicker(serviceAccountPoll)
+	defer poll.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("stopped while waiting for %s: %w", missing, ctx.Err())
+		case <-poll.C:
+		case <-deadline.C:
+			if missing = firstMissing(files); missing == "" {
+				return nil
+			}
+			return fmt.Errorf("in-cluster configuration: %s is still missing after %v: the core hands the provider a token of its own ServiceAccount (the chart's provider ServiceAccount) there; is the core running, and may it create tokens for that ServiceAccount?", missing, serviceAccountWait)
+		}
+		if missing = firstMissing(files); missing == "" {
+			return nil
+		}
+	}
+}
+
+// firstMissing is the first of files that is absent or empty, or "" when all are there.
+func firstMissing(files []string) string {
+	for _, f := range files {
+		if info, err := os.Stat(f); err != nil || info.Size() == 0 {
+			return f
+		}
+	}
+	return ""
 }
 
 // readOnly refuses every request but reads: the provider may list and watch the cluster,

@@ -17,6 +17,7 @@ import (
 	pb "github.com/ccm-rs/go-adapter/gen/cloudprovider/v1"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
+	"k8s.io/client-go/rest"
 	cloudprovider "k8s.io/cloud-provider"
 	"k8s.io/cloud-provider/fake"
 	"k8s.io/component-base/metrics"
@@ -280,6 +281,117 @@ func TestTheMetricsSocketIsRemovedOnExit(t *testing.T) {
 	}
 	if entries, err := os.ReadDir(dir); err != nil || len(entries) != 0 {
 		t.Errorf("the sockets are removed on exit: %v %v", entries, err)
+	}
+}
+
+// handover points the in-cluster configuration at a temporary directory, with a short wait,
+// and a loader that reads it as rest.InClusterConfig reads the standard one; it returns the
+// directory and the number of loads.
+func handover(t *testing.T, wait time.Duration) (string, *int) {
+	t.Helper()
+	dir := t.TempDir()
+	oldDir, oldWait, oldPoll, oldLoad := serviceAccountDir, serviceAccountWait, serviceAccountPoll, inClusterConfig
+	t.Cleanup(func() {
+		serviceAccountDir, serviceAccountWait, serviceAccountPoll, inClusterConfig = oldDir, oldWait, oldPoll, oldLoad
+	})
+	t.Setenv("KUBERNETES_SERVICE_HOST", "10.96.0.1")
+	t.Setenv("KUBERNETES_SERVICE_PORT", "443")
+	loads := new(int)
+	serviceAccountDir, serviceAccountWait, serviceAccountPoll = dir, wait, 10*time.Millisecond
+	inClusterConfig = func() (*rest.Config, error) {
+		*loads++
+		tokenFile := filepath.Join(dir, "token")
+		token, err := os.ReadFile(tokenFile)
+		if err != nil {
+			return nil, err
+		}
+		return &rest.Config{
+			Host:            "https://" + net.JoinHostPort(os.Getenv("KUBERNETES_SERVICE_HOST"), os.Getenv("KUBERNETES_SERVICE_PORT")),
+			TLSClientConfig: rest.TLSClientConfig{CAFile: filepath.Join(dir, "ca.crt")},
+			BearerToken:     string(token),
+			BearerTokenFile: tokenFile,
+		}, nil
+	}
+	return dir, loads
+}
+
+// writeAtomically writes path as the core does: in full, then renamed into place.
+func writeAtomically(t *testing.T, path, text string) {
+	if err := writeFile(path+".tmp", text); err != nil {
+		t.Error(err)
+	}
+	if err := os.Rename(path+".tmp", path); err != nil {
+		t.Error(err)
+	}
+}
+
+func TestItWaitsForTheTokenTheCoreHandsOver(t *testing.T) {
+	dir, loads := handover(t, 10*time.Second)
+	const delay = 300 * time.Millisecond
+	go func() {
+		time.Sleep(delay)
+		writeAtomically(t, filepath.Join(dir, "namespace"), "kube-system")
+		writeAtomically(t, filepath.Join(dir, "token"), "the-providers-token")
+		// The CA last: the token alone is not enough (rest.InClusterConfig would trust the
+		// system's roots instead).
+		time.Sleep(100 * time.Millisecond)
+		writeAtomically(t, filepath.Join(dir, "ca.crt"), "-----BEGIN CERTIFICATE-----")
+	}()
+	start := time.Now()
+	config, err := clusterConfig(context.Background(), "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if waited := time.Since(start); waited < delay+100*time.Millisecond {
+		t.Errorf("loaded after %v, before the core had written the token and the CA", waited)
+	}
+	if *loads != 1 || config.BearerToken != "the-providers-token" || config.BearerTokenFile != filepath.Join(dir, "token") || config.Host != "https://10.96.0.1:443" {
+		t.Errorf("%d loads, config %+v", *loads, config)
+	}
+}
+
+func TestATokenNeverHandedOverIsAnErrorSayingWhatIsMissing(t *testing.T) {
+	dir, loads := handover(t, 300*time.Millisecond)
+	_, err := clusterConfig(context.Background(), "")
+	if err == nil {
+		t.Fatal("no token, yet a configuration")
+	}
+	for _, want := range []string{filepath.Join(dir, "token"), "the core hands", "ServiceAccount"} {
+		if !strings.Contains(err.Error(), want) {
+			t.Errorf("the error %q does not say %q", err, want)
+		}
+	}
+	if *loads != 0 {
+		t.Errorf("loaded %d times without a token", *loads)
+	}
+	// Through Run, as a failure (exit 1), not a usage error.
+	var usage usageError
+	err = Run(context.Background(), "sidecar-test", []string{"--listen", "unix://" + filepath.Join(t.TempDir(), "p.sock")}, io.Discard)
+	if err == nil || errors.As(err, &usage) || !strings.Contains(err.Error(), "token") {
+		t.Errorf("Run without the token: %v", err)
+	}
+}
+
+func TestAHandedOverTokenIsUsedAtOnceAndAStopEndsTheWait(t *testing.T) {
+	dir, loads := handover(t, time.Minute)
+	ctx, cancel := context.WithCancel(context.Background())
+	time.AfterFunc(100*time.Millisecond, cancel)
+	start := time.Now()
+	if _, err := clusterConfig(ctx, ""); !errors.Is(err, context.Canceled) || time.Since(start) > 5*time.Second {
+		t.Errorf("a stop during the wait: %v after %v", err, time.Since(start))
+	}
+	writeAtomically(t, filepath.Join(dir, "token"), "t")
+	writeAtomically(t, filepath.Join(dir, "ca.crt"), "c")
+	if config, err := clusterConfig(context.Background(), ""); err != nil || config == nil || *loads != 1 {
+		t.Errorf("with the files there: %v %v (%d loads)", config, err, *loads)
+	}
+}
+
+func TestOutsideAClusterThereIsNoClient(t *testing.T) {
+	_, loads := handover(t, time.Minute)
+	t.Setenv("KUBERNETES_SERVICE_HOST", "")
+	if config, err := clusterConfig(context.Background(), ""); config != nil || err != nil || *loads != 0 {
+		t.Errorf("without KUBERNETES_SERVICE_HOST: %v %v (%d loads)", config, err, *loads)
 	}
 }
 
