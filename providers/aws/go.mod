@@ -6,6 +6,7 @@ go 1.26.0
 
 require (
 	github.com/ccm-rs/go-adapter v0.0.0
+	golang.org/x/crypto/x509roots/fallback v0.0.0-20261030153154-30a33513ff6d
 	k8s.io/cloud-provider-aws v1.37.1
 )
 

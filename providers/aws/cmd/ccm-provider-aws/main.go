@@ -5,6 +5,11 @@ package main
 
 import (
 	"github.com/ccm-rs/go-adapter/sidecar"
+	// Go's embedded copy of Mozilla's roots, used when the system has none: the release
+	// image is built FROM scratch, without a CA bundle, and the AWS SDK must still verify
+	// AWS's certificates. A CA bundle the system does have (SSL_CERT_FILE, SSL_CERT_DIR, the
+	// usual paths) is used instead.
+	_ "golang.org/x/crypto/x509roots/fallback"
 	// Registers the "aws" provider with k8s.io/cloud-provider.
 	_ "k8s.io/cloud-provider-aws/pkg/providers/v1"
 )
