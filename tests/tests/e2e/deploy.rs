@@ -88,6 +88,55 @@ fn rules(objects: &[serde_json::Value]) -> BTreeMap<String, BTreeSet<String>> {
         .collect()
 }
 
+/// The core's Deployment of `objects` keeps its containers apart (issue 54): no token
+/// automounted; the core's projected into its container alone; each provider a user of its
+/// own, no token but the one the core hands over (an emptyDir), and a socket directory that
+/// no other provider mounts.
+fn isolated(objects: &[serde_json::Value], what: &str) {
+    for pod in objects.iter().filter(|o| o["kind"] == "Deployment" || o["kind"] == "DaemonSet") {
+        let spec = &pod["spec"]["template"]["spec"];
+        let containers = spec["containers"].as_array().cloned().unwrap_or_default();
+        if !containers.iter().any(|c| c["name"] == "cloud-controller-manager") {
+            continue;
+        }
+        assert_eq!(spec["automountServiceAccountToken"], false, "{what}: a token for every container");
+        let volumes = spec["volumes"].as_array().cloned().unwrap_or_default();
+        let volume = |name: &serde_json::Value| volumes.iter().find(|v| v["name"] == *name).cloned().unwrap_or_default();
+        let projects_token = |v: &serde_json::Value| {
+            v["projected"]["sources"].as_array().is_some_and(|s| s.iter().any(|s| !s["serviceAccountToken"].is_null()))
+        };
+        let core_user = spec["securityContext"]["runAsUser"].as_i64();
+        let mut users = vec![core_user];
+        let mut sockets = BTreeMap::new();
+        for container in &containers {
+            let name = container["name"].as_str().unwrap_or_default();
+            let mounts = container["volumeMounts"].as_array().cloned().unwrap_or_default();
+            if name == "cloud-controller-manager" {
+                assert!(mounts.iter().any(|m| projects_token(&volume(&m["name"]))), "{what}: the core's token");
+                continue;
+            }
+            let user = container["securityContext"]["runAsUser"].as_i64();
+            assert!(user.is_some() && !users.contains(&user), "{what}: {name} runs as {user:?}, not a user of its own");
+            users.push(user);
+            for mount in &mounts {
+                let v = volume(&mount["name"]);
+                assert!(!projects_token(&v), "{what}: {name} mounts a token of the pod's account");
+                if mount["mountPath"] == "/var/run/secrets/kubernetes.io/serviceaccount" {
+                    assert!(
+                        !v["emptyDir"].is_null() && mount["readOnly"] == true,
+                        "{what}: {name}'s token is the core's handover"
+                    );
+                }
+                if mount["mountPath"] == "/var/run/ccm" {
+                    let owner = sockets.insert(mount["name"].to_string(), name.to_string());
+                    assert!(owner.is_none(), "{what}: {name} and {owner:?} share a socket directory");
+                }
+            }
+        }
+        assert!(!sockets.is_empty(), "{what}: no provider socket directory");
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn every_manifest_and_the_rendered_chart_pass_a_server_side_dry_run() {
     let cp = ccm_harness::shared().expect("control plane");
@@ -97,6 +146,7 @@ async fn every_manifest_and_the_rendered_chart_pass_a_server_side_dry_run() {
         let path = deploy_dir().join("kustomize").join(dir);
         let yaml = run(cp.kubectl(&["kustomize", &path.display().to_string()]), None, &format!("kustomize {dir}"));
         let objects = dry_run(cp, &yaml, &format!("kustomize/{dir}"));
+        isolated(&objects, &format!("kustomize/{dir}"));
         kustomize_rules.extend(rules(&objects));
         counts.insert(format!("kustomize/{dir}"), objects.len());
     }
@@ -128,6 +178,7 @@ async fn every_manifest_and_the_rendered_chart_pass_a_server_side_dry_run() {
         cmd.args(set);
         let yaml = run(cmd, None, &format!("helm template ({name})"));
         let objects = dry_run(cp, &yaml, &format!("helm ({name})"));
+        isolated(&objects, &format!("helm ({name})"));
         if name == "defaults" {
             // Helm's uninstall hook (its own account, which only releases finalizers) has no
             // kustomize counterpart.
@@ -139,7 +190,7 @@ async fn every_manifest_and_the_rendered_chart_pass_a_server_side_dry_run() {
     }
     // The chart and the kustomize manifests grant exactly the same.
     assert_eq!(helm_rules, kustomize_rules, "the chart's RBAC and the kustomize RBAC differ");
-    assert_eq!(kustomize_rules.len(), 5, "{kustomize_rules:#?}");
+    assert_eq!(kustomize_rules.len(), 6, "{kustomize_rules:#?}");
     eprintln!("objects accepted by the server-side dry run: {counts:#?}");
     assert!(counts["kustomize/core"] >= 19, "{counts:?}");
     assert!(counts["helm (defaults)"] >= 20, "{counts:?}");
@@ -158,6 +209,14 @@ async fn every_manifest_and_the_rendered_chart_pass_a_server_side_dry_run() {
     assert!(why.contains("no provider chosen") && why.contains("sim.enabled=true"), "{why}");
     let why = refused(&["--namespace", "kube-system", "--set", "provider.image.repository=example.com/mycloud"]);
     assert!(why.contains("provider.name is required"), "{why}");
+    // A provider as the core's user, or two providers as one: refused.
+    let why = refused(&["--namespace", "kube-system", "--set", "sim.enabled=true,provider.runAsUser=65532"]);
+    assert!(why.contains("a user of its own"), "{why}");
+    let why = refused(&["--namespace", "kube-system", "--values", &hybrid, "--set", "extraProviders[0].runAsUser=65533"]);
+    assert!(why.contains("a user of its own"), "{why}");
+    // Monitors that would send Prometheus' token to a certificate nobody verifies: refused.
+    let why = refused(&["--namespace", "kube-system", "--set", "sim.enabled=true,metrics.serviceMonitor.enabled=true"]);
+    assert!(why.contains("insecureSkipVerify"), "{why}");
     // values.schema.json catches a misspelt value.
     let why = refused(&["--namespace", "kube-system", "--set", "sim.enabled=true,replica=3"]);
     assert!(why.contains("replica"), "{why}");
@@ -205,7 +264,7 @@ async fn every_manifest_and_the_rendered_chart_pass_a_server_side_dry_run() {
     let provider = container("provider");
     let provider_args = provider["args"].to_string();
     assert!(provider_args.contains("--cloud-config=/etc/cloud/cloud.conf"), "the sidecar gets --cloud-config: {provider_args}");
-    assert!(provider_args.contains("--metrics-listen=http://$(POD_IP):10260"), "{provider_args}");
+    assert!(provider_args.contains("--metrics-listen=unix:///var/run/ccm/metrics.sock"), "{provider_args}");
     assert!(provider["volumeMounts"].to_string().contains("/etc/cloud"), "the sidecar mounts the core's volume: {provider}");
     // The uninstall Job runs where the core runs, as the core does.
     let job = of_kind("Job").find(|o| o["metadata"]["name"] == "ccm-rs-uninstall").expect("the uninstall Job");
@@ -237,7 +296,9 @@ async fn every_manifest_and_the_rendered_chart_pass_a_server_side_dry_run() {
         assert!(monitor.contains("\"authorization\"") && monitor.contains("prometheus-metrics-token"), "{monitor}");
         assert!(monitor.contains("\"ca\"") && monitor.contains("ccm-serving"), "the serving CA is verified: {monitor}");
         assert!(!monitor.contains("bearerTokenFile") && !monitor.contains("insecureSkipVerify"), "{monitor}");
-        assert!(monitor.contains("sidecar-metrics"), "the sidecar's metrics are scraped: {monitor}");
+        // The sidecar's metrics through the core, behind the same token and certificate.
+        assert!(monitor.contains("/metrics/providers/default"), "the sidecar's metrics are scraped: {monitor}");
+        assert!(!monitor.contains("\"http\""), "nothing scraped in the clear: {monitor}");
     }
 
     // RBAC and accounts made elsewhere: the chart makes none.
@@ -500,6 +561,58 @@ async fn the_shipped_roles_are_enough_for_every_controller_and_no_broader() {
     }
     assert!(wrong.is_empty(), "{wrong:#?}");
     assert!(allowed(&admin, "cloud-controller-manager", "create", "serviceaccounts/token", Some("route-controller")).await);
+
+    // The provider's own account (whose token the core hands it): its read-only rules, and
+    // nothing of what the core's accounts may do.
+    let provider = "cloud-controller-manager-provider";
+    let matrix: [(&str, &str, Option<&str>, bool); 12] = [
+        ("get", "nodes", None, true),
+        ("list", "nodes", None, true),
+        ("watch", "services", None, true),
+        ("patch", "nodes", None, false),
+        ("delete", "nodes", None, false),
+        ("delete", "pods", None, false),
+        ("update", "services/status", None, false),
+        ("get", "secrets", None, false),
+        ("create", "serviceaccounts/token", Some("node-controller"), false),
+        ("create", "serviceaccounts/token", Some(provider), false),
+        ("create", "leases", None, false),
+        ("update", "leases", Some("cloud-controller-manager"), false),
+    ];
+    let mut wrong = Vec::new();
+    for (verb, resource, name, want) in matrix {
+        if allowed(&admin, provider, verb, resource, name).await != want {
+            wrong.push(format!("{provider} {verb} {resource} {name:?}: expected allowed={want}"));
+        }
+    }
+    assert!(wrong.is_empty(), "{wrong:#?}");
+    assert!(allowed(&admin, "cloud-controller-manager", "create", "serviceaccounts/token", Some(provider)).await);
+
+    // RBAC lets the core create any Lease in kube-system; the admission policy shipped beside
+    // it refuses one of another component (a pre-created Lease would hold that component
+    // back), and lets the core's own through.
+    let core_client = {
+        let kubeconfig = kube::config::Kubeconfig::read_from(&kubeconfig).expect("kubeconfig");
+        let config = kube::Config::from_custom_kubeconfig(kubeconfig, &Default::default()).await.expect("config");
+        kube::Client::try_from(config).expect("client")
+    };
+    let leases: Api<k8s_openapi::api::coordination::v1::Lease> = Api::namespaced(core_client, "kube-system");
+    let lease = |name: &str| k8s_openapi::api::coordination::v1::Lease {
+        metadata: k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta { name: Some(name.into()), ..Default::default() },
+        ..Default::default()
+    };
+    let refusal = eventually("the Lease policy in force", Duration::from_secs(20), async || {
+        match leases.create(&PostParams::default(), &lease("kube-scheduler")).await {
+            Err(kube::Error::Api(status)) if status.code == 422 || status.code == 403 => Some(status.message),
+            Ok(_) => panic!("the core's account created kube-system/kube-scheduler"),
+            Err(_) => None,
+        }
+    })
+    .await;
+    assert!(refusal.contains("only its own Leases"), "{refusal}");
+    let own = "cloud-controller-manager-member-7";
+    leases.create(&PostParams::default(), &lease(own)).await.expect("the core creates its own Lease");
+    let _ = leases.delete(own, &DeleteParams::default()).await;
     env.cleanup().await.expect("cleanup");
 }
 
