@@ -380,7 +380,7 @@ async fn token(client: &kube::Client, account: &str) -> String {
     answer.status.and_then(|s| s.token).expect("a token")
 }
 
-async fn allowed(client: &kube::Client, account: &str, verb: &str, resource: &str, name: Option<&str>) -> bool {
+pub(crate) async fn allowed(client: &kube::Client, account: &str, verb: &str, resource: &str, name: Option<&str>) -> bool {
     let (resource, subresource) = resource.split_once('/').map_or((resource, None), |(r, s)| (r, Some(s.to_string())));
     let group = if resource == "leases" { "coordination.k8s.io" } else { "" };
     let review = SubjectAccessReview {

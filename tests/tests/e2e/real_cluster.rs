@@ -3,7 +3,7 @@
 //! harness's kubelet cluster (`ccm_harness::kubelet_cluster`), and the Nodes the kubelets
 //! register initialised by the installed core, not by a process of the test.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
@@ -164,6 +164,54 @@ async fn check_install(cluster: &KubeletCluster, what: &str, begin: Instant) -> 
     (leader_ip, all_initialised)
 }
 
+/// The installed chart, asked with SubjectAccessReviews (issue 54): the provider's account may
+/// do exactly its read-only rules; the core's may still do its work and mint the provider's
+/// token; neither may touch Pods or another account's tokens. And the running pods: no
+/// container but the core's has a token of the Pod's account.
+async fn installed_accounts_keep_to_their_rules(cluster: &KubeletCluster) {
+    let client = cluster.client().await.expect("client");
+    let provider = "cloud-controller-manager-provider";
+    let core = "cloud-controller-manager";
+    let matrix: [(&str, &str, &str, Option<&str>, bool); 14] = [
+        (provider, "list", "nodes", None, true),
+        (provider, "watch", "services", None, true),
+        (provider, "patch", "nodes", None, false),
+        (provider, "delete", "pods", None, false),
+        (provider, "get", "secrets", None, false),
+        (provider, "create", "serviceaccounts/token", Some("node-controller"), false),
+        (provider, "create", "leases", None, false),
+        (core, "list", "nodes", None, true),
+        (core, "update", "leases", Some("cloud-controller-manager"), true),
+        (core, "create", "serviceaccounts/token", Some(provider), true),
+        (core, "create", "serviceaccounts/token", Some("node-controller"), true),
+        (core, "create", "serviceaccounts/token", Some("default"), false),
+        (core, "delete", "pods", None, false),
+        ("node-controller", "delete", "nodes", None, true),
+    ];
+    let mut wrong = Vec::new();
+    for (account, verb, resource, name, want) in matrix {
+        if crate::deploy::allowed(&client, account, verb, resource, name).await != want {
+            wrong.push(format!("{account} {verb} {resource} {name:?}: expected allowed={want}"));
+        }
+    }
+    assert!(wrong.is_empty(), "{wrong:#?}");
+    for pod in ready_pods(&client, CORE_PODS).await {
+        let spec = pod.spec.expect("spec");
+        assert_eq!(spec.automount_service_account_token, Some(false));
+        let volumes = spec.volumes.unwrap_or_default();
+        for container in spec.containers.iter().filter(|c| c.name != "cloud-controller-manager") {
+            for mount in container.volume_mounts.iter().flatten() {
+                let volume = volumes.iter().find(|v| v.name == mount.name).expect("volume");
+                let token = volume
+                    .projected
+                    .as_ref()
+                    .is_some_and(|p| p.sources.iter().flatten().any(|s| s.service_account_token.is_some()));
+                assert!(!token, "{}: mounts {} with a token of the Pod's account", container.name, mount.name);
+            }
+        }
+    }
+}
+
 /// The address of the node whose core holds the Lease.
 async fn leader_ip(cluster: &KubeletCluster, client: &kube::Client, what: &str) -> String {
     let holder = eventually(&format!("{what}: a leader"), Duration::from_secs(30), async || lease_holder(client).await).await;
@@ -292,6 +340,7 @@ async fn the_chart_and_the_kustomize_bases_run_on_real_kubelets() {
         "helm install",
     );
     check_install(cluster, "helm", begin).await;
+    installed_accounts_keep_to_their_rules(cluster).await;
     load_balancers_cared_for_on_real_kubelets(cluster).await;
 
     // The node plugin wrote the kubelet drop-in on every node's host path; a kubelet started
@@ -984,6 +1033,22 @@ async fn aws_on_real_kubelets(cluster: &KubeletCluster, helm_bin: &Path, chart: 
     })
     .await;
     eprintln!("AWS: install to every Node initialised: {:.1} s", begin.elapsed().as_secs_f64());
+    // The AWS provider reads Nodes through its informer: as its own ServiceAccount, with the
+    // token the core handed over (issue 54), never as the core's. The go-adapter's client says
+    // who it is in its User-Agent; the audit log says which account each request used.
+    let log = std::fs::read_to_string(cluster.control_plane().audit_log()).expect("audit log");
+    let mut provider_users = BTreeSet::new();
+    for line in log.lines() {
+        let Ok(event) = serde_json::from_str::<serde_json::Value>(line) else { continue };
+        if event["userAgent"].as_str().is_some_and(|a| a.starts_with("ccm-provider-go-adapter")) {
+            provider_users.insert(event["user"]["username"].as_str().unwrap_or_default().to_string());
+        }
+    }
+    assert_eq!(
+        provider_users,
+        BTreeSet::from(["system:serviceaccount:kube-system:cloud-controller-manager-provider".to_string()]),
+        "the AWS sidecar's requests, by account"
+    );
     for (node, instance) in cluster.nodes.iter().zip(&instances) {
         let n = nodes.get(&node.name).await.expect("node");
         assert_eq!(n.spec.as_ref().and_then(|s| s.provider_id.clone()), Some(format!("aws:///us-east-1a/{}", instance.id)));
