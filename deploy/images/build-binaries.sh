@@ -47,7 +47,7 @@ for b in "$@"; do
       version=${VERSION:-0.0.0-dev}
       case "$arch" in amd64|x86_64) goarch=amd64 ;; *) goarch=arm64 ;; esac
       (cd providers/aws && GOTOOLCHAIN=local CGO_ENABLED=0 GOARCH=$goarch \
-        GOFLAGS=-mod=mod go build -trimpath -ldflags="-s -w -X github.com/ccm-rs/go-adapter/sidecar.Version=$version" \
+        GOFLAGS=-mod=readonly go build -trimpath -ldflags="-s -w -X github.com/ccm-rs/go-adapter/sidecar.Version=$version" \
         -o "$out/$b" ./cmd/$b) >&2 ;;
     *) rust+=("$b") ;;
   esac

@@ -130,7 +130,7 @@ go_build() {
       partials+=("$tmp")
       echo "setup.sh: building $binary into $out (minutes on a cold Go cache)" >&2
       start=$(date +%s)
-      (cd "$module" && GOTOOLCHAIN=local CGO_ENABLED=0 GOFLAGS=-mod=mod go "${verb[@]}" -trimpath -ldflags="$ldflags" \
+      (cd "$module" && GOTOOLCHAIN=local CGO_ENABLED=0 GOFLAGS=-mod=readonly go "${verb[@]}" -trimpath -ldflags="$ldflags" \
         -o "$tmp" "$package")
       mv -f "$tmp" "$out/$binary"
       echo "setup.sh: built $binary in $(( $(date +%s) - start ))s" >&2
