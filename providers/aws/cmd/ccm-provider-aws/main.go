@@ -1,6 +1,7 @@
 // Command ccm-provider-aws is the AWS provider of k8s.io/cloud-provider-aws as a
 // cloudprovider.v1 sidecar of ccm-rs: the provider's own code, unchanged, behind the
-// go-adapter. Flags: --cloud-provider (aws), --cloud-config, --kubeconfig, --listen, -v.
+// go-adapter. Flags: --cloud-provider (aws), --cloud-config, --kubeconfig, --listen,
+// --socket-mode, --metrics-listen, -v (the go-adapter sidecar's: ../../../go-adapter/README.md).
 package main
 
 import (
