@@ -298,12 +298,28 @@ fn event_name(base: &str, nanos: i128) -> String {
     format!("{}{suffix}", base[..cut].trim_end_matches(['.', '-']))
 }
 
+/// The API server refuses an Event whose note is over 1 KiB: a longer one (a provider's long
+/// error, a list of Nodes) is cut to fit, on a character boundary, and says so.
+pub const MAX_NOTE_BYTES: usize = 1024;
+
+fn bounded_note(text: &str) -> String {
+    const CUT: &str = " … (cut)";
+    if text.len() <= MAX_NOTE_BYTES {
+        return text.to_string();
+    }
+    let mut end = MAX_NOTE_BYTES - CUT.len();
+    while !text.is_char_boundary(end) {
+        end -= 1;
+    }
+    format!("{}{CUT}", &text[..end])
+}
+
 fn new_event(note: &Note, name: String, now: Timestamp) -> Event {
     Event {
         metadata: ObjectMeta { name: Some(name), namespace: Some(note.namespace()), ..Default::default() },
         action: Some(note.reason.clone()),
         reason: Some(note.reason.clone()),
-        note: Some(note.note.clone()),
+        note: Some(bounded_note(&note.note)),
         type_: Some(note.event_type.as_str().into()),
         event_time: Some(MicroTime(now)),
         regarding: Some(note.regarding.clone()),
@@ -320,6 +336,17 @@ fn new_event(note: &Note, name: String, now: Timestamp) -> Event {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn long_notes_are_cut_to_what_the_api_server_takes() {
+        assert_eq!(bounded_note("short"), "short");
+        let exact = "a".repeat(MAX_NOTE_BYTES);
+        assert_eq!(bounded_note(&exact), exact);
+        // Multi-byte characters across the cut: still valid UTF-8, within the bound.
+        let long = "é".repeat(MAX_NOTE_BYTES);
+        let cut = bounded_note(&long);
+        assert!(cut.len() <= MAX_NOTE_BYTES && cut.ends_with("(cut)") && cut.starts_with("éé"), "{} bytes", cut.len());
+    }
 
     #[test]
     fn event_names_of_the_longest_objects_fit() {

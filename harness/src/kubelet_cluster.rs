@@ -842,7 +842,7 @@ impl KubeletCluster {
     pub fn sim_chart_values(&self, admin_port: u16) -> String {
         let inventory: String = self.sim_inventory().lines().map(|l| format!("      {l}\n")).collect();
         format!(
-            "sim:\n  enabled: true\n  extraArgs: [--admin-listen=http://0.0.0.0:{admin_port}]\n  config:\n    sim.toml: |\n{inventory}\
+            "sim:\n  enabled: true\n  extraArgs: [--admin-listen=http://0.0.0.0:{admin_port}, --allow-insecure-tcp]\n  config:\n    sim.toml: |\n{inventory}\
              clusterCIDR: {CLUSTER_CIDR}\nconfigureCloudRoutes: true\n"
         )
     }

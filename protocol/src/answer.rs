@@ -19,13 +19,20 @@ fn of_scheme(provider_id: &str, scheme: &str) -> bool {
 }
 
 /// Why `text` is not an address another host can reach (not an IP at all; unspecified,
-/// loopback, multicast or broadcast), if it is not one. Written to a Node or a Service's
+/// loopback, link-local, multicast or broadcast), if it is not one. Written to a Node or a Service's
 /// ingress, `0.0.0.0` or `127.0.0.1` would send traffic nowhere, or to whoever reads it.
 fn unreachable_ip(text: &str) -> Option<String> {
     let Ok(ip) = text.parse::<IpAddr>() else { return Some(format!("{text:?} is not an IP address")) };
     let broadcast = matches!(ip, IpAddr::V4(v4) if v4.is_broadcast());
-    (ip.is_unspecified() || ip.is_loopback() || ip.is_multicast() || broadcast)
-        .then(|| format!("{text:?} is not an address another host can reach (unspecified, loopback, multicast or broadcast)"))
+    // Link-local: 169.254.169.254 is the metadata service of most clouds; fe80::/10 reaches
+    // only the link. Neither is a Node's or a load balancer's address.
+    let link_local = match ip {
+        IpAddr::V4(v4) => v4.is_link_local(),
+        IpAddr::V6(v6) => v6.is_unicast_link_local(),
+    };
+    (ip.is_unspecified() || ip.is_loopback() || ip.is_multicast() || broadcast || link_local).then(|| {
+        format!("{text:?} is not an address another host can reach (unspecified, loopback, link-local, multicast or broadcast)")
+    })
 }
 
 /// One address: an IP another host can reach for the IP types, a DNS name for the others, a
@@ -54,6 +61,16 @@ pub fn instance(m: &v1::InstanceMetadata, scheme: &str) -> Result<(), String> {
     }
     for a in &m.addresses {
         address(a).map_err(|why| format!("instance {}: {why}", m.provider_id))?;
+    }
+    for (what, map) in [("additional labels", &m.additional_labels), ("tags", &m.tags)] {
+        if map.len() > crate::limits::MAX_INSTANCE_LABELS {
+            return Err(format!(
+                "instance {}: {} {what}, more than the {} any cloud gives an instance",
+                m.provider_id,
+                map.len(),
+                crate::limits::MAX_INSTANCE_LABELS
+            ));
+        }
     }
     for (what, value) in [("zone", &m.zone), ("region", &m.region), ("instance type", &m.instance_type)] {
         if !valid_label_value(value) {
@@ -159,6 +176,14 @@ pub fn node_metadata(m: &InstanceMetadata) -> Result<()> {
             return bad(format!("{field} {value:?} contains the control or line-break character {:?}", c));
         }
     }
+    for (what, count) in [("additional labels", m.additional_labels.len()), ("tags", m.tags.len())] {
+        if count > crate::limits::MAX_INSTANCE_LABELS {
+            return bad(format!(
+                "{count} {what}, more than the {} any cloud gives an instance",
+                crate::limits::MAX_INSTANCE_LABELS
+            ));
+        }
+    }
     match m.provider_id.split_once("://") {
         Some((scheme, rest)) if !scheme.is_empty() && !rest.is_empty() => {}
         _ => return bad(format!("provider_id {:?} is not <scheme>://<id>", m.provider_id)),
@@ -236,11 +261,19 @@ mod tests {
         assert!(instance(&meta("", "10.0.0.1"), "sim").is_ok(), "no providerID is the node controller's to judge");
         assert!(instance(&meta("sim://", "10.0.0.1"), "sim").is_err());
         assert!(instance(&meta("sim://zone-a/i-1", "999.0.0.1"), "sim").expect_err("an error").contains("not an IP"));
-        for nowhere in ["0.0.0.0", "127.0.0.1", "::", "::1", "224.0.0.1", "255.255.255.255"] {
+        for nowhere in ["0.0.0.0", "127.0.0.1", "::", "::1", "224.0.0.1", "255.255.255.255", "169.254.169.254", "fe80::1"] {
             let why = instance(&meta("sim://zone-a/i-1", nowhere), "sim").expect_err(nowhere);
             assert!(why.contains("another host can reach"), "{nowhere}: {why}");
         }
         assert!(instance(&meta("sim://zone-a/i-1", "fd00::5"), "sim").is_ok());
+        let mut many = meta("sim://zone-a/i-1", "10.0.0.1");
+        many.tags = (0..crate::limits::MAX_INSTANCE_LABELS).map(|i| (format!("k{i}"), "v".into())).collect();
+        assert!(instance(&many, "sim").is_ok(), "as many tags as a cloud gives");
+        many.tags.insert("one-more".into(), "v".into());
+        assert!(instance(&many, "sim").expect_err("too many").contains("more than the"));
+        many.tags.clear();
+        many.additional_labels = (0..=crate::limits::MAX_INSTANCE_LABELS).map(|i| (format!("k{i}"), "v".into())).collect();
+        assert!(instance(&many, "sim").is_err(), "too many labels");
         let mut bad_zone = meta("sim://zone-a/i-1", "10.0.0.1");
         bad_zone.zone = "zone a".into();
         assert!(instance(&bad_zone, "sim").expect_err("an error").contains("label value"));

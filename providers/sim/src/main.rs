@@ -42,8 +42,8 @@ struct Args {
     /// with --tls-key-file and --tls-client-ca-file; clients need a certificate of that CA.
     #[arg(long, value_name = "FILE", requires_all = ["tls_key_file", "tls_client_ca_file"])]
     tls_cert_file: Option<PathBuf>,
-    /// Serve a TCP --listen without TLS on an address other hosts can reach (refused
-    /// otherwise: only loopback is served in the clear).
+    /// Serve a TCP --listen, or the admin API, without TLS on an address other hosts can
+    /// reach (refused otherwise: only loopback is served in the clear).
     #[arg(long)]
     allow_insecure_tcp: bool,
     /// The mode of the unix sockets served, octal: 0600 (only this user), or 0660 for a core
@@ -151,6 +151,17 @@ async fn main() -> anyhow::Result<()> {
         && !args.allow_insecure_metrics
     {
         return Err(ccm_provider_sdk::server::ServeError::InsecureMetrics(addr.to_string()).into());
+    }
+    // The admin API changes the cloud and has no authentication: on a socket, on loopback, or
+    // (tests on a bridge) explicitly.
+    if let Some(Listen::Tcp(addr)) = &endpoints.admin
+        && !addr.ip().is_loopback()
+        && !args.allow_insecure_tcp
+    {
+        anyhow::bail!(
+            "--admin-listen {addr}: the admin API changes the cloud and checks no caller; serve it on a unix socket or \
+             loopback, or allow it on this address explicitly (--allow-insecure-tcp)"
+        );
     }
     if check_only {
         // The config file is the pod's (a mounted ConfigMap): checked where it is mounted.

@@ -563,6 +563,7 @@ async fn the_chart_and_the_kustomize_bases_run_on_real_kubelets() {
              generatorOptions:\n  disableNameSuffixHash: true\n\
              patches:\n  - target: {{kind: Deployment, name: cloud-controller-manager}}\n    patch: |\n\
              \x20     - {{op: add, path: /spec/template/spec/containers/1/args/-, value: --admin-listen=http://0.0.0.0:{ADMIN_PORT}}}\n\
+             \x20     - {{op: add, path: /spec/template/spec/containers/1/args/-, value: --allow-insecure-tcp}}\n\
              \x20     - {{op: add, path: /spec/template/spec/containers/0/args/-, value: --cluster-cidr={CLUSTER_CIDR}}}\n",
             core = "../../deploy/kustomize/core",
             plugin = "../../deploy/kustomize/node-metadata",
