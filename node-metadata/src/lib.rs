@@ -106,8 +106,9 @@ impl Plugin {
         request: pb::GetImageCredentialsRequest,
     ) -> anyhow::Result<pb::GetImageCredentialsResponse> {
         let mut client = ImageCredentialsServiceClient::new(self.channel.clone());
+        let image = request.image.clone();
         let answer = self.call("ImageCredentialsService", client.get_image_credentials(self.request(request))).await?;
-        ccm_protocol::registry::check_answer(&answer)
+        ccm_protocol::registry::check_answer_for(&answer, &image)
             .map_err(|e| anyhow::anyhow!("the plugin at {} answered {}", self.endpoint, strip_code(&e)))?;
         Ok(answer)
     }

@@ -93,6 +93,30 @@ pub fn valid_pattern(pattern: &str) -> bool {
         && (port.is_empty() || port.parse::<u16>().is_ok())
 }
 
+/// Checks an ImageCredentials answer to a request for `image`: [`check_answer`], and every
+/// pattern covers `image` and names a domain (a wildcard never stands for the last two labels
+/// of a host: `*.*` or `*.io` would hand the credentials to registries nobody asked about,
+/// for as long as the kubelet caches them). The error names the bad pattern, never a secret.
+pub fn check_answer_for(answer: &GetImageCredentialsResponse, image: &str) -> Result<()> {
+    check_answer(answer)?;
+    for pattern in answer.auth.keys() {
+        let (hostport, _) = pattern.split_once('/').unwrap_or((pattern, ""));
+        let host = hostport.split_once(':').map_or(hostport, |(h, _)| h);
+        let labels: Vec<&str> = host.split('.').collect();
+        if host.contains('*') && (labels.len() < 3 || labels[labels.len() - 2..].iter().any(|l| l.contains('*'))) {
+            return Err(Error::internal(format!(
+                "invalid image credentials: registry pattern {pattern:?} names no domain (a wildcard in its last two labels)"
+            )));
+        }
+        if !pattern_matches(pattern, image) {
+            return Err(Error::internal(format!(
+                "invalid image credentials: registry pattern {pattern:?} does not cover the image asked about"
+            )));
+        }
+    }
+    Ok(())
+}
+
 /// Checks an ImageCredentials answer: valid patterns, and a cache key type when there are
 /// credentials. The error names the bad pattern, never a secret.
 pub fn check_answer(answer: &GetImageCredentialsResponse) -> Result<()> {
@@ -125,6 +149,32 @@ mod tests {
         assert_eq!(r("https://registry.sim.dev/app"), None);
         assert_eq!(r("registry.sim.dev/"), None);
         assert_eq!(r("a b"), None);
+    }
+
+    #[test]
+    fn credentials_only_for_the_image_asked_about() {
+        let answer = |pattern: &str| GetImageCredentialsResponse {
+            auth: [(pattern.to_string(), RegistryCredential { username: "u".into(), password: "SECRET".into() })].into(),
+            cache_key_type: CacheKeyType::Global as i32,
+            ..Default::default()
+        };
+        let image = "eu.registry.sim.dev/team/app:1";
+        for good in ["*.registry.sim.dev", "eu.registry.sim.dev", "eu.registry.sim.dev/team"] {
+            assert!(check_answer_for(&answer(good), image).is_ok(), "{good}");
+        }
+        for (bad, why) in [
+            ("*.*.*.*", "names no domain"),
+            ("*.*", "names no domain"),
+            ("*.dev", "names no domain"),
+            ("eu.registry.*.dev", "names no domain"),
+            ("other.registry.sim.dev", "does not cover"),
+            ("eu.registry.sim.dev/other", "does not cover"),
+        ] {
+            let error = check_answer_for(&answer(bad), image).expect_err(bad).to_string();
+            assert!(error.contains(why) && !error.contains("SECRET"), "{bad}: {error}");
+        }
+        assert!(check_answer_for(&answer("*.*"), "a.io/app").is_err(), "*.* covers a.io but names no domain");
+        assert!(check_answer_for(&answer("localhost:5000"), "localhost:5000/app").is_ok());
     }
 
     #[test]

@@ -52,7 +52,7 @@ impl ImageCredentialsService for ImageCredentialsAdapter {
             .call("ImageCredentialsService/GetImageCredentials", async {
                 crate::registry::image_host(&req.image)?;
                 let answer = self.inner.image_credentials(&req).await?;
-                crate::registry::check_answer(&answer)?;
+                crate::registry::check_answer_for(&answer, &req.image)?;
                 Ok(answer)
             })
             .await
