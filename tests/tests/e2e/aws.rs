@@ -320,3 +320,50 @@ pub(crate) async fn assert_conformant(options: &ccm_provider_sdk::conformance::O
     let passed = report.results.iter().filter(|r| matches!(r.outcome, Outcome::Pass)).count();
     assert!(passed >= passes, "only {passed} checks pass, {passes} expected: {}", report.summary());
 }
+
+/// The released AWS image is `FROM scratch`: nothing in it but its binary, so the binary must
+/// carry the roots that AWS's certificates chain to (issue 54). The image's binary, built as
+/// its Containerfile builds it (`deploy/images/build-binaries.sh`), links Go's copy of
+/// Mozilla's roots (`golang.org/x/crypto/x509roots/fallback`, which Go uses when the system
+/// has no bundle) and starts in an empty root filesystem. That those roots verify a public
+/// chain with no system bundle is the Go test of its package
+/// (`providers/aws/cmd/ccm-provider-aws`, which `.ci/run` runs).
+#[test]
+fn the_aws_images_binary_carries_its_tls_roots() {
+    if let Err(why) = machine::require("building ccm-provider-aws", &[("go", "go.dev/dl")]) {
+        assert!(std::env::var_os(REQUIRE).is_none(), "{REQUIRE}: {why}");
+        eprintln!("skipped: {why}");
+        return;
+    }
+    let repo = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("..");
+    let root = tempfile::tempdir().expect("an empty root");
+    let built = std::process::Command::new(repo.join("deploy/images/build-binaries.sh"))
+        .arg(root.path())
+        .arg("ccm-provider-aws")
+        .output()
+        .expect("build-binaries.sh");
+    assert!(built.status.success(), "build-binaries.sh: {}", String::from_utf8_lossy(&built.stderr));
+    let binary = root.path().join("ccm-provider-aws");
+    let modules = std::process::Command::new("go").args(["version", "-m"]).arg(&binary).output().expect("go version -m");
+    let modules = String::from_utf8_lossy(&modules.stdout);
+    assert!(modules.contains("golang.org/x/crypto/x509roots/fallback"), "the image's binary links no TLS roots:\n{modules}");
+    // In a root filesystem holding nothing but the binary, as the image's: it starts.
+    // The owner of what this process creates is its user: root may chroot.
+    let me = std::os::unix::fs::MetadataExt::uid(&std::fs::metadata(&binary).expect("the binary"));
+    if me != 0 {
+        eprintln!("not root: the empty root filesystem (chroot) is not tried");
+        return;
+    }
+    let chroot = std::env::split_paths(&std::env::var_os("PATH").unwrap_or_default())
+        .map(|dir| dir.join("chroot"))
+        .find(|path| path.exists())
+        .expect("chroot (coreutils)");
+    let started = std::process::Command::new(chroot)
+        .arg(root.path())
+        .args(["/ccm-provider-aws", "--version"])
+        .env_clear()
+        .output()
+        .expect("chroot");
+    assert!(started.status.success(), "in an empty root: {}", String::from_utf8_lossy(&started.stderr));
+    assert!(String::from_utf8_lossy(&started.stdout).contains("ccm-provider"), "{started:?}");
+}
