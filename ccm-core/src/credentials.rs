@@ -2,10 +2,10 @@
 //! ServiceAccount in `kube-system` ([`service_account`]: upstream's accounts by default,
 //! `--service-account-names`; created when missing and allowed), so
 //! audit logs tell controllers apart and each can be granted only what it does. Tokens come
-//! from the TokenRequest API, live an hour, are bound to this Pod when it runs in one of the
-//! accounts' namespace (POD_NAME, POD_UID and POD_NAMESPACE from the downward API: a token
-//! stops working when the Pod is gone), and are renewed every 20 minutes into a file the
-//! client re-reads.
+//! from the TokenRequest API, live ten minutes (the shortest the API server issues: a token
+//! taken from a stopped process is of use that long at most), and are renewed every three
+//! minutes into a file the client re-reads. They cannot be bound to this Pod: the API server
+//! binds a token only to a Pod running as that same account.
 //!
 //! `--provider-token` ([`hand_over`]): the same for a provider's own ServiceAccount, written
 //! with `ca.crt` and `namespace` into a volume only that provider mounts, so that the
@@ -14,7 +14,7 @@
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use k8s_openapi::api::authentication::v1::{BoundObjectReference, TokenRequest, TokenRequestSpec};
+use k8s_openapi::api::authentication::v1::{TokenRequest, TokenRequestSpec};
 use k8s_openapi::api::core::v1::ServiceAccount;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::Api;
@@ -23,8 +23,11 @@ use tokio_util::sync::CancellationToken;
 
 /// The namespace of the controllers' ServiceAccounts, as upstream.
 pub const NAMESPACE: &str = "kube-system";
-const TOKEN_SECONDS: i64 = 3600;
-const RENEW_EVERY: Duration = Duration::from_secs(20 * 60);
+/// The shortest lifetime the API server issues.
+const TOKEN_SECONDS: i64 = 600;
+/// Well inside it: two renewals can fail before a token expires, and clients re-read the file
+/// every minute.
+const RENEW_EVERY: Duration = Duration::from_secs(3 * 60);
 
 /// The ServiceAccount a controller acts as. `upstream` (the default): the accounts upstream's
 /// cloud-controller-manager uses, so existing RBAC and audit rules apply: `node-controller`
@@ -145,30 +148,13 @@ impl Credentials {
     }
 }
 
-/// This Pod, when the downward API gives its name and UID and it runs in `namespace` (the
-/// API server binds a token only to an object of the account's namespace).
-fn bound_pod(namespace: &str) -> Option<BoundObjectReference> {
-    let var = |name| std::env::var(name).ok().filter(|v| !v.is_empty());
-    let (name, uid) = (var("POD_NAME")?, var("POD_UID")?);
-    (var("POD_NAMESPACE")?.as_str() == namespace).then(|| BoundObjectReference {
-        api_version: Some("v1".into()),
-        kind: Some("Pod".into()),
-        name: Some(name),
-        uid: Some(uid),
-    })
-}
-
-/// A token of `namespace/name` for the API server (no audience: the API server's own), for an
-/// hour, bound to this Pod when it can be ([`bound_pod`]).
+/// A token of `namespace/name` for the API server (no audience: the API server's own), for
+/// [`TOKEN_SECONDS`].
 async fn request_token(root: &kube::Client, namespace: &str, name: &str) -> Result<String, CredentialsError> {
     let api: Api<ServiceAccount> = Api::namespaced(root.clone(), namespace);
     let account = format!("{namespace}/{name}");
     let request = TokenRequest {
-        spec: Some(TokenRequestSpec {
-            expiration_seconds: Some(TOKEN_SECONDS),
-            bound_object_ref: bound_pod(namespace),
-            ..Default::default()
-        }),
+        spec: Some(TokenRequestSpec { expiration_seconds: Some(TOKEN_SECONDS), ..Default::default() }),
         ..Default::default()
     };
     let answer = api
@@ -233,8 +219,8 @@ const HANDOVER_RETRY_MAX: Duration = Duration::from_secs(80);
 
 /// `--provider-token`: writes each provider's token as soon as it can (the first failure is
 /// logged as an error and retried after 5 s, doubling to 80 s: the provider waits for its token), then renews
-/// it every 20 minutes under `supervisor` until `stop` (a failed renewal keeps the current
-/// token, an hour long, and is retried sooner).
+/// it every three minutes under `supervisor` until `stop` (a failed renewal keeps the current
+/// token, ten minutes long, and is retried sooner).
 pub fn hand_over(
     config: &kube::Config,
     handovers: Vec<crate::provider::access::Handover>,
@@ -256,7 +242,7 @@ pub fn hand_over(
                 let wait = match hand_over_once(&root, &ca, &handover).await {
                     Ok(()) => {
                         if !handed {
-                            tracing::info!(service_account = %account, dir = %handover.dir.display(), bound_to_pod = bound_pod(&handover.namespace).is_some(), "handed the provider a token of its own ServiceAccount");
+                            tracing::info!(service_account = %account, dir = %handover.dir.display(), "handed the provider a token of its own ServiceAccount");
                         }
                         (handed, retry) = (true, HANDOVER_RETRY);
                         RENEW_EVERY

@@ -180,8 +180,7 @@ pub struct Options {
     pub provider_metrics: Vec<String>,
 
     /// Hands a provider a Kubernetes token of its own ServiceAccount (`NAMESPACE/NAME=DIR`):
-    /// requested with TokenRequest (an hour, bound to this Pod when POD_NAME and POD_UID are
-    /// set, renewed every 20 minutes) and written with `ca.crt` and `namespace` into DIR, a
+    /// requested with TokenRequest (ten minutes, renewed every three) and written with `ca.crt` and `namespace` into DIR, a
     /// volume the provider mounts read-only at /var/run/secrets/kubernetes.io/serviceaccount.
     /// The provider then holds no credential of the core's.
     #[arg(long, value_name = "NAMESPACE/NAME=DIR")]

@@ -20,7 +20,7 @@ use crate::serving::{get, service_account_token, write_pair};
 use crate::support::{Core, Sim, eventually, free_port, http_get};
 
 /// A ClusterRole (and its binding to `account` in `namespace`) allowing `get` on `urls`.
-async fn grant_urls(client: &kube::Client, name: &str, namespace: &str, account: &str, urls: &[&str]) {
+pub(crate) async fn grant_urls(client: &kube::Client, name: &str, namespace: &str, account: &str, urls: &[&str]) {
     let role = ClusterRole {
         metadata: ObjectMeta { name: Some(name.into()), ..Default::default() },
         rules: Some(vec![PolicyRule {
@@ -44,7 +44,7 @@ async fn grant_urls(client: &kube::Client, name: &str, namespace: &str, account:
     Api::<ClusterRoleBinding>::all(client.clone()).create(&PostParams::default(), &binding).await.expect("binding");
 }
 
-async fn revoke(client: &kube::Client, name: &str) {
+pub(crate) async fn revoke(client: &kube::Client, name: &str) {
     let _ = Api::<ClusterRoleBinding>::all(client.clone()).delete(name, &DeleteParams::default()).await;
     let _ = Api::<ClusterRole>::all(client.clone()).delete(name, &DeleteParams::default()).await;
 }

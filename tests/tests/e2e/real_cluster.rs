@@ -105,11 +105,17 @@ const CORE_PODS: &str = "app.kubernetes.io/name=cloud-controller-manager";
 /// time from `begin` until every Node was initialised.
 async fn check_install(cluster: &KubeletCluster, what: &str, begin: Instant) -> (String, Duration) {
     let client = cluster.client().await.expect("client");
-    let core = eventually(&format!("{what}: two Ready core pods"), Duration::from_secs(120), async || {
+    let deadline = Instant::now() + Duration::from_secs(120);
+    let core = loop {
         let pods = ready_pods(&client, CORE_PODS).await;
-        (pods.len() == 2).then_some(pods)
-    })
-    .await;
+        if pods.len() == 2 {
+            break pods;
+        }
+        if Instant::now() > deadline {
+            panic!("{what}: two Ready core pods not there after 120 s:\n{}", core_pods_report(&client).await);
+        }
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    };
     for pod in &core {
         let statuses = pod.status.as_ref().and_then(|s| s.container_statuses.clone()).unwrap_or_default();
         let names: BTreeMap<String, bool> = statuses.iter().map(|s| (s.name.clone(), s.ready)).collect();
@@ -210,6 +216,42 @@ async fn installed_accounts_keep_to_their_rules(cluster: &KubeletCluster) {
             }
         }
     }
+}
+
+/// What an operator runs `kubectl describe` and `kubectl logs` for: each core pod's
+/// containers, their states, and the last lines of their logs.
+async fn core_pods_report(client: &kube::Client) -> String {
+    let pods: Api<Pod> = Api::namespaced(client.clone(), "kube-system");
+    let list = pods.list(&kube::api::ListParams::default().labels(CORE_PODS)).await.map(|l| l.items).unwrap_or_default();
+    let mut report = String::new();
+    for pod in list {
+        let name = pod.metadata.name.clone().unwrap_or_default();
+        let statuses = pod.status.as_ref().and_then(|s| s.container_statuses.clone()).unwrap_or_default();
+        for status in statuses {
+            let state = serde_json::to_string(&status.state).unwrap_or_default();
+            let last = serde_json::to_string(&status.last_state).unwrap_or_default();
+            report.push_str(&format!(
+                "{name}/{}: ready={} restarts={} state={state} last={last}\n",
+                status.name, status.ready, status.restart_count
+            ));
+            for previous in [false, true] {
+                let params = kube::api::LogParams {
+                    container: Some(status.name.clone()),
+                    previous,
+                    tail_lines: Some(15),
+                    ..Default::default()
+                };
+                if let Ok(log) = pods.logs(&name, &params).await {
+                    report.push_str(&format!(
+                        "--- {}logs of {name}/{}:\n{log}\n",
+                        if previous { "previous " } else { "" },
+                        status.name
+                    ));
+                }
+            }
+        }
+    }
+    report
 }
 
 /// The address of the node whose core holds the Lease.
@@ -710,7 +752,7 @@ async fn hybrid_on_real_kubelets(cluster: &KubeletCluster, helm_bin: &Path, char
             "image": { "repository": "ghcr.io/ccm-rs/provider-sim" },
             "args": ["--config=/etc/ccm-provider/sim.toml"],
             "config": { "sim.toml": sim_toml("metal", "198.51.100.0/24", "metal.example.com/lb", &mut (1..count)) },
-            "metrics": { "port": 10261 },
+            "metrics": { "enabled": true },
         }],
     });
     std::fs::write(&values, test_values.to_string()).expect("values");
@@ -1142,14 +1184,37 @@ async fn aws_on_real_kubelets(cluster: &KubeletCluster, helm_bin: &Path, chart: 
     let untaint = serde_json::json!({"spec": {"taints": null}});
     nodes.patch(tainted, &PatchParams::default(), &Patch::Merge(&untaint)).await.expect("taint removed");
 
-    // The AWS provider's own metrics, served by the sidecar (--metrics-listen): its AWS API
-    // calls by request, as upstream's aws-cloud-controller-manager serves them.
+    // The AWS provider's own metrics: its AWS API calls by request, as upstream's
+    // aws-cloud-controller-manager serves them. The sidecar serves them on a socket only; the
+    // core serves them again on its secure port, to a caller allowed them and nobody else.
     let leader = leader_ip(cluster, &client, "AWS").await;
+    let url = format!("https://{leader}:10258/metrics/providers/default");
+    let scrape = async |token: Option<&str>| -> Option<(u16, String)> {
+        let mut cmd = tokio::process::Command::new("curl");
+        cmd.args(["-sk", "--max-time", "5", "-w", "\n%{http_code}", &url]);
+        if let Some(token) = token {
+            cmd.args(["-H", &format!("Authorization: Bearer {token}")]);
+        }
+        let out = cmd.output().await.ok()?;
+        let text = String::from_utf8_lossy(&out.stdout).into_owned();
+        let (body, code) = text.rsplit_once('\n')?;
+        Some((code.trim().parse().ok()?, body.to_string()))
+    };
+    assert!(
+        !http_get(&format!("http://{leader}:10260"), "/metrics").await.is_some_and(|(status, _)| status == 200),
+        "AWS: nothing serves the sidecar's metrics on the node's address"
+    );
+    let (status, body) = scrape(None).await.expect("an answer");
+    assert_eq!(status, 403, "AWS: anonymous /metrics/providers/default: {body}");
+    let scraper = "aws-metrics-scraper";
+    let token = crate::serving::service_account_token(&client, "kube-system", scraper).await;
+    crate::isolation::grant_urls(&client, scraper, "kube-system", scraper, &["/metrics/providers/*"]).await;
     let metrics = eventually("AWS: the sidecar's cloudprovider_aws_api_* metrics", Duration::from_secs(30), async || {
-        let (status, body) = http_get(&format!("http://{leader}:10260"), "/metrics").await?;
+        let (status, body) = scrape(Some(&token)).await?;
         (status == 200 && body.contains("cloudprovider_aws_api_request_duration_seconds_count{")).then_some(body)
     })
     .await;
+    crate::isolation::revoke(&client, scraper).await;
     assert!(metrics.contains("cloudprovider_aws_api_request_duration_seconds_count{request=\""), "{metrics}");
     let logs = run(
         cluster.kubectl(&["-n", "kube-system", "logs", "daemonset/cloud-controller-manager", "-c", "cloud-controller-manager"]),
