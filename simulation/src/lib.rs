@@ -85,6 +85,7 @@ pub const FAULT_KINDS: &[&str] = &[
     "providerIDs in the kubelet's form",
     "half-open connections",
     "a Service records another's load balancer name",
+    "the cloud answers an address no host can reach",
 ];
 
 const CLUSTER: &str = "sim";
@@ -240,6 +241,8 @@ enum Active {
     LeaseSilent(usize),
     HalfOpen(usize),
     WatchesCut(usize),
+    /// An instance's addresses, put back after the cloud answered others.
+    Addresses(String, Vec<Address>),
 }
 
 struct World {
@@ -477,6 +480,9 @@ impl World {
                         r.net.half_open.store(false, std::sync::atomic::Ordering::Relaxed);
                     }
                 }
+                Active::Addresses(instance, addresses) => {
+                    let _ = self.cloud.set_addresses(&instance, addresses);
+                }
                 Active::LeaseSilent(slot) => {
                     if let Some(r) = &self.replicas[slot] {
                         r.lease_net.down.store(false, std::sync::atomic::Ordering::Relaxed);
@@ -515,7 +521,7 @@ impl World {
             "EnsureLoadBalancerDeleted",
         ];
         let lasts = Duration::from_secs(self.rng.random_range(5..=90));
-        let roll = self.rng.random_range(0..113);
+        let roll = self.rng.random_range(0..116);
         match roll {
             0..=11 => {
                 // Now and then a scale-up: several Nodes join at once (and are read in one
@@ -777,6 +783,23 @@ impl World {
                 self.faults.insert("a Service records another's load balancer name");
                 self.log(format!("service {thief} records {victim}'s load balancer name {stolen}"));
             }
+            113..=115 => {
+                // The cloud answers an instance's address that no other host can reach (its
+                // metadata service's link-local address, loopback, IPv6 link-local): the core
+                // refuses the answer, and the Node keeps the address it had.
+                let live: Vec<usize> = (0..self.nodes.len()).filter(|&i| self.nodes[i].life != Life::Terminated).collect();
+                let Some(i) = self.pick(&live) else { return };
+                let instance = self.nodes[i].instance.clone();
+                let k: usize = instance.trim_start_matches("i-").parse().unwrap_or(0);
+                let own = vec![Address { kind: "InternalIP".into(), address: format!("10.0.{}.{}", k / 250, k % 250 + 1) }];
+                let bad = ["169.254.169.254", "127.0.0.1", "fe80::1"][self.rng.random_range(0..3)];
+                let answered = vec![Address { kind: "InternalIP".into(), address: bad.into() }];
+                if self.cloud.set_addresses(&instance, answered).is_ok() {
+                    self.faults.insert("the cloud answers an address no host can reach");
+                    self.log(format!("instance {instance} answered with address {bad} for {}s", lasts.as_secs()));
+                    self.active.push((Instant::now() + lasts, Active::Addresses(instance, own)));
+                }
+            }
             _ => {
                 let latency = self.rng.random_range(0..=2_000);
                 self.model.latency_ms.store(latency, std::sync::atomic::Ordering::Relaxed);
@@ -846,6 +869,19 @@ impl World {
     fn check_identities(&self) {
         for rec in &self.nodes {
             let Some(node) = self.model.get(&Key::node(&rec.name)) else { continue };
+            // No address the cloud answered that no host can reach is ever written.
+            for address in node.pointer("/status/addresses").and_then(Value::as_array).into_iter().flatten() {
+                let text = address["address"].as_str().unwrap_or_default();
+                if let Ok(ip) = text.parse::<std::net::IpAddr>() {
+                    let local = match ip {
+                        std::net::IpAddr::V4(v4) => v4.is_link_local() || v4.is_loopback(),
+                        std::net::IpAddr::V6(v6) => v6.is_unicast_link_local() || v6.is_loopback(),
+                    };
+                    if local {
+                        self.model.violation(format!("Node {} has the address {text}, which no other host can reach", rec.name));
+                    }
+                }
+            }
             let id = node.pointer("/spec/providerID").and_then(Value::as_str).unwrap_or_default();
             if !id.is_empty() && id.rsplit('/').next() != Some(rec.instance.as_str()) {
                 self.model.violation(format!("Node {} has providerID {id}, not its instance {}", rec.name, rec.instance));
