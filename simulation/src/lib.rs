@@ -247,6 +247,9 @@ enum Active {
 
 struct World {
     rng: StdRng,
+    /// The cloud's answers of addresses no host can reach: drawn from a stream of their own,
+    /// so that adding them left every seed's schedule as it was.
+    address_rng: StdRng,
     model: Arc<Model>,
     cloud: Arc<Cloud>,
     shared: Shared,
@@ -506,6 +509,25 @@ impl World {
         self.apply_faults();
     }
 
+    /// The cloud answers an instance's address that no other host can reach (its metadata
+    /// service's link-local address, loopback, IPv6 link-local) for a while: the core refuses
+    /// the answer, and the Node keeps the address it had ([`World::check_identities`]).
+    fn unreachable_address(&mut self) {
+        let live: Vec<usize> = (0..self.nodes.len()).filter(|&i| self.nodes[i].life != Life::Terminated).collect();
+        let Some(i) = (!live.is_empty()).then(|| live[self.address_rng.random_range(0..live.len())]) else { return };
+        let lasts = Duration::from_secs(self.address_rng.random_range(5..=90));
+        let instance = self.nodes[i].instance.clone();
+        let k: usize = instance.trim_start_matches("i-").parse().unwrap_or(0);
+        let own = vec![Address { kind: "InternalIP".into(), address: format!("10.0.{}.{}", k / 250, k % 250 + 1) }];
+        let bad = ["169.254.169.254", "127.0.0.1", "fe80::1"][self.address_rng.random_range(0..3)];
+        let answered = vec![Address { kind: "InternalIP".into(), address: bad.into() }];
+        if self.cloud.set_addresses(&instance, answered).is_ok() {
+            self.faults.insert("the cloud answers an address no host can reach");
+            self.log(format!("instance {instance} answered with address {bad} for {}s", lasts.as_secs()));
+            self.active.push((Instant::now() + lasts, Active::Addresses(instance, own)));
+        }
+    }
+
     /// One step of the schedule: a cluster event or a fault, chosen by the seed.
     fn act(&mut self) {
         const METHODS: &[&str] = &[
@@ -521,7 +543,10 @@ impl World {
             "EnsureLoadBalancerDeleted",
         ];
         let lasts = Duration::from_secs(self.rng.random_range(5..=90));
-        let roll = self.rng.random_range(0..116);
+        if self.address_rng.random_bool(3.0 / 116.0) {
+            self.unreachable_address();
+        }
+        let roll = self.rng.random_range(0..113);
         match roll {
             0..=11 => {
                 // Now and then a scale-up: several Nodes join at once (and are read in one
@@ -783,23 +808,6 @@ impl World {
                 self.faults.insert("a Service records another's load balancer name");
                 self.log(format!("service {thief} records {victim}'s load balancer name {stolen}"));
             }
-            113..=115 => {
-                // The cloud answers an instance's address that no other host can reach (its
-                // metadata service's link-local address, loopback, IPv6 link-local): the core
-                // refuses the answer, and the Node keeps the address it had.
-                let live: Vec<usize> = (0..self.nodes.len()).filter(|&i| self.nodes[i].life != Life::Terminated).collect();
-                let Some(i) = self.pick(&live) else { return };
-                let instance = self.nodes[i].instance.clone();
-                let k: usize = instance.trim_start_matches("i-").parse().unwrap_or(0);
-                let own = vec![Address { kind: "InternalIP".into(), address: format!("10.0.{}.{}", k / 250, k % 250 + 1) }];
-                let bad = ["169.254.169.254", "127.0.0.1", "fe80::1"][self.rng.random_range(0..3)];
-                let answered = vec![Address { kind: "InternalIP".into(), address: bad.into() }];
-                if self.cloud.set_addresses(&instance, answered).is_ok() {
-                    self.faults.insert("the cloud answers an address no host can reach");
-                    self.log(format!("instance {instance} answered with address {bad} for {}s", lasts.as_secs()));
-                    self.active.push((Instant::now() + lasts, Active::Addresses(instance, own)));
-                }
-            }
             _ => {
                 let latency = self.rng.random_range(0..=2_000);
                 self.model.latency_ms.store(latency, std::sync::atomic::Ordering::Relaxed);
@@ -1025,6 +1033,7 @@ async fn simulate(seed: u64, scenario: Option<Scenario>) -> Report {
     let model = Model::new(seed, cloud.clone());
     let mut world = World {
         rng,
+        address_rng: StdRng::seed_from_u64(seed ^ 0x0add_7e55),
         model: model.clone(),
         cloud,
         shared: Shared::default(),
