@@ -503,7 +503,8 @@ pub struct Options {
 
     /// A kubeconfig with the right to create TokenReviews: bearer tokens sent to
     /// --secure-port are checked with it. Without it, in a cluster, the pod's own
-    /// credentials are used (as upstream); elsewhere requests are not checked.
+    /// credentials are used (as upstream); elsewhere nobody can be checked, and only the
+    /// always-allowed paths and `system:masters` pass (anonymous /metrics is 403).
     #[arg(long, value_name = "PATH")]
     pub authentication_kubeconfig: Option<PathBuf>,
 

@@ -98,9 +98,17 @@ pub fn access(options: &Options) -> Result<Access, InvalidFlags> {
                 return Err(invalid(&format!("{part:?} is not a Kubernetes name")));
             }
         }
+        // The controllers' accounts may delete Nodes and write Services: never a provider's.
+        let mut controllers = crate::controllers::registry::CONTROLLERS.iter().flat_map(|c| [c.upstream_account, c.own_account]);
+        if controllers.any(|a| a == account) {
+            return Err(invalid(&format!("{account} is a controller's account; a provider needs an account of its own")));
+        }
         let dir = PathBuf::from(dir);
-        if !dir.is_absolute() {
-            return Err(invalid("DIR must be an absolute path"));
+        if !dir.is_absolute() || dir.components().any(|c| c == std::path::Component::ParentDir) {
+            return Err(invalid("DIR must be an absolute path without '..'"));
+        }
+        if dir.starts_with("/var/run/secrets") || dir.starts_with("/run/secrets") {
+            return Err(invalid("DIR is where this container's own credentials are mounted"));
         }
         if access.tokens.iter().any(|t| t.dir == dir) {
             return Err(invalid("another --provider-token writes to that directory"));
@@ -281,6 +289,9 @@ mod tests {
             (vec!["--provider-token=ccm-rs-provider=/run/t"], "NAMESPACE/NAME=DIR"),
             (vec!["--provider-token=kube-system/Bad_Name=/run/t"], "not a Kubernetes name"),
             (vec!["--provider-token=kube-system/p=run/t"], "absolute"),
+            (vec!["--provider-token=kube-system/p=/run/t/../u"], "without '..'"),
+            (vec!["--provider-token=kube-system/node-controller=/run/t"], "a controller's account"),
+            (vec!["--provider-token=kube-system/p=/var/run/secrets/kubernetes.io/serviceaccount"], "own credentials"),
             (vec!["--provider-token=kube-system/p=/run/t", "--provider-token=kube-system/q=/run/t"], "that directory"),
         ] {
             let error = access(&parse(&args)).expect_err(&format!("{args:?}")).0;

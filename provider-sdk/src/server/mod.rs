@@ -391,6 +391,9 @@ impl ProviderServer {
             builder = builder.tls_config(files.server_config()?).map_err(|e| ServeError::Tls(e.to_string()))?;
         }
         let (stop_metrics, metrics_stopped) = tokio::sync::oneshot::channel::<()>();
+        // A metrics endpoint that cannot be served (its socket taken, its port in use) stops
+        // the provider too: a sidecar that runs on without its metrics would go unnoticed.
+        let (metrics_failed, failed) = tokio::sync::oneshot::channel::<ServeError>();
         let metrics = self.metrics.take().map(|(listen, registry)| {
             tokio::spawn(async move {
                 let stopped = async move {
@@ -398,11 +401,23 @@ impl ProviderServer {
                 };
                 if let Err(error) = crate::metrics::serve(registry, &listen, mode, stopped).await {
                     tracing::error!(error = %error, endpoint = %listen, "serving the provider's metrics failed");
+                    let _ = metrics_failed.send(error);
                 }
             })
         });
         let router = self.into_router(builder).await;
-        let result = Self::serve_router(router, listen, mode, shutdown).await;
+        let failed = async move {
+            match failed.await {
+                Ok(error) => error,
+                // No metrics endpoint, or it stopped cleanly: nothing to stop for.
+                Err(_) => std::future::pending().await,
+            }
+        };
+        let result = tokio::select! {
+            result = Self::serve_router(router, listen, mode, shutdown) => result,
+            // The gRPC socket may be left behind, stale: the next start replaces it.
+            error = failed => Err(error),
+        };
         let _ = stop_metrics.send(());
         if let Some(task) = metrics {
             let _ = tokio::time::timeout(Duration::from_secs(5), task).await;
@@ -554,6 +569,15 @@ mod tests {
             .serve_with_shutdown(&grpc, async {})
             .await
             .expect("allowed explicitly");
+        // Its metrics socket already served by another: the provider stops, saying so.
+        let taken = dir.path().join("taken.sock");
+        let _holder = bind_unix(&taken, 0o600).expect("another server");
+        let err = ProviderServer::new("test.example", "0")
+            .metrics(Listen::Unix(taken), registry.clone())
+            .serve_with_shutdown(&Listen::Unix(dir.path().join("other.sock")), std::future::pending())
+            .await
+            .expect_err("stops when its metrics cannot be served");
+        assert!(err.to_string().contains("taken.sock") || format!("{err:?}").contains("taken.sock"), "{err}");
         for mode in [0o666, 0o604, 0o400, 0o1660] {
             let err = ProviderServer::new("test.example", "0").socket_mode(mode).serve_with_shutdown(&grpc, async {}).await;
             assert!(matches!(err, Err(ServeError::SocketMode(_))), "{mode:o}: {err:?}");

@@ -214,6 +214,24 @@ async fn every_manifest_and_the_rendered_chart_pass_a_server_side_dry_run() {
     assert!(why.contains("a user of its own"), "{why}");
     let why = refused(&["--namespace", "kube-system", "--values", &hybrid, "--set", "extraProviders[0].runAsUser=65533"]);
     assert!(why.contains("a user of its own"), "{why}");
+    // A provider given the core's account (or a controller's), run as root, or reading Secrets
+    // or the kubelet's API: refused (the core would hand it that account's token).
+    for account in ["cloud-controller-manager", "node-controller"] {
+        let why = refused(&[
+            "--namespace",
+            "kube-system",
+            "--set",
+            &format!("sim.enabled=true,provider.serviceAccount.name={account}"),
+        ]);
+        assert!(why.contains("an account of its own"), "{account}: {why}");
+    }
+    let why = refused(&["--namespace", "kube-system", "--set", "sim.enabled=true,provider.runAsUser=null"]);
+    assert!(why.contains("non-root user of its own"), "{why}");
+    for resource in ["secrets", "nodes/proxy", "*"] {
+        let rule = format!("provider.rbac.rules[0].resources[0]={resource},provider.rbac.rules[0].verbs[0]=get");
+        let why = refused(&["--namespace", "kube-system", "--set", "sim.enabled=true", "--set", &rule]);
+        assert!(why.contains("rbac/rules/0/resources/0"), "{resource}: {why}");
+    }
     // Monitors that would send Prometheus' token to a certificate nobody verifies: refused.
     let why = refused(&["--namespace", "kube-system", "--set", "sim.enabled=true,metrics.serviceMonitor.enabled=true"]);
     assert!(why.contains("insecureSkipVerify"), "{why}");
