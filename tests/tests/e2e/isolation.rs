@@ -11,43 +11,12 @@ use ccm_harness::pki::Ca;
 use ccm_provider_sim::Config;
 use k8s_openapi::api::authentication::v1::{TokenReview, TokenReviewSpec};
 use k8s_openapi::api::core::v1::ServiceAccount;
-use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding, PolicyRule, RoleRef, Subject};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::Api;
-use kube::api::{DeleteParams, PostParams};
+use kube::api::PostParams;
 
-use crate::serving::{get, service_account_token, write_pair};
+use crate::serving::{get, grant_urls, revoke, secure_port_flags, service_account_token, write_pair};
 use crate::support::{Core, Sim, eventually, free_port, http_get};
-
-/// A ClusterRole (and its binding to `account` in `namespace`) allowing `get` on `urls`.
-pub(crate) async fn grant_urls(client: &kube::Client, name: &str, namespace: &str, account: &str, urls: &[&str]) {
-    let role = ClusterRole {
-        metadata: ObjectMeta { name: Some(name.into()), ..Default::default() },
-        rules: Some(vec![PolicyRule {
-            non_resource_urls: Some(urls.iter().map(|u| u.to_string()).collect()),
-            verbs: vec!["get".into()],
-            ..Default::default()
-        }]),
-        ..Default::default()
-    };
-    let binding = ClusterRoleBinding {
-        metadata: ObjectMeta { name: Some(name.into()), ..Default::default() },
-        role_ref: RoleRef { api_group: Some("rbac.authorization.k8s.io".into()), kind: "ClusterRole".into(), name: name.into() },
-        subjects: Some(vec![Subject {
-            kind: "ServiceAccount".into(),
-            name: account.into(),
-            namespace: Some(namespace.into()),
-            ..Default::default()
-        }]),
-    };
-    Api::<ClusterRole>::all(client.clone()).create(&PostParams::default(), &role).await.expect("role");
-    Api::<ClusterRoleBinding>::all(client.clone()).create(&PostParams::default(), &binding).await.expect("binding");
-}
-
-pub(crate) async fn revoke(client: &kube::Client, name: &str) {
-    let _ = Api::<ClusterRoleBinding>::all(client.clone()).delete(name, &DeleteParams::default()).await;
-    let _ = Api::<ClusterRole>::all(client.clone()).delete(name, &DeleteParams::default()).await;
-}
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_providers_metrics_are_served_behind_the_cores_checks_and_its_socket_only_by_its_own_user() {
@@ -61,16 +30,12 @@ async fn a_providers_metrics_are_served_behind_the_cores_checks_and_its_socket_o
     // The user serving the sim's socket: this process's (the owner of what it creates).
     let uid = std::fs::metadata(sim.metrics_socket()).expect("the sim's metrics socket").uid();
     let port = free_port();
-    let flags = [
-        "--leader-elect=false".to_string(),
-        format!("--secure-port={port}"),
-        "--bind-address=127.0.0.1".to_string(),
-        format!("--tls-cert-file={}", dir.path().join("tls.crt").display()),
-        format!("--tls-private-key-file={}", dir.path().join("tls.key").display()),
+    let mut flags = secure_port_flags(dir.path(), port);
+    flags.extend([
         format!("--authentication-kubeconfig={}", cp.kubeconfig_path().display()),
         format!("--provider-metrics=unix://{}", sim.metrics_socket().display()),
         format!("--provider-peer-uid={uid}"),
-    ];
+    ]);
     let core = Core::start(cp, &env, &sim, &flags.iter().map(String::as_str).collect::<Vec<_>>());
     eventually("the core ready with its provider", Duration::from_secs(30), async || {
         get(port, "/readyz", &ca_file, None).await.filter(|(code, _)| *code == 200)

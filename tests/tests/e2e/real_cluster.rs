@@ -1208,13 +1208,13 @@ async fn aws_on_real_kubelets(cluster: &KubeletCluster, helm_bin: &Path, chart: 
     assert_eq!(status, 403, "AWS: anonymous /metrics/providers/default: {body}");
     let scraper = "aws-metrics-scraper";
     let token = crate::serving::service_account_token(&client, "kube-system", scraper).await;
-    crate::isolation::grant_urls(&client, scraper, "kube-system", scraper, &["/metrics/providers/*"]).await;
+    crate::serving::grant_urls(&client, scraper, "kube-system", scraper, &["/metrics/providers/*"]).await;
     let metrics = eventually("AWS: the sidecar's cloudprovider_aws_api_* metrics", Duration::from_secs(30), async || {
         let (status, body) = scrape(Some(&token)).await?;
         (status == 200 && body.contains("cloudprovider_aws_api_request_duration_seconds_count{")).then_some(body)
     })
     .await;
-    crate::isolation::revoke(&client, scraper).await;
+    crate::serving::revoke(&client, scraper).await;
     assert!(metrics.contains("cloudprovider_aws_api_request_duration_seconds_count{request=\""), "{metrics}");
     let logs = run(
         cluster.kubectl(&["-n", "kube-system", "logs", "daemonset/cloud-controller-manager", "-c", "cloud-controller-manager"]),

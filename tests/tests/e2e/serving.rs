@@ -57,6 +57,48 @@ pub(crate) async fn service_account_token(client: &kube::Client, namespace: &str
     answer.status.and_then(|s| s.token).expect("a token")
 }
 
+/// The core's flags for the secure port on loopback `port`, serving the pair [`write_pair`]
+/// wrote in `dir`, without leader election.
+pub(crate) fn secure_port_flags(dir: &Path, port: u16) -> Vec<String> {
+    vec![
+        "--leader-elect=false".to_string(),
+        format!("--secure-port={port}"),
+        "--bind-address=127.0.0.1".to_string(),
+        format!("--tls-cert-file={}", dir.join("tls.crt").display()),
+        format!("--tls-private-key-file={}", dir.join("tls.key").display()),
+    ]
+}
+
+/// A ClusterRole (and its binding to `account` in `namespace`) allowing `get` on `urls`.
+pub(crate) async fn grant_urls(client: &kube::Client, name: &str, namespace: &str, account: &str, urls: &[&str]) {
+    let role = ClusterRole {
+        metadata: ObjectMeta { name: Some(name.into()), ..Default::default() },
+        rules: Some(vec![PolicyRule {
+            non_resource_urls: Some(urls.iter().map(|u| u.to_string()).collect()),
+            verbs: vec!["get".into()],
+            ..Default::default()
+        }]),
+        ..Default::default()
+    };
+    let binding = ClusterRoleBinding {
+        metadata: ObjectMeta { name: Some(name.into()), ..Default::default() },
+        role_ref: RoleRef { api_group: Some("rbac.authorization.k8s.io".into()), kind: "ClusterRole".into(), name: name.into() },
+        subjects: Some(vec![Subject {
+            kind: "ServiceAccount".into(),
+            name: account.into(),
+            namespace: Some(namespace.into()),
+            ..Default::default()
+        }]),
+    };
+    Api::<ClusterRole>::all(client.clone()).create(&PostParams::default(), &role).await.expect("role");
+    Api::<ClusterRoleBinding>::all(client.clone()).create(&PostParams::default(), &binding).await.expect("binding");
+}
+
+pub(crate) async fn revoke(client: &kube::Client, name: &str) {
+    let _ = Api::<ClusterRoleBinding>::all(client.clone()).delete(name, &DeleteParams::default()).await;
+    let _ = Api::<ClusterRole>::all(client.clone()).delete(name, &DeleteParams::default()).await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn metrics_are_served_with_the_given_certificate_reloaded_on_rotation_and_authorised_by_delegation() {
     let cp = ccm_harness::shared().expect("control plane");
@@ -69,15 +111,9 @@ async fn metrics_are_served_with_the_given_certificate_reloaded_on_rotation_and_
     let first = dir.path().join("first-ca.crt");
 
     let port = free_port();
-    let flags = [
-        "--leader-elect=false".to_string(),
-        format!("--secure-port={port}"),
-        "--bind-address=127.0.0.1".to_string(),
-        format!("--tls-cert-file={}", dir.path().join("tls.crt").display()),
-        format!("--tls-private-key-file={}", dir.path().join("tls.key").display()),
-        // The admin may create TokenReviews and SubjectAccessReviews.
-        format!("--authentication-kubeconfig={}", cp.kubeconfig_path().display()),
-    ];
+    let mut flags = secure_port_flags(dir.path(), port);
+    // The admin may create TokenReviews and SubjectAccessReviews.
+    flags.push(format!("--authentication-kubeconfig={}", cp.kubeconfig_path().display()));
     let flags: Vec<&str> = flags.iter().map(String::as_str).collect();
     let core = Core::start(cp, &env, &sim, &flags);
 
@@ -99,33 +135,7 @@ async fn metrics_are_served_with_the_given_certificate_reloaded_on_rotation_and_
     let (code, body) = get(port, "/metrics", &first, Some(&token)).await.expect("answer");
     assert_eq!(code, 403, "{body}");
     assert!(body.contains(&format!("system:serviceaccount:{}:{account}", env.namespace)), "{body}");
-    let role = ClusterRole {
-        metadata: ObjectMeta { name: Some(account.clone()), ..Default::default() },
-        rules: Some(vec![PolicyRule {
-            non_resource_urls: Some(vec!["/metrics".into()]),
-            verbs: vec!["get".into()],
-            ..Default::default()
-        }]),
-        ..Default::default()
-    };
-    let binding = ClusterRoleBinding {
-        metadata: ObjectMeta { name: Some(account.clone()), ..Default::default() },
-        role_ref: RoleRef {
-            api_group: Some("rbac.authorization.k8s.io".into()),
-            kind: "ClusterRole".into(),
-            name: account.clone(),
-        },
-        subjects: Some(vec![Subject {
-            kind: "ServiceAccount".into(),
-            name: account.clone(),
-            namespace: Some(env.namespace.clone()),
-            ..Default::default()
-        }]),
-    };
-    let roles: Api<ClusterRole> = Api::all(env.client.clone());
-    let bindings: Api<ClusterRoleBinding> = Api::all(env.client.clone());
-    roles.create(&PostParams::default(), &role).await.expect("role");
-    bindings.create(&PostParams::default(), &binding).await.expect("binding");
+    grant_urls(&env.client, &account, &env.namespace, &account, &["/metrics"]).await;
     // Decisions are cached for 10 s, as upstream's.
     let body = eventually("/metrics once granted", Duration::from_secs(20), async || {
         let (code, body) = get(port, "/metrics", &first, Some(&token)).await?;
@@ -148,8 +158,7 @@ async fn metrics_are_served_with_the_given_certificate_reloaded_on_rotation_and_
     assert!(get(port, "/healthz", &second, None).await.is_some(), "a broken file does not take the server down");
 
     core.stop().await.expect("stop");
-    let _ = bindings.delete(&account, &DeleteParams::default()).await;
-    let _ = roles.delete(&account, &DeleteParams::default()).await;
+    revoke(&env.client, &account).await;
     env.cleanup().await.expect("cleanup");
 }
 
@@ -302,13 +311,7 @@ async fn with_a_kubeconfig_and_nothing_to_check_callers_with_metrics_are_closed_
     let ca = Ca::new().expect("ca");
     write_pair(dir.path(), &ca);
     let port = free_port();
-    let flags = [
-        "--leader-elect=false".to_string(),
-        format!("--secure-port={port}"),
-        "--bind-address=127.0.0.1".to_string(),
-        format!("--tls-cert-file={}", dir.path().join("tls.crt").display()),
-        format!("--tls-private-key-file={}", dir.path().join("tls.key").display()),
-    ];
+    let flags = secure_port_flags(dir.path(), port);
     let flags: Vec<&str> = flags.iter().map(String::as_str).collect();
     // Core::start passes --kubeconfig; the test process is not in a cluster.
     assert!(std::env::var_os("KUBERNETES_SERVICE_HOST").is_none(), "run outside a cluster");
