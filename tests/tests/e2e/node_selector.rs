@@ -65,6 +65,10 @@ struct World {
 }
 
 async fn world(label: &str, bulk: bool) -> World {
+    world_with(label, bulk, &[]).await
+}
+
+async fn world_with(label: &str, bulk: bool, extra: &[&str]) -> World {
     let cp = ccm_harness::shared().expect("control plane");
     let env = TestEnv::new(cp.client().await.expect("client"), label).await.expect("env");
     let nodes = ["n1", "n2", "n3", "n4", "n5"].map(|n| env.node_name(n));
@@ -78,8 +82,12 @@ async fn world(label: &str, bulk: bool) -> World {
     node(&env, &nodes[1], "i-2", &[("pool", "ingress")]).await;
     node(&env, &nodes[2], "i-3", &[("pool", "web")]).await;
     node(&env, &nodes[3], "i-4", &[]).await;
-    let flags =
-        ["--leader-elect=false".to_string(), "--controllers=service".into(), format!("--service-namespace={}", env.namespace)];
+    let mut flags = vec![
+        "--leader-elect=false".to_string(),
+        "--controllers=service".into(),
+        format!("--service-namespace={}", env.namespace),
+    ];
+    flags.extend(extra.iter().map(|f| f.to_string()));
     let core = Core::start(cp, &env, &sim, &flags.iter().map(String::as_str).collect::<Vec<_>>());
     World { env, sim, core, nodes }
 }
@@ -216,6 +224,56 @@ async fn a_bulk_provider_gets_one_call_per_changed_node_set() {
     assert_eq!(batch().await - batch_before, 2, "one bulk call for each of the two sets that changed");
     assert_eq!(single().await - single_before, 0);
     assert_eq!(hosts(&sim).await.get("ingress"), Some(&vec![n1.clone(), n2.clone()]));
+    core.stop().await.expect("stop");
+    env.cleanup().await.expect("cleanup");
+}
+
+/// A selector that matches no Node any more does not freeze its load balancer: a spec change
+/// (source ranges) is applied with the hosts it kept, and the load balancer deleted in the
+/// cloud in that state is made again, on those hosts.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_selector_matching_nothing_keeps_its_hosts_and_still_follows_its_spec_and_repairs() {
+    let World { env, sim, core, nodes: [n1, n2, n3, n4, _] } =
+        world_with("lbselempty", false, &["--load-balancer-resync-period=10s"]).await;
+    service(&env, "ingress", Some("pool=ingress")).await;
+    let kept = vec![n1.clone(), n2.clone()];
+    eventually("the ingress load balancer on its pool", Duration::from_secs(20), async || {
+        (hosts(&sim).await.get("ingress") == Some(&kept)).then_some(())
+    })
+    .await;
+    eventually("the ingress Service addressed", Duration::from_secs(20), async || {
+        let svc = env.services().get_opt("ingress").await.ok().flatten()?;
+        load_balancer_ip(&svc).map(str::to_string)
+    })
+    .await;
+    // Every Node leaves the pool.
+    for n in [&n1, &n2, &n3, &n4] {
+        let patch = serde_json::json!({ "metadata": { "labels": { "pool": "batch" } } });
+        env.nodes().patch(n, &PatchParams::default(), &Patch::Merge(&patch)).await.expect("relabel");
+    }
+    eventually("the empty selection reported", Duration::from_secs(10), async || {
+        let w = warnings(&env, "ingress", "UnAvailableLoadBalancer").await;
+        w.iter().any(|m| m.contains("pool=ingress")).then_some(())
+    })
+    .await;
+    // The user restricts access: the load balancer must follow, keeping its hosts.
+    let ranges = serde_json::json!({ "spec": { "loadBalancerSourceRanges": ["203.0.113.0/24"] } });
+    env.services().patch("ingress", &PatchParams::default(), &Patch::Merge(&ranges)).await.expect("ranges");
+    let lb = eventually("the source ranges on the load balancer", Duration::from_secs(15), async || {
+        let lbs = sim.admin.state().await.ok()?.load_balancers;
+        lbs.into_iter().find(|l| l.service.ends_with("/ingress") && l.source_ranges == ["203.0.113.0/24"])
+    })
+    .await;
+    assert_eq!(lb.nodes, kept, "the load balancer keeps the hosts it had");
+    // Deleted behind the core's back: made again, on the hosts it kept.
+    sim.admin.remove_load_balancer(&lb.name).await.expect("remove");
+    let again = eventually("the load balancer made again", Duration::from_secs(40), async || {
+        let lbs = sim.admin.state().await.ok()?.load_balancers;
+        lbs.into_iter().find(|l| l.name == lb.name)
+    })
+    .await;
+    assert_eq!(again.nodes, kept, "made again on the hosts it kept");
+    assert_eq!(again.source_ranges, ["203.0.113.0/24"]);
     core.stop().await.expect("stop");
     env.cleanup().await.expect("cleanup");
 }

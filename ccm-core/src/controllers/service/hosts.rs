@@ -28,6 +28,8 @@ use crate::provider::encoded::Backends;
 use crate::queue::Outcome;
 use crate::wellknown::{ANNOTATION_NODE_SELECTOR, LABEL_EXCLUDE};
 
+/// How many selectors' last non-empty sets are kept before those no Service uses are dropped.
+const LAST_SETS_KEPT: usize = 256;
 /// How long Node changes are coalesced before the load balancers' hosts follow them.
 const NODE_COALESCE: Duration = Duration::from_millis(50);
 /// Whether the exclusion label keeps a Node out of load balancers: present and not one of
@@ -212,6 +214,8 @@ impl ServiceController {
                     changed.push(svc);
                 }
             }
+            // The kept sets of selectors no Service uses any more go.
+            self.state().last_backends.retain(|k, _| now.contains_key(k));
             last = now;
             // No load balancer whose set changed, nothing to update (a cluster's join before
             // its Services, a node of a pool no selector chooses).
@@ -271,8 +275,11 @@ impl ServiceController {
 
     /// The Nodes the load balancer should have (those its selector chooses); `None` when it
     /// is to be left as it is. An empty set never empties a load balancer that had hosts
-    /// (`last`, or, unknown since this process started, its ingress): without a selector it
-    /// keeps the last hosts it was given; with one, it is left as it is.
+    /// (`last`, or, unknown since this process started, its ingress): it keeps the last
+    /// non-empty set of its selector (every backend without one), and a spec change or a
+    /// repair is applied with those hosts. Only when no such set was seen since this process
+    /// started is the load balancer left as it is, or, when it was found gone from the cloud,
+    /// made again with none (there is nobody to cut off).
     pub(super) async fn backends_for(
         &self,
         svc: &Service,
@@ -280,46 +287,62 @@ impl ServiceController {
         last: Option<Ensured>,
     ) -> Option<Arc<HostSet>> {
         let backends = self.backends(selector);
+        let key = set_key(selector);
         let had_hosts = last.map_or_else(|| has_ingress(svc), |e| e.count > 0);
-        if backends.is_empty() && had_hosts {
-            // An empty node set is far likelier a listing glitch (an API server that came back
-            // empty, every Node excluded by a bad label) than a cluster that wants its load
-            // balancers cut off: the load balancer keeps the last hosts it was given (a spec
-            // change is still applied, with them), or, with none known since this process
-            // started, is left as it is.
-            tracing::warn!(service = %service_key(svc), "no Node is a load balancer backend; the load balancer keeps its hosts");
-            let note = match selector {
-                None => "No Node is a load balancer backend now: the load balancer keeps its current hosts \
-                         instead of being emptied, until a Node is one again"
-                    .to_string(),
-                Some(s) => format!(
-                    "No load balancer backend matches the node selector {:?} now: the load balancer keeps its \
-                     current hosts instead of being emptied, until a Node matches again",
-                    s.text
-                ),
-            };
-            self.ctx.event(NAME, svc, EventType::Warning, reason::UNAVAILABLE_LOAD_BALANCER, note).await;
-            if selector.is_some() {
-                return None;
-            }
-            let last = self.state().last_backends.clone();
-            return (!last.is_empty()).then_some(last);
+        if !backends.is_empty() {
+            self.remember_backends(key, &backends);
+            return Some(backends);
         }
-        if backends.is_empty() {
+        if !had_hosts {
             let note = match selector {
                 None => "There are no available nodes for LoadBalancer".to_string(),
                 Some(s) => format!("There are no available nodes for LoadBalancer matching the node selector {:?}", s.text),
             };
             self.ctx.event(NAME, svc, EventType::Warning, reason::UNAVAILABLE_LOAD_BALANCER, note).await;
-        } else if selector.is_none() {
-            self.remember_backends(&backends);
+            return Some(backends);
         }
-        Some(backends)
+        // An empty node set is far likelier a listing glitch (an API server that came back
+        // empty, every Node excluded by a bad label, a selector's label moved) than a cluster
+        // that wants its load balancers cut off.
+        tracing::warn!(service = %service_key(svc), "no Node is a load balancer backend; the load balancer keeps its hosts");
+        let note = match selector {
+            None => "No Node is a load balancer backend now: the load balancer keeps its current hosts \
+                     instead of being emptied, until a Node is one again"
+                .to_string(),
+            Some(s) => format!(
+                "No load balancer backend matches the node selector {:?} now: the load balancer keeps its \
+                 current hosts instead of being emptied, until a Node matches again",
+                s.text
+            ),
+        };
+        self.ctx.event(NAME, svc, EventType::Warning, reason::UNAVAILABLE_LOAD_BALANCER, note).await;
+        let state = self.state();
+        if let Some(kept) = state.last_backends.get(key) {
+            return Some(kept.clone());
+        }
+        state.repairing.contains(&service_key(svc)).then_some(backends)
     }
 
-    /// Keeps `backends` as the last non-empty set.
-    fn remember_backends(&self, backends: &Arc<HostSet>) {
-        self.state().last_backends = backends.clone();
+    /// Keeps `backends` as the last non-empty set of the selector keyed `key`. The sets of
+    /// selectors no Service uses any more are dropped when many are kept.
+    fn remember_backends(&self, key: &str, backends: &Arc<HostSet>) {
+        let mut state = self.state();
+        let known = state.last_backends.get(key).is_some_and(|b| Arc::ptr_eq(b, backends));
+        if known {
+            return;
+        }
+        state.last_backends.insert(key.to_string(), backends.clone());
+        if state.last_backends.len() > LAST_SETS_KEPT {
+            drop(state);
+            let in_use: std::collections::HashSet<String> = self
+                .ctx
+                .services
+                .sorted()
+                .iter()
+                .filter_map(|svc| node_selector(svc).ok().map(|s| set_key(s.as_ref()).to_string()))
+                .collect();
+            self.state().last_backends.retain(|k, _| in_use.contains(k));
+        }
     }
 
     /// After the node set changed, with a provider that updates hosts in bulk: one
@@ -340,7 +363,7 @@ impl ServiceController {
             return Outcome::Success;
         }
         // By node set (selector), in the order first seen: one call per set and 500.
-        let mut groups: Vec<(Arc<HostSet>, Vec<Todo>)> = Vec::new();
+        let mut groups: Vec<(String, Arc<HostSet>, Vec<Todo>)> = Vec::new();
         let mut group_of: HashMap<String, usize> = HashMap::new();
         for svc in self.ctx.services.sorted() {
             if !self.wants_load_balancer(&svc) {
@@ -367,26 +390,26 @@ impl ServiceController {
             let i = match group_of.get(key) {
                 Some(i) => *i,
                 None => {
-                    groups.push((self.backends(selector.as_ref()), Vec::new()));
+                    groups.push((key.to_string(), self.backends(selector.as_ref()), Vec::new()));
                     group_of.insert(key.to_string(), groups.len() - 1);
                     groups.len() - 1
                 }
             };
-            let backends = &groups[i].0;
+            let backends = &groups[i].1;
             match (last, name) {
                 (Some(e), Some(name)) if as_ensured && !backends.is_empty() => {
                     if e.hosts != backends.hosts {
                         let ensured = Ensured::of(e.spec, backends);
                         let request = self.request(&svc, name, ranges.unwrap_or_default());
-                        groups[i].1.push((svc.clone(), request, ensured));
+                        groups[i].2.push((svc.clone(), request, ensured));
                     }
                 }
                 _ => self.queue.add(Key::Service(k)),
             }
         }
         let mut call_failed = None;
-        for (backends, todo) in groups.into_iter().filter(|(_, todo)| !todo.is_empty()) {
-            if let Some(error) = self.update_group_hosts(&backends, todo).await {
+        for (key, backends, todo) in groups.into_iter().filter(|(_, _, todo)| !todo.is_empty()) {
+            if let Some(error) = self.update_group_hosts(&key, &backends, todo).await {
                 call_failed.get_or_insert(error);
             }
         }
@@ -398,9 +421,9 @@ impl ServiceController {
 
     /// One BatchUpdateLoadBalancerHosts (per 500) pointing `todo`'s load balancers at
     /// `backends`; the transient error of a call that failed as a whole, if any.
-    async fn update_group_hosts(&self, backends: &Arc<HostSet>, todo: Vec<Todo>) -> Option<Error> {
-        if backends.hosts == self.backends(None).hosts {
-            self.remember_backends(backends);
+    async fn update_group_hosts(&self, key: &str, backends: &Arc<HostSet>, todo: Vec<Todo>) -> Option<Error> {
+        if !backends.is_empty() {
+            self.remember_backends(key, backends);
         }
         let services: Vec<LoadBalancerRequest> = todo.iter().map(|(_, lb, _)| lb.clone()).collect();
         let started = Instant::now();

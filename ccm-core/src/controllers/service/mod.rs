@@ -215,8 +215,9 @@ struct State {
     /// The load balancer name of each Service, by UID, as last ensured (the cache may not
     /// show the recording annotation yet).
     names: HashMap<String, String>,
-    /// The last non-empty node set, which a load balancer keeps when the set is emptied.
-    last_backends: Arc<HostSet>,
+    /// The last non-empty node set of each node selector in use (the empty key: every
+    /// backend), which a load balancer of that selector keeps when its set is emptied.
+    last_backends: HashMap<String, Arc<HostSet>>,
     /// Services told that their load balancer keeps its name (once per process).
     kept_names: HashSet<String>,
     /// Services told that the name recorded on them is not theirs, with that name (once per
