@@ -120,26 +120,75 @@ impl Range {
     }
 }
 
+/// The CIDRs one Node holds, and which Node object it is (a Node deleted and made again under
+/// its name is another holder).
+#[derive(Debug, Clone)]
+struct Holding {
+    uid: String,
+    cidrs: Vec<IpNet>,
+}
+
 /// What node IPAM keeps: the ranges and the CIDRs each Node holds.
 struct State {
     ranges: Vec<Range>,
     /// The CIDRs given or seen, by Node name, to free when it goes.
-    held: HashMap<String, Vec<IpNet>>,
+    held: HashMap<String, Holding>,
+    /// How many Nodes hold each CIDR (one, unless someone else gave one twice).
+    holders: HashMap<IpNet, usize>,
+    /// Whether every CIDR the API server's Nodes hold was read fresh from it (not from the
+    /// cache) since this tenure began or the cache was last re-listed: nothing is given
+    /// before, so that a CIDR the last holder gave just before its tenure ended, which the
+    /// cache may not show yet, is never given twice.
+    confirmed: bool,
 }
 
 impl State {
-    /// Takes the CIDRs `node` has, whoever set them.
+    /// Takes the CIDRs `node` has, whoever set them; a Node of its name held before under
+    /// another UID is gone, and what it held is free.
     fn occupy(&mut self, node: &Node) {
-        let cidrs: Vec<IpNet> = node_util::pod_cidrs(node).iter().filter_map(|c| c.parse().ok()).collect();
-        if cidrs.is_empty() {
-            return;
+        let name = node_util::name(node);
+        let uid = node.metadata.uid.as_deref().unwrap_or_default();
+        match self.held.get(name) {
+            // podCIDRs never change once set.
+            Some(h) if h.uid == uid => return,
+            Some(_) => {
+                self.free(name);
+            }
+            None => {}
         }
+        let cidrs: Vec<IpNet> = node_util::pod_cidrs(node).iter().filter_map(|c| c.parse().ok()).collect();
+        if !cidrs.is_empty() {
+            self.hold(name, uid, cidrs);
+        }
+    }
+
+    /// Records that the Node `name` (of `uid`) holds `cidrs`.
+    fn hold(&mut self, name: &str, uid: &str, cidrs: Vec<IpNet>) {
         for cidr in &cidrs {
             for range in &mut self.ranges {
                 range.occupy(cidr);
             }
+            *self.holders.entry(*cidr).or_default() += 1;
         }
-        self.held.insert(node_util::name(node).to_string(), cidrs);
+        self.held.insert(name.to_string(), Holding { uid: uid.to_string(), cidrs });
+    }
+
+    /// Frees what the Node `name` held (those of its CIDRs no other Node holds); what was freed.
+    fn free(&mut self, name: &str) -> Vec<IpNet> {
+        let Some(gone) = self.held.remove(name) else { return Vec::new() };
+        let mut freed = Vec::new();
+        for cidr in gone.cidrs {
+            let left = self.holders.get_mut(&cidr).map(|n| {
+                *n = n.saturating_sub(1);
+                *n
+            });
+            if left == Some(0) {
+                self.holders.remove(&cidr);
+                freed.push(cidr);
+            }
+        }
+        self.release(&freed);
+        freed
     }
 
     fn release(&mut self, cidrs: &[IpNet]) {
@@ -195,7 +244,7 @@ impl IpamController {
             };
             ranges.push(Range::new(cidr, mask)?);
         }
-        let state = Mutex::new(State { ranges, held: HashMap::new() });
+        let state = Mutex::new(State { ranges, held: HashMap::new(), holders: HashMap::new(), confirmed: false });
         Ok(Self { ctx, state, cloud, settled: Default::default(), reported: AtomicBool::new(false) })
     }
 
@@ -217,16 +266,42 @@ impl IpamController {
         runner::run(self, stop).await;
     }
 
+    /// Reads every Node from the API server (not the cache) and takes the CIDRs they hold:
+    /// what the last holder of the Lease gave may not be in the cache yet.
+    async fn confirm(&self) -> Result<(), kube::Error> {
+        let api: kube::Api<Node> = kube::Api::all(self.ctx.client.clone());
+        let mut params = kube::api::ListParams::default().limit(500);
+        let mut read = Vec::new();
+        loop {
+            let page = api.list(&params).await?;
+            read.extend(page.items);
+            match page.metadata.continue_.filter(|c| !c.is_empty()) {
+                Some(next) => params = params.continue_token(&next),
+                None => break,
+            }
+        }
+        let mut state = self.state();
+        for node in &read {
+            state.occupy(node);
+        }
+        state.confirmed = true;
+        tracing::debug!(nodes = read.len(), "node IPAM read every Node's pod CIDRs from the API server");
+        Ok(())
+    }
+
     /// Gives `node` its podCIDRs, if it has none and is this process's to manage.
     async fn allocate(&self, node: &Node) {
         let name = node_util::name(node).to_string();
+        let uid = node.metadata.uid.as_deref().unwrap_or_default();
         if !node_util::pod_cidrs(node).is_empty()
-            || self.state().held.contains_key(&name)
+            || self.state().held.get(&name).is_some_and(|h| h.uid == uid)
             || self.ctx.ignores(node)
             || node.metadata.deletion_timestamp.is_some()
         {
             return;
         }
+        // A Node of this name held CIDRs under another UID: that Node is gone.
+        self.state().occupy(node);
         let taken = self.state().take();
         let given = match taken {
             Ok(given) => given,
@@ -245,7 +320,7 @@ impl IpamController {
         match self.ctx.patch_node(&name, &patch).await {
             Ok(_) => {
                 tracing::info!(node = %name, pod_cidrs = ?cidrs, "pod CIDRs allocated");
-                self.state().held.insert(name, given);
+                self.state().hold(&name, uid, given);
             }
             Err(error) => {
                 // A conflict (the Node changed, or someone else set its CIDRs) is read again
@@ -404,14 +479,22 @@ impl runner::Controller for IpamController {
         QueueConfig { base_delay: o.reconcile_backoff_base, max_delay: o.reconcile_backoff_max, qps: 1e6, burst: 1_000_000 }
     }
 
-    /// Every CIDR a Node has is taken, whoever set it, before any is given.
+    /// Every CIDR a Node has is taken, whoever set it, before any is given; the CIDRs of Nodes
+    /// the (re-listed) cache no longer has are free; and the next allocation confirms them
+    /// with a fresh read first.
     fn resync(&self, queue: &WorkQueue<String>) {
         let nodes = self.ctx.nodes.sorted();
         {
             let mut state = self.state();
+            let names: HashSet<&str> = nodes.iter().map(|n| node_util::name(n)).collect();
+            let gone: Vec<String> = state.held.keys().filter(|n| !names.contains(n.as_str())).cloned().collect();
+            for name in gone {
+                state.free(&name);
+            }
             for node in &nodes {
                 state.occupy(node);
             }
+            state.confirmed = false;
         }
         for node in &nodes {
             queue.add(node_util::name(node).to_string());
@@ -433,9 +516,10 @@ impl runner::Controller for IpamController {
                 }
                 let freed = {
                     let mut state = self.state();
-                    let freed = state.held.remove(&name).unwrap_or_default();
-                    state.release(&freed);
-                    freed
+                    // Only what this Node object held: one made again under its name since
+                    // holds its own.
+                    let same = state.held.get(&name).is_some_and(|h| Some(&h.uid) == node.metadata.uid.as_ref());
+                    if same { state.free(&name) } else { Vec::new() }
                 };
                 // Nodes that waited for a free CIDR get it now.
                 if !freed.is_empty() {
@@ -456,6 +540,12 @@ impl runner::Controller for IpamController {
     async fn reconcile(&self, keys: &[String]) -> Vec<Done> {
         if self.cloud {
             return self.allocate_from_cloud(keys).await;
+        }
+        if !self.state().confirmed
+            && let Err(error) = self.confirm().await
+        {
+            tracing::warn!(%error, "reading the Nodes' pod CIDRs from the API server failed; no CIDR is given until it succeeds");
+            return keys.iter().map(|_| Outcome::Retry { fingerprint: None, retry_after: None }.into()).collect();
         }
         for name in keys {
             // The newest Node: one changed since it was queued is judged as it is now.
@@ -499,5 +589,54 @@ mod tests {
         let mut small = Range::new(net("10.0.0.0/31"), 32).expect("range");
         assert_eq!(small.allocate(), Some(net("10.0.0.0/32")));
         assert_eq!(small.allocate(), Some(net("10.0.0.1/32")));
+    }
+
+    fn node(name: &str, uid: &str, cidrs: &[&str]) -> Node {
+        let mut n = Node::default();
+        n.metadata.name = Some(name.to_string());
+        n.metadata.uid = Some(uid.to_string());
+        if !cidrs.is_empty() {
+            n.spec = Some(k8s_openapi::api::core::v1::NodeSpec {
+                pod_cidrs: Some(cidrs.iter().map(|c| c.to_string()).collect()),
+                pod_cidr: Some(cidrs[0].to_string()),
+                ..Default::default()
+            });
+        }
+        n
+    }
+
+    fn state() -> State {
+        let ranges = vec![Range::new(net("10.244.0.0/22"), 24).expect("range")];
+        State { ranges, held: HashMap::new(), holders: HashMap::new(), confirmed: false }
+    }
+
+    #[test]
+    fn a_node_made_again_under_its_name_frees_what_the_old_one_held() {
+        let mut s = state();
+        s.occupy(&node("a", "uid-1", &["10.244.0.0/24"]));
+        assert_eq!(s.take(), Ok(vec![net("10.244.1.0/24")]), "the held CIDR is not given");
+        // The same Node again changes nothing; another Node object of its name without CIDRs
+        // means the first is gone.
+        s.occupy(&node("a", "uid-1", &["10.244.0.0/24"]));
+        s.occupy(&node("a", "uid-2", &[]));
+        assert!(!s.held.contains_key("a"));
+        assert_eq!(s.take(), Ok(vec![net("10.244.2.0/24")]));
+        assert_eq!(s.take(), Ok(vec![net("10.244.3.0/24")]));
+        assert_eq!(s.take(), Ok(vec![net("10.244.0.0/24")]), "the old Node's CIDR was freed");
+    }
+
+    #[test]
+    fn a_cidr_two_nodes_hold_is_free_only_when_both_are_gone() {
+        let mut s = state();
+        s.occupy(&node("a", "uid-a", &["10.244.0.0/24"]));
+        s.occupy(&node("b", "uid-b", &["10.244.0.0/24"]));
+        assert_eq!(s.free("a"), Vec::<IpNet>::new(), "b still holds it");
+        assert_eq!(s.take(), Ok(vec![net("10.244.1.0/24")]));
+        assert_eq!(s.free("b"), vec![net("10.244.0.0/24")]);
+        assert_eq!(s.free("b"), Vec::<IpNet>::new(), "freed once");
+        assert_eq!(s.take(), Ok(vec![net("10.244.2.0/24")]));
+        assert_eq!(s.take(), Ok(vec![net("10.244.3.0/24")]));
+        assert_eq!(s.take(), Ok(vec![net("10.244.0.0/24")]));
+        assert_eq!(s.take(), Err(net("10.244.0.0/22")), "full");
     }
 }

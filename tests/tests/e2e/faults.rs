@@ -460,3 +460,46 @@ async fn edits_made_while_the_watches_were_away_arrive_with_the_relist() {
     core.stop().await.expect("core stops");
     drop(cp);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_made_again_while_the_watches_were_away_gets_a_pod_cidr_and_its_old_one_is_free() {
+    // Node IPAM with room for one more Node: a, b and c hold 10.244.1-3.0/24 of a /22.
+    let cp = tokio::task::spawn_blocking(ControlPlane::start).await.expect("join").expect("control plane");
+    let mut world = World::on(&cp, "ipamgap").await;
+    let target = cp.server().trim_start_matches("https://").parse().expect("the API server's address");
+    let proxy = crate::support::Blackhole::start(target).await;
+    world.kubeconfig = crate::support::kubeconfig_via(cp.kubeconfig_path(), cp.server(), proxy.addr);
+    let core = world.core(&["--allocate-node-cidrs=true", "--cluster-cidr=10.244.0.0/22", "--node-cidr-mask-size=24"]);
+    let x = world.env.node_name("x");
+    world.sim.admin.add_instance(&instance("i-x", &x, "sim-region-1a")).await.expect("instance");
+    let make_x = async |client: &kube::Client| {
+        NodeBuilder::new(&x).uninitialized().label(TEST_LABEL, &world.env.prefix).create(client).await.expect("node x");
+    };
+    make_x(&world.env.client).await;
+    let cidr_of = async |client: &kube::Client| {
+        let nodes: Api<Node> = Api::all(client.clone());
+        nodes.get(&x).await.ok()?.spec?.pod_cidr
+    };
+    let first = eventually("x given the free /24", Duration::from_secs(30), async || cidr_of(&world.env.client).await).await;
+    assert_eq!(first, "10.244.0.0/24");
+
+    // The core cut off; the API server restarted (its watch cache forgets the history); x
+    // deleted and made again, with no podCIDR, under its name: the core only sees it in the
+    // re-list, as the same name changed.
+    proxy.pause();
+    let mut cp = cp;
+    let cp = tokio::task::spawn_blocking(move || cp.restart(Duration::from_secs(1)).map(|()| cp))
+        .await
+        .expect("join")
+        .expect("the control plane comes back");
+    let client = cp.client().await.expect("client");
+    let nodes: Api<Node> = Api::all(client.clone());
+    nodes.delete(&x, &DeleteParams::default()).await.expect("delete x");
+    eventually("x gone", Duration::from_secs(30), async || nodes.get_opt(&x).await.ok().filter(Option::is_none)).await;
+    make_x(&client).await;
+    proxy.restore();
+    let again = eventually("the new x given a podCIDR", Duration::from_secs(90), async || cidr_of(&client).await).await;
+    assert_eq!(again, "10.244.0.0/24", "the old x's CIDR is free again, and the only one left");
+    core.stop().await.expect("core stops");
+    drop(cp);
+}
