@@ -367,14 +367,15 @@ pub async fn run_with(options: Options, parts: Parts, shutdown: impl Future<Outp
     };
     let services = Informer::start(service_api, watcher_config, slim_service, &supervisor, stop.clone());
 
+    let ready = Arc::new(Ready {
+        providers: providers.clone(),
+        nodes: nodes.clone(),
+        services: services.clone(),
+        metrics: metrics.clone(),
+        watch_failure_threshold: options.watch_failure_threshold,
+    });
     if options.secure_port != 0 {
-        let ready = Arc::new(Ready {
-            providers: providers.clone(),
-            nodes: nodes.clone(),
-            services: services.clone(),
-            metrics: metrics.clone(),
-            watch_failure_threshold: options.watch_failure_threshold,
-        });
+        let ready = ready.clone();
         let delegation = delegation(&options).await?;
         let checked = delegation.is_some();
         let app = http::router(metrics.clone(), ready, delegation, access.clone());
@@ -393,7 +394,10 @@ pub async fn run_with(options: Options, parts: Parts, shutdown: impl Future<Outp
     let result = if groups.is_empty() {
         run_controllers(ctx, credentials, &enabled, shutdown_token.clone(), None).await.map_err(anyhow::Error::from)
     } else {
-        let election = Election::new(&options, lease_client, metrics.clone());
+        // With shared Leases, a replica whose /readyz fails is given no controller Lease while
+        // a ready one competes for it, and hands over those it holds.
+        let election = Election::new(&options, lease_client, metrics.clone())
+            .with_readiness(Arc::new(move |_lease: &str| ready.ready().is_ok()));
         let election = match identity {
             Some(identity) => election.with_identity(identity),
             None => election,
@@ -482,12 +486,26 @@ async fn run_controllers(
             // an in-flight reconcile's next request (the renew deadline is shorter than the
             // lease: another replica cannot have taken over yet).
             t.abort();
-        } else if tokio::time::timeout(Duration::from_secs(5), &mut *t).await.is_err() {
-            // Not stopped within 5 s: aborted, so that nothing of it runs once the Lease is
-            // released (a Lease handed over is taken by another replica at once).
-            tracing::warn!(controller = *name, "did not stop within 5 s; aborted");
-            t.abort();
-            let _ = (&mut *t).await;
+        } else {
+            // Given 5 s to stop, and longer while a mutation it sent is in flight (aborted, it
+            // would leave the provider running it with nobody waiting for the answer); then
+            // aborted, so that nothing of it runs once the Lease is released (a Lease handed
+            // over is taken by another replica at once).
+            let grace = async {
+                tokio::time::sleep(Duration::from_secs(5)).await;
+                if let Some(l) = &leading {
+                    l.fence.quiesced().await;
+                }
+            };
+            let stopped = tokio::select! {
+                _ = &mut *t => true,
+                _ = grace => false,
+            };
+            if !stopped {
+                tracing::warn!(controller = *name, "did not stop within 5 s and its mutations' end; aborted");
+                t.abort();
+                let _ = (&mut *t).await;
+            }
         }
     }
     match outcome {

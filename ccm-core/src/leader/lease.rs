@@ -42,6 +42,9 @@ pub struct Settings {
     /// one, and says which controller Leases its replica competes for).
     pub labels: std::collections::BTreeMap<String, String>,
     pub annotations: std::collections::BTreeMap<String, String>,
+    /// Annotations whose value changes while the Lease is held (a member Lease's readiness),
+    /// written with each renewal.
+    pub live_annotations: Option<std::sync::Arc<std::sync::Mutex<std::collections::BTreeMap<String, String>>>>,
 }
 
 /// The lead, held: `lost` is cancelled when it is lost (and the renewing task ends);
@@ -69,9 +72,59 @@ impl Leadership {
 /// plus the renew deadline, on the monotonic clock. Checked before every write, it closes the
 /// gap a stopped process (SIGSTOP, a frozen VM) would otherwise have: resumed past its lease,
 /// a controller may run before the renewing task notices the loss.
+///
+/// It also counts the mutations of the cloud sent under this lead that have not ended
+/// ([`Fence::mutation`]): a Lease given up on purpose (a handover, a shutdown) is released
+/// only once they have ([`Fence::quiesced`]), so that the next holder's mutations of an object
+/// never overlap this one's, whatever the provider does with a cancelled call.
 #[derive(Debug, Clone, Default)]
 pub struct Fence {
     until: std::sync::Arc<std::sync::Mutex<Option<Instant>>>,
+    flight: std::sync::Arc<Flight>,
+}
+
+/// The mutations in flight under one lead.
+#[derive(Debug, Default)]
+struct Flight {
+    state: std::sync::Mutex<FlightState>,
+    ended: tokio::sync::Notify,
+}
+
+#[derive(Debug, Default)]
+struct FlightState {
+    /// Sent and not answered yet.
+    running: usize,
+    /// The latest deadline of a mutation whose caller stopped waiting for its answer (the
+    /// provider may go on with it until then).
+    abandoned_until: Option<Instant>,
+}
+
+/// A mutation in flight under a lead: [`InFlight::ended`] once its answer came; dropped
+/// without it (its caller was aborted), the mutation counts as running until its deadline.
+#[derive(Debug)]
+pub struct InFlight {
+    flight: std::sync::Arc<Flight>,
+    deadline: Instant,
+    ended: bool,
+}
+
+impl InFlight {
+    /// The provider answered (or the deadline passed): the mutation is over.
+    pub fn ended(mut self) {
+        self.ended = true;
+    }
+}
+
+impl Drop for InFlight {
+    fn drop(&mut self) {
+        let mut state = self.flight.state.locked();
+        state.running = state.running.saturating_sub(1);
+        if !self.ended && state.abandoned_until.is_none_or(|t| t < self.deadline) {
+            state.abandoned_until = Some(self.deadline);
+        }
+        drop(state);
+        self.flight.ended.notify_waiters();
+    }
 }
 
 impl Fence {
@@ -90,6 +143,38 @@ impl Fence {
         if !self.holds() {
             tracing::warn!("the lead is no longer certain: holding a write back for good");
             std::future::pending::<()>().await;
+        }
+    }
+
+    /// Counts a mutation about to be sent, whose deadline is `deadline`, until it ends.
+    pub fn mutation(&self, deadline: Instant) -> InFlight {
+        self.flight.state.locked().running += 1;
+        InFlight { flight: self.flight.clone(), deadline, ended: false }
+    }
+
+    /// How many mutations are in flight, counting those abandoned before their deadline.
+    pub fn in_flight(&self) -> usize {
+        let state = self.flight.state.locked();
+        state.running + usize::from(state.abandoned_until.is_some_and(|t| t > Instant::now()))
+    }
+
+    /// Returns once no mutation sent under this lead can still be running: every one
+    /// answered, and the deadline of every one abandoned passed.
+    pub async fn quiesced(&self) {
+        loop {
+            let ended = self.flight.ended.notified();
+            tokio::pin!(ended);
+            ended.as_mut().enable();
+            let (running, until) = {
+                let state = self.flight.state.locked();
+                (state.running, state.abandoned_until)
+            };
+            match (running, until) {
+                (0, None) => return,
+                (0, Some(t)) if t <= Instant::now() => return,
+                (0, Some(t)) => tokio::time::sleep_until(t).await,
+                _ => ended.await,
+            }
         }
     }
 }
@@ -157,7 +242,11 @@ pub async fn try_acquire_or_renew(
     patience: Duration,
 ) -> Result<bool, kube::Error> {
     let seconds = i32::try_from(s.lease_duration.as_secs().max(1)).unwrap_or(i32::MAX);
-    let annotations = (!s.annotations.is_empty()).then(|| s.annotations.clone());
+    let mut annotations = s.annotations.clone();
+    if let Some(live) = &s.live_annotations {
+        annotations.extend(live.locked().clone());
+    }
+    let annotations = (!annotations.is_empty()).then_some(annotations);
     let labels = (!s.labels.is_empty()).then(|| s.labels.clone());
     let Some(mut lease) = api.get_opt(&s.name).await? else {
         if !observed.waited(true, patience) {
@@ -326,4 +415,39 @@ pub fn hold(api: Api<Lease>, s: Settings, mut last: Instant, mut observed: Obser
         }
     });
     Leadership { lost, fence, release: give_up, task }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Whether `quiesced` has returned after letting the runtime run.
+    async fn returned(fence: &Fence) -> bool {
+        tokio::time::timeout(Duration::from_millis(1), fence.quiesced()).await.is_ok()
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_lead_is_quiet_once_every_mutation_answered_and_abandoned_ones_reached_their_deadline() {
+        let fence = Fence::default();
+        assert!(returned(&fence).await, "nothing sent");
+        let answered = fence.mutation(Instant::now() + Duration::from_secs(30));
+        let abandoned = fence.mutation(Instant::now() + Duration::from_secs(10));
+        assert_eq!(fence.in_flight(), 2);
+        assert!(!returned(&fence).await, "two running");
+        answered.ended();
+        assert!(!returned(&fence).await, "one running");
+        // Its caller was aborted: the provider may go on with it until its deadline.
+        drop(abandoned);
+        assert_eq!(fence.in_flight(), 1);
+        let waiter = tokio::spawn({
+            let fence = fence.clone();
+            async move { fence.quiesced().await }
+        });
+        tokio::time::sleep(Duration::from_secs(9)).await;
+        assert!(!waiter.is_finished(), "an abandoned mutation counts until its deadline");
+        tokio::time::sleep(Duration::from_secs(2)).await;
+        assert!(waiter.await.is_ok());
+        assert_eq!(fence.in_flight(), 0);
+        assert!(returned(&fence).await);
+    }
 }

@@ -24,6 +24,8 @@ use tokio::sync::watch;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
+use ccm_protocol::lock::Lock;
+
 use super::lease::{self, Leadership, Observed, Settings};
 
 /// The most replicas that share the work (member Leases `-member-0` … `-member-7`).
@@ -32,6 +34,13 @@ pub const MAX_MEMBERS: u32 = 8;
 pub const LABEL_MEMBERS_OF: &str = "ccm-rs.dev/leader-members-of";
 /// The annotation on a member Lease: the controller Leases its replica competes for.
 pub const ANNOTATION_LEASES: &str = "ccm-rs.dev/leases";
+/// The annotation on a member Lease: the controller Leases its replica is ready to serve now
+/// (its `/readyz` passes), rewritten with every renewal. A member without it (an older
+/// replica) is taken as ready for every Lease it competes for.
+pub const ANNOTATION_READY: &str = "ccm-rs.dev/ready-leases";
+
+/// Whether this replica can serve a controller Lease now (its readiness).
+pub type ReadyFor = std::sync::Arc<dyn Fn(&str) -> bool + Send + Sync>;
 
 /// A live member, as read from its Lease.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -40,7 +49,9 @@ pub struct Member {
     pub identity: String,
     /// The controller Leases it competes for.
     pub leases: BTreeSet<String>,
-    /// Since when this process has seen it live (under this identity).
+    /// Those it is ready to serve now.
+    pub ready: BTreeSet<String>,
+    /// Since when this process has seen it live (under this identity) and ready as it is.
     pub since: Instant,
 }
 
@@ -53,11 +64,14 @@ pub struct View {
 
 impl View {
     /// The member assigned `lease`: among the sorted union of every live member's Leases,
-    /// the `i`-th goes to the `(i mod n)`-th of the `n` members that compete for it.
+    /// the `i`-th goes to the `(i mod n)`-th of the `n` members that compete for it and are
+    /// ready to serve it (of all that compete for it when none is ready: someone must try).
     pub fn assigned(&self, lease: &str) -> Option<&Member> {
         let all: BTreeSet<&str> = self.members.iter().flat_map(|m| m.leases.iter().map(String::as_str)).collect();
         let index = all.iter().position(|l| *l == lease)?;
-        let eligible: Vec<&Member> = self.members.iter().filter(|m| m.leases.contains(lease)).collect();
+        let competing: Vec<&Member> = self.members.iter().filter(|m| m.leases.contains(lease)).collect();
+        let ready: Vec<&Member> = competing.iter().copied().filter(|m| m.ready.contains(lease)).collect();
+        let eligible = if ready.is_empty() { competing } else { ready };
         eligible.get(index % eligible.len().max(1)).copied()
     }
 
@@ -68,7 +82,9 @@ impl View {
 }
 
 /// The identity of the member `lease` should go to, when it is not this process and that
-/// member has been live for `settle` (one just started, or restarting, is not given work).
+/// member has been live, and ready as it is now, for `settle` (one just started, restarting or
+/// whose readiness flaps is not given work). A holder that stops being ready for the Lease is
+/// no longer assigned it while another member is, and so hands it over to that member.
 pub fn hand_over_to(view: &View, lease: &str, settle: Duration) -> Option<String> {
     let me = view.me?;
     let to = view.assigned(lease)?;
@@ -107,9 +123,11 @@ impl Members {
         base: &str,
         settings: &Settings,
         leases: &[String],
+        ready_for: ReadyFor,
         stop: CancellationToken,
     ) -> (Self, tokio::task::JoinHandle<()>) {
         let (tx, view) = watch::channel(View::default());
+        let live = std::sync::Arc::new(std::sync::Mutex::new(BTreeMap::new()));
         let api: Api<Lease> = Api::namespaced(client, &settings.namespace);
         let task = Task {
             api,
@@ -117,8 +135,12 @@ impl Members {
             template: Settings {
                 labels: BTreeMap::from([(LABEL_MEMBERS_OF.to_string(), base.to_string())]),
                 annotations: BTreeMap::from([(ANNOTATION_LEASES.to_string(), leases.join(","))]),
+                live_annotations: Some(live.clone()),
                 ..settings.clone()
             },
+            leases: leases.to_vec(),
+            ready_for,
+            live,
             observed: HashMap::new(),
             held: None,
             tx,
@@ -139,6 +161,11 @@ struct Task {
     observed: HashMap<u32, Observed>,
     held: Option<(u32, Leadership)>,
     tx: watch::Sender<View>,
+    /// The controller Leases competed for, and which of them this replica can serve now.
+    leases: Vec<String>,
+    ready_for: ReadyFor,
+    /// The readiness annotation the member Lease is renewed with.
+    live: std::sync::Arc<std::sync::Mutex<BTreeMap<String, String>>>,
 }
 
 impl Task {
@@ -168,6 +195,9 @@ impl Task {
     /// One read of the member Leases: takes a free slot while holding none, then publishes
     /// who is live.
     async fn pass(&mut self) -> Result<(), kube::Error> {
+        let ready: Vec<&str> = self.leases.iter().map(String::as_str).filter(|l| (self.ready_for)(l)).collect();
+        let ready = ready.join(",");
+        self.live.locked().insert(ANNOTATION_READY.to_string(), ready.clone());
         let selector = format!("{LABEL_MEMBERS_OF}={}", self.base);
         let leases = self.api.list(&ListParams::default().labels(&selector)).await?.items;
         let by_slot: BTreeMap<u32, &Lease> =
@@ -200,16 +230,23 @@ impl Task {
                     _ => continue,
                 }
             };
-            let leases = lease
-                .metadata
-                .annotations
-                .as_ref()
-                .and_then(|a| a.get(ANNOTATION_LEASES))
-                .map(|v| v.split(',').filter(|l| !l.is_empty()).map(String::from).collect())
-                .unwrap_or_default();
-            let since =
-                previous.members.iter().find(|m| m.slot == slot && m.identity == identity).map_or_else(Instant::now, |m| m.since);
-            members.push(Member { slot, identity, leases, since });
+            let annotation = |key: &str| {
+                let value = lease.metadata.annotations.as_ref().and_then(|a| a.get(key));
+                value.map(|v| v.split(',').filter(|l| !l.is_empty()).map(String::from).collect::<BTreeSet<String>>())
+            };
+            let leases = annotation(ANNOTATION_LEASES).unwrap_or_default();
+            // This process's own readiness as of now (its Lease shows it at the next renewal).
+            let ready = if me == Some(slot) {
+                ready.split(',').filter(|l| !l.is_empty()).map(String::from).collect()
+            } else {
+                annotation(ANNOTATION_READY).unwrap_or_else(|| leases.clone())
+            };
+            let since = previous
+                .members
+                .iter()
+                .find(|m| m.slot == slot && m.identity == identity && m.ready == ready)
+                .map_or_else(Instant::now, |m| m.since);
+            members.push(Member { slot, identity, leases, ready, since });
         }
         if let (Some(slot), false) = (me, members.iter().any(|m| Some(m.slot) == me)) {
             // Just taken: the list was read before.
@@ -218,6 +255,7 @@ impl Task {
                 slot,
                 identity: self.template.identity.clone(),
                 leases: leases.unwrap_or_default(),
+                ready: ready.split(',').filter(|l| !l.is_empty()).map(String::from).collect(),
                 since: Instant::now(),
             });
             members.sort_by_key(|m| m.slot);
@@ -254,6 +292,7 @@ mod tests {
             slot,
             identity: format!("replica-{slot}"),
             leases: leases.iter().map(|l| l.to_string()).collect(),
+            ready: leases.iter().map(|l| l.to_string()).collect(),
             since: Instant::now(),
         }
     }
@@ -290,6 +329,27 @@ mod tests {
             let m = view.assigned(lease).expect("assigned");
             assert!(m.leases.contains(*lease));
         }
+    }
+
+    #[test]
+    fn a_member_that_is_not_ready_is_given_nothing_and_its_leases_go_to_a_ready_one() {
+        let mut b = member(1, ALL);
+        b.ready.clear();
+        let a_view = View { me: Some(0), members: vec![member(0, ALL), b.clone()] };
+        assert!(ALL.iter().all(|l| a_view.mine(l)), "the ready member is assigned every Lease");
+        let b_view = View { me: Some(1), members: vec![member(0, ALL), b.clone()] };
+        assert!(ALL.iter().all(|l| !b_view.mine(l)), "the member that is not ready is assigned none");
+        // b holds a Lease and stops being ready: it hands it to a, once a has been ready for
+        // the settle time (a just-ready member waits).
+        for lease in ALL {
+            assert_eq!(hand_over_to(&b_view, lease, Duration::ZERO).as_deref(), Some("replica-0"));
+            assert_eq!(hand_over_to(&b_view, lease, Duration::from_secs(3600)), None);
+        }
+        // Nobody ready: the Leases are shared as if all were, so that someone tries.
+        let mut a = member(0, ALL);
+        a.ready.clear();
+        let none = View { me: Some(0), members: vec![a, b] };
+        assert_eq!(ALL.iter().filter(|l| none.mine(l)).count(), 2);
     }
 
     #[test]

@@ -19,7 +19,7 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 pub use lease::{Fence, client, lease_config};
-pub use members::{ANNOTATION_LEASES, LABEL_MEMBERS_OF, MAX_MEMBERS, Members, View};
+pub use members::{ANNOTATION_LEASES, ANNOTATION_READY, LABEL_MEMBERS_OF, MAX_MEMBERS, Members, ReadyFor, View};
 pub use plan::{COMPONENT, ControllerLeader, LeaseGroup, MIGRATION_GROUP, MigrationConfig, PlanError, plan};
 
 use crate::metrics::Metrics;
@@ -55,6 +55,8 @@ pub struct Election {
     /// Share the groups with other replicas (member Leases; several groups only).
     share: bool,
     metrics: Metrics,
+    /// Whether this replica can serve a controller Lease now (shared Leases only).
+    ready_for: members::ReadyFor,
 }
 
 /// A group's Lease, held: `lost` is cancelled the moment it is lost; `fence` answers, before
@@ -81,7 +83,15 @@ impl Election {
             base: options.leader_elect_resource_name.clone(),
             share: options.leader_elect_per_controller,
             metrics,
+            ready_for: std::sync::Arc::new(|_| true),
         }
+    }
+
+    /// With shared Leases, a replica is given a controller Lease only while `ready_for` it
+    /// says it can serve it, and hands over those it holds when it stops being able to.
+    pub fn with_readiness(mut self, ready_for: members::ReadyFor) -> Self {
+        self.ready_for = ready_for;
+        self
     }
 
     /// The same election as `identity` (a simulation runs several replicas in one process).
@@ -107,8 +117,14 @@ impl Election {
         let (members, membership) = match self.share && groups.len() > 1 && groups.iter().all(|g| g.after.is_none()) {
             true => {
                 let leases: Vec<String> = groups.iter().map(|g| g.lease.clone()).collect();
-                let (members, task) =
-                    Members::start(self.client.clone(), &self.base, &self.settings(&self.base), &leases, stop.clone());
+                let (members, task) = Members::start(
+                    self.client.clone(),
+                    &self.base,
+                    &self.settings(&self.base),
+                    &leases,
+                    self.ready_for.clone(),
+                    stop.clone(),
+                );
                 (Some(members), Some(task))
             }
             false => (None, None),
@@ -151,6 +167,7 @@ impl Election {
             retry_period: self.retry_period,
             labels: Default::default(),
             annotations: Default::default(),
+            live_annotations: None,
         }
     }
 
@@ -228,6 +245,16 @@ impl Election {
                 }
             };
             self.metrics.lease_held(&lease_name, false);
+            // Released only once every mutation made under it has ended (or its deadline
+            // passed): the next holder's must not overlap them. A Lease lost meanwhile is
+            // not released at all.
+            if !held.lost.is_cancelled() && held.fence.in_flight() > 0 {
+                tracing::info!(lease = %group.lease, in_flight = held.fence.in_flight(), "leader election: waiting for the mutations made under the Lease to end before releasing it");
+                tokio::select! {
+                    _ = held.fence.quiesced() => {}
+                    _ = held.lost.cancelled() => {}
+                }
+            }
             held.release().await;
             result.map_err(|source| LeadError::Group { lease: lease_name.clone(), source })?;
             if !handed || stop.is_cancelled() {

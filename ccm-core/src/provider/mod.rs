@@ -472,7 +472,15 @@ impl Provider {
                 if let Some(fence) = fence {
                     fence.check().await;
                 }
-                tokio::time::timeout(timeout + Duration::from_secs(1), rpc(self.channel.clone(), request)).await
+                // Counted under the lead until answered: a Lease given up is released only
+                // once nothing sent under it can still run (dropped unanswered, it counts
+                // until its deadline).
+                let flight = fence.filter(|_| mutation).map(|f| f.mutation(Instant::now() + timeout));
+                let answer = tokio::time::timeout(timeout + Duration::from_secs(1), rpc(self.channel.clone(), request)).await;
+                if let Some(flight) = flight {
+                    flight.ended();
+                }
+                answer
             };
             let result =
                 result.unwrap_or_else(|_| Err(Status::deadline_exceeded(format!("{method}: no answer within the deadline"))));

@@ -136,6 +136,45 @@ async fn with_a_lease_per_controller_two_replicas_share_the_controllers_and_fail
     env.cleanup().await.expect("cleanup");
 }
 
+/// A replica that cannot serve (its provider unreachable, its /readyz failing) is given no
+/// controller Lease: the ready replica keeps them all, and new work is done.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_a_lease_per_controller_a_replica_that_is_not_ready_is_given_nothing() {
+    let cp = ccm_harness::shared().expect("control plane");
+    let env = TestEnv::new(cp.client().await.expect("client"), "perctlready").await.expect("env");
+    let first = env.node_name("first");
+    let mut config = Config::default();
+    config.instances.push(instance("i-1", &first, "sim-region-1a"));
+    let sim = Sim::start(config).await;
+    let mut flags = LEASE_FLAGS.to_vec();
+    flags.extend(["--leader-elect-per-controller", "--controllers=cloud-node,service,cloud-node-lifecycle"]);
+    let a = Core::start(cp, &env, &sim, &flags);
+    let names: Vec<String> = ["cloud-node-controller", "service-lb-controller", "cloud-node-lifecycle-controller"]
+        .iter()
+        .map(|c| format!("{}-{c}", env.prefix))
+        .collect();
+    let alone = eventually("the first replica leads every controller", Duration::from_secs(30), async || {
+        let now = holders(&env, &names).await?;
+        let ids: std::collections::BTreeSet<&String> = now.values().collect();
+        (ids.len() == 1).then_some(now)
+    })
+    .await;
+    // The second replica's provider socket does not exist: it never becomes ready.
+    let nowhere = format!("unix://{}/nowhere.sock", std::env::temp_dir().display());
+    let b = Core::start_on(cp.kubeconfig_path(), &env, &nowhere, &flags);
+    // Four lease durations and more: a ready replica would have been handed its share.
+    tokio::time::sleep(Duration::from_secs(20)).await;
+    assert_eq!(holders(&env, &names).await.as_ref(), Some(&alone), "a replica that is not ready took a controller Lease");
+    create_load_balancer_service(&env, "web", &[80]).await.expect("service");
+    NodeBuilder::new(&first).uninitialized().label(TEST_LABEL, &env.prefix).create(&env.client).await.expect("node");
+    eventually("the service controller's leader ensures", Duration::from_secs(30), async || has_address(&env, "web").await).await;
+    eventually("the node controller's leader initialises", Duration::from_secs(30), async || initialised(&env, &first).await)
+        .await;
+    b.stop().await.expect("stop");
+    a.stop().await.expect("stop");
+    env.cleanup().await.expect("cleanup");
+}
+
 async fn lease_identity_of(env: &TestEnv, name: &str) -> Option<String> {
     let leases: Api<Lease> = Api::namespaced(env.client.clone(), &env.namespace);
     leases.get_opt(name).await.ok().flatten()?.spec?.holder_identity
