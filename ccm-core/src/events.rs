@@ -1,7 +1,11 @@
 //! Event recording in bounded memory.
 //!
-//! An Event repeated within six minutes (same controller, object, type, reason and note) is
-//! not created again: the first one's series is counted up, as client-go's recorders do. What
+//! An Event repeated within six minutes (same controller, object, type and reason, whatever
+//! its note says) is not created again: the first one's series is counted up, keeping the
+//! first note, as client-go's `events` recorder does. The count is written at the second
+//! occurrence and then at most every [`SERIES_REFRESH`] (in between it is counted in memory),
+//! so that a condition a controller reports on every pass costs one write per object and
+//! reason, not one per pass. What
 //! that takes is remembered for at most [`MAX_SERIES`] Events, the least recently repeated
 //! forgotten first (client-go's correlator keeps 4096 too); a forgotten one is created anew
 //! when it comes again. At most [`MAX_PENDING`] Events wait for the Event write budget; more
@@ -31,6 +35,8 @@ pub const MAX_SERIES: usize = 4096;
 pub const MAX_PENDING: usize = 1000;
 /// How long after its last occurrence an Event is still counted up rather than created anew.
 pub const SERIES_WINDOW: SignedDuration = SignedDuration::from_secs(6 * 60);
+/// How often a repeating Event's count is written, at most, after its second occurrence.
+pub const SERIES_REFRESH: SignedDuration = SignedDuration::from_secs(5 * 60);
 
 /// An Event's type.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -153,7 +159,8 @@ pub struct Note {
 impl Note {
     fn key(&self) -> u64 {
         let mut h = std::collections::hash_map::DefaultHasher::new();
-        (&self.controller, self.event_type, &self.reason, &self.note).hash(&mut h);
+        // Not the note: an Event whose text changes (a count, a time) is one series.
+        (&self.controller, self.event_type, &self.reason).hash(&mut h);
         let r = &self.regarding;
         (&r.api_version, &r.kind, &r.namespace, &r.name, &r.uid).hash(&mut h);
         h.finish()
@@ -172,6 +179,8 @@ struct Sent {
     name: String,
     count: i32,
     last: Timestamp,
+    /// When its count was last written (or it was created).
+    written: Timestamp,
 }
 
 /// What to write for one occurrence.
@@ -181,6 +190,8 @@ enum Write {
     Create { name: String },
     /// The existing Event's series, now at `count`.
     Count { name: String, count: i32 },
+    /// Counted up in memory; the count is written later.
+    Held,
 }
 
 /// Records Events through one client.
@@ -239,11 +250,15 @@ impl Recorder {
         {
             sent.count = sent.count.saturating_add(1);
             sent.last = now;
+            if sent.count > 2 && now.duration_since(sent.written) < SERIES_REFRESH {
+                return Write::Held;
+            }
+            sent.written = now;
             return Write::Count { name: sent.name.clone(), count: sent.count };
         }
         let base = note.regarding.name.as_deref().unwrap_or(&note.controller);
         let name = event_name(base, now.as_nanosecond());
-        series.put(key, Sent { name: name.clone(), count: 1, last: now });
+        series.put(key, Sent { name: name.clone(), count: 1, last: now, written: now });
         Write::Create { name }
     }
 
@@ -260,6 +275,7 @@ impl Recorder {
         let now = crate::clock::now();
         let api: Api<Event> = Api::namespaced(self.client.clone(), &note.namespace());
         let result = match self.occur(note, now) {
+            Write::Held => Ok(()),
             Write::Create { name } => api.create(&PostParams::default(), &new_event(note, name, now)).await.map(|_| ()),
             Write::Count { name, count } => {
                 let series = EventSeries { count, last_observed_time: MicroTime(now) };
@@ -388,20 +404,43 @@ mod tests {
         let n = note("a", "EnsuredLoadBalancer", "Ensured load balancer");
         let Write::Create { name } = r.occur(&n, t0) else { panic!("first occurrence must create") };
         assert_eq!(r.occur(&n, t0 + SignedDuration::from_secs(60)), Write::Count { name: name.clone(), count: 2 });
-        assert_eq!(r.occur(&n, t0 + SignedDuration::from_secs(300)), Write::Count { name, count: 3 });
+        // Counted in memory, written once SERIES_REFRESH passed since the last write.
+        assert_eq!(r.occur(&n, t0 + SignedDuration::from_secs(300)), Write::Held);
+        assert_eq!(r.occur(&n, t0 + SignedDuration::from_secs(361)), Write::Count { name, count: 4 });
         // Six minutes after the last occurrence: a new Event.
-        assert!(matches!(r.occur(&n, t0 + SignedDuration::from_secs(300 + 361)), Write::Create { .. }));
+        assert!(matches!(r.occur(&n, t0 + SignedDuration::from_secs(361 + 361)), Write::Create { .. }));
     }
 
     #[tokio::test]
-    async fn another_note_reason_or_object_is_another_event() {
+    async fn a_condition_reported_every_pass_is_one_event_whose_count_is_written_rarely() {
+        // 8 Nodes deferred on every 2 s pass for 30 s, with a note that changes each pass.
+        let r = recorder();
+        let t0 = Timestamp::now();
+        let mut writes = 0;
+        let mut creates = 0;
+        for pass in 0..15 {
+            for node in 0..8 {
+                let n = note(&format!("node-{node}"), "NodeDeletionDeferred", &format!("asked again in {} s", 30 - 2 * pass));
+                match r.occur(&n, t0 + SignedDuration::from_secs(2 * pass)) {
+                    Write::Create { .. } => creates += 1,
+                    Write::Count { .. } => writes += 1,
+                    Write::Held => {}
+                }
+            }
+        }
+        assert_eq!(creates, 8, "one Event per Node and reason");
+        assert_eq!(writes, 8, "its count written once (at 2) in 30 s");
+    }
+
+    #[tokio::test]
+    async fn another_reason_or_object_is_another_event_and_another_note_is_not() {
         let r = recorder();
         let t0 = Timestamp::now();
         assert!(matches!(r.occur(&note("a", "R", "x"), t0), Write::Create { .. }));
-        assert!(matches!(r.occur(&note("a", "R", "y"), t0), Write::Create { .. }));
         assert!(matches!(r.occur(&note("a", "S", "x"), t0), Write::Create { .. }));
         assert!(matches!(r.occur(&note("b", "R", "x"), t0), Write::Create { .. }));
-        assert!(matches!(r.occur(&note("a", "R", "x"), t0), Write::Count { count: 2, .. }));
+        // Another note of the same reason and object counts up the first.
+        assert!(matches!(r.occur(&note("a", "R", "y"), t0), Write::Count { count: 2, .. }));
     }
 
     #[tokio::test]

@@ -588,18 +588,24 @@ impl NodeLifecycleController {
         let held = nodes.split_off(left.min(nodes.len()));
         if !held.is_empty() {
             let next = frees.unwrap_or(now + window);
+            // The same words on every pass (no count, no time), so that the Event of a Node
+            // deferred pass after pass is one series counted up.
             let why = format!(
-                "{} more Nodes' instances are reported {}; at most {bound} are {} in any {} (--max-node-deletions={}, \
-                 --max-node-deletion-share={}, --node-deletion-window): asked about again in {:.0} s",
-                held.len(),
+                "its instance is reported {}, and at most {bound} Nodes are {} in any {} (--max-node-deletions={}, \
+                 --max-node-deletion-share={}, --node-deletion-window): asked about again when the window has room",
                 act.reported(),
                 act.done(),
                 humantime::format_duration(window),
                 options.max_node_deletions,
                 options.max_node_deletion_share,
-                next.saturating_duration_since(now).as_secs_f64().ceil()
             );
-            tracing::info!(nodes = held.len(), bound, "pacing ({}): {why}", act.done());
+            tracing::info!(
+                nodes = held.len(),
+                bound,
+                next_in_s = next.saturating_duration_since(now).as_secs_f64().ceil(),
+                "pacing ({}): {why}",
+                act.done()
+            );
             for node in &held {
                 self.state().rechecks.ask_by(node, next);
                 match act {

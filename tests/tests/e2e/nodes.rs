@@ -772,6 +772,70 @@ async fn more_gone_instances_than_the_bound_are_deleted_at_its_pace_and_an_outag
     env.cleanup().await.expect("cleanup");
 }
 
+/// Nodes whose deletion the window defers, pass after pass, each have one Event series (one
+/// object per Node and reason, counted up), not a new Event every pass.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn nodes_deferred_pass_after_pass_have_one_event_each() {
+    let cp = ccm_harness::shared().expect("control plane");
+    let env = TestEnv::new(cp.client().await.expect("client"), "deferev").await.expect("env");
+    let mut config = Config::default();
+    // Ten Ready Nodes and eight NotReady ones whose instances are gone, in one zone (not a
+    // disrupted one: 8 of 18).
+    let names: Vec<String> = (0..18).map(|k| env.node_name(&format!("n-{k}"))).collect();
+    for (k, name) in names.iter().enumerate() {
+        config.instances.push(instance(&format!("i-{k}"), name, "zone-a"));
+        NodeBuilder::new(name)
+            .label(TEST_LABEL, &env.prefix)
+            .label("topology.kubernetes.io/zone", "zone-a")
+            .provider_id(&format!("sim://zone-a/i-{k}"))
+            .create(&env.client)
+            .await
+            .expect("node");
+        set_ready(&env.client, name, if k < 10 { "True" } else { "False" }).await.expect("condition");
+    }
+    let sim = Sim::start(config).await;
+    for k in 10..18 {
+        sim.admin.instance_action(&format!("i-{k}"), "terminate").await.expect("terminate");
+    }
+    let core = Core::start(
+        cp,
+        &env,
+        &sim,
+        &[
+            "--leader-elect=false",
+            "--node-monitor-period=500ms",
+            "--max-node-deletions=1",
+            "--max-node-deletion-share=1",
+            "--node-deletion-window=10m",
+        ],
+    );
+    let gone = &names[10..];
+    eventually("one gone Node deleted, the rest deferred", Duration::from_secs(20), async || {
+        let mut left = 0;
+        for name in gone {
+            left += usize::from(env.nodes().get_opt(name).await.ok()?.is_some());
+        }
+        (left == 7).then_some(())
+    })
+    .await;
+    // About 16 passes.
+    tokio::time::sleep(Duration::from_secs(8)).await;
+    let events: Api<Event> = Api::all(env.client.clone());
+    let mut counted = 0;
+    for name in gone {
+        if env.nodes().get_opt(name).await.expect("get").is_none() {
+            continue;
+        }
+        let list = events.list(&ListParams::default().fields(&format!("involvedObject.name={name}"))).await.expect("events");
+        let deferred: Vec<_> = list.items.iter().filter(|e| e.reason.as_deref() == Some("NodeDeletionDeferred")).collect();
+        assert_eq!(deferred.len(), 1, "{name}: one NodeDeletionDeferred Event, not one a pass: {deferred:?}");
+        counted += deferred[0].series.as_ref().and_then(|s| s.count).unwrap_or(1);
+    }
+    assert!(counted >= 14, "the repeats are counted on the series: {counted}");
+    core.stop().await.expect("stop");
+    env.cleanup().await.expect("cleanup");
+}
+
 /// Every lookup throttled with a RetryInfo of an hour.
 fn an_hour_of_throttling() -> Fault {
     Fault {
