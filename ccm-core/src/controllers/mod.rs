@@ -210,10 +210,10 @@ impl Context {
 
     /// Patches the Node `name`'s conditions (a strategic merge: by condition type) under the
     /// write budget and the lead.
-    pub async fn patch_node_conditions(&self, name: &str, patch: &serde_json::Value) -> Result<(), kube::Error> {
+    pub async fn patch_node_conditions(&self, name: &str, patch: &serde_json::Value) -> Result<Node, kube::Error> {
         self.kube_write_permit().await;
         let api: Api<Node> = Api::all(self.client.clone());
-        api.patch_status(name, &PatchParams::default(), &Patch::Strategic(patch)).await.map(|_| ())
+        api.patch_status(name, &PatchParams::default(), &Patch::Strategic(patch)).await
     }
 
     /// Deletes `node`, only the one looked at (a re-registered Node of the same name has

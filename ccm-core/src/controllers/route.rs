@@ -250,18 +250,49 @@ fn cloud_routed(node: &Node) -> bool {
     })
 }
 
-/// Writes the Nodes' NetworkUnavailable conditions in the background, one batch after the
-/// other, so that a reconcile does not wait for hundreds of status writes before the next one
-/// can create routes; a condition already written (and not yet in the cache) is not written
-/// twice.
+/// Writes the Nodes' NetworkUnavailable conditions in the background (one task of the
+/// controller's own, see [`RouteController`]'s `spawn`: it ends with the controller), one batch
+/// after the other, so that a reconcile does not wait for hundreds of status writes before the
+/// next one can create routes. A condition written and not yet in the cache is not written
+/// twice; one that another writer changed since is written again.
 #[derive(Clone)]
 struct ConditionWriter {
     ctx: Context,
-    order: Arc<tokio::sync::Mutex<()>>,
+    /// The batches for the writing task.
+    batches: tokio::sync::mpsc::UnboundedSender<Vec<ConditionWrite>>,
+    /// The writing task's end of `batches`, until it starts.
+    receiver: Arc<std::sync::Mutex<Option<tokio::sync::mpsc::UnboundedReceiver<Vec<ConditionWrite>>>>>,
     /// The status last written, by Node UID (a recreated Node starts afresh).
-    written: Arc<std::sync::Mutex<HashMap<String, bool>>>,
+    written: Written,
     /// Nodes whose full-table Event was recorded.
     reported: Arc<std::sync::Mutex<HashSet<String>>>,
+}
+
+/// What this controller last wrote to each Node's NetworkUnavailable, by Node UID.
+type Written = Arc<std::sync::Mutex<HashMap<String, Wrote>>>;
+
+/// One condition written (or being written).
+#[derive(Debug, Clone, PartialEq)]
+struct Wrote {
+    /// Whether the Node's routes existed (status False).
+    ok: bool,
+    /// The Node's resourceVersion our write gave it; `None` while the write is in flight.
+    version: Option<String>,
+}
+
+/// The NetworkUnavailable status and reason of `node`, if it has the condition.
+fn network_condition(node: &Node) -> Option<(&str, Option<&str>)> {
+    let conditions = node.status.as_ref()?.conditions.as_ref()?;
+    conditions.iter().find(|c| c.type_ == CONDITION).map(|c| (c.status.as_str(), c.reason.as_deref()))
+}
+
+/// Whether the cache's `cached` resourceVersion is older than `ours`: as etcd's revisions
+/// (comparable since Kubernetes 1.34); not older when either is not one.
+fn older(cached: Option<&str>, ours: &str) -> bool {
+    match (cached.and_then(|c| c.parse::<u64>().ok()), ours.parse::<u64>().ok()) {
+        (Some(c), Some(o)) => c < o,
+        _ => false,
+    }
 }
 
 impl Routes {
@@ -284,11 +315,15 @@ impl Routes {
             adopted: HashSet::new(),
             unrouted: Default::default(),
             busy: Duration::ZERO,
-            conditions: ConditionWriter {
-                ctx: ctx_for_conditions,
-                order: Default::default(),
-                written: Default::default(),
-                reported: Default::default(),
+            conditions: {
+                let (batches, receiver) = tokio::sync::mpsc::unbounded_channel();
+                ConditionWriter {
+                    ctx: ctx_for_conditions,
+                    batches,
+                    receiver: Arc::new(std::sync::Mutex::new(Some(receiver))),
+                    written: Default::default(),
+                    reported: Default::default(),
+                }
             },
         })
     }
@@ -759,30 +794,67 @@ impl ConditionWriter {
                 };
                 let (status, reason) = if ok { ("False", "RouteCreated") } else { ("True", "NoRouteCreated") };
                 let uid = node.metadata.uid.clone().unwrap_or_default();
-                let current = node
-                    .status
-                    .as_ref()
-                    .and_then(|s| s.conditions.as_ref())
-                    .and_then(|c| c.iter().find(|c| c.type_ == CONDITION));
-                if current.is_some_and(|c| c.status == status && c.reason.as_deref() == Some(reason)) {
-                    written.insert(uid, ok);
+                if network_condition(node) == Some((status, Some(reason))) {
+                    // As of this version (a later difference is another writer's).
+                    let version = Some(node.metadata.resource_version.clone().unwrap_or_default());
+                    written.insert(uid, Wrote { ok, version });
                     continue;
                 }
-                if written.get(&uid) == Some(&ok) {
+                // Written already, and the cache does not show it yet: not again. Once the
+                // cache is as new as our write, a difference is another writer's change.
+                let pending = written.get(&uid).is_some_and(|w| {
+                    w.ok == ok && w.version.as_deref().is_none_or(|v| older(node.metadata.resource_version.as_deref(), v))
+                });
+                if pending {
                     continue;
                 }
-                written.insert(uid.clone(), ok);
+                written.insert(uid.clone(), Wrote { ok, version: None });
                 todo.push(ConditionWrite { name: name.to_string(), uid, ok, full: without_route.contains(name) });
             }
         }
         if todo.is_empty() {
             return;
         }
-        let this = self.clone();
-        tokio::spawn(async move {
-            let _in_order = this.order.lock().await;
-            this.write(todo).await;
-        });
+        if self.batches.send(todo).is_err() {
+            // The writing task is gone (the controller is stopping): the next holder writes.
+            tracing::debug!("the route controller's condition writer has stopped");
+        }
+    }
+
+    /// Writes the batches [`ConditionWriter::update`] sends, in order, until `stop`.
+    async fn run(self, stop: CancellationToken) {
+        let Some(mut batches) = self.receiver.locked().take() else {
+            stop.cancelled().await;
+            return;
+        };
+        loop {
+            tokio::select! {
+                () = stop.cancelled() => return,
+                batch = batches.recv() => match batch {
+                    Some(todo) => self.write(todo).await,
+                    None => {
+                        stop.cancelled().await;
+                        return;
+                    }
+                },
+            }
+        }
+    }
+
+    /// Whether the change of a Node's NetworkUnavailable between `old` and `new` is another
+    /// writer's (not what this controller last wrote), which it must put right.
+    fn changed_by_another(&self, old: &Node, new: &Node) -> bool {
+        let (before, after) = (network_condition(old), network_condition(new));
+        if before == after {
+            return false;
+        }
+        let uid = new.metadata.uid.as_deref().unwrap_or_default();
+        let ours = self
+            .written
+            .locked()
+            .get(uid)
+            .map(|w| if w.ok { ("False", Some("RouteCreated")) } else { ("True", Some("NoRouteCreated")) });
+        ours.is_some_and(|ours| after != Some(ours))
     }
 
     async fn write(&self, todo: Vec<ConditionWrite>) {
@@ -798,10 +870,18 @@ impl ConditionWriter {
                 "type": CONDITION, "status": status, "reason": reason, "message": message,
                 "lastTransitionTime": now, "lastHeartbeatTime": now,
             }]}});
-            if let Err(error) = self.ctx.patch_node_conditions(name, &patch).await {
-                tracing::warn!(node = %name, %error, "updating NetworkUnavailable failed");
-                // Not written after all: the next reconcile tries again.
-                self.written.locked().remove(&uid);
+            match self.ctx.patch_node_conditions(name, &patch).await {
+                Ok(node) => {
+                    let mut written = self.written.locked();
+                    if let Some(w) = written.get_mut(&uid).filter(|w| w.ok == ok) {
+                        w.version = node.metadata.resource_version;
+                    }
+                }
+                Err(error) => {
+                    tracing::warn!(node = %name, %error, "updating NetworkUnavailable failed");
+                    // Not written after all: the next reconcile tries again.
+                    self.written.locked().remove(&uid);
+                }
             }
             let first_report = !ok && full && self.reported.locked().insert(name.to_string());
             let node = first_report.then(|| self.ctx.nodes.store().get(&ObjectRef::new(name))).flatten();
@@ -861,6 +941,8 @@ pub struct RouteController {
     pending: std::sync::Mutex<Pending>,
     /// [`Routes::unrouted`], read by the trigger.
     unrouted: Arc<std::sync::Mutex<HashSet<String>>>,
+    /// [`Routes`]' condition writer: its task, and what it wrote (read by the trigger).
+    conditions: ConditionWriter,
 }
 
 impl RouteController {
@@ -875,7 +957,8 @@ impl RouteController {
             cool_until: None,
         };
         let unrouted = routes.unrouted.clone();
-        Ok(Self { ctx, routes: tokio::sync::Mutex::new(routes), pending: std::sync::Mutex::new(pending), unrouted })
+        let conditions = routes.conditions.clone();
+        Ok(Self { ctx, routes: tokio::sync::Mutex::new(routes), pending: std::sync::Mutex::new(pending), unrouted, conditions })
     }
 
     /// Whether a change of this Node can change the routes or the Nodes' conditions: it has
@@ -896,7 +979,8 @@ impl RouteController {
                 let old = old.as_deref();
                 let joins_or_leaves = old.is_some_and(|o| self.ctx.ignores(o) != self.ctx.ignores(new));
                 let wanted = |n: &Node| !self.ctx.ignores(n) && self.matters(n);
-                (joins_or_leaves || relevant(old, new)) && (wanted(new) || old.is_some_and(wanted))
+                let condition_undone = old.is_some_and(|o| self.conditions.changed_by_another(o, new));
+                (joins_or_leaves || relevant(old, new) || condition_undone) && (wanted(new) || old.is_some_and(wanted))
             }
             Change::Deleted(node) => self.matters(node),
         }
@@ -1049,6 +1133,11 @@ impl runner::Controller for RouteController {
 
     async fn reconcile(&self, _keys: &[RouteTables]) -> Vec<Done> {
         vec![RouteController::reconcile(self).await]
+    }
+
+    /// The condition writer, as one of the controller's tasks: it ends with them.
+    fn spawn(self: &Arc<Self>, _queue: &Arc<WorkQueue<RouteTables>>, stop: &CancellationToken, tasks: &mut super::Tasks) {
+        tasks.spawn(self.conditions.clone().run(stop.clone()));
     }
 }
 

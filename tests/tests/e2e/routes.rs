@@ -114,6 +114,34 @@ async fn routes_follow_nodes_and_the_condition_follows_routes() {
     env.cleanup().await.expect("cleanup");
 }
 
+/// Another writer sets NetworkUnavailable wrongly on a Node whose route exists: the condition
+/// is put back at once, not at the next resync (12 h away here).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_network_unavailable_another_writer_changed_is_put_back() {
+    let cp = ccm_harness::shared().expect("control plane");
+    let env = TestEnv::new(cp.client().await.expect("client"), "rtcond").await.expect("env");
+    let (sim, a, _, _) = three_instances(&env).await;
+    node(&env, &a, &["10.244.1.0/24"]).await;
+    let core = start(cp, &env, &sim, &route_flags(&env, &["--route-resync-period=12h"]));
+    let routed = ("False".to_string(), "RouteCreated".to_string());
+    eventually("NetworkUnavailable=False", Duration::from_secs(20), async || {
+        (condition(&env, &a).await? == routed).then_some(())
+    })
+    .await;
+    for round in 0..2 {
+        let patch = serde_json::json!({ "status": { "conditions": [{
+            "type": "NetworkUnavailable", "status": "True", "reason": "SomeoneElse", "message": format!("round {round}"),
+        }]}});
+        env.nodes().patch_status(&a, &PatchParams::default(), &Patch::Strategic(&patch)).await.expect("condition");
+        eventually("NetworkUnavailable put back", Duration::from_secs(10), async || {
+            (condition(&env, &a).await? == routed).then_some(())
+        })
+        .await;
+    }
+    core.stop().await.expect("stop");
+    env.cleanup().await.expect("cleanup");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_resync_corrects_drift_and_leaves_foreign_routes_alone() {
     let cp = ccm_harness::shared().expect("control plane");

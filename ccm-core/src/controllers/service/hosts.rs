@@ -365,6 +365,8 @@ impl ServiceController {
         // By node set (selector), in the order first seen: one call per set and 500.
         let mut groups: Vec<(String, Arc<HostSet>, Vec<Todo>)> = Vec::new();
         let mut group_of: HashMap<String, usize> = HashMap::new();
+        // The load balancers in this pass's calls, claimed until they end.
+        let mut claims = Vec::new();
         for svc in self.ctx.services.sorted() {
             if !self.wants_load_balancer(&svc) {
                 continue;
@@ -399,6 +401,13 @@ impl ServiceController {
             match (last, name) {
                 (Some(e), Some(name)) if as_ensured && !backends.is_empty() => {
                     if e.hosts != backends.hosts {
+                        // Its own reconcile is mutating it now: that one (queued again)
+                        // brings the hosts along.
+                        let Some(claim) = self.claim(&k) else {
+                            self.queue.add(Key::Service(k));
+                            continue;
+                        };
+                        claims.push(claim);
                         let ensured = Ensured::of(e.spec, backends);
                         let request = self.request(&svc, name, ranges.unwrap_or_default());
                         groups[i].2.push((svc.clone(), request, ensured));
@@ -413,6 +422,7 @@ impl ServiceController {
                 call_failed.get_or_insert(error);
             }
         }
+        drop(claims);
         match call_failed {
             Some(error) => Outcome::of_provider_error(None, &error),
             None => Outcome::Success,

@@ -230,6 +230,24 @@ struct State {
     repairing: HashSet<String>,
     /// When load balancers were last made again by the repair reads (their bound's window).
     repaired_at: std::collections::VecDeque<Instant>,
+    /// Services whose load balancer a reconcile or the bulk hosts pass is mutating now: the
+    /// other leaves it alone meanwhile (see [`Claim`]).
+    mutating: HashSet<String>,
+}
+
+/// A Service's load balancer claimed for one mutation at a time in this process, whichever
+/// path mutates it (its own key or the bulk hosts pass); given back when dropped. With the
+/// service controller's Lease (one process at a time, released only once its mutations ended)
+/// that is one mutation of a load balancer in flight across every replica's sidecar.
+pub(super) struct Claim<'a> {
+    controller: &'a ServiceController,
+    key: String,
+}
+
+impl Drop for Claim<'_> {
+    fn drop(&mut self) {
+        self.controller.state().mutating.remove(&self.key);
+    }
 }
 
 impl State {
@@ -281,6 +299,11 @@ impl ServiceController {
 
     fn state(&self) -> std::sync::MutexGuard<'_, State> {
         self.state.locked()
+    }
+
+    /// Claims Service `k`'s load balancer for a mutation; `None` while another path has it.
+    pub(super) fn claim(&self, k: &str) -> Option<Claim<'_>> {
+        self.state().mutating.insert(k.to_string()).then(|| Claim { controller: self, key: k.to_string() })
     }
 
     /// Whether the Service's load balancer is this controller's provider's, by its class (see
@@ -370,6 +393,10 @@ impl ServiceController {
             Key::Orphan(uid) => return self.delete_orphan(uid).await,
             Key::Hosts => return self.update_all_hosts().await,
             Key::Service(k) => k,
+        };
+        // The bulk hosts pass has its load balancer in a call now: after it.
+        let Some(_claim) = self.claim(k) else {
+            return Outcome::RequeueAfter(std::time::Duration::from_millis(500));
         };
         let (ns, name) = k.split_once('/').unwrap_or(("", k));
         // Always the newest Service: never a copy from before a failure.

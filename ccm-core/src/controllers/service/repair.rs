@@ -15,9 +15,10 @@
 //!   repair period without listing), the rest at the next.
 //! - Hosts: only where the provider reports them, and only for a load balancer whose node set
 //!   is the one it was last given (one about to be updated is left to that update).
-//! - The repair itself goes through the Service's queue key, so there is never a second
-//!   mutation of one load balancer in flight; the Event `LoadBalancerRecreated` says it was
-//!   made again once that succeeded.
+//! - The repair itself goes through the Service's queue key, which claims the load balancer
+//!   against the bulk hosts pass ([`super::Claim`]), so there is never a second mutation of one
+//!   load balancer in flight; the Event `LoadBalancerRecreated` says it was made again once
+//!   that succeeded.
 
 use std::collections::HashMap;
 use std::sync::Arc;
