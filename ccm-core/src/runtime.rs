@@ -396,15 +396,24 @@ pub async fn run_with(options: Options, parts: Parts, shutdown: impl Future<Outp
     } else {
         // With shared Leases, a replica whose /readyz fails is given no controller Lease while
         // a ready one competes for it, and hands over those it holds.
+        // Every live replica may run controllers that call the cloud through its own sidecar:
+        // each paces to its share of the provider's declared call rate.
+        let sharing = ctx.providers.clone();
         let election = Election::new(&options, lease_client, metrics.clone())
-            .with_readiness(Arc::new(move |_lease: &str| ready.ready().is_ok()));
+            .with_readiness(Arc::new(move |_lease: &str| ready.ready().is_ok()))
+            .with_sharing(Arc::new(move |replicas| {
+                for provider in sharing.all() {
+                    provider.share_rate(replicas);
+                }
+            }));
         let election = match identity {
             Some(identity) => election.with_identity(identity),
             None => election,
         };
         election
             .lead(groups, &shutdown_token, move |group, leading, stop| {
-                let (ctx, credentials) = (ctx.with_fence(Some(leading.fence.clone())), credentials.clone());
+                let (ctx, credentials) =
+                    (ctx.with_fence(Some(leading.fence.clone())).with_ledger(Some(leading.ledger.clone())), credentials.clone());
                 async move { run_controllers(ctx, credentials, &group.controllers, stop, Some(leading)).await }
             })
             .await

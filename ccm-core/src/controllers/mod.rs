@@ -89,6 +89,9 @@ pub struct Context {
     event_writes: Arc<TokenBucket>,
     /// The lead this context writes under, if any (none without leader election).
     fence: Option<crate::leader::Fence>,
+    /// The controllers' Lease's ledger (without leader election: none, what is spent is
+    /// counted in this process only).
+    pub ledger: Option<crate::leader::Ledger>,
     /// The Event recorder, kept, so that repeated Events are aggregated into a series (a count
     /// and the last time) as client-go's recorder does.
     recorder: Arc<Recorder>,
@@ -136,6 +139,7 @@ impl Context {
             kube_writes,
             event_writes,
             fence: None,
+            ledger: None,
             recorder,
         })
     }
@@ -182,6 +186,12 @@ impl Context {
     /// The same context, writing only while `fence` holds.
     pub fn with_fence(&self, fence: Option<crate::leader::Fence>) -> Self {
         Self { fence, ..self.clone() }
+    }
+
+    /// The same, keeping what is spent under bounds that span tenures on `ledger` (the
+    /// controllers' Lease).
+    pub fn with_ledger(&self, ledger: Option<crate::leader::Ledger>) -> Self {
+        Self { ledger, ..self.clone() }
     }
 
     /// Waits for a token of `--kube-api-qps`/`--kube-api-burst` before a write to the API;

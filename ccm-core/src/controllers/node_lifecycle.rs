@@ -104,6 +104,8 @@ struct Recheck {
 struct Budget {
     /// When each action of the current window was taken, oldest first.
     done: std::collections::VecDeque<Instant>,
+    /// Whether what earlier holders of the Lease spent was read ([`crate::leader::Ledger`]).
+    loaded: bool,
 }
 
 impl Budget {
@@ -304,6 +306,14 @@ impl Act {
         match self {
             Act::Delete => reason::NODE_DELETION_DEFERRED,
             Act::OutOfService => reason::NODE_OUT_OF_SERVICE_DEFERRED,
+        }
+    }
+
+    /// Its key in the Lease's ledger, for the Nodes of provider `provider`.
+    fn ledger_key(self, provider: &str) -> String {
+        match self {
+            Act::Delete => format!("node-deletions.{provider}"),
+            Act::OutOfService => format!("node-out-of-service.{provider}"),
         }
     }
 
@@ -560,6 +570,25 @@ impl NodeLifecycleController {
         if nodes.is_empty() {
             return nodes;
         }
+        // What earlier holders of the Lease spent in the window counts (once per tenure); no
+        // action while it cannot be read.
+        let key = act.ledger_key(self.ctx.provider.name());
+        if let Some(ledger) = &self.ctx.ledger
+            && !self.state().budget(act).loaded
+        {
+            match ledger.load(&key).await {
+                Ok(times) => {
+                    let mut state = self.state();
+                    let budget = state.budget(act);
+                    budget.done = times.into();
+                    budget.loaded = true;
+                }
+                Err(error) => {
+                    tracing::warn!(error = %crate::metrics::chain(&error), "not acting on Nodes ({}) until what was spent in the window can be read", act.done());
+                    return Vec::new();
+                }
+            }
+        }
         let options = &self.ctx.options;
         let share = (options.max_node_deletion_share * bounds.total as f64).ceil().max(1.0) as usize;
         let bound = options.max_node_deletions.min(share);
@@ -624,9 +653,20 @@ impl NodeLifecycleController {
                 pass.deferred.push(node_util::name(node).to_string());
             }
         }
-        let mut state = self.state();
-        for _ in &nodes {
-            state.budget(act).spend(now);
+        let spent: Vec<Instant> = {
+            let mut state = self.state();
+            for _ in &nodes {
+                state.budget(act).spend(now);
+            }
+            state.budget(act).done.iter().copied().collect()
+        };
+        // Recorded on the Lease before anything is done: the next holder counts it.
+        if !nodes.is_empty()
+            && let Some(ledger) = &self.ctx.ledger
+            && let Err(error) = ledger.record(&key, &spent).await
+        {
+            tracing::warn!(error = %crate::metrics::chain(&error), "not acting on Nodes ({}): the window's record was not kept", act.done());
+            return Vec::new();
         }
         nodes
     }

@@ -42,9 +42,61 @@ pub struct Settings {
     /// one, and says which controller Leases its replica competes for).
     pub labels: std::collections::BTreeMap<String, String>,
     pub annotations: std::collections::BTreeMap<String, String>,
-    /// Annotations whose value changes while the Lease is held (a member Lease's readiness),
-    /// written with each renewal.
-    pub live_annotations: Option<std::sync::Arc<std::sync::Mutex<std::collections::BTreeMap<String, String>>>>,
+    /// Annotations whose value changes while the Lease is held (a member Lease's readiness,
+    /// a controller's [`super::Ledger`]), written with each renewal.
+    pub live_annotations: Option<std::sync::Arc<LiveAnnotations>>,
+}
+
+/// Annotations written with every renewal of a Lease, and how far they are written.
+#[derive(Debug)]
+pub struct LiveAnnotations {
+    /// The annotations, and the count of changes made to them.
+    values: std::sync::Mutex<(std::collections::BTreeMap<String, String>, u64)>,
+    /// The count of changes the last successful write of the Lease carried.
+    written: tokio::sync::watch::Sender<u64>,
+}
+
+impl Default for LiveAnnotations {
+    fn default() -> Self {
+        Self { values: Default::default(), written: tokio::sync::watch::channel(0).0 }
+    }
+}
+
+impl LiveAnnotations {
+    /// Sets `key` to `value` from the next write on; the change's number, for
+    /// [`LiveAnnotations::until_written`].
+    pub fn set(&self, key: &str, value: String) -> u64 {
+        let mut values = self.values.locked();
+        values.0.insert(key.to_string(), value);
+        values.1 += 1;
+        values.1
+    }
+
+    fn snapshot(&self) -> (std::collections::BTreeMap<String, String>, u64) {
+        self.values.locked().clone()
+    }
+
+    fn wrote(&self, change: u64) {
+        self.written.send_if_modified(|w| {
+            let newer = change > *w;
+            if newer {
+                *w = change;
+            }
+            newer
+        });
+    }
+
+    #[cfg(test)]
+    pub fn wrote_for_test(&self, change: u64) {
+        self.wrote(change);
+    }
+
+    /// Returns once a write of the Lease carrying change `change` succeeded.
+    pub async fn until_written(&self, change: u64) {
+        let mut written = self.written.subscribe();
+        // The sender lives as long as `self`: the wait cannot fail while we are here.
+        let _ = written.wait_for(|w| *w >= change).await;
+    }
 }
 
 /// The lead, held: `lost` is cancelled when it is lost (and the renewing task ends);
@@ -243,9 +295,18 @@ pub async fn try_acquire_or_renew(
 ) -> Result<bool, kube::Error> {
     let seconds = i32::try_from(s.lease_duration.as_secs().max(1)).unwrap_or(i32::MAX);
     let mut annotations = s.annotations.clone();
+    let mut change = 0;
     if let Some(live) = &s.live_annotations {
-        annotations.extend(live.locked().clone());
+        let (values, n) = live.snapshot();
+        annotations.extend(values);
+        change = n;
     }
+    let wrote = |ok: bool| {
+        if let (true, Some(live)) = (ok, &s.live_annotations) {
+            live.wrote(change);
+        }
+        ok
+    };
     let annotations = (!annotations.is_empty()).then_some(annotations);
     let labels = (!s.labels.is_empty()).then(|| s.labels.clone());
     let Some(mut lease) = api.get_opt(&s.name).await? else {
@@ -270,7 +331,7 @@ pub async fn try_acquire_or_renew(
             }),
         };
         return match api.create(&PostParams::default(), &lease).await {
-            Ok(_) => Ok(true),
+            Ok(_) => Ok(wrote(true)),
             Err(kube::Error::Api(e)) if e.code == 409 => Ok(false),
             Err(e) => Err(e),
         };
@@ -310,9 +371,11 @@ pub async fn try_acquire_or_renew(
         ..spec
     });
     // Conditional on the resourceVersion read: a concurrent writer makes this a conflict.
+    // Renewing our own Lease, a conflict is an error (retried within the renew deadline:
+    // someone annotated it), not a loss; taking it, another won the race.
     match api.replace(&s.name, &PostParams::default(), &lease).await {
-        Ok(_) => Ok(true),
-        Err(kube::Error::Api(e)) if e.code == 409 => Ok(false),
+        Ok(_) => Ok(wrote(true)),
+        Err(kube::Error::Api(e)) if e.code == 409 && !ours => Ok(false),
         Err(e) => Err(e),
     }
 }

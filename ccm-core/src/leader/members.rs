@@ -24,8 +24,6 @@ use tokio::sync::watch;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
-use ccm_protocol::lock::Lock;
-
 use super::lease::{self, Leadership, Observed, Settings};
 
 /// The most replicas that share the work (member Leases `-member-0` … `-member-7`).
@@ -41,6 +39,10 @@ pub const ANNOTATION_READY: &str = "ccm-rs.dev/ready-leases";
 
 /// Whether this replica can serve a controller Lease now (its readiness).
 pub type ReadyFor = std::sync::Arc<dyn Fn(&str) -> bool + Send + Sync>;
+
+/// Told after every read of the member Leases how many replicas are live (this one counted,
+/// with its member Lease or without yet): they share the cloud's call budget.
+pub type SharedBy = std::sync::Arc<dyn Fn(usize) + Send + Sync>;
 
 /// A live member, as read from its Lease.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -66,9 +68,20 @@ impl View {
     /// The member assigned `lease`: among the sorted union of every live member's Leases,
     /// the `i`-th goes to the `(i mod n)`-th of the `n` members that compete for it and are
     /// ready to serve it (of all that compete for it when none is ready: someone must try).
+    ///
+    /// The node lifecycle controller's Lease goes with the cloud node controller's (one unit
+    /// of the sharing: to the same member, when it competes for and is ready for both): the lifecycle
+    /// controller takes the node refresh's instance answers instead of asking the cloud again,
+    /// which works only within one process.
     pub fn assigned(&self, lease: &str) -> Option<&Member> {
         let all: BTreeSet<&str> = self.members.iter().flat_map(|m| m.leases.iter().map(String::as_str)).collect();
-        let index = all.iter().position(|l| *l == lease)?;
+        if !all.contains(lease) {
+            return None;
+        }
+        // Shared out by unit: a Lease with its partner, when the partner is competed for.
+        let unit = |l: &str| partner_of(l).filter(|p| all.contains(p.as_str())).unwrap_or_else(|| l.to_string());
+        let units: BTreeSet<String> = all.iter().map(|l| unit(l)).collect();
+        let index = units.iter().position(|u| *u == unit(lease))?;
         let competing: Vec<&Member> = self.members.iter().filter(|m| m.leases.contains(lease)).collect();
         let ready: Vec<&Member> = competing.iter().copied().filter(|m| m.ready.contains(lease)).collect();
         let eligible = if ready.is_empty() { competing } else { ready };
@@ -79,6 +92,13 @@ impl View {
     pub fn mine(&self, lease: &str) -> bool {
         self.me.is_some_and(|me| self.assigned(lease).is_some_and(|m| m.slot == me))
     }
+}
+
+/// The Lease whose holder `lease` goes with: the cloud node controller's, for the node
+/// lifecycle controller's (`<base>-cloud-node-lifecycle-controller`).
+fn partner_of(lease: &str) -> Option<String> {
+    let base = lease.strip_suffix(&format!("-{}", crate::controllers::node_lifecycle::NAME))?;
+    Some(format!("{base}-{}", crate::controllers::node::NAME))
 }
 
 /// The identity of the member `lease` should go to, when it is not this process and that
@@ -124,10 +144,11 @@ impl Members {
         settings: &Settings,
         leases: &[String],
         ready_for: ReadyFor,
+        shared_by: SharedBy,
         stop: CancellationToken,
     ) -> (Self, tokio::task::JoinHandle<()>) {
         let (tx, view) = watch::channel(View::default());
-        let live = std::sync::Arc::new(std::sync::Mutex::new(BTreeMap::new()));
+        let live = std::sync::Arc::new(lease::LiveAnnotations::default());
         let api: Api<Lease> = Api::namespaced(client, &settings.namespace);
         let task = Task {
             api,
@@ -140,6 +161,7 @@ impl Members {
             },
             leases: leases.to_vec(),
             ready_for,
+            shared_by,
             live,
             observed: HashMap::new(),
             held: None,
@@ -164,8 +186,9 @@ struct Task {
     /// The controller Leases competed for, and which of them this replica can serve now.
     leases: Vec<String>,
     ready_for: ReadyFor,
+    shared_by: SharedBy,
     /// The readiness annotation the member Lease is renewed with.
-    live: std::sync::Arc<std::sync::Mutex<BTreeMap<String, String>>>,
+    live: std::sync::Arc<lease::LiveAnnotations>,
 }
 
 impl Task {
@@ -197,7 +220,7 @@ impl Task {
     async fn pass(&mut self) -> Result<(), kube::Error> {
         let ready: Vec<&str> = self.leases.iter().map(String::as_str).filter(|l| (self.ready_for)(l)).collect();
         let ready = ready.join(",");
-        self.live.locked().insert(ANNOTATION_READY.to_string(), ready.clone());
+        self.live.set(ANNOTATION_READY, ready.clone());
         let selector = format!("{LABEL_MEMBERS_OF}={}", self.base);
         let leases = self.api.list(&ListParams::default().labels(&selector)).await?.items;
         let by_slot: BTreeMap<u32, &Lease> =
@@ -260,6 +283,7 @@ impl Task {
             });
             members.sort_by_key(|m| m.slot);
         }
+        (self.shared_by)(members.len() + usize::from(me.is_none()));
         let view = View { me, members };
         self.tx.send_if_modified(|v| {
             let changed = *v != view;
@@ -311,8 +335,20 @@ mod tests {
         let b = View { me: Some(3), members };
         let mine_a: Vec<&str> = ALL.iter().copied().filter(|l| a.mine(l)).collect();
         let mine_b: Vec<&str> = ALL.iter().copied().filter(|l| b.mine(l)).collect();
-        assert_eq!(mine_a, vec!["ccm-cloud-node-controller", "ccm-node-route-controller"]);
-        assert_eq!(mine_b, vec!["ccm-cloud-node-lifecycle-controller", "ccm-service-lb-controller"]);
+        // The node lifecycle controller goes with the cloud node controller (it takes the
+        // node refresh's answers, within one process).
+        assert_eq!(mine_a, vec!["ccm-cloud-node-controller", "ccm-cloud-node-lifecycle-controller", "ccm-service-lb-controller"]);
+        assert_eq!(mine_b, vec!["ccm-node-route-controller"]);
+        let three = vec![member(0, ALL), member(1, ALL), member(2, ALL)];
+        let owner = |lease: &str| View { me: None, members: three.clone() }.assigned(lease).map(|m| m.slot);
+        assert_eq!(owner(ALL[0]), owner(ALL[1]), "together");
+        assert_eq!([owner(ALL[0]), owner(ALL[2]), owner(ALL[3])], [Some(0), Some(1), Some(2)], "one unit each");
+        // The node controller's member not ready for the lifecycle Lease: it goes elsewhere.
+        let mut picky = member(0, ALL);
+        picky.ready.remove(ALL[1]);
+        let view = View { me: None, members: vec![picky, member(1, ALL)] };
+        assert_eq!(view.assigned(ALL[0]).map(|m| m.slot), Some(0));
+        assert_eq!(view.assigned(ALL[1]).map(|m| m.slot), Some(1));
         // Alone, a member leads everything; not a member, nothing.
         let alone = View { me: Some(3), members: vec![member(3, ALL)] };
         assert!(ALL.iter().all(|l| alone.mine(l)));
@@ -349,7 +385,7 @@ mod tests {
         let mut a = member(0, ALL);
         a.ready.clear();
         let none = View { me: Some(0), members: vec![a, b] };
-        assert_eq!(ALL.iter().filter(|l| none.mine(l)).count(), 2);
+        assert_eq!(ALL.iter().filter(|l| none.mine(l)).count(), 3);
     }
 
     #[test]

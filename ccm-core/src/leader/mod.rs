@@ -8,6 +8,7 @@
 //! election cleanly).
 
 mod lease;
+mod ledger;
 mod members;
 mod plan;
 
@@ -19,7 +20,8 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 pub use lease::{Fence, client, lease_config};
-pub use members::{ANNOTATION_LEASES, ANNOTATION_READY, LABEL_MEMBERS_OF, MAX_MEMBERS, Members, ReadyFor, View};
+pub use ledger::{ANNOTATION_SPENT, Ledger, LedgerError};
+pub use members::{ANNOTATION_LEASES, ANNOTATION_READY, LABEL_MEMBERS_OF, MAX_MEMBERS, Members, ReadyFor, SharedBy, View};
 pub use plan::{COMPONENT, ControllerLeader, LeaseGroup, MIGRATION_GROUP, MigrationConfig, PlanError, plan};
 
 use crate::metrics::Metrics;
@@ -57,6 +59,8 @@ pub struct Election {
     metrics: Metrics,
     /// Whether this replica can serve a controller Lease now (shared Leases only).
     ready_for: members::ReadyFor,
+    /// Told how many replicas are live (shared Leases only).
+    shared_by: members::SharedBy,
 }
 
 /// A group's Lease, held: `lost` is cancelled the moment it is lost; `fence` answers, before
@@ -65,6 +69,8 @@ pub struct Election {
 pub struct Leading {
     pub lost: CancellationToken,
     pub fence: Fence,
+    /// What the group's controllers spent under bounds that span tenures, on its Lease.
+    pub ledger: Ledger,
 }
 
 impl Election {
@@ -84,7 +90,15 @@ impl Election {
             share: options.leader_elect_per_controller,
             metrics,
             ready_for: std::sync::Arc::new(|_| true),
+            shared_by: std::sync::Arc::new(|_| {}),
         }
+    }
+
+    /// With shared Leases, `shared_by` is told after every read of the member Leases how many
+    /// replicas are live: each may be running controllers that call the one cloud.
+    pub fn with_sharing(mut self, shared_by: members::SharedBy) -> Self {
+        self.shared_by = shared_by;
+        self
     }
 
     /// With shared Leases, a replica is given a controller Lease only while `ready_for` it
@@ -123,6 +137,7 @@ impl Election {
                     &self.settings(&self.base),
                     &leases,
                     self.ready_for.clone(),
+                    self.shared_by.clone(),
                     stop.clone(),
                 );
                 (Some(members), Some(task))
@@ -192,7 +207,15 @@ impl Election {
             }
         }
         let controllers: Vec<&str> = group.controllers.iter().copied().collect();
-        let settings = self.settings(&group.lease);
+        let mut settings = self.settings(&group.lease);
+        let live = std::sync::Arc::new(lease::LiveAnnotations::default());
+        settings.live_annotations = Some(live.clone());
+        let ledger = Ledger::new(
+            kube::Api::namespaced(self.client.clone(), &self.namespace),
+            group.lease.clone(),
+            live,
+            self.renew_deadline,
+        );
         // How long a Lease handed over must be held before it is handed over again: a lease
         // duration, doubled each time no other replica took it (a replica assigned a Lease
         // it does not compete for would otherwise bounce it back and forth).
@@ -220,7 +243,7 @@ impl Election {
             acquired.cancel();
             let lease_name = group.lease.clone();
             self.metrics.lease_held(&lease_name, true);
-            let leading = Leading { lost: held.lost.clone(), fence: held.fence.clone() };
+            let leading = Leading { lost: held.lost.clone(), fence: held.fence.clone(), ledger: ledger.clone() };
             let group_stop = stop.child_token();
             let running = run(group.clone(), leading, group_stop.clone());
             tokio::pin!(running);

@@ -196,6 +196,8 @@ pub struct Provider {
     /// call but identity calls takes a token first, so that they are not sent only to be
     /// refused.
     pace: Arc<std::sync::Mutex<Option<Pace>>>,
+    /// How many replicas' sidecars share the declared rate ([`Provider::share_rate`]).
+    sharers: Arc<std::sync::atomic::AtomicUsize>,
     /// The longest RetryInfo delay honoured.
     max_retry_after: Duration,
     /// The deadline of a call that changes the cloud.
@@ -229,7 +231,22 @@ pub struct Changes {
 struct Pace {
     per_second: f64,
     burst: u32,
+    /// How many replicas' sidecars share the rate (this process paces to its share).
+    sharers: usize,
     bucket: Arc<ccm_protocol::ratelimit::TokenBucket>,
+}
+
+impl Pace {
+    /// `per_second` and `burst` shared by `sharers` processes: each paces to its part (a
+    /// burst of at least one call), so that the calls of all of them together stay within the
+    /// rate the provider declared for its cloud.
+    fn new(per_second: f64, burst: u32, sharers: usize) -> Self {
+        let sharers = sharers.max(1);
+        let n = sharers as f64;
+        let part_burst = (burst as usize / sharers).max(1) as u32;
+        let bucket = Arc::new(ccm_protocol::ratelimit::TokenBucket::new(per_second * PACE_MARGIN / n, part_burst));
+        Self { per_second, burst, sharers, bucket }
+    }
 }
 
 /// The rate a plugin declared, if it is one the core can pace to (finite, above zero; a burst
@@ -284,6 +301,7 @@ impl Provider {
             limit: Arc::new(Semaphore::new(concurrency.max(1))),
             throttled_until: Default::default(),
             pace: Default::default(),
+            sharers: Arc::new(std::sync::atomic::AtomicUsize::new(1)),
             max_retry_after: DEFAULT_MAX_RETRY_AFTER,
             mutation_timeout: DEFAULT_MUTATION_TIMEOUT,
             metrics,
@@ -381,15 +399,30 @@ impl Provider {
             tracing::warn!(provider = %self.name, %problem, "the provider declared an invalid call rate; its calls are not paced");
             None
         });
+        let sharers = self.sharers.load(std::sync::atomic::Ordering::Relaxed).max(1);
         let mut pace = self.pace.locked();
-        if pace.as_ref().map(|p| (p.per_second, p.burst)) == wanted {
+        if pace.as_ref().map(|p| (p.per_second, p.burst, p.sharers)) == wanted.map(|(r, b)| (r, b, sharers)) {
             return;
         }
         *pace = wanted.map(|(per_second, burst)| {
-            tracing::info!(provider = %self.name, per_second, burst, "pacing calls to the provider's declared call rate");
-            let paced = per_second * PACE_MARGIN;
-            Pace { per_second, burst, bucket: Arc::new(ccm_protocol::ratelimit::TokenBucket::new(paced, burst)) }
+            tracing::info!(provider = %self.name, per_second, burst, sharers, "pacing calls to the provider's declared call rate");
+            Pace::new(per_second, burst, sharers)
         });
+    }
+
+    /// Shares the provider's declared call rate among `sharers` replicas (the live members with
+    /// `--leader-elect-per-controller`, each with its own sidecar over the one cloud): this
+    /// process paces to `1/sharers` of it from now on.
+    pub fn share_rate(&self, sharers: usize) {
+        let sharers = sharers.max(1);
+        if self.sharers.swap(sharers, std::sync::atomic::Ordering::Relaxed) == sharers {
+            return;
+        }
+        let mut pace = self.pace.locked();
+        if let Some(p) = pace.as_mut() {
+            tracing::info!(provider = %self.name, per_second = p.per_second, sharers, "the provider's call rate is shared with other replicas");
+            *p = Pace::new(p.per_second, p.burst, sharers);
+        }
     }
 
     /// Waits for a token of the declared call rate, if the provider declared one.
@@ -671,5 +704,28 @@ mod tests {
             provider.wait_for_pace().await;
         }
         assert_eq!(started.elapsed(), Duration::ZERO);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn replicas_sharing_the_rate_each_pace_to_their_part() {
+        let provider =
+            Provider::new("unix:///nonexistent/provider.sock", Duration::from_secs(1), 4, Metrics::default()).expect("client");
+        provider.set_pace(Some(&pb::CallRate { per_second: 10.0, burst: 4 }));
+        provider.share_rate(2);
+        let started = Instant::now();
+        for _ in 0..12 {
+            provider.wait_for_pace().await;
+        }
+        // A burst of 2, then 10 more at 5 a second (less the margin): about 2.04 s.
+        let took = started.elapsed();
+        assert!(took >= Duration::from_millis(2000) && took < Duration::from_millis(2100), "{took:?}");
+        // Alone again: the whole rate.
+        provider.share_rate(1);
+        let started = Instant::now();
+        for _ in 0..14 {
+            provider.wait_for_pace().await;
+        }
+        let took = started.elapsed();
+        assert!(took >= Duration::from_millis(1000) && took < Duration::from_millis(1050), "{took:?}");
     }
 }

@@ -431,3 +431,62 @@ async fn a_controller_that_panics_makes_the_process_exit_non_zero() {
     assert!(text.contains("cloud-node-controller panicked"), "{text}");
     env.cleanup().await.expect("cleanup");
 }
+
+/// `--node-deletion-window` holds across a change of leader: the replica that takes over
+/// counts what the last one deleted in the window (on the Lease), and deletes no more.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_node_deletion_window_holds_across_a_change_of_leader() {
+    let cp = ccm_harness::shared().expect("control plane");
+    let env = TestEnv::new(cp.client().await.expect("client"), "delwin").await.expect("env");
+    let mut config = Config::default();
+    // Four Ready Nodes, three NotReady ones whose instances are gone.
+    let names: Vec<String> = (0..7).map(|k| env.node_name(&format!("n-{k}"))).collect();
+    for (k, name) in names.iter().enumerate() {
+        config.instances.push(instance(&format!("i-{k}"), name, "zone-a"));
+        NodeBuilder::new(name)
+            .label(TEST_LABEL, &env.prefix)
+            .label("topology.kubernetes.io/zone", "zone-a")
+            .provider_id(&format!("sim://zone-a/i-{k}"))
+            .create(&env.client)
+            .await
+            .expect("node");
+        ccm_harness::cluster::set_ready(&env.client, name, if k < 4 { "True" } else { "False" }).await.expect("condition");
+    }
+    let sim = Sim::start(config).await;
+    for k in 4..7 {
+        sim.admin.instance_action(&format!("i-{k}"), "terminate").await.expect("terminate");
+    }
+    let mut flags = LEASE_FLAGS.to_vec();
+    flags.extend([
+        "--controllers=cloud-node-lifecycle",
+        "--node-monitor-period=500ms",
+        "--max-node-deletions=1",
+        "--max-node-deletion-share=1",
+        "--node-deletion-window=10m",
+    ]);
+    let left = async || {
+        let mut n = 0;
+        for name in &names[4..] {
+            n += usize::from(env.nodes().get_opt(name).await.ok()?.is_some());
+        }
+        Some(n)
+    };
+    let a = Core::start(cp, &env, &sim, &flags);
+    eventually("one gone Node deleted", Duration::from_secs(30), async || (left().await? == 2).then_some(())).await;
+    a.stop().await.expect("stops");
+    // Another replica leads now (a new process, its own memory): the window is still full.
+    let b = Core::start(cp, &env, &sim, &flags);
+    let leases: Api<Lease> = Api::namespaced(env.client.clone(), &env.namespace);
+    eventually("the new replica leads", Duration::from_secs(20), async || {
+        let lease = leases.get_opt(&env.prefix).await.ok().flatten()?;
+        lease.spec?.holder_identity.filter(|h| !h.is_empty())
+    })
+    .await;
+    tokio::time::sleep(Duration::from_secs(6)).await;
+    assert_eq!(left().await, Some(2), "no second deletion within the window after the change of leader");
+    let lease = leases.get(&env.prefix).await.expect("lease");
+    let spent = lease.metadata.annotations.unwrap_or_default();
+    assert!(spent.keys().any(|k| k.starts_with("ccm-rs.dev/spent.node-deletions")), "the window is on the Lease: {spent:?}");
+    b.stop().await.expect("stops");
+    env.cleanup().await.expect("cleanup");
+}

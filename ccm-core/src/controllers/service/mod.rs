@@ -230,6 +230,8 @@ struct State {
     repairing: HashSet<String>,
     /// When load balancers were last made again by the repair reads (their bound's window).
     repaired_at: std::collections::VecDeque<Instant>,
+    /// Whether what earlier holders of the Lease made again was read into `repaired_at`.
+    repairs_loaded: bool,
     /// Services whose load balancer a reconcile or the bulk hosts pass is mutating now: the
     /// other leaves it alone meanwhile (see [`Claim`]).
     mutating: HashSet<String>,

@@ -156,7 +156,7 @@ impl ServiceController {
         let Some((svc, lb_name)) = self.made(k) else { return };
         match self.ctx.provider.read_load_balancer(self.request(&svc, lb_name.clone(), Vec::new())).await {
             Ok(None) => {
-                if self.repair_budget(window) {
+                if self.repair_budget(window).await {
                     self.recreate(k, before, &lb_name);
                 } else {
                     tracing::warn!(
@@ -178,19 +178,50 @@ impl ServiceController {
     }
 
     /// Whether one more load balancer may be made again in the `window` up to now (and, when
-    /// it may, counts it).
-    fn repair_budget(&self, window: Duration) -> bool {
+    /// it may, counts it). The window spans tenures: what earlier holders of the controller's
+    /// Lease made again counts ([`crate::leader::Ledger`]), and this one is recorded there
+    /// before it is made; neither read nor recorded, none is made.
+    async fn repair_budget(&self, window: Duration) -> bool {
+        const KEY: &str = "load-balancer-repairs";
+        let ledger = self.ctx.ledger.as_ref();
+        if let Some(ledger) = ledger
+            && !self.state().repairs_loaded
+        {
+            match ledger.load(KEY).await {
+                Ok(times) => {
+                    let mut state = self.state();
+                    state.repaired_at = times.into();
+                    state.repairs_loaded = true;
+                }
+                Err(error) => {
+                    tracing::warn!(error = %crate::metrics::chain(&error), "what was made again in the repair period cannot be read; nothing is made again now");
+                    return false;
+                }
+            }
+        }
         let max = self.ctx.options.max_load_balancer_repairs;
         let now = Instant::now();
-        let mut state = self.state();
-        while state.repaired_at.front().is_some_and(|t| now.duration_since(*t) >= window) {
-            state.repaired_at.pop_front();
+        let spent: Vec<Instant> = {
+            let mut state = self.state();
+            while state.repaired_at.front().is_some_and(|t| now.duration_since(*t) >= window) {
+                state.repaired_at.pop_front();
+            }
+            if state.repaired_at.len() >= max {
+                return false;
+            }
+            state.repaired_at.push_back(now);
+            state.repaired_at.iter().copied().collect()
+        };
+        match ledger {
+            Some(ledger) => match ledger.record(KEY, &spent).await {
+                Ok(()) => true,
+                Err(error) => {
+                    tracing::warn!(error = %crate::metrics::chain(&error), "the repair's record was not kept; not made again now");
+                    false
+                }
+            },
+            None => true,
         }
-        if state.repaired_at.len() >= max {
-            return false;
-        }
-        state.repaired_at.push_back(now);
-        true
     }
 
     /// Makes the load balancer of Service `k` again (a full Ensure through its queue key),
