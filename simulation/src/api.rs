@@ -35,6 +35,19 @@ use tokio::sync::{mpsc, watch};
 /// The Lease the replicas elect on.
 pub const LEASE_NAMESPACE: &str = "kube-system";
 pub const LEASE_NAME: &str = "cloud-controller-manager";
+const LEASES: &str = "coordination.k8s.io/v1/leases";
+
+/// Whether `lease` is held by `identity` and its last renewal is within its duration on the
+/// (virtual) wall clock.
+fn held_by(lease: &Value, identity: &str) -> bool {
+    let spec = &lease["spec"];
+    if spec["holderIdentity"].as_str() != Some(identity) {
+        return false;
+    }
+    let duration = spec["leaseDurationSeconds"].as_i64().unwrap_or(0);
+    let renewed = spec["renewTime"].as_str().and_then(|t| t.parse::<k8s_openapi::jiff::Timestamp>().ok());
+    renewed.is_some_and(|t| ccm_core::clock::now().as_millisecond() <= t.as_millisecond() + duration * 1000)
+}
 
 /// How many watch events are kept; a watch from an older version gets `410 Expired`.
 const LOG_KEPT: usize = 4000;
@@ -57,10 +70,6 @@ impl Key {
 
     pub fn service(namespace: &str, name: &str) -> Self {
         Self { resource: "v1/services".into(), namespace: namespace.into(), name: name.into() }
-    }
-
-    fn lease() -> Self {
-        Self { resource: "coordination.k8s.io/v1/leases".into(), namespace: LEASE_NAMESPACE.into(), name: LEASE_NAME.into() }
     }
 }
 
@@ -100,6 +109,10 @@ pub struct Model {
     pub requests: AtomicU64,
     mutations: AtomicU64,
     mutation_log: Mutex<Vec<String>>,
+    /// `--max-node-deletions` per `--node-deletion-window`, checked over every replica.
+    pub deletion_bound: Mutex<Option<(usize, Duration)>>,
+    /// When replicas deleted Nodes (virtual time since the run began).
+    node_deletions: Mutex<Vec<Duration>>,
     /// Every traced step, when kept (`CCM_SIM_TRACE`).
     steps: Mutex<Option<Vec<String>>>,
 }
@@ -245,6 +258,8 @@ impl Model {
             requests: AtomicU64::new(0),
             mutations: AtomicU64::new(0),
             mutation_log: Mutex::new(Vec::new()),
+            deletion_bound: Mutex::new(None),
+            node_deletions: Mutex::new(Vec::new()),
             steps: Mutex::new(std::env::var_os("CCM_SIM_TRACE").map(|_| Vec::new())),
         })
     }
@@ -315,16 +330,47 @@ impl Model {
 
     /// Whether `identity` holds the Lease now: it is the holder, and its last renewal is
     /// within the lease duration on the (virtual) wall clock.
+    ///
+    /// With a Lease per controller (`<name>-<controller>`), holding any of them is leading.
     pub fn leads(&self, identity: &str) -> bool {
         let state = self.lock();
-        let Some(lease) = state.objects.get(&Key::lease()) else { return false };
-        let spec = &lease["spec"];
-        if spec["holderIdentity"].as_str() != Some(identity) {
-            return false;
+        state.objects.iter().any(|(key, lease)| {
+            let controller_lease = key.name.strip_prefix(&format!("{LEASE_NAME}-")).is_some_and(|c| !c.starts_with("member-"));
+            key.resource == LEASES
+                && key.namespace == LEASE_NAMESPACE
+                && (key.name == LEASE_NAME || controller_lease)
+                && held_by(lease, identity)
+        })
+    }
+
+    /// Whether `identity` may act for `controller` now: it holds the one Lease, or that
+    /// controller's own.
+    pub fn leads_for(&self, identity: &str, controller: &str) -> bool {
+        let state = self.lock();
+        let held = |name: &str| {
+            let key = Key { resource: LEASES.into(), namespace: LEASE_NAMESPACE.into(), name: name.into() };
+            state.objects.get(&key).is_some_and(|l| held_by(l, identity))
+        };
+        held(LEASE_NAME) || held(&format!("{LEASE_NAME}-{controller}"))
+    }
+
+    /// Who holds each controller Lease now (the one Lease as `*`).
+    pub fn holders(&self) -> std::collections::BTreeMap<String, String> {
+        let state = self.lock();
+        let mut out = std::collections::BTreeMap::new();
+        for (key, lease) in &state.objects {
+            if key.resource != LEASES || key.namespace != LEASE_NAMESPACE {
+                continue;
+            }
+            let Some(holder) = lease.pointer("/spec/holderIdentity").and_then(Value::as_str) else { continue };
+            let name = if key.name == LEASE_NAME { Some("*") } else { key.name.strip_prefix(&format!("{LEASE_NAME}-")) };
+            if let Some(name) = name.filter(|n| !n.starts_with("member-"))
+                && held_by(lease, holder)
+            {
+                out.insert(name.to_string(), holder.to_string());
+            }
         }
-        let duration = spec["leaseDurationSeconds"].as_i64().unwrap_or(0);
-        let renewed = spec["renewTime"].as_str().and_then(|t| t.parse::<k8s_openapi::jiff::Timestamp>().ok());
-        renewed.is_some_and(|t| ccm_core::clock::now().as_millisecond() <= t.as_millisecond() + duration * 1000)
+        out
     }
 
     /// One object, as stored.
@@ -525,6 +571,21 @@ impl Model {
     /// A Node may be deleted only when its instance is gone (terminated or removed).
     fn check_node_deletion(&self, identity: &str, name: &str) {
         let Some(node) = self.get(&Key::node(name)) else { return };
+        // The deletion bound holds over the whole cluster: every replica, every tenure.
+        let bound = *self.deletion_bound.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some((max, window)) = bound {
+            let now = crate::elapsed();
+            let mut deletions = self.node_deletions.lock().unwrap_or_else(|p| p.into_inner());
+            deletions.retain(|t| now.saturating_sub(*t) < window);
+            deletions.push(now);
+            if deletions.len() > max {
+                self.violation(format!(
+                    "{identity} deleted Node {name}: {} Node deletions in {}s (bound {max} per --node-deletion-window)",
+                    deletions.len(),
+                    window.as_secs()
+                ));
+            }
+        }
         let provider_id = node.pointer("/spec/providerID").and_then(Value::as_str).unwrap_or_default();
         let id = provider_id.rsplit('/').next().unwrap_or_default();
         let snapshot = self.cloud.snapshot();

@@ -58,8 +58,8 @@ pub const STEADY: Duration = Duration::from_secs(3 * 60);
 /// How long after convergence steady state begins: a replica's read timeout (75 s), watch
 /// backoff (30 s) and reconcile backoff (60 s) run out first.
 pub const STEADY_AFTER: Duration = Duration::from_secs(180);
-/// The most API requests per minute of steady state (both replicas: Lease renewals and
-/// acquisition attempts every 2 s, watches renewed every minute, Event-free).
+/// The most API requests per minute of steady state, per Lease the replicas keep (its holder
+/// renews it and the others try it every 2 s; watches renewed every minute, Event-free).
 pub const STEADY_REQUESTS_PER_MINUTE: u64 = 120;
 
 /// Every kind of fault the schedule draws (as [`Report::faults`] names them).
@@ -90,7 +90,6 @@ pub const FAULT_KINDS: &[&str] = &[
 
 const CLUSTER: &str = "sim";
 const NAMESPACE: &str = "default";
-const REPLICAS: usize = 2;
 const MAX_NODES: usize = 9;
 const MAX_SERVICES: usize = 4;
 const TAINT: &str = "node.cloudprovider.kubernetes.io/uninitialized";
@@ -165,14 +164,133 @@ pub struct Report {
     pub peak_heap: i64,
     /// How much that heap grew over the steady state, bytes.
     pub steady_growth: i64,
+    /// The modes the seed ran and the mode events it had.
+    pub modes: BTreeSet<&'static str>,
+    /// The controllers some replica ran.
+    pub controllers: BTreeSet<String>,
 }
+
+/// Every mode the seeded mix runs the core in (as [`Report::modes`] names them): a test
+/// fails when one is not exercised ([`Summary::modes`]).
+pub const MODE_KINDS: &[&str] = &[
+    "one Lease",
+    "a Lease per controller",
+    "three replicas",
+    "node IPAM (RangeAllocator)",
+    "node IPAM (CloudAllocator)",
+    "node selectors",
+    "a selector matching no Node",
+    "load balancer repair",
+    "load balancers deleted behind the core",
+    "load balancer hosts changed behind the core",
+    "a declared call rate",
+    "tagging",
+    "a replica not ready (its sidecar down)",
+    "a Node made again under its name",
+];
+
+/// Which node IPAM a seed runs, if any.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Ipam {
+    /// The kubelets' (the world's) podCIDRs.
+    #[default]
+    Off,
+    /// `--allocate-node-cidrs` with the range allocator, over a small cluster CIDR: a CIDR
+    /// leaked or given twice shows.
+    Range,
+    /// `--cidr-allocator-type=CloudAllocator`: the cloud's pod CIDRs.
+    Cloud,
+}
+
+/// The modes of one seed, drawn from a stream of their own.
+#[derive(Debug, Clone)]
+pub struct Modes {
+    pub per_controller: bool,
+    pub replicas: usize,
+    pub ipam: Ipam,
+    pub selectors: bool,
+    pub repair: bool,
+    pub declared_rate: Option<(f64, u32)>,
+    pub tagging: bool,
+}
+
+impl Modes {
+    /// The seed's modes; seeds of the scripted scenarios run the classic one (one Lease, two
+    /// replicas, nothing else).
+    fn draw(rng: &mut StdRng, scenario: bool) -> Self {
+        let classic = Self {
+            per_controller: false,
+            replicas: 2,
+            ipam: Ipam::Off,
+            selectors: false,
+            repair: false,
+            declared_rate: None,
+            tagging: false,
+        };
+        if scenario {
+            return classic;
+        }
+        let per_controller = rng.random_bool(0.4);
+        let replicas = if per_controller && rng.random_bool(0.5) { 3 } else { 2 };
+        let ipam = match rng.random_range(0..10) {
+            0..=2 => Ipam::Range,
+            3 => Ipam::Cloud,
+            _ => Ipam::Off,
+        };
+        Self {
+            per_controller,
+            replicas,
+            ipam,
+            selectors: rng.random_bool(0.3),
+            repair: rng.random_bool(0.3),
+            declared_rate: rng.random_bool(0.25).then_some((2.0, 4)),
+            tagging: rng.random_bool(0.3),
+        }
+    }
+
+    /// The names of the modes, for [`Report::modes`].
+    fn names(&self) -> Vec<&'static str> {
+        let mut names = vec![if self.per_controller { "a Lease per controller" } else { "one Lease" }];
+        if self.replicas == 3 {
+            names.push("three replicas");
+        }
+        match self.ipam {
+            Ipam::Range => names.push("node IPAM (RangeAllocator)"),
+            Ipam::Cloud => names.push("node IPAM (CloudAllocator)"),
+            Ipam::Off => {}
+        }
+        for (on, name) in [
+            (self.selectors, "node selectors"),
+            (self.repair, "load balancer repair"),
+            (self.declared_rate.is_some(), "a declared call rate"),
+            (self.tagging, "tagging"),
+        ] {
+            if on {
+                names.push(name);
+            }
+        }
+        names
+    }
+}
+
+/// The most Node deletions per window the simulation's core may make
+/// (`--max-node-deletions`, checked over every replica at the API server).
+const MAX_NODE_DELETIONS: usize = 3;
+/// Its `--node-deletion-window`.
+const NODE_DELETION_WINDOW: Duration = Duration::from_secs(60);
+/// The cluster CIDR of node IPAM's range allocator: 16 /24s for at most a dozen live Nodes.
+const IPAM_CLUSTER_CIDR: &str = "10.244.0.0/20";
+/// The cloud's pod CIDR pool (CloudAllocator), inside the cluster CIDR the routes are for.
+const CLOUD_POD_CIDRS: &str = "10.244.128.0/17";
+/// The label node selectors select on, and its values.
+const POOL: &str = "pool";
 
 /// The core's flags in the simulation: the defaults where they matter (the Lease timing, and
 /// the resync periods, 12 h for routes and 1 h for load balancers, longer than a run: every
 /// change must arrive by its event, as in production); the deletion window and backoffs
 /// shorter, so that a run converges in minutes.
-fn core_args() -> Vec<String> {
-    [
+fn core_args(modes: &Modes) -> Vec<String> {
+    let mut args: Vec<String> = [
         "cloud-controller-manager",
         "--provider-endpoint=unix:///run/sim/provider.sock",
         "--secure-port=0",
@@ -189,10 +307,34 @@ fn core_args() -> Vec<String> {
         "--reconcile-backoff-base=1s",
         "--reconcile-backoff-max=60s",
         "--node-deletion-window=1m",
+        "--max-node-deletions=3",
     ]
     .iter()
     .map(|s| s.to_string())
-    .collect()
+    .collect();
+    if modes.per_controller {
+        args.push("--leader-elect-per-controller".into());
+    }
+    match modes.ipam {
+        Ipam::Off => {}
+        Ipam::Range => {
+            args.retain(|a| !a.starts_with("--cluster-cidr="));
+            args.extend([
+                format!("--cluster-cidr={IPAM_CLUSTER_CIDR}"),
+                "--allocate-node-cidrs=true".into(),
+                "--node-cidr-mask-size=24".into(),
+            ]);
+        }
+        Ipam::Cloud => args.extend(["--allocate-node-cidrs=true".into(), "--cidr-allocator-type=CloudAllocator".into()]),
+    }
+    if modes.repair {
+        // Sweeps (which repair) within a run; at most two made again per sweep.
+        args.extend(["--load-balancer-resync-period=2m".into(), "--max-load-balancer-repairs=2".into()]);
+    }
+    if modes.tagging {
+        args.extend(["--controllers=*,tagging".into(), "--instance-tags=team=sim".into()]);
+    }
+    args
 }
 
 struct Replica {
@@ -222,12 +364,16 @@ struct NodeRec {
     cidr: Option<String>,
     life: Life,
     ready: bool,
+    /// Its `pool` label (node selectors select on it).
+    pool: &'static str,
 }
 
 struct ServiceRec {
     name: String,
     ports: Vec<i32>,
     deleted: bool,
+    /// Whether it selects its Nodes (`pool=a`).
+    selects: bool,
 }
 
 /// A fault that ends at a time.
@@ -243,6 +389,8 @@ enum Active {
     WatchesCut(usize),
     /// An instance's addresses, put back after the cloud answered others.
     Addresses(String, Vec<Address>),
+    /// A replica's sidecar is down (its /readyz fails): it comes back with a new epoch.
+    SidecarDown(usize),
 }
 
 struct World {
@@ -264,6 +412,14 @@ struct World {
     active: Vec<(Instant, Active)>,
     schedule: Vec<String>,
     faults: BTreeSet<&'static str>,
+    /// The seed's modes, and the stream their events are drawn from (so that adding modes
+    /// left the classic schedule's draws as they were).
+    modes: Modes,
+    mode_rng: StdRng,
+    /// The modes and mode events the run exercised.
+    exercised: BTreeSet<&'static str>,
+    /// The controllers some replica ran (their work queues took keys).
+    controllers: BTreeSet<String>,
 }
 
 fn node_object(name: &str, cidr: Option<&str>) -> Value {
@@ -311,7 +467,7 @@ impl World {
         let sidecar = Sidecar::start(&self.cloud, &self.model, &identity, &format!("epoch-{slot}-{incarnation}-0"), &self.shared);
         let link = Link { model: self.model.clone(), who: Who::Replica(identity.clone()), net: net.clone() };
         let lease_link = Link { net: lease_net.clone(), ..link.clone() };
-        let options = match ccm_core::options::Options::try_parse_from(core_args()) {
+        let options = match ccm_core::options::Options::try_parse_from(core_args(&self.modes)) {
             Ok(options) => options,
             Err(e) => panic!("the simulation's core flags: {e}"),
         };
@@ -364,7 +520,7 @@ impl World {
     /// Restarts replicas whose process ended (a lost Lease ends it: the kubelet restarts it)
     /// or whose time to come back has come.
     fn tend_replicas(&mut self) {
-        for slot in 0..REPLICAS {
+        for slot in 0..self.replicas.len() {
             let ended = self.replicas[slot].as_ref().is_some_and(|r| r.task.is_finished());
             if ended && let Some(r) = self.replicas[slot].take() {
                 r.net.down.store(true, std::sync::atomic::Ordering::Relaxed);
@@ -406,7 +562,11 @@ impl World {
             return;
         }
         let cidr = self.rng.random_bool(0.7).then(|| format!("10.244.{k}.0/24"));
+        // With node IPAM the core gives the podCIDRs.
+        let cidr = cidr.filter(|_| self.modes.ipam == Ipam::Off);
+        let pool = if self.modes.selectors && self.mode_rng.random_bool(0.5) { "b" } else { "a" };
         let mut node = node_object(&name, cidr.as_deref());
+        node["metadata"]["labels"][POOL] = json!(pool);
         // Some kubelets set a valid providerID of their own, in another form than the cloud's
         // (the zone they believed): the Node keeps it and is initialised all the same.
         if self.rng.random_bool(0.25) {
@@ -415,7 +575,7 @@ impl World {
         }
         self.model.create(&Key::node(&name), node);
         self.log(format!("node {name} joins (instance {instance}, podCIDR {cidr:?})"));
-        self.nodes.push(NodeRec { name, instance, cidr, life: Life::Running, ready: true });
+        self.nodes.push(NodeRec { name, instance, cidr, life: Life::Running, ready: true, pool });
     }
 
     fn set_ready(&mut self, i: usize, ready: bool) {
@@ -483,6 +643,15 @@ impl World {
                         r.net.half_open.store(false, std::sync::atomic::Ordering::Relaxed);
                     }
                 }
+                Active::SidecarDown(slot) => {
+                    if let Some(r) = self.replicas[slot].as_mut() {
+                        r.epochs += 1;
+                        let epoch = format!("epoch-{}-{}-{}", r.slot, r.incarnation, r.epochs);
+                        r.sidecar.restart(&self.cloud, &self.model, &r.identity, &epoch, &self.shared);
+                        let identity = r.identity.clone();
+                        self.log(format!("{identity}'s sidecar is back as {epoch}"));
+                    }
+                }
                 Active::Addresses(instance, addresses) => {
                     let _ = self.cloud.set_addresses(&instance, addresses);
                 }
@@ -528,6 +697,108 @@ impl World {
         }
     }
 
+    /// An event of the seed's modes (drawn from their own stream): Nodes relabelled out of a
+    /// selector (all of them, now and then), load balancers deleted or changed in the cloud
+    /// behind the core's back, a Node deleted and made again under its name, a replica whose
+    /// sidecar is down for a while (not ready).
+    fn mode_event(&mut self) {
+        let lasts = Duration::from_secs(self.mode_rng.random_range(10..=90));
+        match self.mode_rng.random_range(0..8) {
+            0..=1 if self.modes.selectors => {
+                let live = self.live_nodes();
+                if self.mode_rng.random_bool(0.3) {
+                    // Every Node leaves pool a: a selector that matches none.
+                    for i in live {
+                        self.relabel(i, "b");
+                    }
+                    self.exercised.insert("a selector matching no Node");
+                    self.log("every Node relabelled pool=b: the selector pool=a matches none".into());
+                } else if !live.is_empty() {
+                    let i = live[self.mode_rng.random_range(0..live.len())];
+                    let pool = if self.nodes[i].pool == "a" { "b" } else { "a" };
+                    self.relabel(i, pool);
+                    self.log(format!("node {} relabelled pool={pool}", self.nodes[i].name));
+                }
+            }
+            2..=3 if self.modes.repair => {
+                let live: Vec<usize> = (0..self.services.len()).filter(|&i| !self.services[i].deleted).collect();
+                if live.is_empty() {
+                    return;
+                }
+                let name = self.services[live[self.mode_rng.random_range(0..live.len())]].name.clone();
+                let Some(lb) = self.load_balancer_name(&name) else { return };
+                if self.mode_rng.random_bool(0.6) {
+                    if self.cloud.remove_load_balancer(&lb).is_ok() {
+                        self.exercised.insert("load balancers deleted behind the core");
+                        self.log(format!("load balancer {lb} of {name} deleted in the cloud behind the core"));
+                    }
+                } else if self.cloud.set_load_balancer_hosts_by_hand(&lb, Vec::new()).is_ok() {
+                    self.exercised.insert("load balancer hosts changed behind the core");
+                    self.log(format!("load balancer {lb} of {name} given no hosts by hand in the cloud"));
+                }
+            }
+            4..=5 => {
+                let live: Vec<usize> = self.live_nodes().into_iter().filter(|&i| self.nodes[i].life == Life::Running).collect();
+                if live.is_empty() {
+                    return;
+                }
+                let i = live[self.mode_rng.random_range(0..live.len())];
+                let (name, cidr, pool) = (self.nodes[i].name.clone(), self.nodes[i].cidr.clone(), self.nodes[i].pool);
+                self.model.delete(&Key::node(&name));
+                let mut node = node_object(&name, cidr.as_deref());
+                node["metadata"]["labels"][POOL] = json!(pool);
+                self.model.create(&Key::node(&name), node);
+                self.nodes[i].ready = true;
+                self.exercised.insert("a Node made again under its name");
+                self.log(format!("node {name} deleted and made again under its name"));
+            }
+            6..=7 => {
+                let slot = self.mode_rng.random_range(0..self.replicas.len());
+                if self.active.iter().any(|(_, a)| matches!(a, Active::SidecarDown(s) if *s == slot)) {
+                    return;
+                }
+                if let Some(r) = &self.replicas[slot] {
+                    r.sidecar.stop();
+                    self.exercised.insert("a replica not ready (its sidecar down)");
+                    self.log(format!("{}'s sidecar down for {}s (the replica is not ready)", r.identity, lasts.as_secs()));
+                    self.active.push((Instant::now() + lasts, Active::SidecarDown(slot)));
+                }
+            }
+            _ => {}
+        }
+    }
+
+    /// The calls of every sidecar together stayed within the rate they declared: in any 30 s,
+    /// at most the rate's calls, its burst, and the calls each replica may have had in flight
+    /// (they are counted when they end, so that a hang's end bunches them).
+    fn check_call_rate(&self) {
+        let Some((per_second, burst)) = self.modes.declared_rate else { return };
+        const WINDOW: Duration = Duration::from_secs(30);
+        let mut calls = self.shared.calls.lock().unwrap_or_else(|p| p.into_inner()).clone();
+        calls.sort();
+        let bound = (per_second * WINDOW.as_secs_f64()) as usize + burst as usize + 8 * self.replicas.len();
+        let mut start = 0;
+        for end in 0..calls.len() {
+            while calls[end].saturating_sub(calls[start]) >= WINDOW {
+                start += 1;
+            }
+            if end + 1 - start > bound {
+                self.model.violation(format!(
+                    "{} calls reached the cloud in the 30 s before t={:.1}s, summed over every sidecar (declared {per_second}/s, burst {burst}: bound {bound})",
+                    end + 1 - start,
+                    calls[end].as_secs_f64()
+                ));
+                return;
+            }
+        }
+    }
+
+    fn relabel(&mut self, i: usize, pool: &'static str) {
+        self.nodes[i].pool = pool;
+        let name = self.nodes[i].name.clone();
+        self.model.update(&Key::node(&name), |n| n["metadata"]["labels"][POOL] = json!(pool));
+    }
+
     /// One step of the schedule: a cluster event or a fault, chosen by the seed.
     fn act(&mut self) {
         const METHODS: &[&str] = &[
@@ -545,6 +816,9 @@ impl World {
         let lasts = Duration::from_secs(self.rng.random_range(5..=90));
         if self.address_rng.random_bool(3.0 / 116.0) {
             self.unreachable_address();
+        }
+        if self.mode_rng.random_bool(0.15) {
+            self.mode_event();
         }
         let roll = self.rng.random_range(0..113);
         match roll {
@@ -595,6 +869,7 @@ impl World {
             28..=31 => {
                 let without: Vec<usize> = (0..self.nodes.len())
                     .filter(|&i| self.nodes[i].cidr.is_none() && self.nodes[i].life != Life::Terminated)
+                    .filter(|_| self.modes.ipam == Ipam::Off)
                     .collect();
                 if let Some(i) = self.pick(&without) {
                     let name = self.nodes[i].name.clone();
@@ -688,7 +963,7 @@ impl World {
                 self.provider_fault(kind, fault, lasts);
             }
             71..=73 => {
-                let slot = self.rng.random_range(0..REPLICAS);
+                let slot = self.rng.random_range(0..self.replicas.len());
                 if let Some(r) = self.replicas[slot].as_mut() {
                     r.epochs += 1;
                     let epoch = format!("epoch-{}-{}-{}", r.slot, r.incarnation, r.epochs);
@@ -703,7 +978,7 @@ impl World {
                 self.log("the API server restarts; history compacted".into());
             }
             79..=83 => {
-                let slot = self.rng.random_range(0..REPLICAS);
+                let slot = self.rng.random_range(0..self.replicas.len());
                 if let Some(r) = &self.replicas[slot] {
                     r.net.down.store(true, std::sync::atomic::Ordering::Relaxed);
                     r.lease_net.down.store(true, std::sync::atomic::Ordering::Relaxed);
@@ -714,7 +989,7 @@ impl World {
                 }
             }
             84..=88 => {
-                let slot = self.rng.random_range(0..REPLICAS);
+                let slot = self.rng.random_range(0..self.replicas.len());
                 let delay = self.rng.random_range(1_000..=12_000);
                 if let Some(r) = &self.replicas[slot] {
                     r.net.answer_delay_ms.store(delay, std::sync::atomic::Ordering::Relaxed);
@@ -725,7 +1000,7 @@ impl World {
                 }
             }
             89..=92 => {
-                let slot = self.rng.random_range(0..REPLICAS);
+                let slot = self.rng.random_range(0..self.replicas.len());
                 self.faults.insert("replicas killed");
                 let back_in = Duration::from_secs(self.rng.random_range(1..=30));
                 self.kill_replica(slot, back_in);
@@ -734,7 +1009,7 @@ impl World {
                 // The replica's watches stall and fail (an overloaded API server, a half-open
                 // watch connection) while its other requests, the Lease's too, go through;
                 // by the time they come back, the history they left off at is compacted.
-                let slot = self.rng.random_range(0..REPLICAS);
+                let slot = self.rng.random_range(0..self.replicas.len());
                 if let Some(r) = &self.replicas[slot] {
                     r.net.watches_down.store(true, std::sync::atomic::Ordering::Relaxed);
                     self.model.wake_watches();
@@ -846,7 +1121,7 @@ impl World {
         if self.live_nodes().is_empty() {
             self.add_node();
         }
-        for slot in 0..REPLICAS {
+        for slot in 0..self.replicas.len() {
             if self.replicas[slot].is_none() {
                 self.restart_at[slot] = Some(Instant::now());
             }
@@ -858,23 +1133,63 @@ impl World {
     /// Bounded queues: a work queue holds each key once, so no controller's queue may be
     /// deeper than the objects there are (plus the few keys of its own, such as the
     /// bulk-hosts key).
-    fn check_queues(&self) {
+    fn check_queues(&mut self) {
         self.check_identities();
         let bound = self.nodes.len() + self.services.len() + 4;
+        let mut ran = Vec::new();
         for r in self.replicas.iter().flatten() {
-            for line in r.metrics.encode().lines().filter(|l| l.starts_with("ccm_workqueue_depth{")) {
+            let text = r.metrics.encode();
+            for line in text.lines().filter(|l| l.starts_with("ccm_workqueue_depth{")) {
                 let depth = line.rsplit(' ').next().and_then(|v| v.parse::<f64>().ok()).unwrap_or(0.0);
                 if depth > bound as f64 {
                     self.model.violation(format!("{}: {line} (bound {bound})", r.identity));
                 }
             }
+            // The controllers that ran: their queues took keys.
+            for line in text.lines().filter_map(|l| l.strip_prefix("ccm_workqueue_adds_total{controller=\"")) {
+                let (controller, rest) = line.split_once('"').unwrap_or_default();
+                if rest.rsplit(' ').next().and_then(|v| v.parse::<f64>().ok()).unwrap_or(0.0) > 0.0 {
+                    ran.push(controller.to_string());
+                }
+            }
         }
+        self.controllers.extend(ran);
+    }
+
+    /// How many Leases the replicas keep: one, or one per controller and a member Lease per
+    /// replica.
+    fn leases(&self) -> usize {
+        if self.modes.per_controller { self.expected_controllers().len() + self.replicas.len() } else { 1 }
+    }
+
+    /// The controllers the seed's core runs.
+    fn expected_controllers(&self) -> Vec<&'static str> {
+        use ccm_core::controllers::{ipam, node, node_lifecycle, route, service, tagging};
+        let mut names = vec![node::NAME, node_lifecycle::NAME, route::NAME, service::NAME];
+        if self.modes.ipam != Ipam::Off {
+            names.push(ipam::NAME);
+        }
+        if self.modes.tagging {
+            names.push(tagging::NAME);
+        }
+        names
     }
 
     /// Every Node's providerID, once set, names its own instance (a reordered batch answer
     /// must not hand one Node another's identity: the field is immutable, so a swap is for
     /// ever).
     fn check_identities(&self) {
+        // No two Nodes share a podCIDR (node IPAM gives each once; the world never does).
+        let mut owners: std::collections::BTreeMap<String, String> = std::collections::BTreeMap::new();
+        for node in self.model.list("v1/nodes") {
+            let name = node.pointer("/metadata/name").and_then(Value::as_str).unwrap_or_default().to_string();
+            for cidr in node.pointer("/spec/podCIDRs").and_then(Value::as_array).into_iter().flatten() {
+                let cidr = cidr.as_str().unwrap_or_default().to_string();
+                if let Some(other) = owners.insert(cidr.clone(), name.clone()) {
+                    self.model.violation(format!("Nodes {other} and {name} share the podCIDR {cidr}"));
+                }
+            }
+        }
         for rec in &self.nodes {
             let Some(node) = self.model.get(&Key::node(&rec.name)) else { continue };
             // No address the cloud answered that no host can reach is ever written.
@@ -902,6 +1217,15 @@ impl World {
         if !self.replicas.iter().flatten().any(|r| self.model.leads(&r.identity)) {
             return Some("no replica leads".into());
         }
+        // Every controller served: with a Lease per controller, each one's held.
+        let holders = self.model.holders();
+        if !holders.contains_key("*") {
+            for controller in self.expected_controllers() {
+                if !holders.contains_key(controller) {
+                    return Some(format!("no replica leads {controller}"));
+                }
+            }
+        }
         let snapshot = self.cloud.snapshot();
         let nodes = self.model.list("v1/nodes");
         let name_of = |n: &Value| n.pointer("/metadata/name").and_then(Value::as_str).unwrap_or_default().to_string();
@@ -921,9 +1245,15 @@ impl World {
             if provider_id.is_empty() || tainted {
                 return Some(format!("Node {name} is not initialised"));
             }
-            backends.insert(name.clone());
-            if let Some(cidr) = &rec.cidr {
-                routes_wanted.insert((name, cidr.clone()));
+            let pool = node.pointer(&format!("/metadata/labels/{POOL}")).and_then(Value::as_str).unwrap_or("a").to_string();
+            backends.insert((name.clone(), pool));
+            let cidr = node.pointer("/spec/podCIDR").and_then(Value::as_str).map(str::to_string);
+            if self.modes.ipam != Ipam::Off && cidr.is_none() {
+                return Some(format!("Node {name} has no podCIDR from node IPAM"));
+            }
+            // The cloud routes the pod CIDRs it gives (alias ranges): no route is made for them.
+            if let Some(cidr) = cidr.filter(|_| self.modes.ipam != Ipam::Cloud) {
+                routes_wanted.insert((name, cidr));
             }
         }
         let routes: BTreeSet<(String, String)> = snapshot
@@ -960,8 +1290,11 @@ impl World {
                 return Some(format!("load balancer of {} has ports {:?}, wanted {ports:?}", s.name, lb.ports));
             }
             let hosts: BTreeSet<String> = lb.nodes.iter().cloned().collect();
-            if hosts != backends {
-                return Some(format!("load balancer of {} has hosts {hosts:?}, wanted {backends:?}", s.name));
+            let wanted: BTreeSet<String> =
+                backends.iter().filter(|(_, pool)| !s.selects || pool == "a").map(|(n, _)| n.clone()).collect();
+            // A selector that matches no Node keeps the hosts it had.
+            if hosts != wanted && !(s.selects && wanted.is_empty()) {
+                return Some(format!("load balancer of {} has hosts {hosts:?}, wanted {wanted:?}", s.name));
             }
             wanted_lbs.insert(service);
         }
@@ -1003,6 +1336,8 @@ fn run(seed: u64, scenario: Option<Scenario>) -> Report {
                 digest: 0,
                 peak_heap: 0,
                 steady_growth: 0,
+                modes: BTreeSet::new(),
+                controllers: BTreeSet::new(),
             };
         }
     };
@@ -1026,28 +1361,48 @@ async fn simulate(seed: u64, scenario: Option<Scenario>) -> Report {
     if scenario == Some(Scenario::OneLoadBalancerItemFailing) {
         config.load_balancers.bulk_hosts = true;
     }
+    let mut mode_rng = StdRng::seed_from_u64(seed ^ 0x6d0d_e5ee);
+    let modes = Modes::draw(&mut mode_rng, scenario.is_some());
+    if modes.ipam == Ipam::Cloud {
+        config.pod_cidrs = Some(ccm_provider_sim::config::PodCidrConfig {
+            pools: vec![CLOUD_POD_CIDRS.into()],
+            mask_v4: 24,
+            // Alias ranges: the cloud routes them.
+            routed: true,
+            ..Default::default()
+        });
+    }
+    config.set_tags = modes.tagging;
     let cloud = match Cloud::new(&config) {
         Ok(c) => Arc::new(c),
         Err(e) => panic!("the sim cloud's configuration: {e}"),
     };
     let model = Model::new(seed, cloud.clone());
+    *model.deletion_bound.lock().unwrap_or_else(|p| p.into_inner()) = Some((MAX_NODE_DELETIONS, NODE_DELETION_WINDOW));
+    let replicas = modes.replicas;
+    let shared = Shared { declared: modes.declared_rate, ..Default::default() };
     let mut world = World {
         rng,
         address_rng: StdRng::seed_from_u64(seed ^ 0x0add_7e55),
         model: model.clone(),
         cloud,
-        shared: Shared::default(),
+        shared,
         nodes: Vec::new(),
         services: Vec::new(),
         next_node: 0,
         next_service: 0,
-        replicas: (0..REPLICAS).map(|_| None).collect(),
-        restart_at: vec![None; REPLICAS],
-        incarnations: vec![0; REPLICAS],
+        replicas: (0..replicas).map(|_| None).collect(),
+        restart_at: vec![None; replicas],
+        incarnations: vec![0; replicas],
         active: Vec::new(),
         schedule: Vec::new(),
         faults: BTreeSet::new(),
+        exercised: modes.names().into_iter().collect(),
+        modes,
+        mode_rng,
+        controllers: BTreeSet::new(),
     };
+    world.log(format!("modes: {:?}", world.modes));
     // An experiment, not the mix: mutations that outlive their calls, as a provider that
     // ignores cancellation runs them (the Go adapter's old `context.WithoutCancel`).
     if std::env::var_os("CCM_SIM_DETACHED_MUTATIONS").is_some() {
@@ -1062,7 +1417,7 @@ async fn simulate(seed: u64, scenario: Option<Scenario>) -> Report {
     for _ in 0..initial {
         world.add_node();
     }
-    for slot in 0..REPLICAS {
+    for slot in 0..world.replicas.len() {
         world.start_replica(slot);
     }
     let mut heap = Heap { peak: 0 };
@@ -1113,20 +1468,27 @@ async fn simulate(seed: u64, scenario: Option<Scenario>) -> Report {
             let held = heap.check(&model);
             tokio::time::sleep(STEADY).await;
             steady_growth = heap.check(&model) - held;
-            if steady_growth > STEADY_GROWTH_BOUND {
+            // Each Lease renewed in the steady state fills the model's (bounded) history: a
+            // Lease per controller, and a member Lease per replica, count.
+            let leases = world.leases();
+            let growth_bound = STEADY_GROWTH_BOUND * i64::try_from(leases).unwrap_or(1).max(1);
+            if steady_growth > growth_bound {
                 model.violation(format!(
                     "the heap grew by {} KiB in {} min of steady state (bound {} KiB)",
                     steady_growth >> 10,
                     STEADY.as_secs() / 60,
-                    STEADY_GROWTH_BOUND >> 10
+                    growth_bound >> 10
                 ));
             }
             let requests = model.requests.load(std::sync::atomic::Ordering::Relaxed) - requests;
             let minutes = STEADY.as_secs() / 60;
-            if requests > STEADY_REQUESTS_PER_MINUTE * minutes {
+            // Per Lease: its holder renews it and every other replica tries it every retry
+            // period (a read and a write, or a read).
+            let per_minute = STEADY_REQUESTS_PER_MINUTE * u64::try_from(leases).unwrap_or(1).max(1);
+            if requests > per_minute * minutes {
                 model.violation(format!(
                     "{requests} API requests in {minutes} min of steady state (bound {})",
-                    STEADY_REQUESTS_PER_MINUTE * minutes
+                    per_minute * minutes
                 ));
             }
             let changed = model.mutations() - mutations;
@@ -1149,6 +1511,7 @@ async fn simulate(seed: u64, scenario: Option<Scenario>) -> Report {
     for r in world.replicas.iter_mut().flatten() {
         let _ = tokio::time::timeout(Duration::from_secs(30), &mut r.task).await;
     }
+    world.check_call_rate();
     if let Some(path) = std::env::var_os("CCM_SIM_TRACE") {
         let _ = std::fs::write(path, model.steps().join("\n"));
     }
@@ -1164,6 +1527,8 @@ async fn simulate(seed: u64, scenario: Option<Scenario>) -> Report {
         digest: model.digest(),
         peak_heap: heap.peak,
         steady_growth,
+        modes: world.exercised,
+        controllers: world.controllers,
     }
 }
 
@@ -1194,9 +1559,14 @@ impl World {
         self.next_service += 1;
         let name = format!("svc-{}", self.next_service);
         let ports = vec![80];
-        self.model.create(&Key::service(NAMESPACE, &name), service_object(&name, &ports));
-        self.log(format!("service {name} created"));
-        self.services.push(ServiceRec { name: name.clone(), ports, deleted: false });
+        let mut object = service_object(&name, &ports);
+        let selects = self.modes.selectors && self.mode_rng.random_bool(0.5);
+        if selects {
+            object["metadata"]["annotations"] = json!({ ccm_core::wellknown::ANNOTATION_NODE_SELECTOR: format!("{POOL}=a") });
+        }
+        self.model.create(&Key::service(NAMESPACE, &name), object);
+        self.log(format!("service {name} created{}", if selects { " (node selector pool=a)" } else { "" }));
+        self.services.push(ServiceRec { name: name.clone(), ports, deleted: false, selects });
         name
     }
 
@@ -1222,7 +1592,7 @@ impl World {
     }
 
     fn leader(&self) -> Option<usize> {
-        (0..REPLICAS).find(|&s| self.replicas[s].as_ref().is_some_and(|r| self.model.leads(&r.identity)))
+        (0..self.replicas.len()).find(|&s| self.replicas[s].as_ref().is_some_and(|r| self.model.leads(&r.identity)))
     }
 
     /// Two Services, a minute to settle, and the replica that leads then.
@@ -1347,6 +1717,10 @@ pub struct Summary {
     pub peak_heap: i64,
     /// The most any seed's heap grew over its steady state, bytes.
     pub steady_growth: i64,
+    /// How many seeds ran each mode (or had each mode event).
+    pub modes: std::collections::BTreeMap<&'static str, u64>,
+    /// How many seeds ran each controller.
+    pub controllers: std::collections::BTreeMap<String, u64>,
 }
 
 impl Summary {
@@ -1382,12 +1756,20 @@ impl Summary {
             SETTLE_BOUND.as_secs()
         ));
         out.push_str(&format!(
-            "heap of a seed's world: largest {:.1} MiB (bound {} MiB), largest growth over a steady state {} KiB (bound {} KiB)\n",
+            "heap of a seed's world: largest {:.1} MiB (bound {} MiB), largest growth over a steady state {} KiB (bound {} KiB per Lease kept)\n",
             self.peak_heap as f64 / f64::from(1 << 20),
             HEAP_BOUND >> 20,
             self.steady_growth >> 10,
             STEADY_GROWTH_BOUND >> 10
         ));
+        out.push_str("modes in the mix (seeds that ran each):\n");
+        for (mode, n) in &self.modes {
+            out.push_str(&format!("  {mode}: {n}\n"));
+        }
+        out.push_str("controllers in the mix (seeds that ran each):\n");
+        for (controller, n) in &self.controllers {
+            out.push_str(&format!("  {controller}: {n}\n"));
+        }
         out.push_str("faults in the mix (seeds that had each):\n");
         for (kind, n) in &self.faults {
             out.push_str(&format!("  {kind}: {n}\n"));
@@ -1431,6 +1813,12 @@ pub fn run_seeds(seeds: std::ops::Range<u64>, jobs: usize) -> Summary {
     reports.sort_by_key(|r| r.seed);
     for report in reports {
         summary.seeds += 1;
+        for mode in &report.modes {
+            *summary.modes.entry(mode).or_default() += 1;
+        }
+        for controller in &report.controllers {
+            *summary.controllers.entry(controller.clone()).or_default() += 1;
+        }
         for kind in &report.faults {
             *summary.faults.entry(kind).or_default() += 1;
         }

@@ -31,6 +31,27 @@ pub type InFlight = Arc<Mutex<BTreeMap<String, Vec<(u64, String)>>>>;
 pub struct Shared {
     pub in_flight: InFlight,
     pub detached: Arc<AtomicBool>,
+    /// The call rate every sidecar declares (`call_rate`), if the seed has one.
+    pub declared: Option<(f64, u32)>,
+    /// When each call that reaches the cloud (every service but identity) ended, across
+    /// every sidecar, in virtual time since the run began.
+    pub calls: Arc<Mutex<Vec<std::time::Duration>>>,
+}
+
+/// Records every call a sidecar answers that reaches the cloud.
+struct Counted(Arc<Mutex<Vec<std::time::Duration>>>);
+
+impl ccm_provider_sdk::CallObserver for Counted {
+    fn observe(&self, method: &'static str, _code: tonic::Code, _elapsed: std::time::Duration) {
+        if !method.starts_with("IdentityService/") {
+            self.0.lock().unwrap_or_else(|p| p.into_inner()).push(crate::elapsed());
+        }
+    }
+}
+
+/// The controller whose Lease a mutation method needs.
+fn controller_of(method: &str) -> &'static str {
+    if method.contains("Route") { ccm_core::controllers::route::NAME } else { ccm_core::controllers::service::NAME }
 }
 
 /// The provider wrapped with the cloud-side checks.
@@ -81,8 +102,9 @@ impl Watched {
         let step = format!("t={:.1}s {} {method} {objects:?}", crate::elapsed().as_secs_f64(), self.identity);
         self.model.trace(&step);
         self.model.mutated(step);
-        if !self.model.leads(&self.identity) {
-            self.model.violation(format!("{} called {method} on {objects:?} without holding the Lease", self.identity));
+        if !self.model.leads_for(&self.identity, controller_of(method)) {
+            self.model
+                .violation(format!("{} called {method} on {objects:?} without holding its controller's Lease", self.identity));
         }
         let id = self.model.mutations();
         let what = format!("{} {method} at t={:.1}s", self.identity, crate::elapsed().as_secs_f64());
@@ -393,14 +415,18 @@ impl Sidecar {
             detached: shared.detached.clone(),
         });
         let dead = watched.dead.clone();
-        let server = ProviderServer::new("sim.cloudprovider.dev", ccm_provider_sim::VERSION)
+        let mut server = ProviderServer::new("sim.cloudprovider.dev", ccm_provider_sim::VERSION)
             .provider_id_scheme("sim")
             .epoch(epoch)
             .instances(watched.clone())
             .tags(watched.clone())
             .routes(watched.clone())
             .load_balancers(watched.clone())
-            .probe(watched);
+            .probe(watched)
+            .observe(Arc::new(Counted(shared.calls.clone())));
+        if let Some((per_second, burst)) = shared.declared {
+            server = server.call_rate(per_second, burst);
+        }
         let (tx, rx) = mpsc::unbounded_channel();
         let stop = dead;
         let stopped = stop.clone();

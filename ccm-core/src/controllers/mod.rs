@@ -195,35 +195,44 @@ impl Context {
     }
 
     /// Waits for a token of `--kube-api-qps`/`--kube-api-burst` before a write to the API;
-    /// never returns once the lead it writes under is lost.
-    async fn kube_write_permit(&self) {
+    /// never returns once the lead it writes under is lost. The write is counted in flight
+    /// under the lead until [`written`] (a Lease given up waits for it: its answer could
+    /// otherwise land after the next holder began).
+    async fn kube_write_permit(&self) -> Option<crate::leader::InFlight> {
         let started = tokio::time::Instant::now();
         self.kube_writes.acquire().await;
         self.metrics.rate_limited(started.elapsed());
         self.lead_permit().await;
+        self.write_in_flight()
+    }
+
+    /// A write to the API about to be sent under the lead, counted until it ends (dropped
+    /// unended, until [`API_WRITE_DEADLINE`]).
+    fn write_in_flight(&self) -> Option<crate::leader::InFlight> {
+        self.fence.as_ref().map(|f| f.mutation(tokio::time::Instant::now() + API_WRITE_DEADLINE))
     }
 
     /// Merge-patches the Node `name` (its metadata or spec) under the write budget and the
     /// lead; the resourceVersion written. Every write of the controllers goes through these
     /// methods, which take the permit themselves: a new write cannot forget the fence.
     pub async fn patch_node(&self, name: &str, patch: &serde_json::Value) -> Result<String, kube::Error> {
-        self.kube_write_permit().await;
-        node_util::patch(&self.client, name, false, patch).await
+        let flight = self.kube_write_permit().await;
+        written(flight, node_util::patch(&self.client, name, false, patch).await)
     }
 
     /// Merge-patches the Node `name`'s status under the write budget and the lead; the
     /// resourceVersion written.
     pub async fn patch_node_status(&self, name: &str, patch: &serde_json::Value) -> Result<String, kube::Error> {
-        self.kube_write_permit().await;
-        node_util::patch(&self.client, name, true, patch).await
+        let flight = self.kube_write_permit().await;
+        written(flight, node_util::patch(&self.client, name, true, patch).await)
     }
 
     /// Patches the Node `name`'s conditions (a strategic merge: by condition type) under the
     /// write budget and the lead.
     pub async fn patch_node_conditions(&self, name: &str, patch: &serde_json::Value) -> Result<Node, kube::Error> {
-        self.kube_write_permit().await;
+        let flight = self.kube_write_permit().await;
         let api: Api<Node> = Api::all(self.client.clone());
-        api.patch_status(name, &PatchParams::default(), &Patch::Strategic(patch)).await
+        written(flight, api.patch_status(name, &PatchParams::default(), &Patch::Strategic(patch)).await)
     }
 
     /// Deletes `node`, only the one looked at (a re-registered Node of the same name has
@@ -234,9 +243,9 @@ impl Context {
             preconditions: Some(Preconditions { uid: node.metadata.uid.clone(), resource_version: None }),
             ..Default::default()
         };
-        self.kube_write_permit().await;
+        let flight = self.kube_write_permit().await;
         let api: Api<Node> = Api::all(self.client.clone());
-        match api.delete(node_util::name(node), &params).await {
+        match written(flight, api.delete(node_util::name(node), &params).await) {
             Ok(_) => Ok(()),
             Err(kube::Error::Api(s)) if s.code == 404 => Ok(()),
             Err(e) => Err(e),
@@ -246,19 +255,18 @@ impl Context {
     /// Merge-patches `svc` (its metadata or spec) under the write budget and the lead.
     pub async fn patch_service(&self, svc: &Service, patch: &serde_json::Value) -> Result<(), kube::Error> {
         let api: Api<Service> = Api::namespaced(self.client.clone(), svc.metadata.namespace.as_deref().unwrap_or_default());
-        self.kube_write_permit().await;
-        api.patch(svc.metadata.name.as_deref().unwrap_or_default(), &PatchParams::default(), &Patch::Merge(patch))
-            .await
-            .map(|_| ())
+        let flight = self.kube_write_permit().await;
+        let r = api.patch(svc.metadata.name.as_deref().unwrap_or_default(), &PatchParams::default(), &Patch::Merge(patch)).await;
+        written(flight, r).map(|_| ())
     }
 
     /// Merge-patches `svc`'s status under the write budget and the lead.
     pub async fn patch_service_status(&self, svc: &Service, patch: &serde_json::Value) -> Result<(), kube::Error> {
         let api: Api<Service> = Api::namespaced(self.client.clone(), svc.metadata.namespace.as_deref().unwrap_or_default());
-        self.kube_write_permit().await;
-        api.patch_status(svc.metadata.name.as_deref().unwrap_or_default(), &PatchParams::default(), &Patch::Merge(patch))
-            .await
-            .map(|_| ())
+        let flight = self.kube_write_permit().await;
+        let name = svc.metadata.name.as_deref().unwrap_or_default();
+        let r = api.patch_status(name, &PatchParams::default(), &Patch::Merge(patch)).await;
+        written(flight, r).map(|_| ())
     }
 
     /// Returns while this context may act as the leader (always without leader election);
@@ -350,7 +358,8 @@ impl Context {
                 this.metrics.event_dropped();
                 return;
             }
-            if let Err(error) = this.recorder.publish(&note, this.fence.as_ref()).await {
+            let flight = this.write_in_flight();
+            if let Err(error) = written(flight, this.recorder.publish(&note, this.fence.as_ref()).await) {
                 let object = note.regarding.name.as_deref().unwrap_or_default();
                 tracing::warn!(%object, %error, reason = %note.reason, "recording an event failed");
             }
@@ -410,6 +419,18 @@ fn bounded_note(note: String) -> String {
         end -= 1;
     }
     format!("{}…", &note[..end])
+}
+
+/// How long a write to the API dropped before its answer (its task aborted) counts as in
+/// flight: the client's request may still reach the API server until then.
+const API_WRITE_DEADLINE: Duration = Duration::from_secs(15);
+
+/// Ends the write `flight` counted, passing its `result` on.
+fn written<T>(flight: Option<crate::leader::InFlight>, result: T) -> T {
+    if let Some(flight) = flight {
+        flight.ended();
+    }
+    result
 }
 
 /// A controller's own tasks (its feed, workers, timers), aborted when dropped: a controller

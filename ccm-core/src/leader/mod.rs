@@ -19,7 +19,7 @@ use tokio::time::Instant;
 
 use tokio_util::sync::CancellationToken;
 
-pub use lease::{Fence, client, lease_config};
+pub use lease::{Fence, InFlight, client, lease_config};
 pub use ledger::{ANNOTATION_SPENT, Ledger, LedgerError};
 pub use members::{ANNOTATION_LEASES, ANNOTATION_READY, LABEL_MEMBERS_OF, MAX_MEMBERS, Members, ReadyFor, SharedBy, View};
 pub use plan::{COMPONENT, ControllerLeader, LeaseGroup, MIGRATION_GROUP, MigrationConfig, PlanError, plan};

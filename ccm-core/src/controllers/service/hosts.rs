@@ -277,21 +277,23 @@ impl ServiceController {
     /// is to be left as it is. An empty set never empties a load balancer that had hosts
     /// (`last`, or, unknown since this process started, its ingress): it keeps the last
     /// non-empty set of its selector (every backend without one), and a spec change or a
-    /// repair is applied with those hosts. Only when no such set was seen since this process
-    /// started is the load balancer left as it is, or, when it was found gone from the cloud,
-    /// made again with none (there is nobody to cut off).
+    /// repair is applied with those hosts. When no such set was seen since this process
+    /// started (a new leader), the hosts the load balancer has in the cloud are kept, where
+    /// the provider reports them; otherwise (or when it was found gone from the cloud) it is
+    /// ensured with none, as upstream does. An error when the cloud could not be read.
     pub(super) async fn backends_for(
         &self,
         svc: &Service,
+        lb_name: &str,
         selector: Option<&NodeSelector>,
         last: Option<Ensured>,
-    ) -> Option<Arc<HostSet>> {
+    ) -> Result<Arc<HostSet>, Error> {
         let backends = self.backends(selector);
         let key = set_key(selector);
         let had_hosts = last.map_or_else(|| has_ingress(svc), |e| e.count > 0);
         if !backends.is_empty() {
             self.remember_backends(key, &backends);
-            return Some(backends);
+            return Ok(backends);
         }
         if !had_hosts {
             let note = match selector {
@@ -299,7 +301,7 @@ impl ServiceController {
                 Some(s) => format!("There are no available nodes for LoadBalancer matching the node selector {:?}", s.text),
             };
             self.ctx.event(NAME, svc, EventType::Warning, reason::UNAVAILABLE_LOAD_BALANCER, note).await;
-            return Some(backends);
+            return Ok(backends);
         }
         // An empty node set is far likelier a listing glitch (an API server that came back
         // empty, every Node excluded by a bad label, a selector's label moved) than a cluster
@@ -316,11 +318,27 @@ impl ServiceController {
             ),
         };
         self.ctx.event(NAME, svc, EventType::Warning, reason::UNAVAILABLE_LOAD_BALANCER, note).await;
-        let state = self.state();
-        if let Some(kept) = state.last_backends.get(key) {
-            return Some(kept.clone());
+        let (kept, repairing) = {
+            let state = self.state();
+            (state.last_backends.get(key).cloned(), state.repairing.contains(&service_key(svc)))
+        };
+        if let Some(kept) = kept {
+            return Ok(kept);
         }
-        state.repairing.contains(&service_key(svc)).then_some(backends)
+        if repairing {
+            return Ok(backends);
+        }
+        // None seen since this process started: the hosts it has in the cloud.
+        let found = self.ctx.provider.read_load_balancer(self.request(svc, lb_name.to_string(), Vec::new())).await?;
+        let Some(hosts) = found.and_then(|f| f.hosts) else { return Ok(backends) };
+        let hosts: std::collections::HashSet<String> = hosts.into_iter().collect();
+        let nodes: Vec<Arc<Node>> =
+            self.ctx.nodes.store().state().into_iter().filter(|n| hosts.contains(node_util::name(n))).collect();
+        let set = Arc::new(HostSet::new(nodes));
+        if !set.is_empty() {
+            self.remember_backends(key, &set);
+        }
+        Ok(set)
     }
 
     /// Keeps `backends` as the last non-empty set of the selector keyed `key`. The sets of

@@ -458,7 +458,7 @@ impl ServiceController {
             // A rename waiting is a full Ensure under the new name.
             state.ensured.get(&k).copied().filter(|_| old_name.is_none())
         };
-        let Some(backends) = self.backends_for(svc, selector.as_ref(), last).await else { return Ok(()) };
+        let backends = self.backends_for(svc, &lb_name, selector.as_ref(), last).await.map_err(SyncError::Provider)?;
         let ensured = Ensured::of(self.ensured_spec(svc), &backends);
         match last {
             Some(e) if e.spec == ensured.spec && e.hosts == ensured.hosts => Ok(()),
