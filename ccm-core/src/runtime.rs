@@ -500,15 +500,24 @@ async fn run_controllers(
             // would leave the provider running it with nobody waiting for the answer); then
             // aborted, so that nothing of it runs once the Lease is released (a Lease handed
             // over is taken by another replica at once).
+            // The lead lost meanwhile (another group's loss stopped this one, and its own
+            // follows): aborted at once, its calls with it, before another replica can take over.
             let grace = async {
                 tokio::time::sleep(Duration::from_secs(5)).await;
                 if let Some(l) = &leading {
                     l.fence.quiesced().await;
                 }
             };
+            let lost = async {
+                match &leading {
+                    Some(l) => l.lost.cancelled().await,
+                    None => std::future::pending::<()>().await,
+                }
+            };
             let stopped = tokio::select! {
                 _ = &mut *t => true,
                 _ = grace => false,
+                _ = lost => false,
             };
             if !stopped {
                 tracing::warn!(controller = *name, "did not stop within 5 s and its mutations' end; aborted");

@@ -273,6 +273,11 @@ impl Modes {
     }
 }
 
+/// How soon a controller held by a replica that is not ready goes to a ready one (with a
+/// Lease per controller): the ready one live for a lease duration, the hand over at the next
+/// retry period, and a lease duration for the Lease to be taken.
+const SERVED_BOUND: Duration = Duration::from_secs(75);
+
 /// The most Node deletions per window the simulation's core may make
 /// (`--max-node-deletions`, checked over every replica at the API server).
 const MAX_NODE_DELETIONS: usize = 3;
@@ -349,6 +354,8 @@ struct Replica {
     shutdown: CancellationToken,
     task: tokio::task::JoinHandle<anyhow::Result<()>>,
     metrics: Metrics,
+    /// When it started.
+    started: Instant,
 }
 
 #[derive(Debug, Clone, PartialEq)]
@@ -420,6 +427,10 @@ struct World {
     exercised: BTreeSet<&'static str>,
     /// The controllers some replica ran (their work queues took keys).
     controllers: BTreeSet<String>,
+    /// Since when each slot's sidecar is down (the replica not ready).
+    sidecar_down: Vec<Option<Instant>>,
+    /// Since when no fault but sidecars down is active.
+    undisturbed_since: Instant,
 }
 
 fn node_object(name: &str, cidr: Option<&str>) -> Value {
@@ -493,8 +504,20 @@ impl World {
         let stop = shutdown.clone();
         let task = tokio::spawn(async move { run_with(options, parts, stop.cancelled_owned()).await });
         self.log(format!("{identity} starts"));
-        self.replicas[slot] =
-            Some(Replica { slot, incarnation, identity, net, lease_net, sidecar, epochs: 0, shutdown, task, metrics });
+        self.replicas[slot] = Some(Replica {
+            slot,
+            incarnation,
+            identity,
+            net,
+            lease_net,
+            sidecar,
+            epochs: 0,
+            shutdown,
+            task,
+            metrics,
+            started: Instant::now(),
+        });
+        self.sidecar_down[slot] = None;
     }
 
     /// Stops a replica as a kill does: cut from the API server and the cloud at once (its
@@ -644,6 +667,7 @@ impl World {
                     }
                 }
                 Active::SidecarDown(slot) => {
+                    self.sidecar_down[slot] = None;
                     if let Some(r) = self.replicas[slot].as_mut() {
                         r.epochs += 1;
                         let epoch = format!("epoch-{}-{}-{}", r.slot, r.incarnation, r.epochs);
@@ -702,7 +726,7 @@ impl World {
     /// behind the core's back, a Node deleted and made again under its name, a replica whose
     /// sidecar is down for a while (not ready).
     fn mode_event(&mut self) {
-        let lasts = Duration::from_secs(self.mode_rng.random_range(10..=90));
+        let lasts = Duration::from_secs(self.mode_rng.random_range(10..=150));
         match self.mode_rng.random_range(0..8) {
             0..=1 if self.modes.selectors => {
                 let live = self.live_nodes();
@@ -759,6 +783,7 @@ impl World {
                 }
                 if let Some(r) = &self.replicas[slot] {
                     r.sidecar.stop();
+                    self.sidecar_down[slot] = Some(Instant::now());
                     self.exercised.insert("a replica not ready (its sidecar down)");
                     self.log(format!("{}'s sidecar down for {}s (the replica is not ready)", r.identity, lasts.as_secs()));
                     self.active.push((Instant::now() + lasts, Active::SidecarDown(slot)));
@@ -1135,6 +1160,7 @@ impl World {
     /// bulk-hosts key).
     fn check_queues(&mut self) {
         self.check_identities();
+        self.check_served();
         let bound = self.nodes.len() + self.services.len() + 4;
         let mut ran = Vec::new();
         for r in self.replicas.iter().flatten() {
@@ -1160,6 +1186,45 @@ impl World {
     /// replica.
     fn leases(&self) -> usize {
         if self.modes.per_controller { self.expected_controllers().len() + self.replicas.len() } else { 1 }
+    }
+
+    /// With a Lease per controller, no controller stays with a replica that cannot serve it
+    /// (its sidecar down for [`SERVED_BOUND`]) while another has been ready that long.
+    fn check_served(&mut self) {
+        if !self.modes.per_controller {
+            return;
+        }
+        let now = Instant::now();
+        // Only while nothing else is wrong (a fault of the cloud makes every replica unready
+        // for a while), for long enough.
+        if self.active.iter().any(|(_, a)| !matches!(a, Active::SidecarDown(_) | Active::Addresses(..))) {
+            self.undisturbed_since = now;
+            return;
+        }
+        if now.saturating_duration_since(self.undisturbed_since) < SERVED_BOUND {
+            return;
+        }
+        let up_for = |slot: usize| {
+            self.replicas[slot].as_ref().map(|r| (r.identity.clone(), self.sidecar_down[slot].is_none(), r.started))
+        };
+        let ready: Vec<String> = (0..self.replicas.len())
+            .filter_map(up_for)
+            .filter(|(_, up, started)| *up && now.saturating_duration_since(*started) >= SERVED_BOUND)
+            .map(|(id, _, _)| id)
+            .collect();
+        if ready.is_empty() {
+            return;
+        }
+        for (controller, holder) in self.model.holders() {
+            let slot = (0..self.replicas.len()).find(|&s| self.replicas[s].as_ref().is_some_and(|r| r.identity == holder));
+            let Some(since) = slot.and_then(|s| self.sidecar_down[s]) else { continue };
+            if now.saturating_duration_since(since) > SERVED_BOUND {
+                self.model.violation(format!(
+                    "{controller} is held by {holder}, whose sidecar has been down for {}s, while {ready:?} are ready",
+                    now.saturating_duration_since(since).as_secs()
+                ));
+            }
+        }
     }
 
     /// The controllers the seed's core runs.
@@ -1401,6 +1466,8 @@ async fn simulate(seed: u64, scenario: Option<Scenario>) -> Report {
         modes,
         mode_rng,
         controllers: BTreeSet::new(),
+        sidecar_down: vec![None; replicas],
+        undisturbed_since: Instant::now(),
     };
     world.log(format!("modes: {:?}", world.modes));
     // An experiment, not the mix: mutations that outlive their calls, as a provider that

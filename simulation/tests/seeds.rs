@@ -22,6 +22,14 @@ fn seeds_break_no_invariant() {
         for kind in ccm_simulation::FAULT_KINDS {
             assert!(summary.faults.get(kind).copied().unwrap_or(0) > 0, "no seed injected {kind}");
         }
+        // Every mode and every controller of the registry is in the mix: the next controller
+        // or leader mode cannot be added without its model.
+        for mode in ccm_simulation::MODE_KINDS {
+            assert!(summary.modes.get(mode).copied().unwrap_or(0) > 0, "no seed ran {mode}");
+        }
+        for controller in ccm_core::controllers::registry::names() {
+            assert!(summary.controllers.get(controller).copied().unwrap_or(0) > 0, "no seed ran the {controller}");
+        }
     }
     assert!(summary.failed.is_empty(), "invariants broken:\n{}", summary.render());
 }
