@@ -1427,7 +1427,10 @@ async fn simulate(seed: u64, scenario: Option<Scenario>) -> Report {
         config.load_balancers.bulk_hosts = true;
     }
     let mut mode_rng = StdRng::seed_from_u64(seed ^ 0x6d0d_e5ee);
-    let modes = Modes::draw(&mut mode_rng, scenario.is_some());
+    let mut modes = Modes::draw(&mut mode_rng, scenario.is_some());
+    if scenario == Some(Scenario::NotReadyReplica) {
+        modes.per_controller = true;
+    }
     if modes.ipam == Ipam::Cloud {
         config.pod_cidrs = Some(ccm_provider_sim::config::PodCidrConfig {
             pools: vec![CLOUD_POD_CIDRS.into()],
@@ -1616,6 +1619,11 @@ pub enum Scenario {
     /// without an error) while its Lease connection renews, and work arrives meanwhile: the
     /// client's read timeout must end the hung requests so that it converges.
     HalfOpenConnections = 3,
+    /// A Lease per controller, two replicas: the sidecar of the replica that leads the
+    /// service controller goes down for three minutes (its /readyz fails) and a Service is
+    /// made meanwhile: the other replica, ready, must be given the controller within
+    /// [`SERVED_BOUND`] (issue 55's defect 3).
+    NotReadyReplica = 4,
 }
 
 /// How soon a Node must reach the healthy load balancers while another's items fail.
@@ -1705,6 +1713,28 @@ impl World {
                     }
                 }
                 lease_net.down.store(false, std::sync::atomic::Ordering::Relaxed);
+            }
+            Scenario::NotReadyReplica => {
+                if self.settled_leader().await.is_none() {
+                    return;
+                }
+                let holder = self.model.holders().get(ccm_core::controllers::service::NAME).cloned();
+                let slot = (0..self.replicas.len())
+                    .find(|&s| self.replicas[s].as_ref().is_some_and(|r| Some(&r.identity) == holder.as_ref()));
+                let Some(slot) = slot else { return };
+                let down = Duration::from_secs(180);
+                if let Some(r) = &self.replicas[slot] {
+                    r.sidecar.stop();
+                    self.sidecar_down[slot] = Some(Instant::now());
+                    self.exercised.insert("a replica not ready (its sidecar down)");
+                    self.log(format!("{}'s sidecar down for {}s (the replica is not ready)", r.identity, down.as_secs()));
+                    self.active.push((Instant::now() + down, Active::SidecarDown(slot)));
+                }
+                self.create_service();
+                for _ in 0..30 {
+                    tokio::time::sleep(Duration::from_secs(5)).await;
+                    self.check_queues();
+                }
             }
             Scenario::HalfOpenConnections => {
                 let Some(leader) = self.settled_leader().await else { return };

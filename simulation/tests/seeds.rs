@@ -62,12 +62,18 @@ fn a_seed_replays_exactly() {
     }
 }
 
-/// The scripted scenarios the simulation grew from the review's defects 5, 7 and 6 (each
-/// broke its invariant with its fix reverted; see "The deterministic simulation" in README).
+/// The scripted scenarios the simulation grew from the review's defects 5, 7 and 6, and issue
+/// 55's defect 3 (each broke its invariant with its fix reverted; see "The deterministic
+/// simulation" in README).
 #[test]
 fn the_scripted_scenarios_pass() {
     use ccm_simulation::Scenario;
-    for scenario in [Scenario::LateRenewalThenSilence, Scenario::OneLoadBalancerItemFailing, Scenario::HalfOpenConnections] {
+    for scenario in [
+        Scenario::LateRenewalThenSilence,
+        Scenario::OneLoadBalancerItemFailing,
+        Scenario::HalfOpenConnections,
+        Scenario::NotReadyReplica,
+    ] {
         let report = ccm_simulation::run_scenario(scenario);
         assert!(report.violations.is_empty(), "{scenario:?}: {:?}\n{}", report.violations, report.schedule.join("\n"));
         assert!(report.converged_after.is_some(), "{scenario:?} converged");
