@@ -117,6 +117,9 @@ pub struct RouteSync {
     pub kept: u64,
     /// More routes were stale than one reconcile deletes (`--max-route-deletions`).
     pub deletions_left: bool,
+    /// Deletions held back because their Node was found gone only just now: when the first
+    /// of them is due.
+    pub deferred: Option<Duration>,
 }
 
 /// What the Nodes want: table id → route name → (Node name, route).
@@ -229,7 +232,13 @@ struct Routes {
     /// The last reconcile's time at work on the CPU: its own computation over the Nodes,
     /// not its waits on the cloud and the API server.
     busy: Duration,
+    /// When each Node that routes still name was first read as gone from the API server.
+    absent_since: HashMap<String, Instant>,
 }
+
+/// How long a Node is gone before the routes that name it are deleted (see
+/// `Routes::confirm_deletions`).
+const ABSENT_GRACE: Duration = Duration::from_secs(10);
 
 /// Times `f` into `busy` (a reconcile's synchronous work over the Nodes).
 fn timed<T>(busy: &mut Duration, f: impl FnOnce() -> T) -> T {
@@ -315,6 +324,7 @@ impl Routes {
             adopted: HashSet::new(),
             unrouted: Default::default(),
             busy: Duration::ZERO,
+            absent_since: HashMap::new(),
             conditions: {
                 let (batches, receiver) = tokio::sync::mpsc::unbounded_channel();
                 ConditionWriter {
@@ -381,8 +391,15 @@ impl Routes {
     /// gone or has another podCIDR, and a cache can be stale (a watch that was cut, a replica that just took the
     /// lead after a partition). Each such Node is read from the API server; one that is
     /// there with the route's destination, or a read that fails, keeps the route.
-    async fn confirm_deletions(&self, changes: &mut Changes, known: &Known, sync: &mut RouteSync) {
+    ///
+    /// A Node found gone (or there without a podCIDR yet) is so for [`ABSENT_GRACE`] before its
+    /// route is deleted: one deleted and made again under its name (a kubelet re-registering)
+    /// may be given the same podCIDR at once (node IPAM of a new leader hands out the lowest
+    /// free one), and the route then is its own.
+    async fn confirm_deletions(&mut self, changes: &mut Changes, known: &Known, sync: &mut RouteSync) {
         let mut confirmed = Vec::with_capacity(changes.deletes.len());
+        let now = Instant::now();
+        let mut absent = HashSet::new();
         for (table, name) in std::mem::take(&mut changes.deletes) {
             let route = known.routes.get(&table).and_then(|r| r.get(&name));
             let target = route.filter(|r| !r.blackhole).and_then(|r| r.target.as_ref().map(|t| (r, t)));
@@ -394,7 +411,14 @@ impl Routes {
                 confirmed.push((table, name));
                 continue;
             };
-            let kept = match Api::<Node>::all(self.ctx.client.clone()).get_opt(&target.node_name).await {
+            let read = Api::<Node>::all(self.ctx.client.clone()).get_opt(&target.node_name).await;
+            // A Node of that name without any podCIDR yet (made again, waiting for node IPAM)
+            // is as good as gone for the grace: it may be given the same one.
+            let read = match read {
+                Ok(Some(node)) if pod_cidrs(&node).is_empty() && node.metadata.deletion_timestamp.is_none() => Ok(None),
+                other => other,
+            };
+            let kept = match read {
                 Ok(Some(node)) => {
                     let instance = node_util::provider_id(&node).unwrap_or_default();
                     let same_instance = target.provider_id.is_empty()
@@ -410,7 +434,15 @@ impl Routes {
                         )
                     })
                 }
-                Ok(None) => None,
+                Ok(None) => {
+                    absent.insert(target.node_name.clone());
+                    let since = *self.absent_since.entry(target.node_name.clone()).or_insert(now);
+                    let due = (since + ABSENT_GRACE).saturating_duration_since(now);
+                    (!due.is_zero()).then(|| {
+                        sync.deferred = Some(sync.deferred.map_or(due, |d| d.min(due)));
+                        format!("node {} was found gone only just now; deleted if it still is in {due:?}", target.node_name)
+                    })
+                }
                 Err(error) => Some(format!("reading node {} to confirm the route is stale failed: {error}", target.node_name)),
             };
             match kept {
@@ -422,6 +454,8 @@ impl Routes {
             }
         }
         changes.deletes = confirmed;
+        // Only Nodes still found gone are remembered.
+        self.absent_since.retain(|node, _| absent.contains(node));
     }
 
     fn in_cluster(&self, cidr: &str) -> bool {
@@ -1052,6 +1086,8 @@ impl RouteController {
                 // Deletions left over by the cap: the next reconcile after the interval.
                 if sync.deletions_left {
                     Outcome::RequeueAfter(self.ctx.options.route_min_interval)
+                } else if let Some(due) = sync.deferred {
+                    Outcome::RequeueAfter(due.max(self.ctx.options.route_min_interval).min(until_resync))
                 } else {
                     Outcome::RequeueAfter(until_resync)
                 }
