@@ -162,8 +162,15 @@ impl State {
         }
     }
 
-    /// Records that the Node `name` (of `uid`) holds `cidrs`.
+    /// Records that the Node `name` (of `uid`) holds `cidrs`, once (the watch may show the
+    /// CIDRs given before the patch that gave them answers).
     fn hold(&mut self, name: &str, uid: &str, cidrs: Vec<IpNet>) {
+        if let Some(h) = self.held.get(name) {
+            if h.uid == uid && h.cidrs == cidrs {
+                return;
+            }
+            self.free(name);
+        }
         for cidr in &cidrs {
             for range in &mut self.ranges {
                 range.occupy(cidr);
@@ -638,5 +645,15 @@ mod tests {
         assert_eq!(s.take(), Ok(vec![net("10.244.3.0/24")]));
         assert_eq!(s.take(), Ok(vec![net("10.244.0.0/24")]));
         assert_eq!(s.take(), Err(net("10.244.0.0/22")), "full");
+    }
+
+    #[test]
+    fn cidrs_held_twice_by_one_node_are_counted_once() {
+        let mut s = state();
+        let given = s.take().expect("a CIDR");
+        // The watch shows the CIDRs before the patch's answer records them.
+        s.occupy(&node("a", "uid-a", &["10.244.0.0/24"]));
+        s.hold("a", "uid-a", given.clone());
+        assert_eq!(s.free("a"), given, "freed when its Node goes");
     }
 }

@@ -295,7 +295,7 @@ async fn nodes_without_pod_cidrs_cost_no_reconcile() {
     env.nodes().patch(&names[0], &PatchParams::default(), &Patch::Merge(&patch)).await.expect("podCIDR");
     env.nodes().delete(&a, &DeleteParams::default()).await.expect("delete a");
     let want = set(&[("rt-main", "10.244.2.0/24", &names[0])]);
-    eventually("the new Node's route, and a's gone", Duration::from_secs(10), async || {
+    eventually("the new Node's route, and a's gone (a gone for 10 s first)", Duration::from_secs(25), async || {
         (routes(&sim, &env.prefix).await == want).then_some(())
     })
     .await;
