@@ -74,6 +74,10 @@ pub mod reason {
     /// With several providers: a Node waiting for initialisation names, in its
     /// `ccm-rs.dev/provider` label, a provider this core does not have; it is left alone.
     pub const UNKNOWN_PROVIDER: &str = "UnknownProvider";
+    /// With several providers: no provider has known the instance of a Node without
+    /// providerID nor provider label for [`crate::controllers::owners::UNKNOWN_AFTER`]; it
+    /// stays uninitialised, and is deleted by no one (the core never guesses whose it is).
+    pub const PROVIDER_NOT_FOUND: &str = "ProviderNotFound";
     /// With several providers: the one provider that knows a Node's instance was recorded on
     /// it (the `ccm-rs.dev/provider` label).
     pub const PROVIDER_ASSIGNED: &str = "ProviderAssigned";

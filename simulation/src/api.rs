@@ -99,8 +99,8 @@ pub struct Model {
     state: Mutex<State>,
     changed: watch::Sender<u64>,
     rng: Mutex<rand::rngs::StdRng>,
-    /// The cloud, to check deletions against.
-    cloud: Arc<Cloud>,
+    /// The clouds (one per provider), to check deletions against.
+    clouds: Mutex<Vec<Arc<Cloud>>>,
     /// The longest request latency, in ms.
     pub latency_ms: AtomicU64,
     violations: Mutex<Vec<String>>,
@@ -112,7 +112,13 @@ pub struct Model {
     /// `--max-node-deletions` per `--node-deletion-window`, checked over every replica.
     pub deletion_bound: Mutex<Option<(usize, Duration)>>,
     /// When replicas deleted Nodes (virtual time since the run began).
-    node_deletions: Mutex<Vec<Duration>>,
+    /// The times of the Node deletions in the window, per provider (its providerID scheme).
+    node_deletions: Mutex<BTreeMap<String, Vec<Duration>>>,
+    /// `--max-load-balancer-repairs` per `--load-balancer-repair-period`, when the seed repairs
+    /// by reads, and every time (Unix ms) a holder of the service controller's Lease recorded
+    /// a load balancer made again, in any tenure.
+    pub repair_bound: Mutex<Option<(usize, Duration)>>,
+    repairs_spent: Mutex<BTreeMap<String, std::collections::BTreeSet<i64>>>,
     /// Every traced step, when kept (`CCM_SIM_TRACE`).
     steps: Mutex<Option<Vec<String>>>,
 }
@@ -251,7 +257,7 @@ impl Model {
             }),
             changed: watch::channel(0).0,
             rng: Mutex::new(rand::rngs::StdRng::seed_from_u64(seed ^ 0x05ee_da91)),
-            cloud,
+            clouds: Mutex::new(vec![cloud]),
             latency_ms: AtomicU64::new(20),
             violations: Mutex::new(Vec::new()),
             trace: Mutex::new(0xcbf2_9ce4_8422_2325),
@@ -259,7 +265,9 @@ impl Model {
             mutations: AtomicU64::new(0),
             mutation_log: Mutex::new(Vec::new()),
             deletion_bound: Mutex::new(None),
-            node_deletions: Mutex::new(Vec::new()),
+            node_deletions: Mutex::new(BTreeMap::new()),
+            repair_bound: Mutex::new(None),
+            repairs_spent: Mutex::new(BTreeMap::new()),
             steps: Mutex::new(std::env::var_os("CCM_SIM_TRACE").map(|_| Vec::new())),
         })
     }
@@ -562,36 +570,86 @@ impl Model {
         if write {
             self.notify();
         }
+        if let Ok(lease) = &answer
+            && write
+            && key.resource == LEASES
+        {
+            self.check_repairs_spent(lease);
+        }
         match answer {
             Ok(object) => json_reply(StatusCode::OK, &object),
             Err(e) => reply(e),
         }
     }
 
-    /// A Node may be deleted only when its instance is gone (terminated or removed).
+    /// The load balancers made again in any repair period, over every tenure of every replica:
+    /// each holder records the times of its repairs on the Lease before it makes one, and the
+    /// union of every record a Lease ever carried may hold at most the bound in any period (a
+    /// holder that started the period afresh, or overwrote what an earlier one spent, shows).
+    fn check_repairs_spent(&self, lease: &Value) {
+        let Some((max, period)) = *self.repair_bound.lock().unwrap_or_else(|p| p.into_inner()) else { return };
+        let prefix = format!("{}load-balancer-repairs", ccm_core::leader::ANNOTATION_SPENT);
+        let Some(annotations) = lease.pointer("/metadata/annotations").and_then(Value::as_object) else { return };
+        let period_ms = i64::try_from(period.as_millis()).unwrap_or(i64::MAX);
+        let mut spent = self.repairs_spent.lock().unwrap_or_else(|p| p.into_inner());
+        // One key per provider: each provider's bound is its own.
+        for (key, value) in annotations.iter().filter(|(k, _)| k.starts_with(&prefix)) {
+            let times = spent.entry(key.clone()).or_default();
+            times.extend(value.as_str().unwrap_or_default().split(',').filter_map(|t| t.trim().parse::<i64>().ok()));
+            let sorted: Vec<i64> = times.iter().copied().collect();
+            if let Some(w) = sorted.windows(max + 1).find(|w| w[max] - w[0] < period_ms) {
+                let holder = lease.pointer("/spec/holderIdentity").and_then(Value::as_str).unwrap_or_default();
+                self.violation(format!(
+                    "{} load balancers made again within {}s ({key}, latest recorded by {holder}; bound {max} per --load-balancer-repair-period of {}s): {w:?}",
+                    max + 1,
+                    (w[max] - w[0]) / 1000,
+                    period.as_secs()
+                ));
+                times.clear();
+            }
+        }
+    }
+
+    /// A second provider's cloud (two providers in one cluster).
+    pub fn add_cloud(&self, cloud: Arc<Cloud>) {
+        self.clouds.lock().unwrap_or_else(|p| p.into_inner()).push(cloud);
+    }
+
+    /// A Node may be deleted only when its instance is gone (terminated or removed), and at
+    /// most the bound per window of its provider, over every replica and tenure.
     fn check_node_deletion(&self, identity: &str, name: &str) {
         let Some(node) = self.get(&Key::node(name)) else { return };
-        // The deletion bound holds over the whole cluster: every replica, every tenure.
+        let provider_id = node.pointer("/spec/providerID").and_then(Value::as_str).unwrap_or_default();
+        let id = provider_id.rsplit('/').next().unwrap_or_default();
+        let clouds = self.clouds.lock().unwrap_or_else(|p| p.into_inner()).clone();
+        let mut scheme = provider_id.split_once("://").map(|(s, _)| s.to_string());
+        for cloud in &clouds {
+            let snapshot = cloud.snapshot();
+            let Some(instance) = snapshot.instances.iter().find(|i| (!id.is_empty() && i.id == id) || i.name == name) else {
+                continue;
+            };
+            scheme.get_or_insert_with(|| cloud.scheme().to_string());
+            if instance.state != InstanceState::Terminated {
+                self.violation(format!("{identity} deleted Node {name} whose instance {} is {:?}", instance.id, instance.state));
+            }
+        }
+        // The deletion bound holds over the whole cluster: every replica, every tenure (per
+        // provider, with several).
         let bound = *self.deletion_bound.lock().unwrap_or_else(|p| p.into_inner());
         if let Some((max, window)) = bound {
             let now = crate::elapsed();
-            let mut deletions = self.node_deletions.lock().unwrap_or_else(|p| p.into_inner());
+            let scheme = scheme.unwrap_or_default();
+            let mut all = self.node_deletions.lock().unwrap_or_else(|p| p.into_inner());
+            let deletions = all.entry(scheme.clone()).or_default();
             deletions.retain(|t| now.saturating_sub(*t) < window);
             deletions.push(now);
             if deletions.len() > max {
                 self.violation(format!(
-                    "{identity} deleted Node {name}: {} Node deletions in {}s (bound {max} per --node-deletion-window)",
+                    "{identity} deleted Node {name}: {} Node deletions of provider {scheme} in {}s (bound {max} per --node-deletion-window)",
                     deletions.len(),
                     window.as_secs()
                 ));
             }
-        }
-        let provider_id = node.pointer("/spec/providerID").and_then(Value::as_str).unwrap_or_default();
-        let id = provider_id.rsplit('/').next().unwrap_or_default();
-        let snapshot = self.cloud.snapshot();
-        let instance = snapshot.instances.iter().find(|i| (!id.is_empty() && i.id == id) || i.name == name);
-        if let Some(i) = instance.filter(|i| i.state != InstanceState::Terminated) {
-            self.violation(format!("{identity} deleted Node {name} whose instance {} is {:?}", i.id, i.state));
         }
     }
 

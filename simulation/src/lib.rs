@@ -187,6 +187,8 @@ pub const MODE_KINDS: &[&str] = &[
     "tagging",
     "a replica not ready (its sidecar down)",
     "a Node made again under its name",
+    "two providers in one cluster",
+    "load balancer repair by reads",
 ];
 
 /// Which node IPAM a seed runs, if any.
@@ -212,6 +214,12 @@ pub struct Modes {
     pub repair: bool,
     pub declared_rate: Option<(f64, u32)>,
     pub tagging: bool,
+    /// A second provider ("metal") beside the sim: its own cloud, its Nodes (found by its
+    /// label or by asking both), and Services of its `loadBalancerClass`.
+    pub two_providers: bool,
+    /// With repair: by one read per load balancer over `--load-balancer-repair-period` (the
+    /// sweep only at start), under the bound kept on the Lease across tenures.
+    pub repair_reads: bool,
 }
 
 impl Modes {
@@ -226,6 +234,8 @@ impl Modes {
             repair: false,
             declared_rate: None,
             tagging: false,
+            two_providers: false,
+            repair_reads: false,
         };
         if scenario {
             return classic;
@@ -245,6 +255,9 @@ impl Modes {
             repair: rng.random_bool(0.3),
             declared_rate: rng.random_bool(0.25).then_some((2.0, 4)),
             tagging: rng.random_bool(0.3),
+            // Drawn from a stream of its own ([`simulate`]).
+            two_providers: false,
+            repair_reads: false,
         }
     }
 
@@ -264,6 +277,8 @@ impl Modes {
             (self.repair, "load balancer repair"),
             (self.declared_rate.is_some(), "a declared call rate"),
             (self.tagging, "tagging"),
+            (self.two_providers, "two providers in one cluster"),
+            (self.repair && self.repair_reads, "load balancer repair by reads"),
         ] {
             if on {
                 names.push(name);
@@ -289,6 +304,14 @@ const IPAM_CLUSTER_CIDR: &str = "10.244.0.0/20";
 const CLOUD_POD_CIDRS: &str = "10.244.128.0/17";
 /// The label node selectors select on, and its values.
 const POOL: &str = "pool";
+/// `--max-load-balancer-repairs`, and the repair period of the seeds that repair by reads.
+const MAX_REPAIRS: usize = 2;
+const REPAIR_PERIOD: Duration = Duration::from_secs(120);
+/// The second provider's name (and providerID scheme), and the `loadBalancerClass` it serves.
+const METAL: &str = "metal";
+const METAL_CLASS: &str = "metal.example/lb";
+/// The second provider's pod CIDR pool (CloudAllocator).
+const METAL_POD_CIDRS: &str = "10.244.64.0/18";
 
 /// The core's flags in the simulation: the defaults where they matter (the Lease timing, and
 /// the resync periods, 12 h for routes and 1 h for load balancers, longer than a run: every
@@ -320,6 +343,13 @@ fn core_args(modes: &Modes) -> Vec<String> {
     if modes.per_controller {
         args.push("--leader-elect-per-controller".into());
     }
+    if modes.two_providers {
+        args.retain(|a| !a.starts_with("--provider-endpoint="));
+        args.extend([
+            "--provider-endpoint=sim=unix:///run/sim/provider.sock".into(),
+            format!("--provider-endpoint={METAL}=unix:///run/sim/{METAL}.sock"),
+        ]);
+    }
     match modes.ipam {
         Ipam::Off => {}
         Ipam::Range => {
@@ -332,9 +362,17 @@ fn core_args(modes: &Modes) -> Vec<String> {
         }
         Ipam::Cloud => args.extend(["--allocate-node-cidrs=true".into(), "--cidr-allocator-type=CloudAllocator".into()]),
     }
-    if modes.repair {
+    if modes.repair && modes.repair_reads {
+        // The sweep only at start; a read of each load balancer every two minutes, at most
+        // two made again in any two minutes over every tenure ([`Model::repair_bound`]).
+        args.extend([
+            "--load-balancer-resync-period=0s".into(),
+            format!("--load-balancer-repair-period={}s", REPAIR_PERIOD.as_secs()),
+            format!("--max-load-balancer-repairs={MAX_REPAIRS}"),
+        ]);
+    } else if modes.repair {
         // Sweeps (which repair) within a run; at most two made again per sweep.
-        args.extend(["--load-balancer-resync-period=2m".into(), "--max-load-balancer-repairs=2".into()]);
+        args.extend(["--load-balancer-resync-period=2m".into(), format!("--max-load-balancer-repairs={MAX_REPAIRS}")]);
     }
     if modes.tagging {
         args.extend(["--controllers=*,tagging".into(), "--instance-tags=team=sim".into()]);
@@ -350,12 +388,24 @@ struct Replica {
     /// The Lease client's own connection (the controllers' is `net`).
     lease_net: Arc<Net>,
     sidecar: Sidecar,
+    /// The second provider's sidecar, with two providers.
+    metal_sidecar: Option<Sidecar>,
     epochs: u32,
     shutdown: CancellationToken,
     task: tokio::task::JoinHandle<anyhow::Result<()>>,
     metrics: Metrics,
     /// When it started.
     started: Instant,
+}
+
+impl Replica {
+    /// Its sidecars die with it.
+    fn stop_sidecars(&self) {
+        self.sidecar.stop();
+        if let Some(metal) = &self.metal_sidecar {
+            metal.stop();
+        }
+    }
 }
 
 #[derive(Debug, Clone, PartialEq)]
@@ -368,6 +418,10 @@ enum Life {
 struct NodeRec {
     name: String,
     instance: String,
+    /// Whether its instance is the second provider's.
+    metal: bool,
+    /// Whether its Node names its provider by label (else the core asks the providers).
+    labelled: bool,
     cidr: Option<String>,
     life: Life,
     ready: bool,
@@ -381,6 +435,8 @@ struct ServiceRec {
     deleted: bool,
     /// Whether it selects its Nodes (`pool=a`).
     selects: bool,
+    /// Whether it is of the second provider's `loadBalancerClass`.
+    metal: bool,
 }
 
 /// A fault that ends at a time.
@@ -394,8 +450,9 @@ enum Active {
     LeaseSilent(usize),
     HalfOpen(usize),
     WatchesCut(usize),
-    /// An instance's addresses, put back after the cloud answered others.
-    Addresses(String, Vec<Address>),
+    /// An instance's addresses (of the second provider's cloud, if so), put back after the
+    /// cloud answered others.
+    Addresses(bool, String, Vec<Address>),
     /// A replica's sidecar is down (its /readyz fails): it comes back with a new epoch.
     SidecarDown(usize),
 }
@@ -407,6 +464,10 @@ struct World {
     address_rng: StdRng,
     model: Arc<Model>,
     cloud: Arc<Cloud>,
+    /// The second provider's cloud, with two providers, and the stream its choices are drawn
+    /// from (so that adding it left every other seed's draws as they were).
+    metal: Option<Arc<Cloud>>,
+    provider_rng: StdRng,
     shared: Shared,
     nodes: Vec<NodeRec>,
     services: Vec<ServiceRec>,
@@ -489,13 +550,22 @@ impl World {
         let lease = ccm_core::leader::lease_config(&controllers, options.leader_elect_renew_deadline);
         let metrics = Metrics::new();
         let (timeout, concurrency) = (options.provider_call_timeout, options.provider_max_concurrency);
-        let provider = Provider::over(sidecar.channel(), "sim://in-process", timeout, concurrency, metrics.clone())
-            .with_max_retry_after(options.provider_max_retry_after)
-            .with_mutation_timeout(options.provider_mutation_timeout);
+        let client = |sidecar: &Sidecar, name: &str| {
+            Provider::over(sidecar.channel(), &format!("{name}://in-process"), timeout, concurrency, metrics.clone())
+                .with_max_retry_after(options.provider_max_retry_after)
+                .with_mutation_timeout(options.provider_mutation_timeout)
+        };
+        let mut providers = vec![client(&sidecar, "sim")];
+        let metal_sidecar = self.metal.as_ref().map(|metal| {
+            Sidecar::start(metal, &self.model, &identity, &format!("{METAL}-epoch-{slot}-{incarnation}"), &self.shared)
+        });
+        if let Some(metal) = &metal_sidecar {
+            providers = vec![client(&sidecar, "sim").named("sim"), client(metal, METAL).named(METAL)];
+        }
         let parts = Parts {
             client: link.clone().client(&controllers),
             lease_client: lease_link.client(&lease),
-            providers: vec![provider],
+            providers,
             metrics: metrics.clone(),
             identity: Some(identity.clone()),
             config: None,
@@ -511,6 +581,7 @@ impl World {
             net,
             lease_net,
             sidecar,
+            metal_sidecar,
             epochs: 0,
             shutdown,
             task,
@@ -526,7 +597,7 @@ impl World {
         if let Some(r) = self.replicas[slot].take() {
             r.net.down.store(true, std::sync::atomic::Ordering::Relaxed);
             r.lease_net.down.store(true, std::sync::atomic::Ordering::Relaxed);
-            r.sidecar.stop();
+            r.stop_sidecars();
             r.shutdown.cancel();
             self.model.wake_watches();
             self.log(format!(
@@ -548,7 +619,7 @@ impl World {
             if ended && let Some(r) = self.replicas[slot].take() {
                 r.net.down.store(true, std::sync::atomic::Ordering::Relaxed);
                 r.lease_net.down.store(true, std::sync::atomic::Ordering::Relaxed);
-                r.sidecar.stop();
+                r.stop_sidecars();
                 self.log(format!("{} exited; restarting", r.identity));
                 self.restart_at[slot] = Some(Instant::now() + Duration::from_secs(1));
             }
@@ -560,27 +631,63 @@ impl World {
     }
 
     fn add_node(&mut self) {
-        self.add_node_in(None);
+        self.add_node_in(None, None);
     }
 
     fn zone(k: usize) -> &'static str {
         if k.is_multiple_of(2) { "sim-region-1a" } else { "sim-region-1b" }
     }
 
-    fn add_node_in(&mut self, zone: Option<&'static str>) {
+    /// The cloud of a Node's instance (or of a Service's load balancer).
+    fn cloud_of(&self, metal: bool) -> &Arc<Cloud> {
+        match &self.metal {
+            Some(cloud) if metal => cloud,
+            _ => &self.cloud,
+        }
+    }
+
+    /// The address of an instance: `10.0.x.y` in the sim's cloud, `10.1.x.y` in the second.
+    fn own_address(instance: &str) -> String {
+        let (net, k) = match instance.strip_prefix("m-") {
+            Some(k) => (1, k),
+            None => (0, instance.trim_start_matches("i-")),
+        };
+        let k: usize = k.parse().unwrap_or(0);
+        format!("10.{net}.{}.{}", k / 250, k % 250 + 1)
+    }
+
+    /// The Node object of node record `i`, as its kubelet registers it.
+    fn node_json(&self, i: usize) -> Value {
+        let rec = &self.nodes[i];
+        let mut node = node_object(&rec.name, rec.cidr.as_deref());
+        node["metadata"]["labels"][POOL] = json!(rec.pool);
+        if rec.labelled {
+            node["metadata"]["labels"][ccm_core::wellknown::LABEL_PROVIDER] = json!(METAL);
+        }
+        node
+    }
+
+    /// A Node joins, in `zone` (by default, its number's), of the second provider's cloud when
+    /// `metal` says so (by default, drawn when there is one).
+    fn add_node_in(&mut self, zone: Option<&'static str>, metal: Option<bool>) {
         self.next_node += 1;
         let k = self.next_node;
         let name = format!("node-{k}");
-        let instance = format!("i-{k:04}");
+        let metal = match metal {
+            Some(metal) => metal && self.metal.is_some(),
+            None => self.metal.is_some() && self.provider_rng.random_bool(0.35),
+        };
+        let labelled = metal && self.provider_rng.random_bool(0.5);
+        let instance = if metal { format!("m-{k:04}") } else { format!("i-{k:04}") };
         let zone = zone.unwrap_or(Self::zone(k));
         let spec = InstanceSpec {
             id: instance.clone(),
             name: name.clone(),
             zone: zone.into(),
-            addresses: vec![Address { kind: "InternalIP".into(), address: format!("10.0.{}.{}", k / 250, k % 250 + 1) }],
+            addresses: vec![Address { kind: "InternalIP".into(), address: Self::own_address(&instance) }],
             ..Default::default()
         };
-        if let Err(e) = self.cloud.add_instance(spec, Duration::ZERO) {
+        if let Err(e) = self.cloud_of(metal).add_instance(spec, Duration::ZERO) {
             self.model.violation(format!("the world could not add instance {instance}: {e}"));
             return;
         }
@@ -588,17 +695,27 @@ impl World {
         // With node IPAM the core gives the podCIDRs.
         let cidr = cidr.filter(|_| self.modes.ipam == Ipam::Off);
         let pool = if self.modes.selectors && self.mode_rng.random_bool(0.5) { "b" } else { "a" };
-        let mut node = node_object(&name, cidr.as_deref());
-        node["metadata"]["labels"][POOL] = json!(pool);
+        self.nodes.push(NodeRec {
+            name: name.clone(),
+            instance: instance.clone(),
+            metal,
+            labelled,
+            cidr: cidr.clone(),
+            life: Life::Running,
+            ready: true,
+            pool,
+        });
+        let mut node = self.node_json(self.nodes.len() - 1);
         // Some kubelets set a valid providerID of their own, in another form than the cloud's
         // (the zone they believed): the Node keeps it and is initialised all the same.
         if self.rng.random_bool(0.25) {
-            node["spec"]["providerID"] = json!(format!("sim://zone-the-kubelet-said/{instance}"));
+            let scheme = self.cloud_of(metal).scheme().to_string();
+            node["spec"]["providerID"] = json!(format!("{scheme}://zone-the-kubelet-said/{instance}"));
             self.faults.insert("providerIDs in the kubelet's form");
         }
         self.model.create(&Key::node(&name), node);
-        self.log(format!("node {name} joins (instance {instance}, podCIDR {cidr:?})"));
-        self.nodes.push(NodeRec { name, instance, cidr, life: Life::Running, ready: true, pool });
+        let of = if metal { format!(", of {METAL}{}", if labelled { " by label" } else { "" }) } else { String::new() };
+        self.log(format!("node {name} joins (instance {instance}{of}, podCIDR {cidr:?})"));
     }
 
     fn set_ready(&mut self, i: usize, ready: bool) {
@@ -635,7 +752,11 @@ impl World {
                 Active::Provider(f) => Some(f.clone()),
                 _ => None,
             })
-            .collect();
+            .collect::<Vec<Fault>>();
+        // The second provider's cloud has the same trouble.
+        if let Some(metal) = &self.metal {
+            metal.set_faults(faults.clone());
+        }
         self.cloud.set_faults(faults);
     }
 
@@ -676,8 +797,8 @@ impl World {
                         self.log(format!("{identity}'s sidecar is back as {epoch}"));
                     }
                 }
-                Active::Addresses(instance, addresses) => {
-                    let _ = self.cloud.set_addresses(&instance, addresses);
+                Active::Addresses(metal, instance, addresses) => {
+                    let _ = self.cloud_of(metal).set_addresses(&instance, addresses);
                 }
                 Active::LeaseSilent(slot) => {
                     if let Some(r) = &self.replicas[slot] {
@@ -709,15 +830,14 @@ impl World {
         let live: Vec<usize> = (0..self.nodes.len()).filter(|&i| self.nodes[i].life != Life::Terminated).collect();
         let Some(i) = (!live.is_empty()).then(|| live[self.address_rng.random_range(0..live.len())]) else { return };
         let lasts = Duration::from_secs(self.address_rng.random_range(5..=90));
-        let instance = self.nodes[i].instance.clone();
-        let k: usize = instance.trim_start_matches("i-").parse().unwrap_or(0);
-        let own = vec![Address { kind: "InternalIP".into(), address: format!("10.0.{}.{}", k / 250, k % 250 + 1) }];
+        let (instance, metal) = (self.nodes[i].instance.clone(), self.nodes[i].metal);
+        let own = vec![Address { kind: "InternalIP".into(), address: Self::own_address(&instance) }];
         let bad = ["169.254.169.254", "127.0.0.1", "fe80::1"][self.address_rng.random_range(0..3)];
         let answered = vec![Address { kind: "InternalIP".into(), address: bad.into() }];
-        if self.cloud.set_addresses(&instance, answered).is_ok() {
+        if self.cloud_of(metal).set_addresses(&instance, answered).is_ok() {
             self.faults.insert("the cloud answers an address no host can reach");
             self.log(format!("instance {instance} answered with address {bad} for {}s", lasts.as_secs()));
-            self.active.push((Instant::now() + lasts, Active::Addresses(instance, own)));
+            self.active.push((Instant::now() + lasts, Active::Addresses(metal, instance, own)));
         }
     }
 
@@ -749,14 +869,32 @@ impl World {
                 if live.is_empty() {
                     return;
                 }
-                let name = self.services[live[self.mode_rng.random_range(0..live.len())]].name.clone();
+                let s = &self.services[live[self.mode_rng.random_range(0..live.len())]];
+                let (name, cloud) = (s.name.clone(), self.cloud_of(s.metal).clone());
+                // Where repairs go by reads, now and then a cleanup deletes every load balancer
+                // at once: more than the repair bound, across changes of leader.
+                if self.modes.repair_reads && self.provider_rng.random_bool(0.5) {
+                    let gone: Vec<String> = live
+                        .iter()
+                        .filter_map(|&i| {
+                            let s = &self.services[i];
+                            let lb = self.load_balancer_name(&s.name)?;
+                            self.cloud_of(s.metal).remove_load_balancer(&lb).is_ok().then(|| s.name.clone())
+                        })
+                        .collect();
+                    if !gone.is_empty() {
+                        self.exercised.insert("load balancers deleted behind the core");
+                        self.log(format!("the load balancers of {gone:?} deleted in the cloud at once behind the core"));
+                    }
+                    return;
+                }
                 let Some(lb) = self.load_balancer_name(&name) else { return };
                 if self.mode_rng.random_bool(0.6) {
-                    if self.cloud.remove_load_balancer(&lb).is_ok() {
+                    if cloud.remove_load_balancer(&lb).is_ok() {
                         self.exercised.insert("load balancers deleted behind the core");
                         self.log(format!("load balancer {lb} of {name} deleted in the cloud behind the core"));
                     }
-                } else if self.cloud.set_load_balancer_hosts_by_hand(&lb, Vec::new()).is_ok() {
+                } else if cloud.set_load_balancer_hosts_by_hand(&lb, Vec::new()).is_ok() {
                     self.exercised.insert("load balancer hosts changed behind the core");
                     self.log(format!("load balancer {lb} of {name} given no hosts by hand in the cloud"));
                 }
@@ -767,11 +905,9 @@ impl World {
                     return;
                 }
                 let i = live[self.mode_rng.random_range(0..live.len())];
-                let (name, cidr, pool) = (self.nodes[i].name.clone(), self.nodes[i].cidr.clone(), self.nodes[i].pool);
+                let name = self.nodes[i].name.clone();
                 self.model.delete(&Key::node(&name));
-                let mut node = node_object(&name, cidr.as_deref());
-                node["metadata"]["labels"][POOL] = json!(pool);
-                self.model.create(&Key::node(&name), node);
+                self.model.create(&Key::node(&name), self.node_json(i));
                 self.nodes[i].ready = true;
                 self.exercised.insert("a Node made again under its name");
                 self.log(format!("node {name} deleted and made again under its name"));
@@ -799,21 +935,24 @@ impl World {
     fn check_call_rate(&self) {
         let Some((per_second, burst)) = self.modes.declared_rate else { return };
         const WINDOW: Duration = Duration::from_secs(30);
-        let mut calls = self.shared.calls.lock().unwrap_or_else(|p| p.into_inner()).clone();
-        calls.sort();
-        let bound = (per_second * WINDOW.as_secs_f64()) as usize + burst as usize + 8 * self.replicas.len();
-        let mut start = 0;
-        for end in 0..calls.len() {
-            while calls[end].saturating_sub(calls[start]) >= WINDOW {
-                start += 1;
-            }
-            if end + 1 - start > bound {
-                self.model.violation(format!(
-                    "{} calls reached the cloud in the 30 s before t={:.1}s, summed over every sidecar (declared {per_second}/s, burst {burst}: bound {bound})",
-                    end + 1 - start,
-                    calls[end].as_secs_f64()
-                ));
-                return;
+        let all = self.shared.calls.lock().unwrap_or_else(|p| p.into_inner()).clone();
+        // Each provider's budget is its own.
+        for (provider, mut calls) in all {
+            calls.sort();
+            let bound = (per_second * WINDOW.as_secs_f64()) as usize + burst as usize + 8 * self.replicas.len();
+            let mut start = 0;
+            for end in 0..calls.len() {
+                while calls[end].saturating_sub(calls[start]) >= WINDOW {
+                    start += 1;
+                }
+                if end + 1 - start > bound {
+                    self.model.violation(format!(
+                        "{} calls reached {provider}'s cloud in the 30 s before t={:.1}s, summed over every sidecar (declared {per_second}/s, burst {burst}: bound {bound})",
+                        end + 1 - start,
+                        calls[end].as_secs_f64()
+                    ));
+                    break;
+                }
             }
         }
     }
@@ -875,7 +1014,7 @@ impl World {
                     } else {
                         (InstanceState::Stopped, Life::Stopped)
                     };
-                    let _ = self.cloud.set_instance_state(&id, state);
+                    let _ = self.cloud_of(self.nodes[i].metal).set_instance_state(&id, state);
                     self.log(format!("instance {id} of {name} now {life:?}"));
                     self.nodes[i].life = life.clone();
                     self.set_ready(i, life == Life::Running);
@@ -885,7 +1024,7 @@ impl World {
                 let live = self.live_nodes();
                 if let Some(i) = self.pick(&live) {
                     let (name, id) = (self.nodes[i].name.clone(), self.nodes[i].instance.clone());
-                    let _ = self.cloud.set_instance_state(&id, InstanceState::Terminated);
+                    let _ = self.cloud_of(self.nodes[i].metal).set_instance_state(&id, InstanceState::Terminated);
                     self.nodes[i].life = Life::Terminated;
                     self.set_ready(i, false);
                     self.log(format!("instance {id} of {name} terminated"));
@@ -1124,24 +1263,40 @@ impl World {
         self.model.latency_ms.store(20, std::sync::atomic::Ordering::Relaxed);
         for i in 0..self.nodes.len() {
             if self.nodes[i].life == Life::Stopped {
-                let _ = self.cloud.set_instance_state(&self.nodes[i].instance, InstanceState::Running);
+                let _ = self.cloud_of(self.nodes[i].metal).set_instance_state(&self.nodes[i].instance, InstanceState::Running);
                 self.nodes[i].life = Life::Running;
             }
             if self.nodes[i].life == Life::Running && !self.nodes[i].ready {
                 self.set_ready(i, true);
             }
         }
+        // With two providers, a Node that never had a providerID nor the provider label, whose
+        // instance is gone, is no provider's to delete: no provider knows it, and the core
+        // never guesses (ccm-core/README.md, "Which provider a Node belongs to"). The
+        // operator deletes it, as the Warning `ProviderNotFound` asks.
+        if self.metal.is_some() {
+            for i in 0..self.nodes.len() {
+                let name = self.nodes[i].name.clone();
+                let Some(node) = self.model.get(&Key::node(&name)) else { continue };
+                let claimed = node.pointer("/spec/providerID").is_some()
+                    || node.pointer("/metadata/labels").and_then(|l| l.get(ccm_core::wellknown::LABEL_PROVIDER)).is_some();
+                if self.nodes[i].life == Life::Terminated && !claimed {
+                    self.model.delete(&Key::node(&name));
+                    self.log(format!("the operator deletes node {name}, which no provider knows (its instance is gone)"));
+                }
+            }
+        }
         // The Nodes of terminated instances wait, by design, for a Ready Node to witness the
         // provider's word, and for their zone not to look disrupted (most of its Nodes
         // NotReady): a replacement joins the zone of each, as an autoscaling group's would.
-        let dead: Vec<&'static str> = self
+        let dead: Vec<(&'static str, bool)> = self
             .nodes
             .iter()
             .filter(|n| n.life == Life::Terminated && self.model.get(&Key::node(&n.name)).is_some())
-            .map(|n| Self::zone(n.name.trim_start_matches("node-").parse().unwrap_or(0)))
+            .map(|n| (Self::zone(n.name.trim_start_matches("node-").parse().unwrap_or(0)), n.metal))
             .collect();
-        for zone in dead {
-            self.add_node_in(Some(zone));
+        for (zone, metal) in dead {
+            self.add_node_in(Some(zone), Some(metal));
         }
         if self.live_nodes().is_empty() {
             self.add_node();
@@ -1174,6 +1329,8 @@ impl World {
             // The controllers that ran: their queues took keys.
             for line in text.lines().filter_map(|l| l.strip_prefix("ccm_workqueue_adds_total{controller=\"")) {
                 let (controller, rest) = line.split_once('"').unwrap_or_default();
+                // With several providers, each provider's instance: `name[provider]`.
+                let controller = controller.split('[').next().unwrap_or_default();
                 if rest.rsplit(' ').next().and_then(|v| v.parse::<f64>().ok()).unwrap_or(0.0) > 0.0 {
                     ran.push(controller.to_string());
                 }
@@ -1271,7 +1428,8 @@ impl World {
                 }
             }
             let id = node.pointer("/spec/providerID").and_then(Value::as_str).unwrap_or_default();
-            if !id.is_empty() && id.rsplit('/').next() != Some(rec.instance.as_str()) {
+            let scheme = format!("{}://", self.cloud_of(rec.metal).scheme());
+            if !id.is_empty() && (id.rsplit('/').next() != Some(rec.instance.as_str()) || !id.starts_with(&scheme)) {
                 self.model.violation(format!("Node {} has providerID {id}, not its instance {}", rec.name, rec.instance));
             }
         }
@@ -1292,6 +1450,11 @@ impl World {
             }
         }
         let snapshot = self.cloud.snapshot();
+        let metal = self.metal.as_ref().map(|m| m.snapshot());
+        let snapshot_of = |metal_side: bool| match &metal {
+            Some(m) if metal_side => m,
+            _ => &snapshot,
+        };
         let nodes = self.model.list("v1/nodes");
         let name_of = |n: &Value| n.pointer("/metadata/name").and_then(Value::as_str).unwrap_or_default().to_string();
         let mut backends = BTreeSet::new();
@@ -1311,22 +1474,28 @@ impl World {
                 return Some(format!("Node {name} is not initialised"));
             }
             let pool = node.pointer(&format!("/metadata/labels/{POOL}")).and_then(Value::as_str).unwrap_or("a").to_string();
-            backends.insert((name.clone(), pool));
+            backends.insert((name.clone(), pool, rec.metal));
             let cidr = node.pointer("/spec/podCIDR").and_then(Value::as_str).map(str::to_string);
             if self.modes.ipam != Ipam::Off && cidr.is_none() {
                 return Some(format!("Node {name} has no podCIDR from node IPAM"));
             }
             // The cloud routes the pod CIDRs it gives (alias ranges): no route is made for them.
+            // Each provider routes its own Nodes' pod networks.
             if let Some(cidr) = cidr.filter(|_| self.modes.ipam != Ipam::Cloud) {
-                routes_wanted.insert((name, cidr));
+                routes_wanted.insert((rec.metal, name, cidr));
             }
         }
-        let routes: BTreeSet<(String, String)> = snapshot
-            .route_tables
-            .iter()
-            .flat_map(|t| &t.routes)
-            .filter(|r| r.cluster == CLUSTER)
-            .map(|r| (r.node_name.clone(), r.destination_cidr.clone()))
+        let routes: BTreeSet<(bool, String, String)> = [false, true]
+            .into_iter()
+            .filter(|m| !m || metal.is_some())
+            .flat_map(|m| {
+                snapshot_of(m)
+                    .route_tables
+                    .iter()
+                    .flat_map(|t| &t.routes)
+                    .filter(|r| r.cluster == CLUSTER)
+                    .map(move |r| (m, r.node_name.clone(), r.destination_cidr.clone()))
+            })
             .collect();
         if routes != routes_wanted {
             return Some(format!("routes {routes:?}, wanted {routes_wanted:?}"));
@@ -1347,7 +1516,7 @@ impl World {
                 return Some(format!("Service {} has no ingress", s.name));
             }
             let service = format!("{NAMESPACE}/{}", s.name);
-            let Some(lb) = snapshot.load_balancers.iter().find(|l| l.service == service) else {
+            let Some(lb) = snapshot_of(s.metal).load_balancers.iter().find(|l| l.service == service) else {
                 return Some(format!("Service {} has no load balancer", s.name));
             };
             let ports: BTreeSet<u32> = s.ports.iter().map(|p| u32::try_from(*p).unwrap_or(0)).collect();
@@ -1355,16 +1524,28 @@ impl World {
                 return Some(format!("load balancer of {} has ports {:?}, wanted {ports:?}", s.name, lb.ports));
             }
             let hosts: BTreeSet<String> = lb.nodes.iter().cloned().collect();
-            let wanted: BTreeSet<String> =
-                backends.iter().filter(|(_, pool)| !s.selects || pool == "a").map(|(n, _)| n.clone()).collect();
+            // A provider's load balancers have its own Nodes behind them.
+            let wanted: BTreeSet<String> = backends
+                .iter()
+                .filter(|(_, pool, metal)| (!s.selects || pool == "a") && *metal == s.metal)
+                .map(|(n, _, _)| n.clone())
+                .collect();
             // A selector that matches no Node keeps the hosts it had.
             if hosts != wanted && !(s.selects && wanted.is_empty()) {
                 return Some(format!("load balancer of {} has hosts {hosts:?}, wanted {wanted:?}", s.name));
             }
             wanted_lbs.insert(service);
         }
-        if let Some(leaked) = snapshot.load_balancers.iter().find(|l| !wanted_lbs.contains(&l.service)) {
+        let every_lb = snapshot.load_balancers.iter().chain(metal.iter().flat_map(|m| &m.load_balancers));
+        if let Some(leaked) = every_lb.clone().find(|l| !wanted_lbs.contains(&l.service)) {
             return Some(format!("load balancer {} of {} leaked", leaked.name, leaked.service));
+        }
+        // One load balancer per Service, in its own provider's cloud.
+        if let Some(s) = self.services.iter().filter(|s| !s.deleted).find(|s| {
+            let service = format!("{NAMESPACE}/{}", s.name);
+            every_lb.clone().filter(|l| l.service == service).count() > 1
+        }) {
+            return Some(format!("Service {} has a load balancer in both clouds", s.name));
         }
         None
     }
@@ -1446,6 +1627,39 @@ async fn simulate(seed: u64, scenario: Option<Scenario>) -> Report {
         Err(e) => panic!("the sim cloud's configuration: {e}"),
     };
     let model = Model::new(seed, cloud.clone());
+    // Two providers in one cluster, for a share of the seeds: drawn from a stream of their
+    // own, so that every other seed runs as it did.
+    let mut provider_rng = StdRng::seed_from_u64(seed ^ 0x0002_c10d);
+    modes.two_providers = scenario.is_none() && provider_rng.random_bool(0.2);
+    modes.repair_reads = modes.repair && provider_rng.random_bool(0.5);
+    if modes.repair_reads {
+        *model.repair_bound.lock().unwrap_or_else(|p| p.into_inner()) = Some((MAX_REPAIRS, REPAIR_PERIOD));
+    }
+    let metal = modes.two_providers.then(|| {
+        let mut metal = Config {
+            plugin_name: format!("{METAL}.cloudprovider.dev"),
+            provider_id_scheme: METAL.into(),
+            bulk_routes: provider_rng.random_bool(0.5),
+            batch_reads: provider_rng.random_bool(0.7),
+            ..Default::default()
+        };
+        metal.load_balancers.bulk_hosts = provider_rng.random_bool(0.5);
+        metal.load_balancers.classes = vec![METAL_CLASS.into()];
+        metal.load_balancers.address_pool = vec!["198.51.100.0/24".into()];
+        metal.api.latency_ms = provider_rng.random_range(0..=300);
+        metal.pod_cidrs = config
+            .pod_cidrs
+            .clone()
+            .map(|p| ccm_provider_sim::config::PodCidrConfig { pools: vec![METAL_POD_CIDRS.into()], ..p });
+        metal.set_tags = modes.tagging;
+        match Cloud::new(&metal) {
+            Ok(c) => Arc::new(c),
+            Err(e) => panic!("the second cloud's configuration: {e}"),
+        }
+    });
+    if let Some(metal) = &metal {
+        model.add_cloud(metal.clone());
+    }
     *model.deletion_bound.lock().unwrap_or_else(|p| p.into_inner()) = Some((MAX_NODE_DELETIONS, NODE_DELETION_WINDOW));
     let replicas = modes.replicas;
     let shared = Shared { declared: modes.declared_rate, ..Default::default() };
@@ -1454,6 +1668,8 @@ async fn simulate(seed: u64, scenario: Option<Scenario>) -> Report {
         address_rng: StdRng::seed_from_u64(seed ^ 0x0add_7e55),
         model: model.clone(),
         cloud,
+        metal,
+        provider_rng,
         shared,
         nodes: Vec::new(),
         services: Vec::new(),
@@ -1639,9 +1855,15 @@ impl World {
         if selects {
             object["metadata"]["annotations"] = json!({ ccm_core::wellknown::ANNOTATION_NODE_SELECTOR: format!("{POOL}=a") });
         }
+        let metal = self.metal.is_some() && self.provider_rng.random_bool(0.4);
+        if metal {
+            object["spec"]["loadBalancerClass"] = json!(METAL_CLASS);
+        }
         self.model.create(&Key::service(NAMESPACE, &name), object);
-        self.log(format!("service {name} created{}", if selects { " (node selector pool=a)" } else { "" }));
-        self.services.push(ServiceRec { name: name.clone(), ports, deleted: false, selects });
+        let selector = if selects { " (node selector pool=a)" } else { "" };
+        let class = if metal { format!(" (class {METAL_CLASS})") } else { String::new() };
+        self.log(format!("service {name} created{selector}{class}"));
+        self.services.push(ServiceRec { name: name.clone(), ports, deleted: false, selects, metal });
         name
     }
 

@@ -33,18 +33,21 @@ pub struct Shared {
     pub detached: Arc<AtomicBool>,
     /// The call rate every sidecar declares (`call_rate`), if the seed has one.
     pub declared: Option<(f64, u32)>,
-    /// When each call that reaches the cloud (every service but identity) ended, across
-    /// every sidecar, in virtual time since the run began.
-    pub calls: Arc<Mutex<Vec<std::time::Duration>>>,
+    /// When each call that reaches a cloud (every service but identity) ended, across every
+    /// sidecar, in virtual time since the run began, per provider (its providerID scheme).
+    pub calls: Calls,
 }
 
-/// Records every call a sidecar answers that reaches the cloud.
-struct Counted(Arc<Mutex<Vec<std::time::Duration>>>);
+/// The times of the calls that reached each provider's cloud.
+pub type Calls = Arc<Mutex<BTreeMap<String, Vec<std::time::Duration>>>>;
+
+/// Records every call a sidecar answers that reaches its cloud.
+struct Counted(Calls, String);
 
 impl ccm_provider_sdk::CallObserver for Counted {
     fn observe(&self, method: &'static str, _code: tonic::Code, _elapsed: std::time::Duration) {
         if !method.starts_with("IdentityService/") {
-            self.0.lock().unwrap_or_else(|p| p.into_inner()).push(crate::elapsed());
+            self.0.lock().unwrap_or_else(|p| p.into_inner()).entry(self.1.clone()).or_default().push(crate::elapsed());
         }
     }
 }
@@ -415,15 +418,16 @@ impl Sidecar {
             detached: shared.detached.clone(),
         });
         let dead = watched.dead.clone();
-        let mut server = ProviderServer::new("sim.cloudprovider.dev", ccm_provider_sim::VERSION)
-            .provider_id_scheme("sim")
+        let scheme = cloud.scheme().to_string();
+        let mut server = ProviderServer::new(format!("{scheme}.cloudprovider.dev"), ccm_provider_sim::VERSION)
+            .provider_id_scheme(&scheme)
             .epoch(epoch)
             .instances(watched.clone())
             .tags(watched.clone())
             .routes(watched.clone())
             .load_balancers(watched.clone())
             .probe(watched)
-            .observe(Arc::new(Counted(shared.calls.clone())));
+            .observe(Arc::new(Counted(shared.calls.clone(), scheme.clone())));
         if let Some((per_second, burst)) = shared.declared {
             server = server.call_rate(per_second, burst);
         }

@@ -33,6 +33,10 @@ use crate::wellknown::{LABEL_PROVIDER, TAINT_UNINITIALIZED};
 /// Its name in logs and metrics; its Events are the node controller's.
 pub const NAME: &str = "cloud-node-provider-lookup";
 
+/// How long a Node waits, from its creation, for a provider to know its instance before a
+/// Warning `ProviderNotFound` says none does.
+pub const UNKNOWN_AFTER: std::time::Duration = std::time::Duration::from_secs(5 * 60);
+
 /// Whether a Node waits for its provider to be found by lookups.
 fn needs_lookup(ctx: &Context, node: &Node) -> bool {
     node_util::has_taint(node, TAINT_UNINITIALIZED)
@@ -143,6 +147,17 @@ impl OwnerResolver {
             }
             Ok([]) => {
                 tracing::info!(node = %name, "no provider knows the node's instance (yet); asking again later");
+                // A kubelet may register before its cloud lists the instance: said only once the
+                // Node has waited long enough for that (one Event series, counted up).
+                let waited = node.metadata.creation_timestamp.as_ref().map(|t| crate::clock::now().duration_since(t.0));
+                if waited.is_some_and(|w| w.as_secs() >= UNKNOWN_AFTER.as_secs() as i64) {
+                    let note = format!(
+                        "No provider of --node-provider-lookup-order knows the instance of this Node: it stays \
+                         uninitialised and no provider deletes it. Label it {LABEL_PROVIDER}=NAME (or start its \
+                         kubelet with --node-labels={LABEL_PROVIDER}=NAME), or delete it if its machine is gone"
+                    );
+                    self.ctx.event(super::node::NAME, node, EventType::Warning, reason::PROVIDER_NOT_FOUND, note).await;
+                }
                 retry
             }
             Ok([owner]) => {

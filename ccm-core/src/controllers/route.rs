@@ -443,7 +443,15 @@ impl Routes {
                         format!("node {} was found gone only just now; deleted if it still is in {due:?}", target.node_name)
                     })
                 }
-                Err(error) => Some(format!("reading node {} to confirm the route is stale failed: {error}", target.node_name)),
+                // Kept, and looked at again after the grace: nothing else may come to say so
+                // (the Node's deletion was the last event).
+                Err(error) => {
+                    sync.deferred = Some(sync.deferred.map_or(ABSENT_GRACE, |d| d.min(ABSENT_GRACE)));
+                    Some(format!(
+                        "reading node {} to confirm the route is stale failed: {error}; read again in {ABSENT_GRACE:?}",
+                        target.node_name
+                    ))
+                }
             };
             match kept {
                 Some(why) => {

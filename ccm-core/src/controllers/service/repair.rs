@@ -182,12 +182,14 @@ impl ServiceController {
     /// Lease made again counts ([`crate::leader::Ledger`]), and this one is recorded there
     /// before it is made; neither read nor recorded, none is made.
     async fn repair_budget(&self, window: Duration) -> bool {
-        const KEY: &str = "load-balancer-repairs";
+        // Per provider: with several, each provider's service controller keeps its own count
+        // under the one Lease (`default` with a single provider).
+        let key = format!("load-balancer-repairs.{}", self.ctx.provider.name());
         let ledger = self.ctx.ledger.as_ref();
         if let Some(ledger) = ledger
             && !self.state().repairs_loaded
         {
-            match ledger.load(KEY).await {
+            match ledger.load(&key).await {
                 Ok(times) => {
                     let mut state = self.state();
                     state.repaired_at = times.into();
@@ -213,7 +215,7 @@ impl ServiceController {
             state.repaired_at.iter().copied().collect()
         };
         match ledger {
-            Some(ledger) => match ledger.record(KEY, &spent).await {
+            Some(ledger) => match ledger.record(&key, &spent).await {
                 Ok(()) => true,
                 Err(error) => {
                     tracing::warn!(error = %crate::metrics::chain(&error), "the repair's record was not kept; not made again now");
