@@ -50,6 +50,10 @@ pub const ANNOTATION_SOURCE_RANGES: &str = "service.beta.kubernetes.io/load-bala
 /// The annotation recording the name a Service's load balancer was made under: kept when
 /// `--load-balancer-naming` changes, so that a load balancer is never made anew by surprise.
 pub const ANNOTATION_LOAD_BALANCER_NAME: &str = "ccm-rs.dev/load-balancer-name";
+/// On a LoadBalancer Service: what its load balancer was last ensured as (a key over the spec,
+/// name, provider and provider epoch, and the node set given), written by the core after an
+/// Ensure, so that a new leader does not ensure it again when nothing changed.
+pub const ANNOTATION_LOAD_BALANCER_ENSURED: &str = "ccm-rs.dev/load-balancer-ensured";
 /// On a LoadBalancer Service, with several providers: the provider whose load balancer it has
 /// (written with the finalizer, before the load balancer is made). The Service stays that
 /// provider's whatever later flags say of unclassed Services, so that its load balancer is

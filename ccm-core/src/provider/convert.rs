@@ -244,14 +244,15 @@ impl LoadBalancerRequest {
             requested_ip: spec.load_balancer_ip.unwrap_or_default(),
             external_traffic_policy: traffic_policy as i32,
             health_check_node_port: spec.health_check_node_port.unwrap_or(0).max(0) as u32,
-            // The core's own record of the name is not the Service's: no provider sees it.
+            // The core's own records (the name, what was ensured) are not the Service's: no
+            // provider sees them.
             annotations: svc
                 .metadata
                 .annotations
                 .clone()
                 .unwrap_or_default()
                 .into_iter()
-                .filter(|(k, _)| k != ANNOTATION_LOAD_BALANCER_NAME)
+                .filter(|(k, _)| k != ANNOTATION_LOAD_BALANCER_NAME && k != crate::wellknown::ANNOTATION_LOAD_BALANCER_ENSURED)
                 .collect(),
             load_balancer_class: spec.load_balancer_class.unwrap_or_default(),
             external_ips: spec.external_ips.unwrap_or_default(),

@@ -14,6 +14,7 @@ mod isolation;
 mod lb_repair;
 mod lb_suite;
 mod leader;
+mod leader_change;
 mod migration;
 mod mtls;
 mod node_metadata;

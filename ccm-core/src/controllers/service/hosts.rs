@@ -477,9 +477,11 @@ impl ServiceController {
                     tracing::warn!(service = %k, %error, "updating the load balancer's hosts failed");
                     let note = format!("Error updating load balancer with new hosts: {error}");
                     self.ctx.event(NAME, svc.as_ref(), EventType::Warning, reason::UPDATE_LOAD_BALANCER_FAILED, note).await;
-                    // A load balancer that vanished gets a full Ensure.
+                    // A load balancer that vanished gets a full Ensure (whatever its record says).
                     if matches!(error, Error::NotFound { .. }) {
-                        self.state().ensured.remove(&k);
+                        let mut state = self.state();
+                        state.ensured.remove(&k);
+                        state.void_records.insert(k.clone());
                     }
                     self.queue.add(Key::Service(k));
                 }
@@ -511,9 +513,12 @@ impl ServiceController {
             Err(error) => {
                 let note = format!("Error updating load balancer with new hosts: {error}");
                 self.ctx.event(NAME, svc, EventType::Warning, reason::UPDATE_LOAD_BALANCER_FAILED, note).await;
-                // A load balancer that vanished gets a full Ensure next time.
+                // A load balancer that vanished gets a full Ensure next time (whatever its
+                // record says).
                 if matches!(error, Error::NotFound { .. }) {
-                    self.state().ensured.remove(&k);
+                    let mut state = self.state();
+                    state.ensured.remove(&k);
+                    state.void_records.insert(k.clone());
                 }
                 Err(SyncError::Provider(error))
             }

@@ -36,6 +36,7 @@ mod endpoints;
 mod hosts;
 mod naming;
 mod orphans;
+mod record;
 mod repair;
 
 use std::collections::{BTreeMap, HashMap, HashSet};
@@ -59,8 +60,8 @@ use crate::provider::Changes;
 use crate::provider::convert::{LoadBalancerRequest, target_port};
 use crate::queue::{Outcome, QueueConfig, WorkQueue};
 use crate::wellknown::{
-    ANNOTATION_LOAD_BALANCER_NAME, ANNOTATION_LOAD_BALANCER_PROVIDER, ANNOTATION_NODE_SELECTOR, ANNOTATION_SOURCE_RANGES,
-    FINALIZER,
+    ANNOTATION_LOAD_BALANCER_ENSURED, ANNOTATION_LOAD_BALANCER_NAME, ANNOTATION_LOAD_BALANCER_PROVIDER, ANNOTATION_NODE_SELECTOR,
+    ANNOTATION_SOURCE_RANGES, FINALIZER,
 };
 
 use hosts::{HostSet, HostSetCache};
@@ -170,7 +171,13 @@ fn provider_fingerprint(svc: &Service) -> u64 {
         .iter()
         .flatten()
         .filter(|(k, _)| {
-            ![ANNOTATION_LOAD_BALANCER_NAME, ANNOTATION_LOAD_BALANCER_PROVIDER, ANNOTATION_NODE_SELECTOR].contains(&k.as_str())
+            ![
+                ANNOTATION_LOAD_BALANCER_NAME,
+                ANNOTATION_LOAD_BALANCER_PROVIDER,
+                ANNOTATION_NODE_SELECTOR,
+                ANNOTATION_LOAD_BALANCER_ENSURED,
+            ]
+            .contains(&k.as_str())
         })
         .collect();
     annotations.hash(&mut h);
@@ -228,6 +235,9 @@ struct State {
     records: u64,
     /// Services whose load balancer was found gone from the cloud and is being made again.
     repairing: HashSet<String>,
+    /// Services whose record on the Service is not to be taken (their load balancer was
+    /// found gone since it was written), until a full Ensure records anew.
+    void_records: HashSet<String>,
     /// When load balancers were last made again by the repair reads (their bound's window).
     repaired_at: std::collections::VecDeque<Instant>,
     /// Whether what earlier holders of the Lease made again was read into `repaired_at`.
@@ -458,10 +468,30 @@ impl ServiceController {
             // A rename waiting is a full Ensure under the new name.
             state.ensured.get(&k).copied().filter(|_| old_name.is_none())
         };
+        // New to this process (a restart, a new leader): what the Service's record says was
+        // ensured, when it is of the Service as it is now.
+        let void = self.state().void_records.contains(&k);
+        let recorded = match last {
+            None if old_name.is_none() && !void => self.ensured_by_record(svc, &lb_name),
+            _ => None,
+        };
+        if let Some(e) = recorded {
+            self.state().record(k.clone(), e);
+        }
+        let last = last.or(recorded);
         let backends = self.backends_for(svc, &lb_name, selector.as_ref(), last).await.map_err(SyncError::Provider)?;
         let ensured = Ensured::of(self.ensured_spec(svc), &backends);
         match last {
             Some(e) if e.spec == ensured.spec && e.hosts == ensured.hosts => Ok(()),
+            // Hosts alone, after a change of leader: one bulk pass for all of them.
+            Some(e)
+                if e.spec == ensured.spec
+                    && recorded.is_some()
+                    && self.ctx.provider.identity().is_some_and(|i| i.bulk_hosts()) =>
+            {
+                self.queue.add(Key::Hosts);
+                Ok(())
+            }
             Some(e) if e.spec == ensured.spec => {
                 self.update_hosts(svc, self.request(svc, lb_name, ranges), &backends, ensured).await
             }
@@ -515,6 +545,7 @@ impl ServiceController {
         let lb_name = lb.load_balancer_name().to_string();
         let renamed_from = old_name.map(|old| lb.named(&old));
         self.ctx.event(NAME, svc, EventType::Normal, reason::ENSURING_LOAD_BALANCER, "Ensuring load balancer".into()).await;
+        self.forget_record(svc).await?;
         let ingress = match self.ctx.cloud().ensure_load_balancer(lb, backends.provider()).await {
             Ok(ingress) => {
                 self.ctx.metrics.load_balancer_sync();
@@ -546,6 +577,7 @@ impl ServiceController {
         let repaired = {
             let mut state = self.state();
             state.record(k.clone(), ensured);
+            state.void_records.remove(&k);
             state.repairing.remove(&k)
         };
         if repaired {
@@ -557,6 +589,10 @@ impl ServiceController {
             self.ctx.metrics.load_balancer_repairs("recreated", 1);
         }
         self.ctx.event(NAME, svc, EventType::Normal, reason::ENSURED_LOAD_BALANCER, "Ensured load balancer".into()).await;
+        // Not kept, the next process ensures it again: nothing worse.
+        if let Err(error) = self.write_record(svc, &lb_name, ensured).await {
+            tracing::warn!(service = %k, ?error, "recording what was ensured failed; a new leader will ensure it again");
+        }
         Ok(())
     }
 
@@ -594,8 +630,12 @@ impl ServiceController {
         }
         let finalizers: Vec<String> =
             svc.metadata.finalizers.clone().unwrap_or_default().into_iter().filter(|f| f != FINALIZER).collect();
-        let patch =
-            serde_json::json!({ "metadata": { "finalizers": finalizers, "resourceVersion": svc.metadata.resource_version } });
+        // The record goes with the load balancer: a Service that wants one again gets it made.
+        let patch = serde_json::json!({ "metadata": {
+            "finalizers": finalizers,
+            "resourceVersion": svc.metadata.resource_version,
+            "annotations": { ANNOTATION_LOAD_BALANCER_ENSURED: null },
+        } });
         match self.ctx.patch_service(svc, &patch).await {
             Ok(()) => {}
             Err(kube::Error::Api(s)) if s.code == 404 => {}

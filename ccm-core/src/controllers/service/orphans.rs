@@ -69,6 +69,7 @@ impl ServiceController {
         }
         let limits = identity.name_limits();
         let cluster = self.ctx.options.cluster_name.clone();
+        self.adopt_records();
         let before = self.ensured_snapshot();
         let listed = self.ctx.provider.list_load_balancers(&cluster).await?;
         // The same listing finds load balancers removed behind our back (see `repair.rs`).

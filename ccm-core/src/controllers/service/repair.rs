@@ -126,6 +126,7 @@ impl ServiceController {
             // start (`--load-balancer-resync-period=0s`): then by these reads too.
             let sweeps = !self.ctx.options.load_balancer_resync_period.is_zero();
             let lists = self.ctx.provider.identity().map(|i| i.lists_load_balancers() && sweeps);
+            self.adopt_records();
             let mut keys: Vec<String> = self.state().ensured.keys().cloned().collect();
             if lists != Some(false) || keys.is_empty() {
                 // Not known yet, listed by the sweep, or nothing made yet: looked at again soon.
@@ -236,6 +237,7 @@ impl ServiceController {
             }
             state.ensured.remove(k);
             state.repairing.insert(k.to_string());
+            state.void_records.insert(k.to_string());
         }
         tracing::warn!(service = %k, load_balancer = %lb_name, "the load balancer is gone from the cloud (deleted outside Kubernetes); making it again");
         self.queue.add(Key::Service(k.to_string()));
