@@ -189,6 +189,8 @@ pub const MODE_KINDS: &[&str] = &[
     "a Node made again under its name",
     "two providers in one cluster",
     "load balancer repair by reads",
+    "the provider's state in the cloud (no epoch)",
+    "a change of leader at rest",
 ];
 
 /// Which node IPAM a seed runs, if any.
@@ -220,6 +222,8 @@ pub struct Modes {
     /// With repair: by one read per load balancer over `--load-balancer-repair-period` (the
     /// sweep only at start), under the bound kept on the Lease across tenures.
     pub repair_reads: bool,
+    /// The sidecars advertise no epoch: their state is the shared cloud's.
+    pub no_epoch: bool,
 }
 
 impl Modes {
@@ -236,6 +240,7 @@ impl Modes {
             tagging: false,
             two_providers: false,
             repair_reads: false,
+            no_epoch: false,
         };
         if scenario {
             return classic;
@@ -258,6 +263,7 @@ impl Modes {
             // Drawn from a stream of its own ([`simulate`]).
             two_providers: false,
             repair_reads: false,
+            no_epoch: false,
         }
     }
 
@@ -279,6 +285,7 @@ impl Modes {
             (self.tagging, "tagging"),
             (self.two_providers, "two providers in one cluster"),
             (self.repair && self.repair_reads, "load balancer repair by reads"),
+            (self.no_epoch, "the provider's state in the cloud (no epoch)"),
         ] {
             if on {
                 names.push(name);
@@ -1632,6 +1639,7 @@ async fn simulate(seed: u64, scenario: Option<Scenario>) -> Report {
     let mut provider_rng = StdRng::seed_from_u64(seed ^ 0x0002_c10d);
     modes.two_providers = scenario.is_none() && provider_rng.random_bool(0.2);
     modes.repair_reads = modes.repair && provider_rng.random_bool(0.5);
+    modes.no_epoch = scenario.is_none() && provider_rng.random_bool(0.5);
     if modes.repair_reads {
         *model.repair_bound.lock().unwrap_or_else(|p| p.into_inner()) = Some((MAX_REPAIRS, REPAIR_PERIOD));
     }
@@ -1662,7 +1670,7 @@ async fn simulate(seed: u64, scenario: Option<Scenario>) -> Report {
     }
     *model.deletion_bound.lock().unwrap_or_else(|p| p.into_inner()) = Some((MAX_NODE_DELETIONS, NODE_DELETION_WINDOW));
     let replicas = modes.replicas;
-    let shared = Shared { declared: modes.declared_rate, ..Default::default() };
+    let shared = Shared { declared: modes.declared_rate, no_epoch: modes.no_epoch, ..Default::default() };
     let mut world = World {
         rng,
         address_rng: StdRng::seed_from_u64(seed ^ 0x0add_7e55),
@@ -1751,8 +1759,39 @@ async fn simulate(seed: u64, scenario: Option<Scenario>) -> Report {
             // begins once all that has run out.
             tokio::time::sleep(STEADY_AFTER).await;
             let (requests, mutations) = (model.requests.load(std::sync::atomic::Ordering::Relaxed), model.mutations());
-            let held = heap.check(&model);
-            tokio::time::sleep(STEADY).await;
+            // Where the provider's state lives in the cloud, a change of leader at rest: the
+            // service controller's leader is killed and comes back a second later (a crash, a
+            // rolling update). The new leaders must not change the cloud: what each load
+            // balancer was ensured as is recorded on its Service.
+            if world.modes.no_epoch {
+                let holders = model.holders();
+                let leader = holders.get(ccm_core::controllers::service::NAME).or_else(|| holders.get("*")).cloned();
+                let slot = (0..world.replicas.len())
+                    .find(|&s| world.replicas[s].as_ref().is_some_and(|r| Some(&r.identity) == leader.as_ref()));
+                if let Some(slot) = slot {
+                    world.exercised.insert("a change of leader at rest");
+                    world.kill_replica(slot, Duration::from_secs(1));
+                }
+            }
+            let steady = Instant::now();
+            // The heap is measured from once a killed leader's replacement has started and
+            // filled its caches (its predecessor's are gone with it).
+            let mut held = heap.check(&model);
+            if world.modes.no_epoch {
+                while steady.elapsed() < Duration::from_secs(45) {
+                    tokio::time::sleep(Duration::from_secs(5)).await;
+                    world.tend_replicas();
+                }
+                held = heap.check(&model);
+            }
+            while steady.elapsed() < STEADY {
+                tokio::time::sleep(Duration::from_secs(5)).await;
+                // Only where a handover costs nothing: elsewhere each sidecar's own epoch
+                // makes a new leader ensure everything again, by design.
+                if world.modes.no_epoch {
+                    world.tend_replicas();
+                }
+            }
             steady_growth = heap.check(&model) - held;
             // Each Lease renewed in the steady state fills the model's (bounded) history: a
             // Lease per controller, and a member Lease per replica, count.

@@ -36,6 +36,10 @@ pub struct Shared {
     /// When each call that reaches a cloud (every service but identity) ended, across every
     /// sidecar, in virtual time since the run began, per provider (its providerID scheme).
     pub calls: Calls,
+    /// Whether the sidecars advertise no epoch (the provider's state lives in the cloud, as
+    /// the shared cloud's does): then a new leader may take what the Services record as
+    /// ensured, and a sidecar restart is no news.
+    pub no_epoch: bool,
 }
 
 /// The times of the calls that reached each provider's cloud.
@@ -421,7 +425,7 @@ impl Sidecar {
         let scheme = cloud.scheme().to_string();
         let mut server = ProviderServer::new(format!("{scheme}.cloudprovider.dev"), ccm_provider_sim::VERSION)
             .provider_id_scheme(&scheme)
-            .epoch(epoch)
+            .epoch(if shared.no_epoch { "" } else { epoch })
             .instances(watched.clone())
             .tags(watched.clone())
             .routes(watched.clone())

@@ -337,6 +337,11 @@ impl ServiceController {
         let set = Arc::new(HostSet::new(nodes));
         if !set.is_empty() {
             self.remember_backends(key, &set);
+            // The cloud has them: nothing to update for them.
+            if let Some(e) = self.state().ensured.get_mut(&service_key(svc)) {
+                e.hosts = set.hosts;
+                e.count = set.count;
+            }
         }
         Ok(set)
     }
@@ -417,6 +422,8 @@ impl ServiceController {
             };
             let backends = &groups[i].1;
             match (last, name) {
+                // Its hosts wait for the first sweep's listing.
+                (Some(e), Some(_)) if e.unconfirmed => {}
                 (Some(e), Some(name)) if as_ensured && !backends.is_empty() => {
                     if e.hosts != backends.hosts {
                         // Its own reconcile is mutating it now: that one (queued again)

@@ -194,12 +194,16 @@ struct Ensured {
     count: usize,
     /// When it was recorded ([`State::record`]): a repair acts only on what it read before.
     at: u64,
+    /// Taken from the Service's record by a new process whose provider lists load
+    /// balancers: its hosts wait for the first sweep's listing to say whether the cloud has
+    /// the current ones already ([`record`]).
+    unconfirmed: bool,
 }
 
 impl Ensured {
     /// What a load balancer is once given `spec` and `backends`.
     fn of(spec: u64, backends: &HostSet) -> Self {
-        Self { spec, hosts: backends.hosts, count: backends.count, at: 0 }
+        Self { spec, hosts: backends.hosts, count: backends.count, at: 0, unconfirmed: false }
     }
 }
 
@@ -238,6 +242,9 @@ struct State {
     /// Services whose record on the Service is not to be taken (their load balancer was
     /// found gone since it was written), until a full Ensure records anew.
     void_records: HashSet<String>,
+    /// Whether the first sweep listed the load balancers (or failed to): records taken since
+    /// need no confirmation of their hosts.
+    swept: bool,
     /// When load balancers were last made again by the repair reads (their bound's window).
     repaired_at: std::collections::VecDeque<Instant>,
     /// Whether what earlier holders of the Lease made again was read into `repaired_at`.
@@ -480,10 +487,14 @@ impl ServiceController {
         }
         let last = last.or(recorded);
         let backends = self.backends_for(svc, &lb_name, selector.as_ref(), last).await.map_err(SyncError::Provider)?;
+        // The hosts the cloud was found to have may have been taken as given meanwhile.
+        let last = last.map(|e| self.state().ensured.get(&k).copied().filter(|now| now.spec == e.spec).unwrap_or(e));
         let ensured = Ensured::of(self.ensured_spec(svc), &backends);
         match last {
             Some(e) if e.spec == ensured.spec && e.hosts == ensured.hosts => Ok(()),
-            // Hosts alone, after a change of leader: one bulk pass for all of them.
+            // Hosts alone, after a change of leader: the first sweep's listing tells whether
+            // the cloud has them already; else one bulk pass for all of them.
+            Some(e) if e.spec == ensured.spec && e.unconfirmed => Ok(()),
             Some(e)
                 if e.spec == ensured.spec
                     && recorded.is_some()
@@ -545,7 +556,7 @@ impl ServiceController {
         let lb_name = lb.load_balancer_name().to_string();
         let renamed_from = old_name.map(|old| lb.named(&old));
         self.ctx.event(NAME, svc, EventType::Normal, reason::ENSURING_LOAD_BALANCER, "Ensuring load balancer".into()).await;
-        self.forget_record(svc).await?;
+        let forgotten = self.forget_record(svc).await?;
         let ingress = match self.ctx.cloud().ensure_load_balancer(lb, backends.provider()).await {
             Ok(ingress) => {
                 self.ctx.metrics.load_balancer_sync();
@@ -590,7 +601,7 @@ impl ServiceController {
         }
         self.ctx.event(NAME, svc, EventType::Normal, reason::ENSURED_LOAD_BALANCER, "Ensured load balancer".into()).await;
         // Not kept, the next process ensures it again: nothing worse.
-        if let Err(error) = self.write_record(svc, &lb_name, ensured).await {
+        if let Err(error) = self.write_record(svc, &lb_name, ensured, forgotten).await {
             tracing::warn!(service = %k, ?error, "recording what was ensured failed; a new leader will ensure it again");
         }
         Ok(())

@@ -71,7 +71,14 @@ impl ServiceController {
         let cluster = self.ctx.options.cluster_name.clone();
         self.adopt_records();
         let before = self.ensured_snapshot();
-        let listed = self.ctx.provider.list_load_balancers(&cluster).await?;
+        let listed = match self.ctx.provider.list_load_balancers(&cluster).await {
+            Ok(listed) => listed,
+            Err(error) => {
+                self.confirm_recorded_hosts(None);
+                return Err(error);
+            }
+        };
+        self.confirm_recorded_hosts(Some(&listed));
         // The same listing finds load balancers removed behind our back (see `repair.rs`).
         self.repair_from_listing(&before, &listed).await;
         let known: std::collections::HashSet<String> =

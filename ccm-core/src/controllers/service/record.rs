@@ -28,7 +28,10 @@ use std::hash::{Hash, Hasher};
 
 use k8s_openapi::api::core::v1::Service;
 
+use std::collections::HashMap;
+
 use super::{Ensured, ServiceController, SyncError};
+use crate::provider::convert::ListedLoadBalancer;
 use crate::wellknown::ANNOTATION_LOAD_BALANCER_ENSURED;
 
 /// The record's format version.
@@ -87,11 +90,15 @@ impl ServiceController {
     /// it is now under `lb_name`.
     pub(super) fn ensured_by_record(&self, svc: &Service, lb_name: &str) -> Option<Ensured> {
         let record = Record::decode(recorded(svc)?)?;
+        // Where the provider lists load balancers, the first sweep (at start) tells whether
+        // the cloud has the current hosts already.
+        let unconfirmed = !self.state().swept && self.ctx.provider.identity().is_some_and(|i| i.lists_load_balancers());
         (Some(record.key) == self.record_key(svc, lb_name)).then(|| Ensured {
             spec: self.ensured_spec(svc),
             hosts: record.hosts,
             count: record.count,
             at: 0,
+            unconfirmed,
         })
     }
 
@@ -123,20 +130,66 @@ impl ServiceController {
         }
     }
 
-    /// Before a full Ensure: the record goes, so that one that does not end leaves none.
-    pub(super) async fn forget_record(&self, svc: &Service) -> Result<(), SyncError> {
-        if recorded(svc).is_none() {
-            return Ok(());
+    /// After the first sweep's listing (`None`: it failed): each load balancer taken from its
+    /// record whose hosts wait is either found with the current hosts in the cloud (nothing
+    /// to do) or given them by the bulk pass.
+    pub(super) fn confirm_recorded_hosts(&self, listed: Option<&[ListedLoadBalancer]>) {
+        let by_name: HashMap<&str, &ListedLoadBalancer> =
+            listed.unwrap_or_default().iter().map(|l| (l.load_balancer_name.as_str(), l)).collect();
+        let mut update = false;
+        for svc in self.ctx.services.sorted() {
+            let k = super::service_key(&svc);
+            let uid = svc.metadata.uid.as_deref().unwrap_or_default();
+            let (entry, name) = {
+                let state = self.state();
+                (state.ensured.get(&k).copied(), state.names.get(uid).cloned())
+            };
+            let Some(e) = entry.filter(|e| e.unconfirmed) else { continue };
+            let Ok(selector) = super::hosts::node_selector(&svc) else { continue };
+            let set = self.backends(selector.as_ref());
+            let reported = name.as_deref().and_then(|n| by_name.get(n)).and_then(|l| l.hosts.as_ref());
+            let given: Vec<&str> = set.provider().proto().iter().map(|n| n.name.as_str()).collect();
+            let has_them = reported.is_some_and(|r| !set.is_empty() && given.iter().copied().eq(r.iter().map(String::as_str)));
+            let mut state = self.state();
+            if let Some(now) = state.ensured.get_mut(&k).filter(|now| now.at == e.at) {
+                now.unconfirmed = false;
+                if has_them {
+                    now.hosts = set.hosts;
+                    now.count = set.count;
+                } else {
+                    update |= now.hosts != set.hosts;
+                }
+            }
         }
-        let patch = serde_json::json!({ "metadata": { "annotations": { ANNOTATION_LOAD_BALANCER_ENSURED: null } } });
-        self.ctx.patch_service(svc, &patch).await.map_err(SyncError::Kube)
+        self.state().swept = true;
+        if update {
+            self.queue.add(super::Key::Hosts);
+        }
     }
 
-    /// After an Ensure whose status was written: `ensured` recorded on `svc`.
-    pub(super) async fn write_record(&self, svc: &Service, lb_name: &str, ensured: Ensured) -> Result<(), SyncError> {
+    /// Before a full Ensure: the record goes, so that one that does not end leaves none.
+    /// Whether there was one to remove.
+    pub(super) async fn forget_record(&self, svc: &Service) -> Result<bool, SyncError> {
+        if recorded(svc).is_none() {
+            return Ok(false);
+        }
+        let patch = serde_json::json!({ "metadata": { "annotations": { ANNOTATION_LOAD_BALANCER_ENSURED: null } } });
+        self.ctx.patch_service(svc, &patch).await.map_err(SyncError::Kube)?;
+        Ok(true)
+    }
+
+    /// After an Ensure whose status was written: `ensured` recorded on `svc` (`forgotten`:
+    /// its record was removed before the Ensure, whatever `svc` still shows).
+    pub(super) async fn write_record(
+        &self,
+        svc: &Service,
+        lb_name: &str,
+        ensured: Ensured,
+        forgotten: bool,
+    ) -> Result<(), SyncError> {
         let Some(key) = self.record_key(svc, lb_name) else { return Ok(()) };
         let value = Record { key, hosts: ensured.hosts, count: ensured.count }.encode();
-        if recorded(svc) == Some(value.as_str()) {
+        if !forgotten && recorded(svc) == Some(value.as_str()) {
             return Ok(());
         }
         let patch = serde_json::json!({ "metadata": { "annotations": { ANNOTATION_LOAD_BALANCER_ENSURED: value } } });
