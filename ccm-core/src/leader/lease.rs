@@ -72,6 +72,13 @@ impl LiveAnnotations {
         values.1
     }
 
+    /// Forgets every value: a new tenure carries nothing of an earlier one (what the Lease
+    /// holds now is what its controllers read, and an older value of this process's would
+    /// overwrite what holders in between recorded).
+    fn clear(&self) {
+        self.values.locked().0.clear();
+    }
+
     fn snapshot(&self) -> (std::collections::BTreeMap<String, String>, u64) {
         self.values.locked().clone()
     }
@@ -295,6 +302,14 @@ pub async fn try_acquire_or_renew(
 ) -> Result<bool, kube::Error> {
     let seconds = i32::try_from(s.lease_duration.as_secs().max(1)).unwrap_or(i32::MAX);
     let mut annotations = s.annotations.clone();
+    // Taking the Lease (not renewing it), the live values of an earlier tenure are not
+    // carried: see `LiveAnnotations::clear`.
+    let taking = |annotations: &mut std::collections::BTreeMap<String, String>| {
+        *annotations = s.annotations.clone();
+        if let Some(live) = &s.live_annotations {
+            live.clear();
+        }
+    };
     let mut change = 0;
     if let Some(live) = &s.live_annotations {
         let (values, n) = live.snapshot();
@@ -307,12 +322,13 @@ pub async fn try_acquire_or_renew(
         }
         ok
     };
-    let annotations = (!annotations.is_empty()).then_some(annotations);
     let labels = (!s.labels.is_empty()).then(|| s.labels.clone());
     let Some(mut lease) = api.get_opt(&s.name).await? else {
         if !observed.waited(true, patience) {
             return Ok(false);
         }
+        taking(&mut annotations);
+        let annotations = (!annotations.is_empty()).then_some(annotations);
         let lease = Lease {
             metadata: ObjectMeta {
                 name: Some(s.name.clone()),
@@ -355,7 +371,9 @@ pub async fn try_acquire_or_renew(
         if !holder.is_empty() {
             tracing::info!(lease = %s.name, previous = %holder, "leader election: the Lease expired; taking it");
         }
+        taking(&mut annotations);
     }
+    let annotations = (!annotations.is_empty()).then_some(annotations);
     if let Some(annotations) = annotations {
         lease.metadata.annotations.get_or_insert_with(Default::default).extend(annotations);
     }
@@ -512,5 +530,84 @@ mod tests {
         assert!(waiter.await.is_ok());
         assert_eq!(fence.in_flight(), 0);
         assert!(returned(&fence).await);
+    }
+
+    /// A replica that takes a controller Lease again after a handover carries nothing of its
+    /// first tenure: what the holder in between recorded stays (it was overwritten before).
+    #[tokio::test]
+    async fn a_second_tenure_keeps_what_the_holder_in_between_spent() {
+        use std::sync::{Arc, Mutex};
+        let store: Arc<Mutex<Option<serde_json::Value>>> = Default::default();
+        let shared = store.clone();
+        let service = tower::service_fn(move |request: http::Request<kube::client::Body>| {
+            let store = shared.clone();
+            async move {
+                use http_body_util::BodyExt as _;
+                let (parts, body) = request.into_parts();
+                let bytes = body.collect().await.map(|b| b.to_bytes()).unwrap_or_default();
+                let mut stored = store.lock().unwrap();
+                let (code, value) = if parts.method == http::Method::GET {
+                    match stored.as_ref() {
+                        Some(v) => (200, v.clone()),
+                        None => (
+                            404,
+                            serde_json::json!({"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure", "reason": "NotFound", "code": 404, "message": "not found"}),
+                        ),
+                    }
+                } else {
+                    let mut v: serde_json::Value = serde_json::from_slice(&bytes).unwrap();
+                    let rv = stored
+                        .as_ref()
+                        .and_then(|o| o["metadata"]["resourceVersion"].as_str().and_then(|s| s.parse::<u64>().ok()))
+                        .unwrap_or(0)
+                        + 1;
+                    v["metadata"]["resourceVersion"] = serde_json::json!(rv.to_string());
+                    *stored = Some(v.clone());
+                    (if parts.method == http::Method::POST { 201 } else { 200 }, v)
+                };
+                let response = http::Response::builder()
+                    .status(code)
+                    .header("content-type", "application/json")
+                    .body(http_body_util::Full::new(bytes::Bytes::from(serde_json::to_vec(&value).unwrap())))
+                    .unwrap();
+                Ok::<_, std::convert::Infallible>(response)
+            }
+        });
+        let client = kube::Client::new(service, "ns");
+        let api: Api<Lease> = Api::namespaced(client, "ns");
+        let settings = |identity: &str, live: &Arc<LiveAnnotations>| Settings {
+            namespace: "ns".into(),
+            name: "l".into(),
+            identity: identity.into(),
+            lease_duration: Duration::from_secs(15),
+            renew_deadline: Duration::from_secs(10),
+            retry_period: Duration::from_secs(2),
+            labels: Default::default(),
+            annotations: Default::default(),
+            live_annotations: Some(live.clone()),
+        };
+        let key = "ccm-rs.dev/spent.node-deletions.default";
+        let spent = |store: &Arc<Mutex<Option<serde_json::Value>>>| {
+            store.lock().unwrap().as_ref().and_then(|l| l["metadata"]["annotations"][key].as_str().map(str::to_string))
+        };
+        // As leader/mod.rs lead_group: one LiveAnnotations per group, kept across tenures.
+        let (live_a, live_b) = (Arc::new(LiveAnnotations::default()), Arc::new(LiveAnnotations::default()));
+        let (sa, sb) = (settings("a", &live_a), settings("b", &live_b));
+        let (mut oa, mut ob) = (Observed::default(), Observed::default());
+        // Tenure 1: A deletes one Node (recorded at 1000).
+        assert!(try_acquire_or_renew(&api, &sa, &mut oa, Duration::ZERO).await.unwrap());
+        live_a.set(key, "1000".into());
+        assert!(try_acquire_or_renew(&api, &sa, &mut oa, Duration::ZERO).await.unwrap());
+        release(&api, &sa).await;
+        // B takes it over, reads 1000, deletes another (recorded: 1000,2000).
+        assert!(try_acquire_or_renew(&api, &sb, &mut ob, Duration::ZERO).await.unwrap());
+        assert_eq!(spent(&store).as_deref(), Some("1000"));
+        live_b.set(key, "1000,2000".into());
+        assert!(try_acquire_or_renew(&api, &sb, &mut ob, Duration::ZERO).await.unwrap());
+        assert_eq!(spent(&store).as_deref(), Some("1000,2000"));
+        release(&api, &sb).await;
+        // The Lease is handed back to A: its controllers read the record after this write.
+        assert!(try_acquire_or_renew(&api, &sa, &mut oa, Duration::ZERO).await.unwrap());
+        assert_eq!(spent(&store).as_deref(), Some("1000,2000"), "B's deletion is still counted after A takes the Lease again");
     }
 }
