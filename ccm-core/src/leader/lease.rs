@@ -545,7 +545,7 @@ mod tests {
                 use http_body_util::BodyExt as _;
                 let (parts, body) = request.into_parts();
                 let bytes = body.collect().await.map(|b| b.to_bytes()).unwrap_or_default();
-                let mut stored = store.lock().unwrap();
+                let mut stored = store.lock().expect("test");
                 let (code, value) = if parts.method == http::Method::GET {
                     match stored.as_ref() {
                         Some(v) => (200, v.clone()),
@@ -555,7 +555,7 @@ mod tests {
                         ),
                     }
                 } else {
-                    let mut v: serde_json::Value = serde_json::from_slice(&bytes).unwrap();
+                    let mut v: serde_json::Value = serde_json::from_slice(&bytes).expect("test");
                     let rv = stored
                         .as_ref()
                         .and_then(|o| o["metadata"]["resourceVersion"].as_str().and_then(|s| s.parse::<u64>().ok()))
@@ -568,8 +568,8 @@ mod tests {
                 let response = http::Response::builder()
                     .status(code)
                     .header("content-type", "application/json")
-                    .body(http_body_util::Full::new(bytes::Bytes::from(serde_json::to_vec(&value).unwrap())))
-                    .unwrap();
+                    .body(http_body_util::Full::new(bytes::Bytes::from(serde_json::to_vec(&value).expect("test"))))
+                    .expect("test");
                 Ok::<_, std::convert::Infallible>(response)
             }
         });
@@ -588,26 +588,26 @@ mod tests {
         };
         let key = "ccm-rs.dev/spent.node-deletions.default";
         let spent = |store: &Arc<Mutex<Option<serde_json::Value>>>| {
-            store.lock().unwrap().as_ref().and_then(|l| l["metadata"]["annotations"][key].as_str().map(str::to_string))
+            store.lock().expect("test").as_ref().and_then(|l| l["metadata"]["annotations"][key].as_str().map(str::to_string))
         };
         // As leader/mod.rs lead_group: one LiveAnnotations per group, kept across tenures.
         let (live_a, live_b) = (Arc::new(LiveAnnotations::default()), Arc::new(LiveAnnotations::default()));
         let (sa, sb) = (settings("a", &live_a), settings("b", &live_b));
         let (mut oa, mut ob) = (Observed::default(), Observed::default());
         // Tenure 1: A deletes one Node (recorded at 1000).
-        assert!(try_acquire_or_renew(&api, &sa, &mut oa, Duration::ZERO).await.unwrap());
+        assert!(try_acquire_or_renew(&api, &sa, &mut oa, Duration::ZERO).await.expect("test"));
         live_a.set(key, "1000".into());
-        assert!(try_acquire_or_renew(&api, &sa, &mut oa, Duration::ZERO).await.unwrap());
+        assert!(try_acquire_or_renew(&api, &sa, &mut oa, Duration::ZERO).await.expect("test"));
         release(&api, &sa).await;
         // B takes it over, reads 1000, deletes another (recorded: 1000,2000).
-        assert!(try_acquire_or_renew(&api, &sb, &mut ob, Duration::ZERO).await.unwrap());
+        assert!(try_acquire_or_renew(&api, &sb, &mut ob, Duration::ZERO).await.expect("test"));
         assert_eq!(spent(&store).as_deref(), Some("1000"));
         live_b.set(key, "1000,2000".into());
-        assert!(try_acquire_or_renew(&api, &sb, &mut ob, Duration::ZERO).await.unwrap());
+        assert!(try_acquire_or_renew(&api, &sb, &mut ob, Duration::ZERO).await.expect("test"));
         assert_eq!(spent(&store).as_deref(), Some("1000,2000"));
         release(&api, &sb).await;
         // The Lease is handed back to A: its controllers read the record after this write.
-        assert!(try_acquire_or_renew(&api, &sa, &mut oa, Duration::ZERO).await.unwrap());
+        assert!(try_acquire_or_renew(&api, &sa, &mut oa, Duration::ZERO).await.expect("test"));
         assert_eq!(spent(&store).as_deref(), Some("1000,2000"), "B's deletion is still counted after A takes the Lease again");
     }
 }
