@@ -924,16 +924,27 @@ impl World {
                 if self.active.iter().any(|(_, a)| matches!(a, Active::SidecarDown(s) if *s == slot)) {
                     return;
                 }
-                if let Some(r) = &self.replicas[slot] {
-                    r.sidecar.stop();
-                    self.sidecar_down[slot] = Some(Instant::now());
-                    self.exercised.insert("a replica not ready (its sidecar down)");
-                    self.log(format!("{}'s sidecar down for {}s (the replica is not ready)", r.identity, lasts.as_secs()));
-                    self.active.push((Instant::now() + lasts, Active::SidecarDown(slot)));
-                }
+                self.take_sidecar_down(slot, lasts);
             }
             _ => {}
         }
+    }
+
+    /// Slot `slot`'s sidecar goes down for `lasts` (the replica is not ready), then comes back
+    /// with a new epoch.
+    fn take_sidecar_down(&mut self, slot: usize, lasts: Duration) {
+        if let Some(r) = &self.replicas[slot] {
+            r.sidecar.stop();
+            self.sidecar_down[slot] = Some(Instant::now());
+            self.exercised.insert("a replica not ready (its sidecar down)");
+            self.log(format!("{}'s sidecar down for {}s (the replica is not ready)", r.identity, lasts.as_secs()));
+            self.active.push((Instant::now() + lasts, Active::SidecarDown(slot)));
+        }
+    }
+
+    /// The slot of the running replica of `identity`.
+    fn slot_of(&self, identity: &str) -> Option<usize> {
+        (0..self.replicas.len()).find(|&s| self.replicas[s].as_ref().is_some_and(|r| r.identity == identity))
     }
 
     /// The calls of every sidecar together stayed within the rate they declared: in any 30 s,
@@ -1380,7 +1391,7 @@ impl World {
             return;
         }
         for (controller, holder) in self.model.holders() {
-            let slot = (0..self.replicas.len()).find(|&s| self.replicas[s].as_ref().is_some_and(|r| r.identity == holder));
+            let slot = self.slot_of(&holder);
             let Some(since) = slot.and_then(|s| self.sidecar_down[s]) else { continue };
             if now.saturating_duration_since(since) > SERVED_BOUND {
                 self.model.violation(format!(
@@ -1766,9 +1777,7 @@ async fn simulate(seed: u64, scenario: Option<Scenario>) -> Report {
             if world.modes.no_epoch {
                 let holders = model.holders();
                 let leader = holders.get(ccm_core::controllers::service::NAME).or_else(|| holders.get("*")).cloned();
-                let slot = (0..world.replicas.len())
-                    .find(|&s| world.replicas[s].as_ref().is_some_and(|r| Some(&r.identity) == leader.as_ref()));
-                if let Some(slot) = slot {
+                if let Some(slot) = leader.and_then(|l| world.slot_of(&l)) {
                     world.exercised.insert("a change of leader at rest");
                     world.kill_replica(slot, Duration::from_secs(1));
                 }
@@ -1980,17 +1989,8 @@ impl World {
                     return;
                 }
                 let holder = self.model.holders().get(ccm_core::controllers::service::NAME).cloned();
-                let slot = (0..self.replicas.len())
-                    .find(|&s| self.replicas[s].as_ref().is_some_and(|r| Some(&r.identity) == holder.as_ref()));
-                let Some(slot) = slot else { return };
-                let down = Duration::from_secs(180);
-                if let Some(r) = &self.replicas[slot] {
-                    r.sidecar.stop();
-                    self.sidecar_down[slot] = Some(Instant::now());
-                    self.exercised.insert("a replica not ready (its sidecar down)");
-                    self.log(format!("{}'s sidecar down for {}s (the replica is not ready)", r.identity, down.as_secs()));
-                    self.active.push((Instant::now() + down, Active::SidecarDown(slot)));
-                }
+                let Some(slot) = holder.and_then(|h| self.slot_of(&h)) else { return };
+                self.take_sidecar_down(slot, Duration::from_secs(180));
                 self.create_service();
                 for _ in 0..30 {
                     tokio::time::sleep(Duration::from_secs(5)).await;

@@ -8,12 +8,11 @@ use std::collections::BTreeMap;
 use std::time::Duration;
 
 use ccm_harness::cluster::{TestEnv, create_load_balancer_service, load_balancer_ip};
-use ccm_provider_sim::Config;
 use k8s_openapi::api::core::v1::Service;
 use kube::api::{Patch, PatchParams};
 
-use crate::services::backend_node;
-use crate::support::{Core, Sim, eventually, instance};
+use crate::services::{backend_node, bulk_hosts_world};
+use crate::support::{Core, Sim, eventually};
 
 const FLAGS: [&str; 6] = [
     "--leader-elect=true",
@@ -63,15 +62,7 @@ async fn led(env: &TestEnv) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_new_leader_ensures_only_what_changed_while_no_one_led() {
     let cp = ccm_harness::shared().expect("control plane");
-    let env = TestEnv::new(cp.client().await.expect("client"), "lchange").await.expect("env");
-    let nodes = [env.node_name("n1"), env.node_name("n2"), env.node_name("n3")];
-    let mut config = Config::default();
-    config.load_balancers.bulk_hosts = true;
-    for (i, n) in nodes.iter().enumerate() {
-        config.instances.push(instance(&format!("i-{}", i + 1), n, "sim-region-1a"));
-    }
-    let sim = Sim::start(config).await;
-    backend_node(&env, &nodes[0], "i-1").await;
+    let (env, nodes, sim) = bulk_hosts_world(cp, "lchange").await;
     backend_node(&env, &nodes[1], "i-2").await;
     let names = ["a", "b", "c", "d"];
     let a = Core::start(cp, &env, &sim, &FLAGS);

@@ -491,7 +491,7 @@ async fn all_addressed(env: &TestEnv, names: &[&str]) {
 
 /// A sim that updates hosts in bulk, with three instances for Nodes n1, n2 and n3, of which
 /// only n1 is a backend Node yet.
-async fn bulk_hosts_world(cp: &ccm_harness::ControlPlane, label: &str) -> (TestEnv, [String; 3], Sim) {
+pub(crate) async fn bulk_hosts_world(cp: &ccm_harness::ControlPlane, label: &str) -> (TestEnv, [String; 3], Sim) {
     let env = TestEnv::new(cp.client().await.expect("client"), label).await.expect("env");
     let nodes = [env.node_name("n1"), env.node_name("n2"), env.node_name("n3")];
     let mut config = Config::default();
