@@ -352,7 +352,10 @@ impl Provider {
         self.changes.subscribe()
     }
 
-    /// Records what a newly read identity says against the one before it.
+    /// Announces what a newly read identity says against the one before it: called once the
+    /// new identity is the one [`Self::identity`] gives, so that a controller woken by the
+    /// change reads the new epoch, not the old one (a service controller woken early took its
+    /// records, keyed by the old epoch, as current and ensured nothing).
     fn compare(&self, before: Option<&Identity>, now: &Identity) {
         let Some(before) = before else { return };
         if before.is_other_than(now) {
@@ -582,7 +585,7 @@ impl Provider {
             epoch: info.epoch,
             capabilities,
         };
-        self.compare(self.identity().as_deref(), &identity);
+        let before = self.identity();
         let probe =
             self.call("IdentityService/Probe", pb::ProbeRequest {}, async |ch, r| identity_client(ch).probe(r).await).await;
         match probe {
@@ -590,6 +593,7 @@ impl Provider {
             Ok(p) => self.set_state(false, format!("provider not ready: {}", p.message), Some(Some(identity.clone()))),
             Err(e) => self.set_state(false, format!("provider probe failed: {e}"), Some(Some(identity.clone()))),
         }
+        self.compare(before.as_deref(), &identity);
         Ok(identity)
     }
 

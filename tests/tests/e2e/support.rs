@@ -144,6 +144,13 @@ impl Core {
     }
 
     fn launch(kubeconfig: &std::path::Path, env: &TestEnv, endpoint: &str, extra: &[&str], namespaced: bool) -> Self {
+        // The in-process core's log, when asked for: CCM_E2E_LOG=ccm_core=debug.
+        if let Ok(filter) = std::env::var("CCM_E2E_LOG") {
+            let _ = tracing_subscriber::fmt()
+                .with_env_filter(tracing_subscriber::EnvFilter::new(filter))
+                .with_test_writer()
+                .try_init();
+        }
         let kubeconfig = kubeconfig.display().to_string();
         let exclude = format!("--node-exclude-selector={TEST_LABEL}!={}", env.prefix);
         let mut args = vec!["cloud-controller-manager", "--kubeconfig", &kubeconfig, "--provider-endpoint", endpoint, &exclude];
