@@ -55,6 +55,10 @@ pub const CHAOS: Duration = Duration::from_secs(8 * 60);
 pub const SETTLE_BOUND: Duration = Duration::from_secs(12 * 60);
 /// The quiet time after convergence in which nothing may change the cloud.
 pub const STEADY: Duration = Duration::from_secs(3 * 60);
+/// How soon the world converges again after, at rest, the service controller's leader's
+/// sidecar comes back with a new epoch and the cloud's state lost: the next provider probe
+/// (10 s) sees the epoch, then an Ensure per load balancer and a route resync.
+pub const EPOCH_BOUND: Duration = Duration::from_secs(45);
 /// How long after convergence steady state begins: a replica's read timeout (75 s), watch
 /// backoff (30 s) and reconcile backoff (60 s) run out first.
 pub const STEADY_AFTER: Duration = Duration::from_secs(180);
@@ -191,6 +195,8 @@ pub const MODE_KINDS: &[&str] = &[
     "load balancer repair by reads",
     "the provider's state in the cloud (no epoch)",
     "a change of leader at rest",
+    "a new epoch that lost the provider's state",
+    "a new epoch at rest that lost the provider's state",
 ];
 
 /// Which node IPAM a seed runs, if any.
@@ -930,6 +936,79 @@ impl World {
         }
     }
 
+    /// Restarts the sidecar of the replica in `slot` with a new epoch (losing state as
+    /// [`Self::lose_state_with_epoch`] says); false when the slot is empty.
+    fn restart_sidecar(&mut self, slot: usize) -> bool {
+        let Some(r) = self.replicas[slot].as_mut() else { return false };
+        r.epochs += 1;
+        let epoch = format!("epoch-{}-{}-{}", r.slot, r.incarnation, r.epochs);
+        r.sidecar.restart(&self.cloud, &self.model, &r.identity, &epoch, &self.shared);
+        self.log(format!("sidecar of replica slot {slot} restarts as {epoch}"));
+        self.lose_state_with_epoch(slot);
+        true
+    }
+
+    /// The service controller's leader's sidecar restarts at rest with its state lost: the
+    /// world must converge again within [`EPOCH_BOUND`], with nothing else going on.
+    async fn epoch_lost_at_rest(&mut self, model: &Model) {
+        let holders = model.holders();
+        let leader = holders.get(ccm_core::controllers::service::NAME).or_else(|| holders.get("*")).cloned();
+        let Some(slot) = leader.and_then(|l| self.slot_of(&l)) else { return };
+        if !self.restart_sidecar(slot) {
+            return;
+        }
+        self.exercised.insert("a new epoch at rest that lost the provider's state");
+        let lost = Instant::now();
+        while lost.elapsed() < EPOCH_BOUND {
+            tokio::time::sleep(Duration::from_secs(1)).await;
+            if self.unconverged().is_none() {
+                self.log(format!("converged {}s after a new epoch lost the cloud's state", lost.elapsed().as_secs()));
+                return;
+            }
+        }
+        let why = self.unconverged().unwrap_or_default();
+        model.violation(format!(
+            "not converged {}s after the service controller's leader's sidecar came back with a new epoch and the cloud's state lost: {why}",
+            EPOCH_BOUND.as_secs()
+        ));
+    }
+
+    /// A new epoch says the provider's state may be lost: the sidecar of the replica that
+    /// leads the service (route) controller comes back with every load balancer (route) of
+    /// the cluster gone from the cloud, which only the new epoch tells the core. (Other
+    /// replicas' sidecars share the cloud: their restart loses nothing.) Where sidecars
+    /// advertise no epoch the state is the cloud's and survives.
+    fn lose_state_with_epoch(&mut self, slot: usize) {
+        let Some(identity) = self.replicas[slot].as_ref().map(|r| r.identity.clone()) else { return };
+        if self.modes.no_epoch {
+            return;
+        }
+        if self.model.leads_for(&identity, ccm_core::controllers::service::NAME) {
+            let lbs: Vec<String> = self
+                .cloud
+                .load_balancers(CLUSTER)
+                .into_iter()
+                .filter_map(|lb| self.cloud.remove_load_balancer(&lb.load_balancer_name).is_ok().then_some(lb.name))
+                .collect();
+            if !lbs.is_empty() {
+                self.exercised.insert("a new epoch that lost the provider's state");
+                self.log(format!("the restart lost the cloud's load balancers of {lbs:?}"));
+            }
+        }
+        if self.model.leads_for(&identity, ccm_core::controllers::route::NAME) {
+            let mut lost = 0;
+            for table in self.cloud.route_tables() {
+                for route in self.cloud.routes(CLUSTER, &table.id).unwrap_or_default() {
+                    lost += usize::from(self.cloud.delete_route(CLUSTER, &table.id, &route.name).is_ok());
+                }
+            }
+            if lost > 0 {
+                self.exercised.insert("a new epoch that lost the provider's state");
+                self.log(format!("the restart lost the cloud's {lost} routes"));
+            }
+        }
+    }
+
     /// Slot `slot`'s sidecar goes down for `lasts` (the replica is not ready), then comes back
     /// with a new epoch.
     fn take_sidecar_down(&mut self, slot: usize, lasts: Duration) {
@@ -1146,12 +1225,8 @@ impl World {
             }
             71..=73 => {
                 let slot = self.rng.random_range(0..self.replicas.len());
-                if let Some(r) = self.replicas[slot].as_mut() {
-                    r.epochs += 1;
-                    let epoch = format!("epoch-{}-{}-{}", r.slot, r.incarnation, r.epochs);
-                    r.sidecar.restart(&self.cloud, &self.model, &r.identity, &epoch, &self.shared);
+                if self.restart_sidecar(slot) {
                     self.faults.insert("sidecar restarts (new epoch)");
-                    self.log(format!("sidecar of replica slot {slot} restarts as {epoch}"));
                 }
             }
             74..=78 => {
@@ -1832,6 +1907,28 @@ async fn simulate(seed: u64, scenario: Option<Scenario>) -> Report {
             }
             if let Some(why) = world.unconverged() {
                 model.violation(format!("diverged in the steady state: {why}"));
+            }
+            // Where sidecars advertise an epoch, at rest the service controller's leader's
+            // sidecar comes back with a new one and the cloud's load balancers and routes gone:
+            // only the new epoch says so, and the core must make them again at once.
+            // After a change of leader (whose new leader ensures everything under its own
+            // sidecar's epoch: every record on the Services is then one of the hosts as they
+            // are, under the epoch the next restart makes old).
+            if !world.modes.no_epoch {
+                let holders = model.holders();
+                let leader = holders.get(ccm_core::controllers::service::NAME).or_else(|| holders.get("*")).cloned();
+                if let Some(slot) = leader.and_then(|l| world.slot_of(&l)) {
+                    world.kill_replica(slot, Duration::from_secs(1));
+                }
+                let killed = Instant::now();
+                while killed.elapsed() < Duration::from_secs(90) {
+                    tokio::time::sleep(Duration::from_secs(5)).await;
+                    world.tend_replicas();
+                }
+                match world.unconverged() {
+                    Some(why) => model.violation(format!("not converged 90s after the leader was killed at rest: {why}")),
+                    None => world.epoch_lost_at_rest(&model).await,
+                }
             }
         }
         None => {

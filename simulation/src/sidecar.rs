@@ -213,6 +213,9 @@ impl Watched {
 #[ccm_provider_sdk::async_trait]
 impl ccm_provider_sdk::Probe for Watched {
     async fn probe(&self) -> Result<Readiness> {
+        // A probe crosses a socket and the provider's own checks: it takes time, as elsewhere,
+        // and what a client does between its identity calls shows.
+        tokio::time::sleep(std::time::Duration::from_millis(250)).await;
         ccm_provider_sdk::Probe::probe(&self.inner).await
     }
 }

@@ -560,6 +560,7 @@ impl ServiceController {
         let ingress = match self.ctx.cloud().ensure_load_balancer(lb, backends.provider()).await {
             Ok(ingress) => {
                 self.ctx.metrics.load_balancer_sync();
+                tracing::debug!(service = %k, load_balancer = %lb_name, hosts = backends.count, "load balancer ensured");
                 ingress
             }
             // The cloud pacing the controller is no failure to report (at 5000 Services, two
