@@ -1329,10 +1329,26 @@ impl World {
                 // and neither ensure, read nor delete the other's load balancer for it.
                 let live: Vec<usize> = (0..self.services.len()).filter(|&i| !self.services[i].deleted).collect();
                 let (Some(thief), Some(victim)) = (self.pick(&live), self.pick(&live)) else { return };
+                let (thief, victim) = (self.services[thief].name.clone(), self.services[victim].name.clone());
                 if thief == victim {
+                    // Or a new name of the Service's own form (any prefix, the hash of its
+                    // UID): no second load balancer may be made for it.
+                    let Some(uid) = self
+                        .model
+                        .get(&Key::service(NAMESPACE, &thief))
+                        .and_then(|svc| svc.pointer("/metadata/uid").and_then(Value::as_str).map(str::to_string))
+                    else {
+                        return;
+                    };
+                    let readable = ccm_protocol::names::load_balancer_name("c", "n", "s", &uid, &Default::default());
+                    let forged = format!("forged-{}", readable.rsplit('-').next().unwrap_or_default());
+                    self.model.update(&Key::service(NAMESPACE, &thief), |svc| {
+                        svc["metadata"]["annotations"]["ccm-rs.dev/load-balancer-name"] = json!(forged);
+                    });
+                    self.faults.insert("a Service records another's load balancer name");
+                    self.log(format!("service {thief} records a name of its own form, {forged}"));
                     return;
                 }
-                let (thief, victim) = (self.services[thief].name.clone(), self.services[victim].name.clone());
                 let Some(stolen) = self.load_balancer_name(&victim) else { return };
                 self.model.update(&Key::service(NAMESPACE, &thief), |svc| {
                     svc["metadata"]["annotations"]["ccm-rs.dev/load-balancer-name"] = json!(stolen);
@@ -1638,7 +1654,7 @@ impl World {
             let service = format!("{NAMESPACE}/{}", s.name);
             every_lb.clone().filter(|l| l.service == service).count() > 1
         }) {
-            return Some(format!("Service {} has a load balancer in both clouds", s.name));
+            return Some(format!("Service {} has more than one load balancer (in one cloud or both)", s.name));
         }
         None
     }

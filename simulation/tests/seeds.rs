@@ -44,7 +44,7 @@ fn seeds_break_no_invariant() {
 /// when the read that confirms its Node gone failed (nothing requeued it).
 #[test]
 fn the_seeds_that_found_defects_pass() {
-    for seed in [7, 8, 11, 21, 25, 50, 53, 78, 2340, 2864] {
+    for seed in [7, 8, 11, 21, 25, 50, 53, 78, 641, 2340, 2864] {
         let report = ccm_simulation::run_seed(seed);
         assert!(report.violations.is_empty(), "seed {seed}: {:?}", report.violations);
         assert!(report.converged_after.is_some(), "seed {seed} converged");

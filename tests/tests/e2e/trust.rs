@@ -123,6 +123,71 @@ async fn a_service_naming_another_namespaces_load_balancer_gets_neither_its_addr
     intruder.cleanup().await.expect("cleanup");
 }
 
+/// A Service author who rewrites their own Service's recorded name, each time to a name of the
+/// Service's own form (any prefix, the hash of its UID), gets no second load balancer: the
+/// name is refused with a Warning and written back, the one load balancer stays, and deleting
+/// the Service leaves none behind. (Accepted before: each rewrite made a new load balancer
+/// and the old ones were never deleted.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn rewriting_a_services_own_recorded_name_makes_no_second_load_balancer() {
+    let cp = ccm_harness::shared().expect("control plane");
+    let client = cp.client().await.expect("client");
+    let env = TestEnv::new(client, "rename").await.expect("env");
+    let node = env.node_name("n1");
+    let mut config = Config::default();
+    config.instances.push(instance("i-1", &node, "sim-region-1a"));
+    let sim = Sim::start(config).await;
+    NodeBuilder::new(&node)
+        .label(TEST_LABEL, &env.prefix)
+        .provider_id("sim://sim-region-1a/i-1")
+        .address("InternalIP", "10.0.0.9")
+        .create(&env.client)
+        .await
+        .expect("node");
+    let class = format!("e2e.ccm-rs.dev/{}", env.prefix);
+    let core = cluster_wide_core(cp, &env, &sim.endpoint, &class);
+
+    env.services().create(&PostParams::default(), &service(&env, "web", &class, serde_json::json!({}))).await.expect("svc");
+    let ip = eventually("the address", Duration::from_secs(20), async || ingress_ip(&env, "web").await).await;
+    let svc = env.services().get("web").await.expect("svc");
+    let own = recorded_name(&svc).expect("the recorded name");
+    let uid = svc.metadata.uid.clone().expect("uid");
+    // The Service's own form: any prefix, then the hash of its UID.
+    let readable = ccm_protocol::names::load_balancer_name("c", "n", "s", &uid, &Default::default());
+    let hash = readable.rsplit('-').next().expect("hash").to_string();
+    let ours = |lbs: &[ccm_provider_sim::admin::LoadBalancerView]| {
+        lbs.iter().filter(|l| l.service == format!("{}/web", env.namespace)).map(|l| l.name.clone()).collect::<Vec<_>>()
+    };
+    for (i, prefix) in ["mine", "another"].iter().enumerate() {
+        let forged = format!("{prefix}-{hash}");
+        assert!(ccm_protocol::names::is_load_balancer_name_of(&forged, &uid), "{forged} is of the Service's own form");
+        let patch = serde_json::json!({ "metadata": { "annotations": { NAME_ANNOTATION: forged } } });
+        env.services().patch("web", &kube::api::PatchParams::default(), &kube::api::Patch::Merge(&patch)).await.expect("patch");
+        if i == 0 {
+            warned(&env, "web", "LoadBalancerNameRefused").await;
+        }
+        eventually("the recorded name written back", Duration::from_secs(20), async || {
+            (recorded_name(&env.services().get("web").await.ok()?).as_deref() == Some(own.as_str())).then_some(())
+        })
+        .await;
+        // A resync or two (--load-balancer-resync-period is the default's) would have made it.
+        tokio::time::sleep(Duration::from_secs(3)).await;
+        let lbs = sim.admin.state().await.expect("state").load_balancers;
+        assert_eq!(ours(&lbs), vec![own.clone()], "one load balancer, under the Service's own name");
+    }
+    assert_eq!(ingress_ip(&env, "web").await.as_deref(), Some(ip.as_str()), "the address kept");
+
+    env.services().delete("web", &DeleteParams::default()).await.expect("delete");
+    eventually("the Service gone", Duration::from_secs(20), async || {
+        env.services().get_opt("web").await.ok()?.is_none().then_some(())
+    })
+    .await;
+    let lbs = sim.admin.state().await.expect("state").load_balancers;
+    assert!(ours(&lbs).is_empty(), "no load balancer left behind: {lbs:?}");
+    core.stop().await.expect("stop");
+    env.cleanup().await.expect("cleanup");
+}
+
 /// The same attack against a Go provider behind the adapter (upstream's fake cloud): the core
 /// refuses the recorded name the same way, and the Go provider names load balancers from the
 /// Service it is given, so the victim's load balancer survives the intruder's deletion.

@@ -337,11 +337,12 @@ impl ServiceController {
         let set = Arc::new(HostSet::new(nodes));
         if !set.is_empty() {
             self.remember_backends(key, &set);
-            // The cloud has them: nothing to update for them.
-            if let Some(e) = self.state().ensured.get_mut(&service_key(svc)) {
-                e.hosts = set.hosts;
-                e.count = set.count;
-            }
+        }
+        // The cloud has them (as far as they are Nodes still: hosts of Nodes deleted since
+        // are not taken away either, as the leader before kept them): nothing to update.
+        if let Some(e) = self.state().ensured.get_mut(&service_key(svc)) {
+            e.hosts = set.hosts;
+            e.count = set.count;
         }
         Ok(set)
     }
@@ -409,7 +410,7 @@ impl ServiceController {
             let as_ensured = last.is_some_and(|e| e.spec == self.ensured_spec(&svc))
                 && has_finalizer(&svc)
                 && name.is_some()
-                && super::naming::recorded_name(&svc) == name.as_deref()
+                && super::naming::annotated_name(&svc) == name.as_deref()
                 && ranges.is_ok();
             let key = set_key(selector.as_ref());
             let i = match group_of.get(key) {
@@ -461,6 +462,7 @@ impl ServiceController {
             self.remember_backends(key, backends);
         }
         let services: Vec<LoadBalancerRequest> = todo.iter().map(|(_, lb, _)| lb.clone()).collect();
+        tracing::debug!(load_balancers = services.len(), hosts = backends.count, selector = %key, "updating load balancers' hosts in bulk");
         let started = Instant::now();
         let results = self.ctx.cloud().batch_update_load_balancer_hosts(&services, backends.provider()).await;
         let (results, call_failed) = results;
@@ -506,6 +508,7 @@ impl ServiceController {
         ensured: Ensured,
     ) -> Result<(), SyncError> {
         let k = service_key(svc);
+        tracing::debug!(service = %k, hosts = backends.count, "updating the load balancer's hosts");
         let started = Instant::now();
         let r = self.ctx.cloud().update_load_balancer_hosts(lb, backends.provider()).await;
         self.ctx.metrics.hosts_update(started.elapsed(), r.is_err());

@@ -514,7 +514,7 @@ impl ServiceController {
     /// recorded (`record`: not while a rename waits, whose new name is recorded once the old
     /// load balancer is gone): before the load balancer is made under it.
     async fn record_finalizer(&self, svc: &Service, lb_name: &str, record: bool) -> Result<(), SyncError> {
-        let record = record && naming::recorded_name(svc) != Some(lb_name);
+        let record = record && naming::annotated_name(svc) != Some(lb_name);
         // With several providers, whose load balancer it is, recorded before it is made.
         let provider = self.ctx.providers.several().then(|| self.ctx.provider.name());
         let recorded_provider =

@@ -4,11 +4,15 @@
 //! found and adopted; `--allow-load-balancer-renaming` makes it anew under the configured
 //! name and deletes the old one.
 //!
-//! The annotation is user-writable, and the protocol keys every call by the name: a name on
-//! it is used only when it is one the core derives for this Service's UID
-//! ([`is_load_balancer_name_of`]). Any other is a Warning and ignored, then overwritten with
-//! the Service's own name, so no Service can ensure, take the address of or delete another's
-//! load balancer by naming it (issue 54).
+//! The annotation is user-writable, and the protocol keys every call by the name. A name on
+//! it is used only when the core itself derives it for this Service now (either naming, this
+//! UID, this cluster name, the provider's limits), when this process made or found the load
+//! balancer under it, or, for a name of the Service's own form that no longer derives (the
+//! cluster name or the provider's limits changed since), when the provider shows a load
+//! balancer of this Service under it. Any other is a Warning, ignored and overwritten with the
+//! Service's own name: no Service can ensure, take the address of or delete another's load
+//! balancer by naming it (issue 54), nor have load balancer after load balancer made by
+//! writing name after name (issue 55).
 
 use ccm_protocol::Error;
 use ccm_protocol::names::{NameLimits, is_load_balancer_name_of, load_balancer_name, upstream_load_balancer_name};
@@ -22,32 +26,58 @@ use crate::provider::set::RecordedProvider;
 use crate::wellknown::{ANNOTATION_LOAD_BALANCER_NAME, ANNOTATION_LOAD_BALANCER_PROVIDER};
 
 /// What the annotation says, whoever wrote it.
-fn annotated_name(svc: &Service) -> Option<&str> {
+pub(super) fn annotated_name(svc: &Service) -> Option<&str> {
     svc.metadata.annotations.as_ref()?.get(ANNOTATION_LOAD_BALANCER_NAME).map(String::as_str).filter(|n| !n.is_empty())
 }
 
-/// The name `svc`'s load balancer was recorded under, when it is one of the Service's own
-/// names (derived from its UID); `None` for any other.
-pub(super) fn recorded_name(svc: &Service) -> Option<&str> {
-    let uid = svc.metadata.uid.as_deref()?;
-    annotated_name(svc).filter(|name| is_load_balancer_name_of(name, uid))
-}
-
-/// A name on `svc`'s annotation that is not one of its own: never used.
-pub(super) fn foreign_name(svc: &Service) -> Option<&str> {
-    annotated_name(svc).filter(|_| recorded_name(svc).is_none())
-}
-
 impl ServiceController {
+    /// The name recorded on `svc`, when it is known to be the Service's own without asking
+    /// the provider: one the core derives for it now, or the one this process made or found
+    /// its load balancer under.
+    pub(super) fn recorded_name(&self, svc: &Service) -> Option<String> {
+        let name = annotated_name(svc)?;
+        let uid = svc.metadata.uid.as_deref()?;
+        let derived =
+            [LoadBalancerNaming::Upstream, LoadBalancerNaming::Readable].iter().any(|n| self.name_under(svc, *n) == name);
+        (derived || self.state().names.get(uid).is_some_and(|known| known == name)).then(|| name.to_string())
+    }
+
+    /// The name recorded on `svc`, when it is the Service's own ([`Self::recorded_name`]), or
+    /// of the Service's own form and the provider holds a load balancer of this Service under
+    /// it (made before the cluster name or the provider's limits changed): then remembered.
+    /// `None` for any other, which is never used.
+    async fn verified_recorded_name(&self, svc: &Service) -> Result<Option<String>, Error> {
+        if let Some(name) = self.recorded_name(svc) {
+            return Ok(Some(name));
+        }
+        let (Some(name), Some(uid)) = (annotated_name(svc), svc.metadata.uid.as_deref()) else { return Ok(None) };
+        // Only a name of the Service's own form is worth a call (the provider refuses one
+        // whose load balancer is another Service's in any case).
+        if !is_load_balancer_name_of(name, uid) {
+            return Ok(None);
+        }
+        let request = self.request(svc, name.to_string(), source_ranges(svc).unwrap_or_default());
+        match self.ctx.provider.get_load_balancer(request).await {
+            Ok(Some(_)) => {
+                self.state().names.insert(uid.to_string(), name.to_string());
+                Ok(Some(name.to_string()))
+            }
+            Ok(None) => Ok(None),
+            Err(error) if error.reason() == ccm_protocol::reason::OWNED_BY_ANOTHER_SERVICE => Ok(None),
+            Err(error) => Err(error),
+        }
+    }
+
     /// Deletes `svc`'s load balancer under every name it may have: the one it was made under
     /// (either naming's when that was never recorded) and the configured naming's (a rename
-    /// half done). Each name is the Service's own (derived from its UID: a recorded name that
-    /// is not is ignored), so none can be another Service's load balancer.
+    /// half done). Each name is the Service's own (a recorded name that is not is ignored), so
+    /// none can be another Service's load balancer.
     pub(super) async fn delete_every_name(&self, svc: &Service) -> Result<(), Error> {
-        self.refuse_foreign_name(svc).await;
+        let recorded = self.verified_recorded_name(svc).await?;
+        self.refuse_foreign_name(svc, recorded.as_deref()).await;
         let mut names = vec![self.lb_name(svc)];
-        match recorded_name(svc) {
-            Some(recorded) => names.push(recorded.to_string()),
+        match recorded {
+            Some(recorded) => names.push(recorded),
             // Never recorded (made by upstream, or by an older core): either naming's.
             None => names.extend([LoadBalancerNaming::Upstream, LoadBalancerNaming::Readable].map(|n| self.name_under(svc, n))),
         }
@@ -66,9 +96,9 @@ impl ServiceController {
     }
 
     /// Says once per Service and name, with a Warning, that the name on its
-    /// `ccm-rs.dev/load-balancer-name` is not one of its own and is ignored.
-    pub(super) async fn refuse_foreign_name(&self, svc: &Service) {
-        let Some(foreign) = foreign_name(svc) else { return };
+    /// `ccm-rs.dev/load-balancer-name` is not one of its own (not `recorded`) and is ignored.
+    pub(super) async fn refuse_foreign_name(&self, svc: &Service, recorded: Option<&str>) {
+        let Some(foreign) = annotated_name(svc).filter(|name| Some(*name) != recorded) else { return };
         let first = {
             let mut state = self.state();
             if state.refused_names.len() >= super::REFUSED_NAMES_KEPT {
@@ -82,8 +112,9 @@ impl ServiceController {
         let own = self.name_under(svc, self.ctx.options.load_balancer_naming);
         tracing::warn!(service = %service_key(svc), refused = %foreign, load_balancer = %own, "the recorded load balancer name is not this service's own; ignored");
         let note = format!(
-            "{ANNOTATION_LOAD_BALANCER_NAME} names {foreign}, which is not a load balancer name of this Service (none derived from its UID): \
-             ignored, and replaced with the Service's own ({own}); a Service reaches only its own load balancer"
+            "{ANNOTATION_LOAD_BALANCER_NAME} names {foreign}, which is not a load balancer name of this Service (not one the core \
+             derives for it, and no load balancer of it there): ignored, and replaced with the Service's own ({own}); a Service \
+             reaches only its own load balancer"
         );
         self.ctx.event(NAME, svc, EventType::Warning, reason::LOAD_BALANCER_NAME_REFUSED, note).await;
     }
@@ -161,8 +192,8 @@ impl ServiceController {
             if let Some(name) = self.state().names.get(uid) {
                 return name.clone();
             }
-            if let Some(name) = recorded_name(svc) {
-                return name.to_string();
+            if let Some(name) = self.recorded_name(svc) {
+                return name;
             }
         }
         self.name_under(svc, self.ctx.options.load_balancer_naming)
@@ -173,10 +204,17 @@ impl ServiceController {
     /// upstream's cloud-controller-manager, or by this core under the other naming) is looked
     /// up under the other naming first, and kept under it when it exists there.
     pub(super) async fn naming(&self, svc: &Service, ranges: &[String]) -> Result<(String, Option<String>), Error> {
-        self.refuse_foreign_name(svc).await;
+        let verified = self.verified_recorded_name(svc).await?;
+        self.refuse_foreign_name(svc, verified.as_deref()).await;
         let naming = self.ctx.options.load_balancer_naming;
         let configured = self.name_under(svc, naming);
-        let recorded = recorded_name(svc).map(str::to_string);
+        // The name this process made the load balancer under wins over an annotation that
+        // was changed since (written back by the next record).
+        let known = svc.metadata.uid.as_deref().and_then(|uid| self.state().names.get(uid).cloned());
+        let recorded = match known {
+            Some(known) if !self.ctx.options.allow_load_balancer_renaming => Some(known),
+            _ => verified,
+        };
         if let Some(recorded) = recorded {
             if recorded == configured {
                 return Ok((configured, None));

@@ -111,7 +111,7 @@ impl ServiceController {
                 continue;
             }
             let k = super::service_key(&svc);
-            let (Some(uid), Some(name)) = (svc.metadata.uid.clone(), super::naming::recorded_name(&svc)) else { continue };
+            let (Some(uid), Some(name)) = (svc.metadata.uid.clone(), self.recorded_name(&svc)) else { continue };
             // A rename waiting is its own reconcile's.
             if self.ctx.options.allow_load_balancer_renaming
                 && name != self.name_under(&svc, self.ctx.options.load_balancer_naming)
@@ -121,10 +121,10 @@ impl ServiceController {
             if self.state().ensured.contains_key(&k) || self.state().void_records.contains(&k) {
                 continue;
             }
-            let Some(e) = self.ensured_by_record(&svc, name) else { continue };
+            let Some(e) = self.ensured_by_record(&svc, &name) else { continue };
             let mut state = self.state();
             if !state.ensured.contains_key(&k) {
-                state.names.insert(uid, name.to_string());
+                state.names.insert(uid, name);
                 state.record(k, e);
             }
         }

@@ -53,7 +53,7 @@ impl ServiceController {
             return None;
         }
         let lb_name = self.state().names.get(svc.metadata.uid.as_deref()?).cloned()?;
-        (naming::recorded_name(&svc) == Some(lb_name.as_str())).then_some((svc, lb_name))
+        (naming::annotated_name(&svc) == Some(lb_name.as_str())).then_some((svc, lb_name))
     }
 
     /// After a complete listing taken after `before` was read: the load balancers this
