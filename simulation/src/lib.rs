@@ -30,7 +30,7 @@
 pub mod api;
 pub mod sidecar;
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -1379,17 +1379,16 @@ impl World {
                 self.set_ready(i, true);
             }
         }
-        // With two providers, a Node that never had a providerID nor the provider label, whose
-        // instance is gone, is no provider's to delete: no provider knows it, and the core
-        // never guesses (ccm-core/README.md, "Which provider a Node belongs to"). The
-        // operator deletes it, as the Warning `ProviderNotFound` asks.
+        // With two providers, a Node that never had a providerID, whose instance is gone, is no
+        // provider's to delete: no provider knew it (a provider label only claims it), and the
+        // core never guesses (ccm-core/README.md, "Which provider a Node belongs to"). The
+        // operator deletes it, as the Warning `ProviderNotFound` or `NodeDeletionRefused` asks.
         if self.metal.is_some() {
             for i in 0..self.nodes.len() {
                 let name = self.nodes[i].name.clone();
                 let Some(node) = self.model.get(&Key::node(&name)) else { continue };
-                let claimed = node.pointer("/spec/providerID").is_some()
-                    || node.pointer("/metadata/labels").and_then(|l| l.get(ccm_core::wellknown::LABEL_PROVIDER)).is_some();
-                if self.nodes[i].life == Life::Terminated && !claimed {
+                let known = node.pointer("/spec/providerID").is_some();
+                if self.nodes[i].life == Life::Terminated && !known {
                     self.model.delete(&Key::node(&name));
                     self.log(format!("the operator deletes node {name}, which no provider knows (its instance is gone)"));
                 }
@@ -1545,6 +1544,27 @@ impl World {
     }
 
     /// Why the world has not converged yet, if it has not.
+    /// With tagging, what the tagging controller promises: the instance of `node` carries the
+    /// cluster's tags; and always, the Node's tag labels are its instance's tags (the node
+    /// refresh, every 5 minutes, brings them).
+    fn tags_unsettled(&self, node: &Value, name: &str, cloud: &ccm_provider_sim::admin::Snapshot) -> Option<String> {
+        let terminated = ccm_provider_sim::config::State::Terminated;
+        let instance = cloud.instances.iter().find(|i| i.name == name && i.state != terminated)?;
+        if self.modes.tagging && instance.tags.get("team").map(String::as_str) != Some("sim") {
+            return Some(format!("instance {} of Node {name} lacks the tag team=sim ({:?})", instance.id, instance.tags));
+        }
+        let prefix = "tags.cloudprovider.dev/";
+        let labels: BTreeMap<String, String> = node
+            .pointer("/metadata/labels")
+            .and_then(Value::as_object)
+            .into_iter()
+            .flatten()
+            .filter_map(|(k, v)| Some((k.strip_prefix(prefix)?.to_string(), v.as_str()?.to_string())))
+            .collect();
+        let tags = &instance.tags;
+        (labels != *tags).then(|| format!("Node {name} has tag labels {labels:?}, its instance the tags {tags:?}"))
+    }
+
     fn unconverged(&self) -> Option<String> {
         if !self.replicas.iter().flatten().any(|r| self.model.leads(&r.identity)) {
             return Some("no replica leads".into());
@@ -1581,6 +1601,9 @@ impl World {
                 .is_some_and(|t| t.iter().any(|t| t["key"].as_str() == Some(TAINT)));
             if provider_id.is_empty() || tainted {
                 return Some(format!("Node {name} is not initialised"));
+            }
+            if let Some(why) = self.tags_unsettled(node, &name, snapshot_of(rec.metal)) {
+                return Some(why);
             }
             let pool = node.pointer(&format!("/metadata/labels/{POOL}")).and_then(Value::as_str).unwrap_or("a").to_string();
             backends.insert((name.clone(), pool, rec.metal));

@@ -58,7 +58,13 @@ impl ccm_provider_sdk::CallObserver for Counted {
 
 /// The controller whose Lease a mutation method needs.
 fn controller_of(method: &str) -> &'static str {
-    if method.contains("Route") { ccm_core::controllers::route::NAME } else { ccm_core::controllers::service::NAME }
+    if method.contains("Route") {
+        ccm_core::controllers::route::NAME
+    } else if method.contains("Tags") {
+        ccm_core::controllers::tagging::NAME
+    } else {
+        ccm_core::controllers::service::NAME
+    }
 }
 
 /// The provider wrapped with the cloud-side checks.
@@ -269,6 +275,20 @@ impl ccm_provider_sdk::Tags for Watched {
         lookups: &[pb::InstanceLookup],
     ) -> Result<Vec<Answered<Option<HashMap<String, String>>>>> {
         self.inner.batch_instance_tags(lookups).await
+    }
+
+    fn capabilities(&self) -> pb::TagsCapabilities {
+        ccm_provider_sdk::Tags::capabilities(&self.inner)
+    }
+
+    async fn batch_set_instance_tags(&self, updates: &[pb::InstanceTagsUpdate]) -> Result<Vec<Answered<bool>>> {
+        let objects = updates
+            .iter()
+            .map(|u| format!("tags/{}", u.instance.as_ref().map(|l| l.node_name.as_str()).unwrap_or_default()))
+            .collect();
+        let m = self.begin("BatchSetInstanceTags", objects);
+        let updates = updates.to_vec();
+        self.mutate(m, |p| async move { p.batch_set_instance_tags(&updates).await }).await
     }
 }
 

@@ -140,9 +140,25 @@ struct State {
     /// before, so that a CIDR the last holder gave just before its tenure ended, which the
     /// cache may not show yet, is never given twice.
     confirmed: bool,
+    /// CIDRs given by a write whose outcome is unknown (a timeout, a dropped connection, a
+    /// server error: it may have landed): taken until the next fresh read of every Node
+    /// shows whether a Node holds them, never handed out again before.
+    pending: Vec<IpNet>,
 }
 
 impl State {
+    /// Takes what a fresh read of every Node shows, and frees the CIDRs of writes whose
+    /// outcome was unknown that no Node holds.
+    fn confirm_with(&mut self, nodes: &[Node]) {
+        for node in nodes {
+            self.occupy(node);
+        }
+        let pending = std::mem::take(&mut self.pending);
+        let unheld: Vec<IpNet> = pending.into_iter().filter(|cidr| !self.holders.contains_key(cidr)).collect();
+        self.release(&unheld);
+        self.confirmed = true;
+    }
+
     /// Takes the CIDRs `node` has, whoever set them; a Node of its name held before under
     /// another UID is gone, and what it held is free.
     fn occupy(&mut self, node: &Node) {
@@ -251,7 +267,8 @@ impl IpamController {
             };
             ranges.push(Range::new(cidr, mask)?);
         }
-        let state = Mutex::new(State { ranges, held: HashMap::new(), holders: HashMap::new(), confirmed: false });
+        let state =
+            Mutex::new(State { ranges, held: HashMap::new(), holders: HashMap::new(), confirmed: false, pending: Vec::new() });
         Ok(Self { ctx, state, cloud, settled: Default::default(), reported: AtomicBool::new(false) })
     }
 
@@ -287,17 +304,14 @@ impl IpamController {
                 None => break,
             }
         }
-        let mut state = self.state();
-        for node in &read {
-            state.occupy(node);
-        }
-        state.confirmed = true;
+        self.state().confirm_with(&read);
         tracing::debug!(nodes = read.len(), "node IPAM read every Node's pod CIDRs from the API server");
         Ok(())
     }
 
-    /// Gives `node` its podCIDRs, if it has none and is this process's to manage.
-    async fn allocate(&self, node: &Node) {
+    /// Gives `node` its podCIDRs, if it has none and is this process's to manage; false when
+    /// its write's outcome is unknown (retried once every Node was read again).
+    async fn allocate(&self, node: &Node) -> bool {
         let name = node_util::name(node).to_string();
         let uid = node.metadata.uid.as_deref().unwrap_or_default();
         if !node_util::pod_cidrs(node).is_empty()
@@ -305,7 +319,7 @@ impl IpamController {
             || self.ctx.ignores(node)
             || node.metadata.deletion_timestamp.is_some()
         {
-            return;
+            return true;
         }
         // A Node of this name held CIDRs under another UID: that Node is gone.
         self.state().occupy(node);
@@ -316,7 +330,7 @@ impl IpamController {
                 let note = format!("Node {name} status is now: CIDRNotAvailable ({full} is full)");
                 tracing::warn!(node = %name, "no pod CIDR left for the node");
                 self.ctx.event(NAME, node, EventType::Warning, reason::CIDR_NOT_AVAILABLE, note).await;
-                return;
+                return true;
             }
         };
         let cidrs: Vec<String> = given.iter().map(IpNet::to_string).collect();
@@ -328,14 +342,29 @@ impl IpamController {
             Ok(_) => {
                 tracing::info!(node = %name, pod_cidrs = ?cidrs, "pod CIDRs allocated");
                 self.state().hold(&name, uid, given);
+                true
             }
-            Err(error) => {
-                // A conflict (the Node changed, or someone else set its CIDRs) is read again
-                // from the next event; the CIDRs go back.
+            // Refused by the API server (a conflict: the Node changed, or someone else set
+            // its CIDRs): nothing was written; read again from the next event, the CIDRs go
+            // back.
+            Err(kube::Error::Api(status)) if (400..500).contains(&status.code) => {
                 self.state().release(&given);
+                let error = kube::Error::Api(status);
                 tracing::warn!(node = %name, %error, "setting the node's pod CIDRs failed");
                 let note = format!("Node {name} status is now: CIDRAssignmentFailed ({error})");
                 self.ctx.event(NAME, node, EventType::Warning, reason::CIDR_ASSIGNMENT_FAILED, note).await;
+                true
+            }
+            // Anything else may have landed: the CIDRs stay taken until every Node is read
+            // again (then freed if no Node holds them), so none is given to two Nodes.
+            Err(error) => {
+                {
+                    let mut state = self.state();
+                    state.pending.extend(given);
+                    state.confirmed = false;
+                }
+                tracing::warn!(node = %name, %error, "setting the node's pod CIDRs failed and may have landed; its CIDRs are kept until every Node is read again");
+                false
             }
         }
     }
@@ -554,14 +583,18 @@ impl runner::Controller for IpamController {
             tracing::warn!(%error, "reading the Nodes' pod CIDRs from the API server failed; no CIDR is given until it succeeds");
             return keys.iter().map(|_| Outcome::Retry { fingerprint: None, retry_after: None }.into()).collect();
         }
+        let mut done = Vec::with_capacity(keys.len());
         for name in keys {
             // The newest Node: one changed since it was queued is judged as it is now.
-            if let Some(node) = self.ctx.nodes.store().get(&ObjectRef::new(name)) {
-                self.allocate(&node).await;
-            }
+            let settled = match self.ctx.nodes.store().get(&ObjectRef::new(name)) {
+                Some(node) => self.allocate(&node).await,
+                None => true,
+            };
+            // A refused write is retried from the Node's next change, as upstream's
+            // allocator; one of unknown outcome after every Node was read again.
+            done.push(if settled { Outcome::Success } else { Outcome::Retry { fingerprint: None, retry_after: None } }.into());
         }
-        // A failed write is retried from the Node's next change, as upstream's allocator.
-        keys.iter().map(|_| Outcome::Success.into()).collect()
+        done
     }
 }
 
@@ -614,7 +647,7 @@ mod tests {
 
     fn state() -> State {
         let ranges = vec![Range::new(net("10.244.0.0/22"), 24).expect("range")];
-        State { ranges, held: HashMap::new(), holders: HashMap::new(), confirmed: false }
+        State { ranges, held: HashMap::new(), holders: HashMap::new(), confirmed: false, pending: Vec::new() }
     }
 
     #[test]
@@ -645,6 +678,23 @@ mod tests {
         assert_eq!(s.take(), Ok(vec![net("10.244.3.0/24")]));
         assert_eq!(s.take(), Ok(vec![net("10.244.0.0/24")]));
         assert_eq!(s.take(), Err(net("10.244.0.0/22")), "full");
+    }
+
+    #[test]
+    fn cidrs_of_a_write_of_unknown_outcome_are_given_again_only_when_no_node_holds_them() {
+        let ranges = vec![Range::new(net("10.244.0.0/23"), 24).expect("range")];
+        let mut state = State { ranges, held: HashMap::new(), holders: HashMap::new(), confirmed: false, pending: Vec::new() };
+        let landed = state.take().expect("a CIDR");
+        let lost = state.take().expect("a CIDR");
+        state.pending.extend(landed.iter().chain(&lost).copied());
+        state.confirmed = false;
+        assert!(state.take().is_err(), "nothing pending is handed out before the Nodes are read again");
+        // The fresh read shows the first write landed, the second not.
+        let landed_text = landed[0].to_string();
+        state.confirm_with(&[node("a", "uid-a", &[landed_text.as_str()])]);
+        assert!(state.confirmed && state.pending.is_empty());
+        assert_eq!(state.take().expect("a CIDR"), lost, "the CIDR no Node holds is free again");
+        assert!(state.take().is_err(), "the one a Node holds is not");
     }
 
     #[test]

@@ -495,7 +495,14 @@ impl NodeLifecycleController {
                     {
                         shut_down.push((node.clone(), lasted));
                     }
-                    if !exists {
+                    if !exists && node_util::provider_id(node).is_none() && self.ctx.providers.several() {
+                        // Its provider is only what the ccm-rs.dev/provider label claims: a
+                        // provider deletes no Node it never knew (none initialised it).
+                        let why = "no providerID: its provider is named only by the ccm-rs.dev/provider label, and a provider \
+                                   deletes no Node it never knew; delete it by hand if its machine is gone";
+                        self.refuse(Act::Delete, node, why).await;
+                        pass.refused.push(name);
+                    } else if !exists {
                         gone.push(node.clone());
                     } else if shutdown && !node_util::has_taint(node, TAINT_SHUTDOWN) {
                         match self.set_shutdown_taint(node, true).await {

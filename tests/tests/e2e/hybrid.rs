@@ -505,3 +505,66 @@ async fn node_deletion_bounds_hold_over_every_provider_together() {
     }
     env.cleanup().await.expect("cleanup");
 }
+
+/// A Node no provider ever knew (no providerID, never initialised) that a label assigns to a
+/// provider is not deleted by that provider's lifecycle controller when the provider says it
+/// has no such instance: a Warning says why, and it stays. A Node the provider knew (its
+/// providerID) whose instance is gone is deleted in the same passes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_only_a_label_assigns_is_not_deleted_by_a_provider_that_never_knew_it() {
+    let cp = ccm_harness::shared().expect("control plane");
+    let env = TestEnv::new(cp.client().await.expect("client"), "hybrid-claim").await.expect("env");
+    let mut sims = Vec::new();
+    for scheme in ["cloud", "metal"] {
+        let names: Vec<String> = (0..2).map(|k| env.node_name(&format!("{scheme}-{k}"))).collect();
+        let pairs: Vec<(String, &str)> = names.iter().enumerate().map(|(k, n)| (format!("{scheme}-i{k}"), n.as_str())).collect();
+        let pairs: Vec<(&str, &str)> = pairs.iter().map(|(i, n)| (i.as_str(), *n)).collect();
+        let sim = Sim::start(cloud(scheme, &format!("{scheme}.example.com/lb"), "203.0.113.0/24", &pairs)).await;
+        for (k, name) in names.iter().enumerate() {
+            NodeBuilder::new(name)
+                .label(TEST_LABEL, &env.prefix)
+                .provider_id(&format!("{scheme}://{scheme}-zone-a/{scheme}-i{k}"))
+                .create(&env.client)
+                .await
+                .expect("node");
+            // Each provider: one Ready witness, and one NotReady Node whose instance goes.
+            set_ready(&env.client, name, if k == 0 { "True" } else { "False" }).await.expect("condition");
+        }
+        sim.admin.instance_action(&format!("{scheme}-i1"), "terminate").await.expect("terminate");
+        sims.push(sim);
+    }
+    // Claimed for metal by its label alone: no providerID, metal has no instance of it.
+    let claimed = env.node_name("claimed");
+    NodeBuilder::new(&claimed)
+        .label(TEST_LABEL, &env.prefix)
+        .label(PROVIDER_LABEL, "metal")
+        .create(&env.client)
+        .await
+        .expect("node");
+    set_ready(&env.client, &claimed, "False").await.expect("condition");
+    let core = start_core(
+        cp,
+        &env,
+        &[("cloud", &sims[0].endpoint), ("metal", &sims[1].endpoint)],
+        &[
+            "--leader-elect=false",
+            "--controllers=cloud-node-lifecycle",
+            "--node-monitor-period=300ms",
+            "--max-node-deletion-share=1",
+        ],
+    );
+    let known = env.node_name("metal-1");
+    eventually("the Node metal knew deleted", Duration::from_secs(20), async || node(&env, &known).await.is_none().then_some(()))
+        .await;
+    eventually("a NodeDeletionRefused Warning on the claimed Node", Duration::from_secs(20), async || {
+        node_reasons(&env, &claimed).await.iter().any(|r| r == "NodeDeletionRefused").then_some(())
+    })
+    .await;
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    assert!(node(&env, &claimed).await.is_some(), "a Node its provider never knew is not deleted");
+    core.stop().await.expect("stop");
+    for mut sim in sims {
+        sim.stop().await;
+    }
+    env.cleanup().await.expect("cleanup");
+}
