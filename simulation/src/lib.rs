@@ -445,6 +445,8 @@ struct NodeRec {
 struct ServiceRec {
     name: String,
     ports: Vec<i32>,
+    /// Its `loadBalancerSourceRanges` (a user's access restriction).
+    ranges: Vec<String>,
     deleted: bool,
     /// Whether it selects its Nodes (`pool=a`).
     selects: bool,
@@ -1158,10 +1160,18 @@ impl World {
                     } else if !s.ports.contains(&port) {
                         s.ports.push(port);
                     }
-                    let (name, ports) = (s.name.clone(), s.ports.clone());
+                    // A third of the edits also restrict or open access (drawn from the port,
+                    // so that no seed's schedule changes).
+                    if port % 3 == 0 {
+                        s.ranges = if s.ranges.is_empty() { vec!["203.0.113.0/24".to_string()] } else { Vec::new() };
+                    }
+                    let (name, ports, ranges) = (s.name.clone(), s.ports.clone(), s.ranges.clone());
                     let spec = service_object(&name, &ports)["spec"]["ports"].clone();
-                    self.model.update(&Key::service(NAMESPACE, &name), |svc| svc["spec"]["ports"] = spec);
-                    self.log(format!("service {name} ports {ports:?}"));
+                    self.model.update(&Key::service(NAMESPACE, &name), |svc| {
+                        svc["spec"]["ports"] = spec;
+                        svc["spec"]["loadBalancerSourceRanges"] = json!(ranges);
+                    });
+                    self.log(format!("service {name} ports {ports:?} source ranges {ranges:?}"));
                 }
             }
             43..=45 => {
@@ -1655,6 +1665,9 @@ impl World {
             if lb.ports.iter().copied().collect::<BTreeSet<u32>>() != ports {
                 return Some(format!("load balancer of {} has ports {:?}, wanted {ports:?}", s.name, lb.ports));
             }
+            if lb.source_ranges != s.ranges {
+                return Some(format!("load balancer of {} admits {:?}, wanted {:?}", s.name, lb.source_ranges, s.ranges));
+            }
             let hosts: BTreeSet<String> = lb.nodes.iter().cloned().collect();
             // A provider's load balancers have its own Nodes behind them.
             let wanted: BTreeSet<String> = backends
@@ -2047,7 +2060,7 @@ impl World {
         let selector = if selects { " (node selector pool=a)" } else { "" };
         let class = if metal { format!(" (class {METAL_CLASS})") } else { String::new() };
         self.log(format!("service {name} created{selector}{class}"));
-        self.services.push(ServiceRec { name: name.clone(), ports, deleted: false, selects, metal });
+        self.services.push(ServiceRec { name: name.clone(), ports, ranges: Vec::new(), deleted: false, selects, metal });
         name
     }
 
