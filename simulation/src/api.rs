@@ -480,8 +480,24 @@ impl Model {
         if let Who::Replica(identity) = who {
             self.trace(&format!("{identity} {} {}", parts.method, parts.uri.path()));
             let lease_write = path.resource == "coordination.k8s.io/v1/leases";
-            if write && !lease_write && !self.leads(identity) {
-                self.violation(format!("{identity} wrote ({} {}) without holding the Lease", parts.method, parts.uri.path()));
+            // Services are the service controller's to write, Nodes the node controllers'
+            // (with a Lease per controller, holding another one's Lease is not enough).
+            use ccm_core::controllers::{ipam, node, node_lifecycle, route, service, tagging};
+            let writers: &[&str] = match path.resource.as_str() {
+                "v1/services" => &[service::NAME],
+                "v1/nodes" => &[node::NAME, node_lifecycle::NAME, route::NAME, ipam::NAME, tagging::NAME],
+                _ => &[],
+            };
+            let leads = match writers {
+                [] => self.leads(identity),
+                writers => writers.iter().any(|c| self.leads_for(identity, c)),
+            };
+            if write && !lease_write && !leads {
+                self.violation(format!(
+                    "{identity} wrote ({} {}) without holding the Lease of a controller that writes them ({writers:?})",
+                    parts.method,
+                    parts.uri.path()
+                ));
             }
         }
         let Some(name) = path.name.clone() else {
