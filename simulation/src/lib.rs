@@ -953,9 +953,7 @@ impl World {
     /// The service controller's leader's sidecar restarts at rest with its state lost: the
     /// world must converge again within [`EPOCH_BOUND`], with nothing else going on.
     async fn epoch_lost_at_rest(&mut self, model: &Model) {
-        let holders = model.holders();
-        let leader = holders.get(ccm_core::controllers::service::NAME).or_else(|| holders.get("*")).cloned();
-        let Some(slot) = leader.and_then(|l| self.slot_of(&l)) else { return };
+        let Some(slot) = self.service_leader_slot(model) else { return };
         if !self.restart_sidecar(slot) {
             return;
         }
@@ -1024,6 +1022,13 @@ impl World {
     }
 
     /// The slot of the running replica of `identity`.
+    /// The slot of the replica that leads the service controller now.
+    fn service_leader_slot(&self, model: &Model) -> Option<usize> {
+        let holders = model.holders();
+        let leader = holders.get(ccm_core::controllers::service::NAME).or_else(|| holders.get("*"))?;
+        self.slot_of(leader)
+    }
+
     fn slot_of(&self, identity: &str) -> Option<usize> {
         (0..self.replicas.len()).find(|&s| self.replicas[s].as_ref().is_some_and(|r| r.identity == identity))
     }
@@ -1901,13 +1906,11 @@ async fn simulate(seed: u64, scenario: Option<Scenario>) -> Report {
             // service controller's leader is killed and comes back a second later (a crash, a
             // rolling update). The new leaders must not change the cloud: what each load
             // balancer was ensured as is recorded on its Service.
-            if world.modes.no_epoch {
-                let holders = model.holders();
-                let leader = holders.get(ccm_core::controllers::service::NAME).or_else(|| holders.get("*")).cloned();
-                if let Some(slot) = leader.and_then(|l| world.slot_of(&l)) {
-                    world.exercised.insert("a change of leader at rest");
-                    world.kill_replica(slot, Duration::from_secs(1));
-                }
+            if world.modes.no_epoch
+                && let Some(slot) = world.service_leader_slot(&model)
+            {
+                world.exercised.insert("a change of leader at rest");
+                world.kill_replica(slot, Duration::from_secs(1));
             }
             let steady = Instant::now();
             // The heap is measured from once a killed leader's replacement has started and
@@ -1967,9 +1970,7 @@ async fn simulate(seed: u64, scenario: Option<Scenario>) -> Report {
             // sidecar's epoch: every record on the Services is then one of the hosts as they
             // are, under the epoch the next restart makes old).
             if !world.modes.no_epoch {
-                let holders = model.holders();
-                let leader = holders.get(ccm_core::controllers::service::NAME).or_else(|| holders.get("*")).cloned();
-                if let Some(slot) = leader.and_then(|l| world.slot_of(&l)) {
+                if let Some(slot) = world.service_leader_slot(&model) {
                     world.kill_replica(slot, Duration::from_secs(1));
                 }
                 let killed = Instant::now();

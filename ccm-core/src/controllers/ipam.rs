@@ -347,9 +347,8 @@ impl IpamController {
             // Refused by the API server (a conflict: the Node changed, or someone else set
             // its CIDRs): nothing was written; read again from the next event, the CIDRs go
             // back.
-            Err(kube::Error::Api(status)) if (400..500).contains(&status.code) => {
+            Err(error) if matches!(&error, kube::Error::Api(status) if (400..500).contains(&status.code)) => {
                 self.state().release(&given);
-                let error = kube::Error::Api(status);
                 tracing::warn!(node = %name, %error, "setting the node's pod CIDRs failed");
                 let note = format!("Node {name} status is now: CIDRAssignmentFailed ({error})");
                 self.ctx.event(NAME, node, EventType::Warning, reason::CIDR_ASSIGNMENT_FAILED, note).await;

@@ -46,6 +46,22 @@ async fn warned(env: &TestEnv, name: &str, reason: &str) -> Event {
     .await
 }
 
+/// A sim with one instance, and `env`'s Node of it.
+async fn one_node_cloud(env: &TestEnv) -> Sim {
+    let node = env.node_name("n1");
+    let mut config = Config::default();
+    config.instances.push(instance("i-1", &node, "sim-region-1a"));
+    let sim = Sim::start(config).await;
+    NodeBuilder::new(&node)
+        .label(TEST_LABEL, &env.prefix)
+        .provider_id("sim://sim-region-1a/i-1")
+        .address("InternalIP", "10.0.0.9")
+        .create(&env.client)
+        .await
+        .expect("node");
+    sim
+}
+
 /// The core serving every namespace, kept to this test's Services by a class of its own.
 fn cluster_wide_core(cp: &ControlPlane, env: &TestEnv, endpoint: &str, class: &str) -> Core {
     let class_flag = format!("--load-balancer-class={class}");
@@ -63,17 +79,7 @@ async fn a_service_naming_another_namespaces_load_balancer_gets_neither_its_addr
     let client = cp.client().await.expect("client");
     let victim = TestEnv::new(client.clone(), "victim").await.expect("env");
     let intruder = TestEnv::new(client, "intruder").await.expect("env");
-    let node = victim.node_name("n1");
-    let mut config = Config::default();
-    config.instances.push(instance("i-1", &node, "sim-region-1a"));
-    let sim = Sim::start(config).await;
-    NodeBuilder::new(&node)
-        .label(TEST_LABEL, &victim.prefix)
-        .provider_id("sim://sim-region-1a/i-1")
-        .address("InternalIP", "10.0.0.9")
-        .create(&victim.client)
-        .await
-        .expect("node");
+    let sim = one_node_cloud(&victim).await;
     let class = format!("e2e.ccm-rs.dev/{}", victim.prefix);
     let core = cluster_wide_core(cp, &victim, &sim.endpoint, &class);
 
@@ -133,17 +139,7 @@ async fn rewriting_a_services_own_recorded_name_makes_no_second_load_balancer() 
     let cp = ccm_harness::shared().expect("control plane");
     let client = cp.client().await.expect("client");
     let env = TestEnv::new(client, "rename").await.expect("env");
-    let node = env.node_name("n1");
-    let mut config = Config::default();
-    config.instances.push(instance("i-1", &node, "sim-region-1a"));
-    let sim = Sim::start(config).await;
-    NodeBuilder::new(&node)
-        .label(TEST_LABEL, &env.prefix)
-        .provider_id("sim://sim-region-1a/i-1")
-        .address("InternalIP", "10.0.0.9")
-        .create(&env.client)
-        .await
-        .expect("node");
+    let sim = one_node_cloud(&env).await;
     let class = format!("e2e.ccm-rs.dev/{}", env.prefix);
     let core = cluster_wide_core(cp, &env, &sim.endpoint, &class);
 

@@ -37,9 +37,11 @@ impl ServiceController {
     pub(super) fn recorded_name(&self, svc: &Service) -> Option<String> {
         let name = annotated_name(svc)?;
         let uid = svc.metadata.uid.as_deref()?;
-        let derived =
-            [LoadBalancerNaming::Upstream, LoadBalancerNaming::Readable].iter().any(|n| self.name_under(svc, *n) == name);
-        (derived || self.state().names.get(uid).is_some_and(|known| known == name)).then(|| name.to_string())
+        // The name this process knows first: deriving the readable one hashes the UID.
+        let known = self.state().names.get(uid).is_some_and(|known| known == name);
+        let own = known
+            || [LoadBalancerNaming::Upstream, LoadBalancerNaming::Readable].iter().any(|n| self.name_under(svc, *n) == name);
+        own.then(|| name.to_string())
     }
 
     /// The name recorded on `svc`, when it is the Service's own ([`Self::recorded_name`]), or
