@@ -36,6 +36,11 @@ struct OutcomeLabels {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ClusterCidrLabels {
+    cluster_cidr: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct ControllerLabels {
     controller: String,
 }
@@ -70,6 +75,8 @@ pub struct Metrics {
     repairs: Family<OutcomeLabels, Counter>,
     node_deletions: Family<OutcomeLabels, Counter>,
     out_of_service: Family<OutcomeLabels, Counter>,
+    cidrs_in_use: Family<ClusterCidrLabels, Gauge>,
+    cidrs_pending: Gauge<i64, AtomicI64>,
     events_dropped: Counter,
     /// Why the process is failing (a controller ended), for /readyz.
     failure: Arc<std::sync::Mutex<Option<String>>>,
@@ -116,6 +123,18 @@ impl Metrics {
         let node_deletions = Family::<OutcomeLabels, Counter>::default();
         let out_of_service = Family::<OutcomeLabels, Counter>::default();
         let events_dropped = Counter::default();
+        let cidrs_in_use = Family::<ClusterCidrLabels, Gauge>::default();
+        let cidrs_pending = Gauge::<i64, AtomicI64>::default();
+        registry.register(
+            "ccm_node_ipam_cidrs_in_use",
+            "Node CIDRs node IPAM's range allocator counts as taken, by cluster CIDR (held by a Node, or given by a write of unknown outcome); kept by the holder of the node IPAM Lease",
+            cidrs_in_use.clone(),
+        );
+        registry.register(
+            "ccm_node_ipam_cidrs_pending",
+            "Node CIDRs given by a write of unknown outcome, kept taken until every Node is read again",
+            cidrs_pending.clone(),
+        );
         registry.register(
             "ccm_events_dropped",
             "Events not recorded because 1000 already waited for the Event write budget (--kube-api-qps)",
@@ -214,6 +233,8 @@ impl Metrics {
             out_of_service,
             events_dropped,
             node_deletions,
+            cidrs_in_use,
+            cidrs_pending,
             failure: Default::default(),
         }
     }
@@ -345,6 +366,17 @@ impl Metrics {
     pub fn rate_limited(&self, waited: Duration) {
         let host = self.api_host.locked().clone();
         self.upstream.rate_limited(&host, "write", waited);
+    }
+
+    /// What node IPAM's range allocator holds: CIDRs taken per cluster CIDR, and those of
+    /// writes of unknown outcome.
+    pub fn node_ipam_cidrs(&self, in_use: &[(String, usize)], pending: usize) {
+        for (cluster, n) in in_use {
+            self.cidrs_in_use
+                .get_or_create(&ClusterCidrLabels { cluster_cidr: cluster.clone() })
+                .set(i64::try_from(*n).unwrap_or(i64::MAX));
+        }
+        self.cidrs_pending.set(i64::try_from(pending).unwrap_or(i64::MAX));
     }
 
     /// Whether a controller runs in this process (upstream's `running_managed_controllers`).

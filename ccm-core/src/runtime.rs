@@ -502,9 +502,13 @@ async fn run_controllers(
             // over is taken by another replica at once).
             // The lead lost meanwhile (another group's loss stopped this one, and its own
             // follows): aborted at once, its calls with it, before another replica can take over.
+            // Once its mutations ended, another 5 s to write down what their answers said
+            // (each such write counts in flight until it ends).
             let grace = async {
                 tokio::time::sleep(Duration::from_secs(5)).await;
                 if let Some(l) = &leading {
+                    l.fence.quiesced().await;
+                    tokio::time::sleep(Duration::from_secs(5)).await;
                     l.fence.quiesced().await;
                 }
             };
@@ -520,7 +524,7 @@ async fn run_controllers(
                 _ = lost => false,
             };
             if !stopped {
-                tracing::warn!(controller = *name, "did not stop within 5 s and its mutations' end; aborted");
+                tracing::warn!(controller = *name, "did not stop within 5 s of its mutations' end; aborted");
                 t.abort();
                 let _ = (&mut *t).await;
             }

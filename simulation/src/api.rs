@@ -91,6 +91,8 @@ struct State {
     floor: u64,
     /// Bumped by a restart: every watch opened before it ends.
     generation: u64,
+    /// When each Node was last given a podCIDR it did not have (virtual time).
+    cidr_given: BTreeMap<String, Duration>,
 }
 
 /// The model API server, shared by every replica's link and by the world that plays the
@@ -181,6 +183,13 @@ impl State {
     /// finalizer left), records the watch event, and returns what was stored.
     fn store(&mut self, key: &Key, mut object: Value) -> Value {
         self.bump(&mut object);
+        if key.resource == "v1/nodes" {
+            let cidr = |o: Option<&Value>| o.and_then(|o| o.pointer("/spec/podCIDR")).and_then(Value::as_str).map(str::to_string);
+            let now = cidr(Some(&object));
+            if now.is_some() && cidr(self.objects.get(key)) != now {
+                self.cidr_given.insert(key.name.clone(), crate::elapsed());
+            }
+        }
         let gone = object.pointer("/metadata/deletionTimestamp").is_some_and(|v| !v.is_null())
             && object.pointer("/metadata/finalizers").and_then(Value::as_array).is_none_or(Vec::is_empty);
         if gone {
@@ -254,6 +263,7 @@ impl Model {
                 log: VecDeque::new(),
                 floor: 0,
                 generation: 0,
+                cidr_given: BTreeMap::new(),
             }),
             changed: watch::channel(0).0,
             rng: Mutex::new(rand::rngs::StdRng::seed_from_u64(seed ^ 0x05ee_da91)),
@@ -399,6 +409,11 @@ impl Model {
     }
 
     /// Changes an object as the world; false when it does not exist.
+    /// How long ago the Node `name` was last given a podCIDR it did not have.
+    pub fn cidr_given_ago(&self, name: &str) -> Option<Duration> {
+        self.lock().cidr_given.get(name).map(|t| crate::elapsed().saturating_sub(*t))
+    }
+
     pub fn update(&self, key: &Key, change: impl FnOnce(&mut Value)) -> bool {
         let done = {
             let mut state = self.lock();

@@ -197,6 +197,8 @@ pub const MODE_KINDS: &[&str] = &[
     "a change of leader at rest",
     "a new epoch that lost the provider's state",
     "a new epoch at rest that lost the provider's state",
+    "a zone lost: instances terminated at once",
+    "the holder killed while it spent a bound",
 ];
 
 /// Which node IPAM a seed runs, if any.
@@ -318,7 +320,7 @@ const CLOUD_POD_CIDRS: &str = "10.244.128.0/17";
 /// The label node selectors select on, and its values.
 const POOL: &str = "pool";
 /// `--max-load-balancer-repairs`, and the repair period of the seeds that repair by reads.
-const MAX_REPAIRS: usize = 2;
+const MAX_REPAIRS: usize = 1;
 const REPAIR_PERIOD: Duration = Duration::from_secs(120);
 /// The second provider's name (and providerID scheme), and the `loadBalancerClass` it serves.
 const METAL: &str = "metal";
@@ -349,6 +351,9 @@ fn core_args(modes: &Modes) -> Vec<String> {
         "--reconcile-backoff-max=60s",
         "--node-deletion-window=1m",
         "--max-node-deletions=3",
+        // The bound is the count alone (a share of at most nine Nodes would be one), so that
+        // a zone lost spends it and a holder that forgets what was spent shows.
+        "--max-node-deletion-share=1",
     ]
     .iter()
     .map(|s| s.to_string())
@@ -377,14 +382,14 @@ fn core_args(modes: &Modes) -> Vec<String> {
     }
     if modes.repair && modes.repair_reads {
         // The sweep only at start; a read of each load balancer every two minutes, at most
-        // two made again in any two minutes over every tenure ([`Model::repair_bound`]).
+        // one made again in any two minutes (a cleanup of two spends it) over every tenure ([`Model::repair_bound`]).
         args.extend([
             "--load-balancer-resync-period=0s".into(),
             format!("--load-balancer-repair-period={}s", REPAIR_PERIOD.as_secs()),
             format!("--max-load-balancer-repairs={MAX_REPAIRS}"),
         ]);
     } else if modes.repair {
-        // Sweeps (which repair) within a run; at most two made again per sweep.
+        // Sweeps (which repair) within a run; at most one made again per sweep.
         args.extend(["--load-balancer-resync-period=2m".into(), format!("--max-load-balancer-repairs={MAX_REPAIRS}")]);
     }
     if modes.tagging {
@@ -470,6 +475,9 @@ enum Active {
     Addresses(bool, String, Vec<Address>),
     /// A replica's sidecar is down (its /readyz fails): it comes back with a new epoch.
     SidecarDown(usize),
+    /// The replica that holds the named controller's Lease (or the one Lease) is killed then,
+    /// in the middle of what it was spending a bound on.
+    KillHolderOf(&'static str),
 }
 
 struct World {
@@ -815,6 +823,16 @@ impl World {
                 Active::Addresses(metal, instance, addresses) => {
                     let _ = self.cloud_of(metal).set_addresses(&instance, addresses);
                 }
+                // Not when the faults end: the world is then left to converge.
+                Active::KillHolderOf(controller) if !all => {
+                    if let Some(slot) = self.holder_slot(&self.model.clone(), controller) {
+                        self.exercised.insert("the holder killed while it spent a bound");
+                        self.log(format!("the holder of {controller} killed mid-window"));
+                        let back_in = Duration::from_secs(self.mode_rng.random_range(1..=10));
+                        self.kill_replica(slot, back_in);
+                    }
+                }
+                Active::KillHolderOf(_) => {}
                 Active::LeaseSilent(slot) => {
                     if let Some(r) = &self.replicas[slot] {
                         r.lease_net.down.store(false, std::sync::atomic::Ordering::Relaxed);
@@ -862,7 +880,7 @@ impl World {
     /// sidecar is down for a while (not ready).
     fn mode_event(&mut self) {
         let lasts = Duration::from_secs(self.mode_rng.random_range(10..=150));
-        match self.mode_rng.random_range(0..8) {
+        match self.mode_rng.random_range(0..10) {
             0..=1 if self.modes.selectors => {
                 let live = self.live_nodes();
                 if self.mode_rng.random_bool(0.3) {
@@ -900,6 +918,10 @@ impl World {
                     if !gone.is_empty() {
                         self.exercised.insert("load balancers deleted behind the core");
                         self.log(format!("the load balancers of {gone:?} deleted in the cloud at once behind the core"));
+                        // The leader is killed while it repairs: its successor must count
+                        // what it spent.
+                        let at = Duration::from_secs(self.mode_rng.random_range(5..=40));
+                        self.active.push((Instant::now() + at, Active::KillHolderOf(ccm_core::controllers::service::NAME)));
                     }
                     return;
                 }
@@ -933,6 +955,29 @@ impl World {
                     return;
                 }
                 self.take_sidecar_down(slot, lasts);
+            }
+            8..=9 => {
+                // A zone is lost: several instances terminated at once, more than the deletion
+                // window allows, and the lifecycle controller's holder killed while it works
+                // through them: its successor must count what it spent.
+                let running: Vec<usize> =
+                    self.live_nodes().into_iter().filter(|&i| self.nodes[i].life == Life::Running).collect();
+                let lost = self.mode_rng.random_range(4..=5).min(running.len().saturating_sub(1));
+                if lost < 2 {
+                    return;
+                }
+                let mut gone = Vec::new();
+                for &i in running.iter().take(lost) {
+                    let id = self.nodes[i].instance.clone();
+                    let _ = self.cloud_of(self.nodes[i].metal).set_instance_state(&id, InstanceState::Terminated);
+                    self.nodes[i].life = Life::Terminated;
+                    self.set_ready(i, false);
+                    gone.push(self.nodes[i].name.clone());
+                }
+                self.exercised.insert("a zone lost: instances terminated at once");
+                self.log(format!("a zone lost: the instances of {gone:?} terminated at once"));
+                let at = Duration::from_secs(self.mode_rng.random_range(5..=40));
+                self.active.push((Instant::now() + at, Active::KillHolderOf(ccm_core::controllers::node_lifecycle::NAME)));
             }
             _ => {}
         }
@@ -1024,8 +1069,13 @@ impl World {
     /// The slot of the running replica of `identity`.
     /// The slot of the replica that leads the service controller now.
     fn service_leader_slot(&self, model: &Model) -> Option<usize> {
+        self.holder_slot(model, ccm_core::controllers::service::NAME)
+    }
+
+    /// The slot of the replica that leads `controller` now (or holds the one Lease).
+    fn holder_slot(&self, model: &Model, controller: &str) -> Option<usize> {
         let holders = model.holders();
-        let leader = holders.get(ccm_core::controllers::service::NAME).or_else(|| holders.get("*"))?;
+        let leader = holders.get(controller).or_else(|| holders.get("*"))?;
         self.slot_of(leader)
     }
 
@@ -1507,6 +1557,34 @@ impl World {
         }
     }
 
+    /// With the range allocator, the holder of node IPAM takes exactly the CIDRs the Nodes
+    /// hold (and those of writes of unknown outcome, until every Node is read again): a CIDR
+    /// still taken after its Node is gone is a leak that a small cluster CIDR turns into
+    /// Nodes that never get one.
+    fn cidrs_leaked(&self, nodes: &[Value]) -> Option<String> {
+        if self.modes.ipam != Ipam::Range {
+            return None;
+        }
+        let holder = self.holder_slot(&self.model, ccm_core::controllers::ipam::NAME)?;
+        let text = self.replicas[holder].as_ref()?.metrics.encode();
+        let gauge = |prefix: &str| {
+            text.lines()
+                .find(|l| l.starts_with(prefix))
+                .and_then(|l| l.rsplit(' ').next())
+                .and_then(|v| v.parse::<f64>().ok())
+                .map(|v| v as usize)
+        };
+        let in_use = gauge("ccm_node_ipam_cidrs_in_use{")?;
+        let pending = gauge("ccm_node_ipam_cidrs_pending").unwrap_or(0);
+        let held: BTreeSet<&str> = nodes.iter().filter_map(|n| n.pointer("/spec/podCIDR").and_then(Value::as_str)).collect();
+        (in_use < held.len() || in_use > held.len() + pending).then(|| {
+            format!(
+                "node IPAM's holder counts {in_use} CIDRs taken ({pending} of writes of unknown outcome); the Nodes hold {}",
+                held.len()
+            )
+        })
+    }
+
     /// The controllers the seed's core runs.
     fn expected_controllers(&self) -> Vec<&'static str> {
         use ccm_core::controllers::{ipam, node, node_lifecycle, route, service, tagging};
@@ -1632,6 +1710,9 @@ impl World {
                 routes_wanted.insert((rec.metal, name, cidr));
             }
         }
+        if let Some(why) = self.cidrs_leaked(&nodes) {
+            return Some(why);
+        }
         let routes: BTreeSet<(bool, String, String)> = [false, true]
             .into_iter()
             .filter(|m| !m || metal.is_some())
@@ -1680,8 +1761,9 @@ impl World {
                 .filter(|(_, pool, metal)| (!s.selects || pool == "a") && *metal == s.metal)
                 .map(|(n, _, _)| n.clone())
                 .collect();
-            // A selector that matches no Node keeps the hosts it had.
-            if hosts != wanted && !(s.selects && wanted.is_empty()) {
+            // An empty node set (a selector that matches no Node, a provider left without
+            // Nodes) keeps the hosts the load balancer had: the core never empties one.
+            if hosts != wanted && !wanted.is_empty() {
                 return Some(format!("load balancer of {} has hosts {hosts:?}, wanted {wanted:?}", s.name));
             }
             wanted_lbs.insert(service);

@@ -99,6 +99,11 @@ impl Range {
         self.index_of(cidr).map(|i| self.used.insert(i)).is_some()
     }
 
+    /// How many node CIDRs are taken.
+    pub fn in_use(&self) -> usize {
+        self.used.len()
+    }
+
     /// Frees `cidr`.
     pub fn release(&mut self, cidr: &IpNet) {
         if let Some(i) = self.index_of(cidr) {
@@ -274,6 +279,19 @@ impl IpamController {
 
     fn state(&self) -> std::sync::MutexGuard<'_, State> {
         self.state.locked()
+    }
+
+    /// Publishes what the ranges hold (`ccm_node_ipam_cidrs_in_use`).
+    fn publish(&self) {
+        if self.cloud {
+            return;
+        }
+        let (in_use, pending) = {
+            let state = self.state();
+            let in_use: Vec<(String, usize)> = state.ranges.iter().map(|r| (r.cluster.to_string(), r.in_use())).collect();
+            (in_use, state.pending.len())
+        };
+        self.ctx.metrics.node_ipam_cidrs(&in_use, pending);
     }
 
     /// Runs until `stop`.
@@ -531,6 +549,7 @@ impl runner::Controller for IpamController {
             }
             state.confirmed = false;
         }
+        self.publish();
         for node in &nodes {
             queue.add(node_util::name(node).to_string());
         }
@@ -565,6 +584,7 @@ impl runner::Controller for IpamController {
             }
             None => self.resync(queue),
         }
+        self.publish();
     }
 
     /// The cloud allocator reads 500 instances a call.
@@ -593,6 +613,7 @@ impl runner::Controller for IpamController {
             // allocator; one of unknown outcome after every Node was read again.
             done.push(if settled { Outcome::Success } else { Outcome::Retry { fingerprint: None, retry_after: None } }.into());
         }
+        self.publish();
         done
     }
 }

@@ -188,6 +188,14 @@ impl Context {
         Self { fence, ..self.clone() }
     }
 
+    /// Returns once every mutation this context sent under its lead and still awaits was
+    /// answered (at once without a lead).
+    pub async fn mutations_answered(&self) {
+        if let Some(fence) = &self.fence {
+            fence.answered().await;
+        }
+    }
+
     /// The same, keeping what is spent under bounds that span tenures on `ledger` (the
     /// controllers' Lease).
     pub fn with_ledger(&self, ledger: Option<crate::leader::Ledger>) -> Self {
@@ -451,11 +459,22 @@ impl Tasks {
     }
 
     /// Waits (at most `grace` for each) for them to end; those still running are aborted.
-    pub async fn join(mut self, grace: Duration) {
+    pub async fn join(self, grace: Duration) {
+        self.join_until(tokio::time::sleep(grace)).await;
+    }
+
+    /// Waits for them to end until `until` does; those still running then are aborted.
+    pub async fn join_until(mut self, until: impl std::future::Future<Output = ()>) {
+        tokio::pin!(until);
+        let mut over = false;
         for t in self.0.iter_mut() {
-            if tokio::time::timeout(grace, &mut *t).await.is_err() {
-                t.abort();
+            if !over {
+                tokio::select! {
+                    _ = &mut *t => continue,
+                    _ = &mut until => over = true,
+                }
             }
+            t.abort();
         }
     }
 }
@@ -485,13 +504,16 @@ pub async fn supervise(name: &str, tasks: &mut Vec<tokio::task::JoinHandle<()>>,
             result
         }
     };
+    // Told to stop at the same time: a task that saw it first (a feed) is no failure, and the
+    // others (a worker with a mutation in hand) are left to end as a stop lets them.
+    if stop.is_cancelled() && !ended.as_ref().is_err_and(|e| e.is_panic()) {
+        return;
+    }
     for t in tasks.iter() {
         t.abort();
     }
     match ended {
         Err(e) if e.is_panic() => std::panic::resume_unwind(e.into_panic()),
-        // Told to stop at the same time: a task that saw it first is no failure.
-        _ if stop.is_cancelled() => {}
         _ => panic!("{name}: a task of the controller ended before it was told to stop"),
     }
 }

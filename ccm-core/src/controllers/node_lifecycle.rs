@@ -121,7 +121,23 @@ impl Budget {
     fn spend(&mut self, now: Instant) {
         self.done.push_back(now);
     }
+
+    /// Restamps one action counted at the provisional `at` as done `now` (its write came
+    /// back): the window runs from when it landed, which is no later than now.
+    fn landed(&mut self, at: Instant, now: Instant) {
+        if let Some(slot) = self.done.iter_mut().find(|t| **t == at) {
+            *slot = now;
+        }
+        self.done.make_contiguous().sort();
+    }
 }
+
+/// How late, at most, an action counted against the window is taken to land at the API
+/// server: it is counted (and recorded on the Lease for the next holder) as done this long
+/// after it was decided, and restamped when its write comes back. A holder that dies in
+/// between leaves the next one a window that starts later than the action landed, never
+/// earlier.
+const LANDS_WITHIN: Duration = Duration::from_secs(30);
 
 /// The lifecycle controllers' actions over every provider (with several providers, each
 /// runs on its own Nodes): `--max-node-deletions` and `--max-node-deletion-share` bound them
@@ -525,16 +541,20 @@ impl NodeLifecycleController {
             }
         }
         let bounds = Bounds { disrupted: &disrupted, ready: &ready, total: ready.len() + not_ready };
-        let gone = self.within_bounds(Act::Delete, gone, &bounds, &mut pass).await;
+        let (gone, counted_at) = self.within_bounds(Act::Delete, gone, &bounds, &mut pass).await;
+        let before = pass.deleted.len();
         self.delete_gone(gone, &mut pass).await;
+        self.landed(Act::Delete, counted_at, pass.deleted.len() - before).await;
         let lasted: HashMap<String, Duration> =
             shut_down.iter().map(|(n, lasted)| (node_util::name(n).to_string(), *lasted)).collect();
         let shut_down = shut_down.into_iter().map(|(n, _)| n).collect();
-        let shut_down = self.within_bounds(Act::OutOfService, shut_down, &bounds, &mut pass).await;
+        let (shut_down, counted_at) = self.within_bounds(Act::OutOfService, shut_down, &bounds, &mut pass).await;
+        let before = pass.out_of_service.len();
         for node in shut_down {
             let lasted = lasted.get(node_util::name(&node)).copied().unwrap_or_default();
             self.take_out_of_service(&node, lasted, &mut pass).await;
         }
+        self.landed(Act::OutOfService, counted_at, pass.out_of_service.len() - before).await;
         pass
     }
 
@@ -543,7 +563,14 @@ impl NodeLifecycleController {
     /// (each a Warning Event, in the pass's refusals); of the rest, oldest first, as many as
     /// the window has room for, the others asked about again when it frees (each a Normal
     /// Event, in the pass's deferrals). Those returned are counted against the window.
-    async fn within_bounds(&self, act: Act, nodes: Vec<Arc<Node>>, bounds: &Bounds<'_>, pass: &mut Pass) -> Vec<Arc<Node>> {
+    /// With them, the provisional time they were counted at ([`LANDS_WITHIN`]).
+    async fn within_bounds(
+        &self,
+        act: Act,
+        nodes: Vec<Arc<Node>>,
+        bounds: &Bounds<'_>,
+        pass: &mut Pass,
+    ) -> (Vec<Arc<Node>>, Instant) {
         let refused = match act {
             Act::Delete => &mut pass.refused,
             Act::OutOfService => &mut pass.out_of_service_refused,
@@ -561,7 +588,7 @@ impl NodeLifecycleController {
             refused.push(node_util::name(node).to_string());
         }
         if nodes.is_empty() {
-            return nodes;
+            return (nodes, Instant::now());
         }
         let mut nodes = match self.doubt(act, bounds.ready, nodes).await {
             Ok(confirmed) => confirmed,
@@ -571,11 +598,11 @@ impl NodeLifecycleController {
                     self.refuse(act, node, &why).await;
                     refused.push(node_util::name(node).to_string());
                 }
-                return Vec::new();
+                return (Vec::new(), Instant::now());
             }
         };
         if nodes.is_empty() {
-            return nodes;
+            return (nodes, Instant::now());
         }
         // What earlier holders of the Lease spent in the window counts (once per tenure); no
         // action while it cannot be read.
@@ -592,7 +619,7 @@ impl NodeLifecycleController {
                 }
                 Err(error) => {
                     tracing::warn!(error = %crate::metrics::chain(&error), "not acting on Nodes ({}) until what was spent in the window can be read", act.done());
-                    return Vec::new();
+                    return (Vec::new(), Instant::now());
                 }
             }
         }
@@ -663,7 +690,7 @@ impl NodeLifecycleController {
         let spent: Vec<Instant> = {
             let mut state = self.state();
             for _ in &nodes {
-                state.budget(act).spend(now);
+                state.budget(act).spend(now + LANDS_WITHIN);
             }
             state.budget(act).done.iter().copied().collect()
         };
@@ -673,9 +700,32 @@ impl NodeLifecycleController {
             && let Err(error) = ledger.record(&key, &spent).await
         {
             tracing::warn!(error = %crate::metrics::chain(&error), "not acting on Nodes ({}): the window's record was not kept", act.done());
-            return Vec::new();
+            return (Vec::new(), Instant::now());
         }
-        nodes
+        (nodes, now + LANDS_WITHIN)
+    }
+
+    /// Restamps the `landed` actions counted at `at` as done now (their writes came back), and
+    /// records the window again for the next holder of the Lease. When that record fails the
+    /// Lease keeps the later, provisional times: the next holder waits a little longer.
+    async fn landed(&self, act: Act, at: Instant, landed: usize) {
+        if landed == 0 {
+            return;
+        }
+        let now = Instant::now();
+        let spent: Vec<Instant> = {
+            let mut state = self.state();
+            let budget = state.budget(act);
+            for _ in 0..landed {
+                budget.landed(at, now);
+            }
+            budget.done.iter().copied().collect()
+        };
+        if let Some(ledger) = &self.ctx.ledger
+            && let Err(error) = ledger.record(&act.ledger_key(self.ctx.provider.name()), &spent).await
+        {
+            tracing::debug!(error = %crate::metrics::chain(&error), "the window's record keeps the provisional times ({})", act.done());
+        }
     }
 
     /// Deletes the Nodes whose instance is gone (within the bounds already).
@@ -1089,6 +1139,28 @@ mod tests {
             }
         }
         assert_eq!(done, vec![0, 0, 60, 60], "the whole termination in two windows");
+    }
+
+    #[test]
+    fn an_action_counts_from_when_it_landed_never_from_before() {
+        let (bound, window) = (1, Duration::from_secs(60));
+        let t0 = Instant::now();
+        let at = |s: u64| t0 + Duration::from_secs(s);
+        // Counted at a provisional time half a minute ahead: the window is full until then
+        // and for a window after it.
+        let mut b = Budget::default();
+        b.spend(at(0) + LANDS_WITHIN);
+        assert_eq!(b.left(bound, window, at(10)), (0, Some(at(90))));
+        // The write came back at 3 s: the window runs from there.
+        b.landed(at(0) + LANDS_WITHIN, at(3));
+        assert_eq!(b.left(bound, window, at(62)), (0, Some(at(63))));
+        assert_eq!(b.left(bound, window, at(63)), (1, None));
+        // Restamping keeps the times in order (the oldest frees first).
+        let mut b = Budget::default();
+        b.spend(at(1));
+        b.spend(at(2) + LANDS_WITHIN);
+        b.landed(at(2) + LANDS_WITHIN, at(4));
+        assert_eq!(b.done.iter().copied().collect::<Vec<_>>(), vec![at(1), at(4)]);
     }
 
     #[test]

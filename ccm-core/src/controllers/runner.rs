@@ -121,7 +121,8 @@ pub trait Controller: Send + Sync + Sized + 'static {
 
 /// Runs `controller` until `stop`: its feed, its workers and its own tasks; a task that ends
 /// first (a panic above all) ends it with a panic, for the process supervisor to see. Once
-/// stopped, the workers finish the reconciles in hand (at most [`STOP_GRACE`]).
+/// stopped, the workers finish the reconciles in hand (at most [`STOP_GRACE`], or until the
+/// provider answered the mutations they sent).
 pub async fn run<C: Controller>(controller: C, stop: CancellationToken) {
     let controller = Arc::new(controller);
     let queue = controller.queue().unwrap_or_else(|| Arc::new(WorkQueue::new(controller.queue_config())));
@@ -136,7 +137,16 @@ pub async fn run<C: Controller>(controller: C, stop: CancellationToken) {
     controller.spawn(&queue, &stop, &mut tasks);
     tasks.supervise(&controller.ctx().instance_name(C::NAME), &stop).await;
     queue.shutdown();
-    tasks.join(STOP_GRACE).await;
+    // A reconcile whose mutation is still awaited is not cut off at the grace: dropped, the
+    // call would leave the provider running it with nobody waiting for the answer, and the
+    // Lease held until its deadline (minutes). Its call ends by its own deadline.
+    let ctx = controller.ctx().clone();
+    tasks
+        .join_until(async move {
+            tokio::time::sleep(STOP_GRACE).await;
+            ctx.mutations_answered().await;
+        })
+        .await;
 }
 
 /// The next change of a subscription, or never when there is none.

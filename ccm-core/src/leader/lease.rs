@@ -217,6 +217,20 @@ impl Fence {
         state.running + usize::from(state.abandoned_until.is_some_and(|t| t > Instant::now()))
     }
 
+    /// Returns once every mutation sent under this lead and still awaited was answered (or
+    /// gave up at its deadline); those abandoned are not waited for.
+    pub async fn answered(&self) {
+        loop {
+            let ended = self.flight.ended.notified();
+            tokio::pin!(ended);
+            ended.as_mut().enable();
+            if self.flight.state.locked().running == 0 {
+                return;
+            }
+            ended.await;
+        }
+    }
+
     /// Returns once no mutation sent under this lead can still be running: every one
     /// answered, and the deadline of every one abandoned passed.
     pub async fn quiesced(&self) {

@@ -23,6 +23,11 @@ pub const ANNOTATION_SPENT: &str = "ccm-rs.dev/spent.";
 /// The most times one key keeps (a bound higher than this is kept in memory beyond it).
 const MAX_TIMES: usize = 1000;
 
+/// How far ahead of the reader's clock a recorded time is taken as written: a holder records
+/// an action as landing up to half a minute after it decided it (the lifecycle controller's
+/// provisional times); a time further ahead is a skewed clock's, and read as now.
+const MAX_AHEAD: Duration = Duration::from_secs(60);
+
 /// Why a record could not be kept.
 #[derive(Debug, thiserror::Error)]
 pub enum LedgerError {
@@ -60,8 +65,7 @@ impl Ledger {
     }
 
     /// The times `key`'s actions were taken under this Lease by any holder, as instants of
-    /// this process's clock (those in the future by the wall clock, a skewed writer's, read as
-    /// now), oldest first.
+    /// this process's clock (see [`from_wall`] for those ahead of the wall clock), oldest first.
     pub async fn load(&self, key: &str) -> Result<Vec<Instant>, LedgerError> {
         let lease =
             self.api.get_opt(&self.lease).await.map_err(|source| LedgerError::Read { lease: self.lease.clone(), source })?;
@@ -71,13 +75,7 @@ impl Ledger {
             .unwrap_or_default();
         let wall_now = crate::clock::now().as_millisecond();
         let now = Instant::now();
-        let mut times: Vec<Instant> = parse(&value)
-            .into_iter()
-            .map(|ms| {
-                let ago = Duration::from_millis(u64::try_from(wall_now - ms).unwrap_or(0));
-                now.checked_sub(ago).unwrap_or(now)
-            })
-            .collect();
+        let mut times: Vec<Instant> = parse(&value).into_iter().map(|ms| from_wall(ms, now, wall_now)).collect();
         times.sort();
         if !times.is_empty() {
             tracing::info!(lease = %self.lease, key, spent = times.len(), "what earlier holders of the Lease spent is counted");
@@ -91,14 +89,31 @@ impl Ledger {
         let wall_now = crate::clock::now().as_millisecond();
         let now = Instant::now();
         let kept = &times[times.len().saturating_sub(MAX_TIMES)..];
-        let value: Vec<String> = kept
-            .iter()
-            .map(|t| (wall_now - i64::try_from(now.saturating_duration_since(*t).as_millis()).unwrap_or(i64::MAX)).to_string())
-            .collect();
+        let value: Vec<String> = kept.iter().map(|t| to_wall(*t, now, wall_now).to_string()).collect();
         let change = self.live.set(&format!("{ANNOTATION_SPENT}{key}"), value.join(","));
         tokio::time::timeout(self.within, self.live.until_written(change))
             .await
             .map_err(|_| LedgerError::NotWritten { lease: self.lease.clone(), within: self.within })
+    }
+}
+
+/// The Unix milliseconds of `t`, an instant of this process's clock (`now` is `wall_now`).
+fn to_wall(t: Instant, now: Instant, wall_now: i64) -> i64 {
+    let ahead = i64::try_from(t.saturating_duration_since(now).as_millis()).unwrap_or(i64::MAX);
+    let ago = i64::try_from(now.saturating_duration_since(t).as_millis()).unwrap_or(i64::MAX);
+    wall_now.saturating_add(ahead).saturating_sub(ago)
+}
+
+/// The instant of this process's clock of the Unix milliseconds `ms`: a time ahead of the
+/// wall clock by up to [`MAX_AHEAD`] is taken as written (a provisional time); further ahead
+/// is a skewed writer's clock, read as now.
+fn from_wall(ms: i64, now: Instant, wall_now: i64) -> Instant {
+    match u64::try_from(wall_now.saturating_sub(ms)) {
+        Ok(ago) => now.checked_sub(Duration::from_millis(ago)).unwrap_or(now),
+        Err(_) => {
+            let ahead = Duration::from_millis(u64::try_from(ms.saturating_sub(wall_now)).unwrap_or(u64::MAX));
+            if ahead <= MAX_AHEAD { now + ahead } else { now }
+        }
     }
 }
 
@@ -115,6 +130,17 @@ mod tests {
     fn values_parse_leaving_out_what_is_not_a_time() {
         assert_eq!(parse("1,2, 3,x,,4"), vec![1, 2, 3, 4]);
         assert!(parse("").is_empty());
+    }
+
+    #[test]
+    fn times_past_and_provisional_survive_the_wall_clock_and_skew_reads_as_now() {
+        let now = Instant::now() + Duration::from_secs(3600);
+        let wall = 1_800_000_000_000;
+        for t in [now - Duration::from_secs(40), now, now + Duration::from_secs(30)] {
+            assert_eq!(from_wall(to_wall(t, now, wall), now, wall), t);
+        }
+        assert_eq!(to_wall(now + Duration::from_secs(30), now, wall), wall + 30_000);
+        assert_eq!(from_wall(wall + 3_600_000, now, wall), now, "an hour ahead is a skewed clock");
     }
 
     #[tokio::test]

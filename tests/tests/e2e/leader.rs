@@ -434,6 +434,58 @@ async fn a_controller_that_panics_makes_the_process_exit_non_zero() {
 
 /// `--node-deletion-window` holds across a change of leader: the replica that takes over
 /// counts what the last one deleted in the window (on the Lease), and deletes no more.
+/// A leader stopped (a SIGTERM, a rolling update) while the provider works on an Ensure lets
+/// the Ensure end and then releases its Lease: the next replica leads once the mutation is
+/// over, not a whole mutation deadline later (the call dropped unanswered counts until then).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_leader_stopped_mid_ensure_hands_over_once_the_ensure_ends() {
+    let cp = ccm_harness::shared().expect("control plane");
+    let env = TestEnv::new(cp.client().await.expect("client"), "midens").await.expect("env");
+    let node = env.node_name("n");
+    let mut config = Config::default();
+    config.instances.push(instance("i-1", &node, "sim-region-1a"));
+    let sim = Sim::start(config).await;
+    NodeBuilder::new(&node)
+        .label(TEST_LABEL, &env.prefix)
+        .provider_id("sim://sim-region-1a/i-1")
+        .create(&env.client)
+        .await
+        .expect("node");
+    ccm_harness::cluster::set_ready(&env.client, &node, "True").await.expect("condition");
+    let mut flags = LEASE_FLAGS.to_vec();
+    // A mutation deadline far longer than the Ensure, and than the test's bound.
+    flags.extend(["--controllers=service", "--provider-mutation-timeout=3m"]);
+    let leases: Api<Lease> = Api::namespaced(env.client.clone(), &env.namespace);
+    let holder = async || leases.get_opt(&env.prefix).await.ok().flatten()?.spec?.holder_identity.filter(|h| !h.is_empty());
+    let a = Core::start(cp, &env, &sim, &flags);
+    let first = eventually("a leads", Duration::from_secs(20), holder).await;
+    let delay = Duration::from_secs(15);
+    let slow = ccm_provider_sim::config::Fault {
+        method: "EnsureLoadBalancer".into(),
+        delay_ms: Some(delay.as_millis() as u64),
+        ..Default::default()
+    };
+    sim.admin.set_faults(&[slow]).await.expect("faults");
+    create_load_balancer_service(&env, "web", &[80]).await.expect("service");
+    // The Ensure is with the provider: the leader is told to stop.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let stopped = tokio::time::Instant::now();
+    let b = Core::start(cp, &env, &sim, &flags);
+    a.stop_within(Duration::from_secs(60)).await.expect("a stops");
+    eprintln!("a stopped {:?} after it was told to", stopped.elapsed());
+    let next =
+        eventually("another replica leads", Duration::from_secs(40), async || holder().await.filter(|h| *h != first)).await;
+    let took = stopped.elapsed();
+    eprintln!("{next} leads {took:?} after {first} was told to stop");
+    assert!(took < Duration::from_secs(45), "the Lease went over {took:?} after the stop (the Ensure took {delay:?})");
+    sim.admin.set_faults(&[]).await.expect("faults");
+    eventually("the Service has its address", Duration::from_secs(30), async || has_address(&env, "web").await).await;
+    // The new leader may have an Ensure of its own with the provider (sent while the fault
+    // lasted): it stops once that ends.
+    b.stop_within(Duration::from_secs(30)).await.expect("stops");
+    env.cleanup().await.expect("cleanup");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_node_deletion_window_holds_across_a_change_of_leader() {
     let cp = ccm_harness::shared().expect("control plane");

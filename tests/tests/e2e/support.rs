@@ -185,11 +185,16 @@ impl Core {
     }
 
     /// Stops the core and waits for it.
-    pub async fn stop(mut self) -> anyhow::Result<()> {
+    pub async fn stop(self) -> anyhow::Result<()> {
+        self.stop_within(Duration::from_secs(10)).await
+    }
+
+    /// Stops it as a SIGTERM does, allowing it `within` to end.
+    pub async fn stop_within(mut self, within: Duration) -> anyhow::Result<()> {
         if let Some(tx) = self.stop.take() {
             let _ = tx.send(());
         }
-        tokio::time::timeout(Duration::from_secs(10), self.task).await.expect("core stops in time").expect("join")
+        tokio::time::timeout(within, self.task).await.expect("core stops in time").expect("join")
     }
 }
 

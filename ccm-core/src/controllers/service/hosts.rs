@@ -486,11 +486,11 @@ impl ServiceController {
                     tracing::warn!(service = %k, %error, "updating the load balancer's hosts failed");
                     let note = format!("Error updating load balancer with new hosts: {error}");
                     self.ctx.event(NAME, svc.as_ref(), EventType::Warning, reason::UPDATE_LOAD_BALANCER_FAILED, note).await;
-                    // A load balancer that vanished gets a full Ensure (whatever its record says).
-                    if matches!(error, Error::NotFound { .. }) {
-                        let mut state = self.state();
-                        state.ensured.remove(&k);
-                        state.void_records.insert(k.clone());
+                    // A load balancer that vanished is made again as a repair (within its
+                    // bound); while the bound has no room, the hosts update is retried.
+                    if matches!(error, Error::NotFound { .. }) && !self.found_gone(&k).await {
+                        self.queue.add_after(Key::Service(k), self.queue.backoff(1));
+                        continue;
                     }
                     self.queue.add(Key::Service(k));
                 }
@@ -524,11 +524,9 @@ impl ServiceController {
                 let note = format!("Error updating load balancer with new hosts: {error}");
                 self.ctx.event(NAME, svc, EventType::Warning, reason::UPDATE_LOAD_BALANCER_FAILED, note).await;
                 // A load balancer that vanished gets a full Ensure next time (whatever its
-                // record says).
+                // record says), as a repair within its bound.
                 if matches!(error, Error::NotFound { .. }) {
-                    let mut state = self.state();
-                    state.ensured.remove(&k);
-                    state.void_records.insert(k.clone());
+                    self.found_gone(&k).await;
                 }
                 Err(SyncError::Provider(error))
             }

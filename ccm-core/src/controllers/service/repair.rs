@@ -227,6 +227,29 @@ impl ServiceController {
         }
     }
 
+    /// A hosts update found the load balancer of Service `k` gone: it is made again at its
+    /// key's next Ensure when the repair bound over `--load-balancer-repair-period` has room
+    /// (counted as one repair); whether it will be. Another road to a repair spends the same
+    /// budget, so that a cloud cleanup is not undone at the pace of Node changes.
+    pub(super) async fn found_gone(&self, k: &str) -> bool {
+        let period = self.ctx.options.load_balancer_repair_period;
+        if !period.is_zero() && !self.repair_budget(period).await {
+            tracing::warn!(
+                service = %k,
+                max = self.ctx.options.max_load_balancer_repairs,
+                "the load balancer is gone from the cloud, but --max-load-balancer-repairs were made again in this repair period; it waits"
+            );
+            self.ctx.metrics.load_balancer_repairs("refused", 1);
+            return false;
+        }
+        let mut state = self.state();
+        state.ensured.remove(k);
+        state.repairing.insert(k.to_string());
+        state.void_records.insert(k.to_string());
+        tracing::warn!(service = %k, "the load balancer is gone from the cloud (a hosts update found it missing); making it again");
+        true
+    }
+
     /// Makes the load balancer of Service `k` again (a full Ensure through its queue key),
     /// unless something was written to it since `before` was read.
     fn recreate(&self, k: &str, before: Ensured, lb_name: &str) {
