@@ -198,10 +198,17 @@ enum Write {
     Held,
 }
 
+/// How many locks the Event series are spread over.
+const STRIPES: usize = 64;
+
 /// Records Events through one client.
 pub struct Recorder {
     client: kube::Client,
     series: Mutex<LruCache<u64, Sent>>,
+    /// Occurrences of one series are written one after the other (by the series' stripe):
+    /// a count sent before the Event it counts was created would find nothing, and a second
+    /// Event of the series would be made.
+    stripes: Vec<tokio::sync::Mutex<()>>,
     pending: AtomicUsize,
     dropped: AtomicUsize,
 }
@@ -225,7 +232,13 @@ impl Recorder {
     /// A recorder writing through `client`.
     pub fn new(client: kube::Client) -> Self {
         let capacity = NonZeroUsize::new(MAX_SERIES).unwrap_or(NonZeroUsize::MIN);
-        Self { client, series: Mutex::new(LruCache::new(capacity)), pending: AtomicUsize::new(0), dropped: AtomicUsize::new(0) }
+        Self {
+            client,
+            series: Mutex::new(LruCache::new(capacity)),
+            stripes: (0..STRIPES).map(|_| tokio::sync::Mutex::new(())).collect(),
+            pending: AtomicUsize::new(0),
+            dropped: AtomicUsize::new(0),
+        }
     }
 
     /// A place in the line, or `None` (the Event is dropped and counted) when
@@ -276,6 +289,7 @@ impl Recorder {
     /// come late, after the lead is lost, and the new Event that a gone one needs is then not
     /// written.
     pub async fn publish(&self, note: &Note, fence: Option<&crate::leader::Fence>) -> Result<(), kube::Error> {
+        let _series = self.stripes[(note.key() % STRIPES as u64) as usize].lock().await;
         let now = crate::clock::now();
         let api: Api<Event> = Api::namespaced(self.client.clone(), &note.namespace());
         let result = match self.occur(note, now) {
@@ -399,6 +413,60 @@ mod tests {
             reason: reason.into(),
             note: text.into(),
         }
+    }
+
+    /// Two occurrences of one series at once (a new leader's first pass): the count is
+    /// written after the Event it counts was created, not before (a 404, then a second
+    /// Event).
+    #[tokio::test]
+    async fn occurrences_at_once_make_one_event() {
+        use std::sync::{Arc, Mutex};
+        // Events by name, and how many were created; creates answer 100 ms late.
+        let store: Arc<Mutex<(usize, std::collections::HashSet<String>)>> = Default::default();
+        let shared = store.clone();
+        let service = tower::service_fn(move |request: http::Request<kube::client::Body>| {
+            let store = shared.clone();
+            async move {
+                use http_body_util::BodyExt as _;
+                let (parts, body) = request.into_parts();
+                let bytes = body.collect().await.map(|b| b.to_bytes()).unwrap_or_default();
+                let (code, value) = if parts.method == http::Method::POST {
+                    tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+                    let v: serde_json::Value = serde_json::from_slice(&bytes).expect("test");
+                    let name = v["metadata"]["name"].as_str().unwrap_or_default().to_string();
+                    let mut s = store.lock().expect("test");
+                    s.0 += 1;
+                    s.1.insert(name);
+                    (201, v)
+                } else {
+                    let name = parts.uri.path().rsplit('/').next().unwrap_or_default().to_string();
+                    if store.lock().expect("test").1.contains(&name) {
+                        (
+                            200,
+                            serde_json::json!({"apiVersion": "events.k8s.io/v1", "kind": "Event", "metadata": {"name": name}, "eventTime": null}),
+                        )
+                    } else {
+                        let status = serde_json::json!({"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure", "reason": "NotFound", "code": 404, "message": "not found"});
+                        (404, status)
+                    }
+                };
+                let response = http::Response::builder()
+                    .status(code)
+                    .header("content-type", "application/json")
+                    .body(http_body_util::Full::new(bytes::Bytes::from(serde_json::to_vec(&value).expect("test"))))
+                    .expect("test");
+                Ok::<_, std::convert::Infallible>(response)
+            }
+        });
+        let r = Arc::new(Recorder::new(kube::Client::new(service, "ns")));
+        let n = note("a", "UnAvailableLoadBalancer", "There are no available nodes for LoadBalancer");
+        let (a, b) = (r.clone(), r.clone());
+        let (n1, n2) = (n.clone(), n.clone());
+        let first = tokio::spawn(async move { a.publish(&n1, None).await });
+        let second = tokio::spawn(async move { b.publish(&n2, None).await });
+        first.await.expect("join").expect("first");
+        second.await.expect("join").expect("second");
+        assert_eq!(store.lock().expect("test").0, 1, "one Event for the series");
     }
 
     #[tokio::test]
