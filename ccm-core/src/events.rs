@@ -290,6 +290,10 @@ impl Recorder {
     /// written.
     pub async fn publish(&self, note: &Note, fence: Option<&crate::leader::Fence>) -> Result<(), kube::Error> {
         let _series = self.stripes[(note.key() % STRIPES as u64) as usize].lock().await;
+        // Checked again once the series' earlier write ended: the lead may be gone by now.
+        if fence.is_some_and(|f| !f.holds()) {
+            return Ok(());
+        }
         let now = crate::clock::now();
         let api: Api<Event> = Api::namespaced(self.client.clone(), &note.namespace());
         let result = match self.occur(note, now) {

@@ -173,7 +173,11 @@ impl Metrics {
             "Routes found missing or stale at a resync that no Node event explained (drift)",
             route_corrections.clone(),
         );
-        registry.register("ccm_nodes_without_route", "Nodes with a podCIDR but no route (quota)", nodes_without_route.clone());
+        registry.register(
+            "ccm_nodes_without_route",
+            "Nodes with a podCIDR but no route (a full route table, or no table the provider names for them)",
+            nodes_without_route.clone(),
+        );
         registry.register(
             "ccm_provider_calls",
             "Calls to the providers, by provider (its --provider-endpoint name), method and gRPC code",

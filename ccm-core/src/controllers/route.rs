@@ -18,7 +18,9 @@
 //! - Only routes inside `--cluster-cidr` and of `--cluster-name` are ever touched.
 //! - A table quota: routes are created in a deterministic order (node name, CIDR) until the
 //!   table is full; Nodes left without a route get `NetworkUnavailable=True` and one
-//!   `FailedToCreateRoute` Event, and the controller does not retry them in a loop.
+//!   `FailedToCreateRoute` Event, and the controller does not retry them in a loop. So does
+//!   a Node with podCIDRs in a zone no route table covers (ResolveRouteTables names none for
+//!   it, or fails for it); both count in `ccm_nodes_without_route`.
 
 use ccm_protocol::lock::Lock;
 use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
@@ -110,6 +112,9 @@ pub struct RouteSync {
     pub corrections: u64,
     /// Nodes left without a route (quota).
     pub without_route: BTreeSet<String>,
+    /// Nodes with podCIDRs for which the provider resolves no route table (none, or an
+    /// error), and why: left without a route too.
+    pub untabled: BTreeMap<String, String>,
     /// Cloud routes kept for a Node although another tool named them (adopted).
     pub adopted: u64,
     /// Routes no wanted route serves that were kept: their Node is still there with that
@@ -218,6 +223,8 @@ struct Routes {
     /// What the last listing plus our own changes said, kept across a resync to count drift.
     previous: Option<Known>,
     resolved: HashMap<(String, String), Vec<String>>,
+    /// The Nodes of the last table resolution that got no table, and why.
+    untabled: BTreeMap<String, String>,
     conditions: ConditionWriter,
     /// Routes created or deleted by the last reconcile, failed or not.
     progress: u64,
@@ -273,7 +280,7 @@ struct ConditionWriter {
     receiver: Arc<std::sync::Mutex<Option<tokio::sync::mpsc::UnboundedReceiver<Vec<ConditionWrite>>>>>,
     /// The status last written, by Node UID (a recreated Node starts afresh).
     written: Written,
-    /// Nodes whose full-table Event was recorded.
+    /// Nodes whose Event of being left without a route (a full table, no table) was recorded.
     reported: Arc<std::sync::Mutex<HashSet<String>>>,
 }
 
@@ -319,6 +326,7 @@ impl Routes {
             known: None,
             previous: None,
             resolved: HashMap::new(),
+            untabled: BTreeMap::new(),
             progress: 0,
             paused: None,
             adopted: HashSet::new(),
@@ -479,13 +487,20 @@ impl Routes {
         let targets: Vec<RouteTarget> =
             missing.iter().map(|(name, id)| RouteTarget { node_name: name.clone(), provider_id: id.clone() }).collect();
         let answers = self.ctx.provider.resolve_route_tables(&targets).await?;
+        self.untabled.clear();
         for (node, answer) in missing.into_iter().zip(answers) {
             match answer {
-                Err(e) => tracing::warn!(node = %node.0, error = %e, "no route table for node"),
+                Err(e) => {
+                    tracing::warn!(node = %node.0, error = %e, "no route table for node");
+                    self.untabled.insert(node.0, format!("the provider resolved no route table for it ({e})"));
+                }
                 Ok(table_ids) => {
                     self.resolved.insert(node, table_ids);
                 }
             }
+        }
+        for node in nodes.iter().filter(|n| self.resolved.get(*n).is_some_and(Vec::is_empty)) {
+            self.untabled.insert(node.0.clone(), "the provider names no route table for it".to_string());
         }
         Ok(nodes.iter().filter_map(|n| self.resolved.get(n).map(|t| (n.clone(), t.clone()))).collect())
     }
@@ -503,6 +518,7 @@ impl Routes {
         let mut known = self.known_routes(&caps, &mut sync).await?;
         let nodes: Vec<Arc<Node>> = timed(&mut self.busy, || self.ctx.managed_nodes().collect());
         let (desired, tables) = self.desired(&nodes, &known, &caps).await?;
+        sync.untabled = std::mem::take(&mut self.untabled);
         let mut busy = self.busy;
         let (targeted, mut changes) = timed(&mut busy, || {
             // Nodes the cloud's routes point at now: one left without podCIDRs still has its
@@ -524,7 +540,10 @@ impl Routes {
         let first_error = self.apply(changes, &mut known, &mut sync).await;
         timed(&mut busy, || {
             let nodes: Vec<Arc<Node>> = self.ctx.managed_nodes().collect();
-            self.conditions.update(&nodes, &desired, &known, &sync.without_route, &targeted, caps.target_addresses);
+            let mut without: BTreeMap<String, String> =
+                sync.without_route.iter().map(|n| (n.clone(), "the route table is full (provider quota)".to_string())).collect();
+            without.extend(sync.untabled.iter().map(|(n, why)| (n.clone(), why.clone())));
+            self.conditions.update(&nodes, &desired, &known, &without, &targeted, caps.target_addresses);
             // What a Node without podCIDRs can still change: the routes that name it.
             let mut unrouted = targeted;
             for node in nodes.iter().filter(|n| node_util::has_pod_cidrs(n)) {
@@ -780,13 +799,13 @@ impl Routes {
     }
 }
 
-/// One Node's NetworkUnavailable to write: whether its routes exist, and whether it is
-/// without one because its table is full.
+/// One Node's NetworkUnavailable to write: whether its routes exist, and why it is left
+/// without one (a full table, no table), if so.
 struct ConditionWrite {
     name: String,
     uid: String,
     ok: bool,
-    full: bool,
+    without: Option<String>,
 }
 
 impl ConditionWriter {
@@ -796,7 +815,7 @@ impl ConditionWriter {
         nodes: &[Arc<Node>],
         desired: &Desired,
         known: &Known,
-        without_route: &BTreeSet<String>,
+        without_route: &BTreeMap<String, String>,
         targeted: &HashSet<String>,
         addresses: bool,
     ) {
@@ -832,6 +851,8 @@ impl ConditionWriter {
                     Some(routes) => routes.iter().all(|(table, route)| served(table, route)),
                     // No podCIDR, yet cloud routes still point at it (upstream: NoRouteCreated).
                     None if !node_util::has_pod_cidrs(node) && targeted.contains(name) => false,
+                    // PodCIDRs, and no table to route them in.
+                    None if without_route.contains_key(name) => false,
                     None => continue,
                 };
                 let (status, reason) = if ok { ("False", "RouteCreated") } else { ("True", "NoRouteCreated") };
@@ -851,7 +872,7 @@ impl ConditionWriter {
                     continue;
                 }
                 written.insert(uid.clone(), Wrote { ok, version: None });
-                todo.push(ConditionWrite { name: name.to_string(), uid, ok, full: without_route.contains(name) });
+                todo.push(ConditionWrite { name: name.to_string(), uid, ok, without: without_route.get(name).cloned() });
             }
         }
         if todo.is_empty() {
@@ -900,7 +921,7 @@ impl ConditionWriter {
     }
 
     async fn write(&self, todo: Vec<ConditionWrite>) {
-        for ConditionWrite { name, uid, ok, full } in todo {
+        for ConditionWrite { name, uid, ok, without } in todo {
             let name = name.as_str();
             let (status, reason, message) = if ok {
                 ("False", "RouteCreated", "RouteController created a route")
@@ -925,10 +946,10 @@ impl ConditionWriter {
                     self.written.locked().remove(&uid);
                 }
             }
-            let first_report = !ok && full && self.reported.locked().insert(name.to_string());
+            let first_report = !ok && without.is_some() && self.reported.locked().insert(name.to_string());
             let node = first_report.then(|| self.ctx.nodes.store().get(&ObjectRef::new(name))).flatten();
             if let Some(node) = node.filter(|n| n.metadata.uid.as_deref() == Some(uid.as_str())) {
-                let note = "Could not create a route: the route table is full (provider quota)".to_string();
+                let note = format!("Could not create a route: {}", without.unwrap_or_default());
                 self.ctx.event(NAME, node.as_ref(), EventType::Warning, reason::FAILED_TO_CREATE_ROUTE, note).await;
             }
             if ok {
@@ -1090,7 +1111,8 @@ impl RouteController {
         };
         let outcome = match &result {
             Ok(Some(sync)) => {
-                self.ctx.metrics.route_sync(sync.created, sync.deleted, sync.corrections, sync.without_route.len());
+                let without = sync.without_route.len() + sync.untabled.len();
+                self.ctx.metrics.route_sync(sync.created, sync.deleted, sync.corrections, without);
                 // Deletions left over by the cap: the next reconcile after the interval.
                 if sync.deletions_left {
                     Outcome::RequeueAfter(self.ctx.options.route_min_interval)

@@ -364,11 +364,21 @@ async fn two_tables_and_dual_stack() {
         ],
         ..Config::default()
     };
+    // A third zone no table covers.
+    let c = env.node_name("c");
     config.instances.push(instance("i-a", &a, "sim-region-1a"));
     config.instances.push(instance("i-b", &b, "sim-region-1b"));
+    config.instances.push(instance("i-c", &c, "sim-region-1c"));
     let sim = Sim::start(config).await;
     node(&env, &a, &["10.244.1.0/24", "fd00:10:244:1::/64"]).await;
     node(&env, &b, &["10.244.2.0/24", "fd00:10:244:2::/64"]).await;
+    NodeBuilder::new(&c)
+        .label(TEST_LABEL, &env.prefix)
+        .provider_id("sim://sim-region-1c/i-c")
+        .pod_cidr("10.244.3.0/24")
+        .create(&env.client)
+        .await
+        .expect("node");
     let flags = vec![
         "--leader-elect=false".to_string(),
         "--controllers=route".to_string(),
@@ -384,6 +394,24 @@ async fn two_tables_and_dual_stack() {
     ]);
     eventually("routes in each node's table, both families", Duration::from_secs(20), async || {
         (routes(&sim, &env.prefix).await == want).then_some(())
+    })
+    .await;
+    // The Node no table covers is not silently left out: its network is unavailable, and an
+    // Event says why.
+    eventually("NetworkUnavailable=True on the Node no table covers", Duration::from_secs(10), async || {
+        (condition(&env, &c).await? == ("True".to_string(), "NoRouteCreated".to_string())).then_some(())
+    })
+    .await;
+    eventually("a FailedToCreateRoute event naming the missing table", Duration::from_secs(10), async || {
+        let events: Api<Event> = Api::all(env.client.clone());
+        let list = events.list(&ListParams::default().fields(&format!("involvedObject.name={c}"))).await.ok()?;
+        list.items
+            .iter()
+            .any(|e| {
+                e.reason.as_deref() == Some("FailedToCreateRoute")
+                    && e.message.as_deref().is_some_and(|m| m.contains("no route table"))
+            })
+            .then_some(())
     })
     .await;
     core.stop().await.expect("stop");
