@@ -134,9 +134,9 @@ impl Budget {
 
 /// How late, at most, an action counted against the window is taken to land at the API
 /// server: it is counted (and recorded on the Lease for the next holder) as done this long
-/// after it was decided, and restamped when its write comes back. A holder that dies in
-/// between leaves the next one a window that starts later than the action landed, never
-/// earlier.
+/// after it was decided, is not sent once that time has passed (asked about again at the
+/// next pass), and is restamped when its write comes back. A holder that dies in between
+/// leaves the next one a window that starts later than the action landed, never earlier.
 const LANDS_WITHIN: Duration = Duration::from_secs(30);
 
 /// The lifecycle controllers' actions over every provider (with several providers, each
@@ -543,7 +543,7 @@ impl NodeLifecycleController {
         let bounds = Bounds { disrupted: &disrupted, ready: &ready, total: ready.len() + not_ready };
         let (gone, counted_at) = self.within_bounds(Act::Delete, gone, &bounds, &mut pass).await;
         let before = pass.deleted.len();
-        self.delete_gone(gone, &mut pass).await;
+        self.delete_gone(gone, counted_at, &mut pass).await;
         self.landed(Act::Delete, counted_at, pass.deleted.len() - before).await;
         let lasted: HashMap<String, Duration> =
             shut_down.iter().map(|(n, lasted)| (node_util::name(n).to_string(), *lasted)).collect();
@@ -551,6 +551,10 @@ impl NodeLifecycleController {
         let (shut_down, counted_at) = self.within_bounds(Act::OutOfService, shut_down, &bounds, &mut pass).await;
         let before = pass.out_of_service.len();
         for node in shut_down {
+            // Not sent past the time it was counted at (see LANDS_WITHIN).
+            if Instant::now() >= counted_at {
+                break;
+            }
             let lasted = lasted.get(node_util::name(&node)).copied().unwrap_or_default();
             self.take_out_of_service(&node, lasted, &mut pass).await;
         }
@@ -729,8 +733,14 @@ impl NodeLifecycleController {
     }
 
     /// Deletes the Nodes whose instance is gone (within the bounds already).
-    async fn delete_gone(&self, gone: Vec<Arc<Node>>, pass: &mut Pass) {
+    async fn delete_gone(&self, gone: Vec<Arc<Node>>, counted_at: Instant, pass: &mut Pass) {
         for node in &gone {
+            // Not sent past the time it was counted at: a deletion held up that long (a slow
+            // API server, a stop that let the pass finish) is asked about again next pass.
+            if Instant::now() >= counted_at {
+                tracing::info!(node = %node_util::name(node), "not deleting the node now: the window counted it as done by now; asked about again");
+                break;
+            }
             let name = node_util::name(node).to_string();
             match self.delete(node).await {
                 Ok(()) => {
