@@ -433,6 +433,15 @@ impl ServiceController {
             Ok(()) => Outcome::Success,
             // Throttled is no failure: the backoff does not grow while the cloud paces us.
             Err(SyncError::Provider(error)) => Outcome::of_provider_error(Some(fp), &error),
+            Err(SyncError::Kube(kube::Error::Api(status))) if status.code == 404 && self.ours(&svc) => {
+                match self.gone_from_api(&svc).await {
+                    Ok(true) => Outcome::Success,
+                    Ok(false) | Err(_) => {
+                        tracing::warn!(service = %k, "writing the service failed: it was not found");
+                        Outcome::Retry { fingerprint: Some(fp), retry_after: None }
+                    }
+                }
+            }
             Err(SyncError::Kube(error)) => {
                 tracing::warn!(service = %k, %error, "writing the service failed");
                 Outcome::Retry { fingerprint: Some(fp), retry_after: None }
@@ -617,6 +626,29 @@ impl ServiceController {
         }
         let patch = serde_json::json!({ "status": { "loadBalancer": { "ingress": ingress } } });
         self.ctx.patch_service_status(svc, &patch).await
+    }
+
+    /// A write found no Service of this one's name: read again from the API server, and when
+    /// it is gone (no object of its name, or another under it), the load balancer made for it
+    /// is deleted. The cache lagged its deletion (a new leader's cache that missed it): no
+    /// finalizer and no Service are left to delete what was made from the stale copy.
+    /// Whether it was (an error: kept, retried).
+    async fn gone_from_api(&self, svc: &Service) -> Result<bool, SyncError> {
+        let (ns, name) =
+            (svc.metadata.namespace.as_deref().unwrap_or_default(), svc.metadata.name.as_deref().unwrap_or_default());
+        let api: kube::Api<Service> = kube::Api::namespaced(self.ctx.client.clone(), ns);
+        let now = api.get_opt(name).await.map_err(SyncError::Kube)?;
+        if now.is_some_and(|n| n.metadata.uid == svc.metadata.uid) {
+            return Ok(false);
+        }
+        tracing::warn!(service = %service_key(svc), "the Service is gone from the API server while the cache still held it; deleting the load balancer made for it");
+        self.delete_every_name(svc).await.map_err(SyncError::Provider)?;
+        let mut state = self.state();
+        state.ensured.remove(&service_key(svc));
+        if let Some(uid) = svc.metadata.uid.clone() {
+            state.cleaned.insert(uid);
+        }
+        Ok(true)
     }
 
     async fn delete(&self, svc: &Service) -> Result<(), SyncError> {
