@@ -11,7 +11,7 @@ use k8s_openapi::api::core::v1::Node;
 use kube::Api;
 use kube::api::PostParams;
 
-use crate::support::{Core, Sim, TEST_LABEL, eventually, instance};
+use crate::support::{Core, Sim, TEST_LABEL, eventually, instance, one_node_cloud};
 
 const LEASE_FLAGS: [&str; 4] = [
     "--leader-elect=true",
@@ -441,16 +441,8 @@ async fn a_controller_that_panics_makes_the_process_exit_non_zero() {
 async fn a_leader_stopped_mid_ensure_hands_over_once_the_ensure_ends() {
     let cp = ccm_harness::shared().expect("control plane");
     let env = TestEnv::new(cp.client().await.expect("client"), "midens").await.expect("env");
-    let node = env.node_name("n");
-    let mut config = Config::default();
-    config.instances.push(instance("i-1", &node, "sim-region-1a"));
-    let sim = Sim::start(config).await;
-    NodeBuilder::new(&node)
-        .label(TEST_LABEL, &env.prefix)
-        .provider_id("sim://sim-region-1a/i-1")
-        .create(&env.client)
-        .await
-        .expect("node");
+    let node = env.node_name("n1");
+    let sim = one_node_cloud(&env).await;
     ccm_harness::cluster::set_ready(&env.client, &node, "True").await.expect("condition");
     let mut flags = LEASE_FLAGS.to_vec();
     // A mutation deadline far longer than the Ensure, and than the test's bound.

@@ -5,7 +5,7 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use ccm_harness::ControlPlane;
-use ccm_harness::cluster::TestEnv;
+use ccm_harness::cluster::{NodeBuilder, TestEnv};
 use ccm_provider_sim::config::InstanceSpec;
 use ccm_provider_sim::{AdminClient, Config};
 use clap::Parser;
@@ -333,4 +333,20 @@ pub fn kubeconfig_via(kubeconfig: &std::path::Path, server: &str, addr: std::net
 /// builds only the binaries of the packages it tests: see `ccm_harness::workspace`).
 pub fn workspace_binary(name: &str) -> std::path::PathBuf {
     ccm_harness::workspace::binary(name).unwrap_or_else(|e| panic!("the workspace binary {name}: {e:#}"))
+}
+
+/// A sim with one instance, `i-1`, and `env`'s Node of it (`env.node_name("n1")`).
+pub async fn one_node_cloud(env: &TestEnv) -> Sim {
+    let node = env.node_name("n1");
+    let mut config = Config::default();
+    config.instances.push(instance("i-1", &node, "sim-region-1a"));
+    let sim = Sim::start(config).await;
+    NodeBuilder::new(&node)
+        .label(TEST_LABEL, &env.prefix)
+        .provider_id("sim://sim-region-1a/i-1")
+        .address("InternalIP", "10.0.0.9")
+        .create(&env.client)
+        .await
+        .expect("node");
+    sim
 }

@@ -5,12 +5,11 @@ use std::time::Duration;
 
 use ccm_harness::ControlPlane;
 use ccm_harness::cluster::{NodeBuilder, TestEnv};
-use ccm_provider_sim::Config;
 use k8s_openapi::api::core::v1::{Event, Service};
 use kube::Api;
 use kube::api::{DeleteParams, ListParams, PostParams};
 
-use crate::support::{Core, Sim, TEST_LABEL, eventually, instance};
+use crate::support::{Core, TEST_LABEL, eventually, one_node_cloud};
 
 const NAME_ANNOTATION: &str = "ccm-rs.dev/load-balancer-name";
 
@@ -44,22 +43,6 @@ async fn warned(env: &TestEnv, name: &str, reason: &str) -> Event {
         list.items.into_iter().find(|e| e.reason.as_deref() == Some(reason) && e.type_.as_deref() == Some("Warning"))
     })
     .await
-}
-
-/// A sim with one instance, and `env`'s Node of it.
-async fn one_node_cloud(env: &TestEnv) -> Sim {
-    let node = env.node_name("n1");
-    let mut config = Config::default();
-    config.instances.push(instance("i-1", &node, "sim-region-1a"));
-    let sim = Sim::start(config).await;
-    NodeBuilder::new(&node)
-        .label(TEST_LABEL, &env.prefix)
-        .provider_id("sim://sim-region-1a/i-1")
-        .address("InternalIP", "10.0.0.9")
-        .create(&env.client)
-        .await
-        .expect("node");
-    sim
 }
 
 /// The core serving every namespace, kept to this test's Services by a class of its own.
